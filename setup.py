@@ -1,0 +1,22 @@
+"""QuaRL in JAX: ActorQ — full-precision learners, quantized actors."""
+from setuptools import find_packages, setup
+
+setup(
+    name="quarl",
+    version="0.1.0",
+    description="ActorQ: distributed RL with quantized (int8 and lower) actors, in JAX.",
+    python_requires=">=3.11,<3.12",
+    packages=find_packages(include=["quarl", "quarl.*", "agents", "agents.*", "launch", "launch.*"]),
+    # Exact versions live in requirements.lock (installed by `make`); these are the direct dependencies.
+    install_requires=[
+        "jax==0.10.2", "jaxlib==0.10.2", "dm-haiku==0.0.17", "optax==0.2.8", "rlax==0.1.9",
+        "chex==0.1.92", "aqtp==0.9.0", "mujoco==3.17.0", "dm-control==1.0.50", "dm-env==1.6",
+        "gymnasium==1.4.0", "ray==2.60.0", "onnxruntime", "onnx", "orbax-checkpoint",
+        "codecarbon==3.3.2", "rich", "tqdm", "matplotlib", "msgpack", "tensorboardX", "pandas",
+    ],
+    extras_require={
+        # GPU learner: install a CUDA jaxlib on a machine with an NVIDIA driver. CPU stays the default.
+        "cuda": ["jax[cuda12]==0.10.2"],
+        "test": ["pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "ipykernel"],
+    },
+)
