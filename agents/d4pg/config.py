@@ -1,0 +1,130 @@
+"""D4PG hyper-parameters.
+
+Defaults are Acme's control-suite settings (`acme/agents/jax/d4pg`, `examples/baselines`): a 256x3 policy,
+a 512-512-256 distributional critic with 51 atoms on [-150, 150], 5-step returns, Adam 1e-4 with global-norm
+clipping, periodic (hard) target updates every 100 learner steps and Gaussian exploration with sigma 0.3.
+The ActorQ paper's larger policy is one call away: `D4PGConfig.paper()` (policy 2048x3), or pass
+`policy_layer_sizes=(2048, 2048, 2048)` directly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ValueError(f"D4PGConfig.{name} must be a positive int, got {value!r}")
+
+
+def _finite(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"D4PGConfig.{name} must be a finite number, got {value!r}")
+    return float(value)
+
+
+def _layer_sizes(name: str, value: Any) -> None:
+    if not isinstance(value, tuple) or not value:
+        raise ValueError(f"D4PGConfig.{name} must be a non-empty tuple of positive ints, got {value!r}")
+    for size in value:
+        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
+            raise ValueError(f"D4PGConfig.{name} must be a non-empty tuple of positive ints, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class D4PGConfig:
+    """Frozen, validated D4PG settings (precision, backend and seeds are run-level, not here).
+
+    `samples_per_insert_tolerance` is Acme's tolerance *rate*: the rate limiter may drift by
+    `min_replay_size * samples_per_insert * tolerance` samples from the target ratio before it blocks.
+    `sigma` is the Gaussian exploration std-dev in the canonical [-1, 1] action space; with
+    `sigma_spread > 1` actors get log-spaced sigmas between `sigma / sqrt(spread)` and `sigma * sqrt(spread)`
+    (see `sigma_for_actor`), `sigma_spread = 1` gives every actor `sigma` as Acme does.
+    """
+
+    policy_layer_sizes: tuple[int, ...] = (256, 256, 256)
+    critic_layer_sizes: tuple[int, ...] = (512, 512, 256)
+    num_atoms: int = 51
+    vmin: float = -150.0
+    vmax: float = 150.0
+    n_step: int = 5
+    discount: float = 0.99
+    batch_size: int = 256
+    learning_rate: float = 1e-4  # policy and critic, as in Acme
+    max_gradient_norm: float | None = 40.0  # Acme's `clipping=True`; None disables global-norm clipping
+    dqda_clipping: float | None = 1.0  # L2 clip of dQ/da in the DPG loss (Acme's `clipping=True`)
+    target_update_period: int = 100  # hard copy of online -> target params every N learner steps
+    sigma: float = 0.3
+    sigma_spread: float = 1.0
+    min_replay_size: int = 1000
+    max_replay_size: int = 1_000_000
+    samples_per_insert: float = 32.0
+    samples_per_insert_tolerance: float = 0.1
+    actor_update_period: int = 100  # actor steps between policy weight pulls
+
+    def __post_init__(self) -> None:
+        _layer_sizes("policy_layer_sizes", self.policy_layer_sizes)
+        _layer_sizes("critic_layer_sizes", self.critic_layer_sizes)
+        for name in ("num_atoms", "n_step", "batch_size", "target_update_period", "min_replay_size",
+                     "max_replay_size", "actor_update_period"):
+            _positive_int(name, getattr(self, name))
+        if self.num_atoms < 2:
+            raise ValueError(f"D4PGConfig.num_atoms must be >= 2, got {self.num_atoms}")
+        vmin, vmax = _finite("vmin", self.vmin), _finite("vmax", self.vmax)
+        if not vmin < vmax:
+            raise ValueError(f"D4PGConfig.vmax must exceed vmin, got vmin={vmin}, vmax={vmax}")
+        if not 0.0 <= _finite("discount", self.discount) <= 1.0:
+            raise ValueError(f"D4PGConfig.discount must be in [0, 1], got {self.discount}")
+        if _finite("learning_rate", self.learning_rate) <= 0.0:
+            raise ValueError(f"D4PGConfig.learning_rate must be positive, got {self.learning_rate}")
+        for name in ("max_gradient_norm", "dqda_clipping"):
+            value = getattr(self, name)
+            if value is not None and _finite(name, value) <= 0.0:
+                raise ValueError(f"D4PGConfig.{name} must be positive or None, got {value}")
+        if _finite("sigma", self.sigma) < 0.0:
+            raise ValueError(f"D4PGConfig.sigma must be >= 0, got {self.sigma}")
+        if _finite("sigma_spread", self.sigma_spread) < 1.0:
+            raise ValueError(f"D4PGConfig.sigma_spread must be >= 1, got {self.sigma_spread}")
+        if self.max_replay_size < self.min_replay_size:
+            raise ValueError(f"D4PGConfig.max_replay_size ({self.max_replay_size}) must be >= "
+                             f"min_replay_size ({self.min_replay_size})")
+        if self.batch_size > self.max_replay_size:
+            raise ValueError(f"D4PGConfig.batch_size ({self.batch_size}) must be <= max_replay_size")
+        if _finite("samples_per_insert", self.samples_per_insert) <= 0.0:
+            raise ValueError(f"D4PGConfig.samples_per_insert must be positive, got {self.samples_per_insert}")
+        if _finite("samples_per_insert_tolerance", self.samples_per_insert_tolerance) <= 0.0:
+            raise ValueError("D4PGConfig.samples_per_insert_tolerance must be positive, "
+                             f"got {self.samples_per_insert_tolerance}")
+
+    @classmethod
+    def paper(cls, **overrides: Any) -> "D4PGConfig":
+        """The ActorQ paper's D4PG setting: a 2048x3 policy (critic and the rest as Acme's defaults)."""
+        return cls(**{"policy_layer_sizes": (2048, 2048, 2048), **overrides})
+
+    @property
+    def atoms(self) -> tuple[float, ...]:
+        """Support of the critic's categorical distribution, `linspace(vmin, vmax, num_atoms)`."""
+        step = (self.vmax - self.vmin) / (self.num_atoms - 1)
+        return tuple(self.vmin + i * step for i in range(self.num_atoms))
+
+    @property
+    def rate_limiter_error_buffer(self) -> float:
+        """Acme's error buffer: how far (in samples) the sample/insert ratio may drift before blocking."""
+        return self.min_replay_size * self.samples_per_insert_tolerance * self.samples_per_insert
+
+
+def sigma_for_actor(config: D4PGConfig, actor_id: int, num_actors: int) -> float:
+    """Exploration std-dev of actor `actor_id` of `num_actors`: log-spaced around `config.sigma`.
+
+    Spreading sigma (Ape-X's trick for epsilon, transposed to Gaussian noise) gives the replay both
+    near-greedy and exploratory data; the geometric mean over actors stays `config.sigma`.
+    """
+    if isinstance(num_actors, bool) or not isinstance(num_actors, int) or num_actors <= 0:
+        raise ValueError(f"num_actors must be a positive int, got {num_actors!r}")
+    if isinstance(actor_id, bool) or not isinstance(actor_id, int) or not 0 <= actor_id < num_actors:
+        raise ValueError(f"actor_id must be an int in [0, {num_actors}), got {actor_id!r}")
+    if num_actors == 1 or config.sigma_spread == 1.0:
+        return float(config.sigma)
+    fraction = actor_id / (num_actors - 1) - 0.5  # in [-0.5, 0.5]
+    return float(config.sigma * config.sigma_spread ** fraction)

@@ -1,0 +1,228 @@
+"""D4PG learner: distributional critic (categorical projection) + deterministic policy gradient.
+
+One `jax.jit`-compiled function does a whole SGD step (both losses, both Adam updates, the periodic target
+copy) on device-resident state; the host only feeds the sampled batch in and reads a handful of scalar
+metrics back. Batches carry n-step transitions from `quarl.adders.NStepTransitionAdder`: `reward` is the
+discounted n-step sum and `discount` already includes gamma^n (0 at termination), so the target is
+`reward + discount * Z'(s', pi'(s'))` with no further discounting here.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import rlax
+
+from agents.d4pg.config import D4PGConfig
+from agents.d4pg.networks import D4PGNetworks, critic_mean
+
+BATCH_KEYS = ("observation", "action", "reward", "discount", "next_observation")
+
+
+class TrainingState(NamedTuple):
+    policy_params: Any
+    critic_params: Any
+    target_policy_params: Any
+    target_critic_params: Any
+    policy_opt_state: Any
+    critic_opt_state: Any
+    steps: jax.Array
+
+
+def make_optimizer(config: D4PGConfig) -> optax.GradientTransformation:
+    """Adam, preceded by global-norm clipping when `max_gradient_norm` is set (Acme's `clipping=True`)."""
+    adam = optax.adam(config.learning_rate)
+    if config.max_gradient_norm is None:
+        return adam
+    return optax.chain(optax.clip_by_global_norm(config.max_gradient_norm), adam)
+
+
+def critic_loss(networks: D4PGNetworks, critic_params, target_policy_params, target_critic_params,
+                batch: Mapping[str, jax.Array]) -> jax.Array:
+    """Mean cross-entropy between Z(s, a) and the projected target r + d * Z'(s', pi'(s'))."""
+    logits_tm1 = networks.critic.apply(critic_params, batch["observation"], batch["action"])
+    a_t = networks.policy.apply(target_policy_params, batch["next_observation"])
+    logits_t = networks.critic.apply(target_critic_params, batch["next_observation"], a_t)
+    losses = jax.vmap(rlax.categorical_td_learning, in_axes=(None, 0, 0, 0, None, 0))(
+        networks.atoms, logits_tm1, batch["reward"], batch["discount"], networks.atoms, logits_t)
+    return jnp.mean(losses)
+
+
+def policy_loss(networks: D4PGNetworks, policy_params, critic_params, observations: jax.Array,
+                dqda_clipping: float | None) -> tuple[jax.Array, jax.Array]:
+    """DPG loss: push pi(s) along dQ/da (clipped), Q being the mean of the distributional critic.
+
+    Returns (loss, mean Q(s, pi(s))). Rows are independent (LayerNorm is per row), so the gradient of the
+    summed Q with respect to the action batch is the per-sample dQ/da.
+    """
+    actions = networks.policy.apply(policy_params, observations)
+
+    def total_q(a: jax.Array) -> jax.Array:
+        q = critic_mean(networks.critic.apply(critic_params, observations, a), networks.atoms)
+        return jnp.sum(q), q
+
+    dqda, q = jax.grad(total_q, has_aux=True)(actions)
+    losses = jax.vmap(rlax.dpg_loss, in_axes=(0, 0, None))(actions, dqda, dqda_clipping)
+    return jnp.mean(jnp.sum(losses, axis=-1)), jnp.mean(q)
+
+
+def make_update_fn(networks: D4PGNetworks, config: D4PGConfig, optimizer: optax.GradientTransformation):
+    """The pure SGD step `(state, batch) -> (state, metrics)` (jit it; the learner does)."""
+
+    def update(state: TrainingState, batch: Mapping[str, jax.Array]) -> tuple[TrainingState, dict]:
+        c_loss, c_grads = jax.value_and_grad(critic_loss, argnums=1)(
+            networks, state.critic_params, state.target_policy_params, state.target_critic_params, batch)
+        (p_loss, q_mean), p_grads = jax.value_and_grad(policy_loss, argnums=1, has_aux=True)(
+            networks, state.policy_params, state.critic_params, batch["observation"], config.dqda_clipping)
+        c_updates, critic_opt_state = optimizer.update(c_grads, state.critic_opt_state, state.critic_params)
+        p_updates, policy_opt_state = optimizer.update(p_grads, state.policy_opt_state, state.policy_params)
+        critic_params = optax.apply_updates(state.critic_params, c_updates)
+        policy_params = optax.apply_updates(state.policy_params, p_updates)
+        steps = state.steps + 1
+        target_policy = optax.periodic_update(policy_params, state.target_policy_params, steps,
+                                              config.target_update_period)
+        target_critic = optax.periodic_update(critic_params, state.target_critic_params, steps,
+                                              config.target_update_period)
+        new_state = TrainingState(policy_params, critic_params, target_policy, target_critic,
+                                  policy_opt_state, critic_opt_state, steps)
+        metrics = {
+            "critic_loss": c_loss,
+            "policy_loss": p_loss,
+            "q_mean": q_mean,
+            "critic_grad_norm": optax.global_norm(c_grads),
+            "policy_grad_norm": optax.global_norm(p_grads),
+        }
+        return new_state, metrics
+
+    return update
+
+
+def _to_numpy(tree: Any) -> Any:
+    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
+
+
+def _check_finite(tree: Any, what: str) -> None:
+    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+        arr = np.asarray(leaf)
+        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+            raise ValueError(f"{what}: non-finite values in {jax.tree_util.keystr(path)}")
+
+
+class D4PGLearner:
+    """fp32 D4PG learner holding its state on device; see `agents.d4pg.builder` for the runner contract."""
+
+    def __init__(self, networks: D4PGNetworks, config: D4PGConfig, seed: int | jax.Array):
+        self._networks = networks
+        self._config = config
+        key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
+        policy_key, critic_key = jax.random.split(key)
+        obs = jnp.zeros((1, networks.obs_dim), jnp.float32)
+        act = jnp.zeros((1, networks.action_dim), jnp.float32)
+        policy_params = networks.policy.init(policy_key, obs)
+        critic_params = networks.critic.init(critic_key, obs, act)
+        optimizer = make_optimizer(config)
+        self._state = TrainingState(
+            policy_params=policy_params,
+            critic_params=critic_params,
+            # Copies: the jitted update donates its input state, and a buffer cannot be donated twice.
+            target_policy_params=jax.tree_util.tree_map(jnp.copy, policy_params),
+            target_critic_params=jax.tree_util.tree_map(jnp.copy, critic_params),
+            policy_opt_state=optimizer.init(policy_params),
+            critic_opt_state=optimizer.init(critic_params),
+            steps=jnp.zeros((), jnp.int32),
+        )
+        self._treedef = jax.tree_util.tree_structure(self._state)
+        self._update = jax.jit(make_update_fn(networks, config, optimizer), donate_argnums=0)
+
+    @property
+    def steps(self) -> int:
+        """Number of SGD steps taken (also drives the periodic target update)."""
+        return int(self._state.steps)
+
+    def step(self, sample: Any) -> dict[str, float]:
+        """One SGD step on a `quarl.replay.Sample` (or a plain mapping of columns); returns scalar metrics."""
+        batch = self._batch(getattr(sample, "data", sample))
+        self._state, metrics = self._update(self._state, batch)
+        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+
+    def policy_params(self) -> dict:
+        """fp32 haiku tree of the online policy (NumPy), ready for `quarl.quantization.quantize_params`."""
+        return _to_numpy(self._state.policy_params)
+
+    def get_state(self) -> dict:
+        """Everything needed to resume, as nested dicts/lists of NumPy arrays (orbax-checkpointable)."""
+        s = self._state
+        return {
+            "policy_params": _to_numpy(s.policy_params),
+            "critic_params": _to_numpy(s.critic_params),
+            "target_policy_params": _to_numpy(s.target_policy_params),
+            "target_critic_params": _to_numpy(s.target_critic_params),
+            # Optax states are namedtuples; store their leaves so checkpoints hold only plain containers.
+            "policy_opt_state": _to_numpy(jax.tree_util.tree_leaves(s.policy_opt_state)),
+            "critic_opt_state": _to_numpy(jax.tree_util.tree_leaves(s.critic_opt_state)),
+            "steps": np.asarray(int(s.steps), np.int64),
+        }
+
+    @property
+    def state(self) -> dict:
+        """Alias of `get_state()` (the short contract name)."""
+        return self.get_state()
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Load a `get_state()` tree; ValueError if it does not match this learner's networks or is non-finite."""
+        try:
+            fields = {}
+            for name in ("policy_params", "critic_params", "target_policy_params", "target_critic_params"):
+                fields[name] = self._match(getattr(self._state, name), state[name], name)
+            for name in ("policy_opt_state", "critic_opt_state"):
+                leaves = state[name]
+                if isinstance(leaves, Mapping):  # some checkpointers turn lists into {"0": ..., "1": ...}
+                    leaves = [leaves[k] for k in sorted(leaves, key=int)]
+                template = getattr(self._state, name)
+                treedef = jax.tree_util.tree_structure(template)
+                fields[name] = self._match(template, jax.tree_util.tree_unflatten(treedef, list(leaves)), name)
+            steps = int(np.asarray(state["steps"]))
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed D4PG learner state: {e!r}") from None
+        if steps < 0:
+            raise ValueError(f"D4PG learner state: steps must be >= 0, got {steps}")
+        self._state = TrainingState(**fields, steps=jnp.asarray(steps, jnp.int32))
+
+    @staticmethod
+    def _match(template: Any, value: Any, name: str) -> Any:
+        """`value` as device arrays with `template`'s structure, shapes and dtypes (else ValueError)."""
+        t_leaves, t_def = jax.tree_util.tree_flatten(template)
+        v_leaves, v_def = jax.tree_util.tree_flatten(value)
+        if t_def != v_def:
+            raise ValueError(f"D4PG learner state: {name} has structure {v_def}, expected {t_def}")
+        out = []
+        for t, v in zip(t_leaves, v_leaves):
+            v = np.asarray(v)
+            if v.shape != t.shape:
+                raise ValueError(f"D4PG learner state: {name} leaf shape {v.shape}, expected {t.shape}")
+            out.append(jnp.asarray(v, dtype=t.dtype))
+        _check_finite(out, f"D4PG learner state {name}")
+        return jax.tree_util.tree_unflatten(t_def, out)
+
+    def _batch(self, data: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Columns as float32 arrays with the shapes the update was compiled for (else ValueError)."""
+        try:
+            batch = {k: np.asarray(data[k], np.float32) for k in BATCH_KEYS}
+        except KeyError as e:
+            raise ValueError(f"D4PG batch is missing column {e.args[0]!r} (needs {BATCH_KEYS})") from None
+        for key in ("reward", "discount"):
+            batch[key] = batch[key].reshape(-1)
+        b = batch["reward"].shape[0]
+        dims = {"observation": self._networks.obs_dim, "next_observation": self._networks.obs_dim,
+                "action": self._networks.action_dim, "discount": None}
+        for key, dim in dims.items():
+            shape = (b,) if dim is None else (b, dim)
+            if batch[key].shape != shape:
+                raise ValueError(f"D4PG batch column {key!r} has shape {batch[key].shape}, expected {shape}")
+        for key, arr in batch.items():
+            if not np.isfinite(arr).all():
+                raise ValueError(f"D4PG batch column {key!r} contains NaN or inf")
+        return batch
