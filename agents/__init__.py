@@ -1,0 +1,55 @@
+"""Agent registry: name -> (Builder, config class), so runners and CLIs never import an agent by hand.
+
+Agents are imported lazily: asking for "dqn" does not pay for importing D4PG's networks, and an agent whose
+module fails to import only breaks the runs that ask for it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any
+
+# name -> (package, config class name inside `<package>.config`)
+_AGENTS: dict[str, tuple[str, str]] = {
+    "dqn": ("agents.dqn", "DQNConfig"),
+    "d4pg": ("agents.d4pg", "D4PGConfig"),
+}
+AGENT_NAMES: tuple[str, ...] = tuple(_AGENTS)
+
+
+def _check_name(name: str) -> tuple[str, str]:
+    if name not in _AGENTS:
+        raise ValueError(f"unknown agent {name!r}: valid agents are {', '.join(AGENT_NAMES)}")
+    return _AGENTS[name]
+
+
+def config_class(name: str) -> type:
+    """The frozen dataclass holding `name`'s hyper-parameters."""
+    package, cls_name = _check_name(name)
+    return getattr(importlib.import_module(f"{package}.config"), cls_name)
+
+
+def builder_class(name: str) -> type:
+    package, _ = _check_name(name)
+    return getattr(importlib.import_module(f"{package}.builder"), "Builder")
+
+
+def make_config(name: str, **overrides: Any) -> Any:
+    """Default config with `overrides` applied; unknown keys or bad values raise a one-line ValueError."""
+    cls = config_class(name)
+    fields = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(overrides) - fields)
+    if unknown:
+        raise ValueError(f"unknown {name} config key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(fields))}")
+    try:
+        return cls(**overrides)
+    except TypeError as e:  # a value of the wrong type that the config's own checks did not catch
+        raise ValueError(f"bad {name} config: {e}") from None
+
+
+def get_builder(name: str, **config_overrides: Any) -> Any:
+    """`agents.<name>.Builder(<Config>(**config_overrides))`."""
+    return builder_class(name)(make_config(name, **config_overrides))
+
+
+__all__ = ["AGENT_NAMES", "builder_class", "config_class", "get_builder", "make_config"]

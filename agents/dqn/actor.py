@@ -1,0 +1,96 @@
+"""DQN actor: epsilon-greedy over the Q-values of a quantized policy executed by a `quarl.runtimes` executor.
+
+The actor never touches the learner's fp32 weights or JAX: it gets `QuantizedParams` (decoded from a payload)
+and runs them through whichever runtime the executor picked, so what it explores with is exactly what a
+deployed int8 policy would do. Random actions skip inference altogether (most steps early in training).
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from agents.dqn.config import linear_epsilon
+from quarl.policy import PolicySpec
+from quarl.quantization import QuantizedParams
+
+ExecutorFactory = Callable[..., object]
+
+
+class EpsilonSchedule:
+    """epsilon as a function of this actor's own step count: linear decay, or constant when start == end."""
+
+    def __init__(self, start: float, end: float, decay_steps: int):
+        for name, v in (("start", start), ("end", end)):
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"epsilon {name} must be in [0, 1], got {v!r}")
+        if decay_steps < 0:
+            raise ValueError(f"epsilon decay_steps must be >= 0, got {decay_steps!r}")
+        self.start, self.end, self.decay_steps = float(start), float(end), int(decay_steps)
+
+    @classmethod
+    def constant(cls, epsilon: float) -> "EpsilonSchedule":
+        return cls(epsilon, epsilon, 0)
+
+    def __call__(self, step: int) -> float:
+        return linear_epsilon(step, self.start, self.end, self.decay_steps)
+
+
+class DQNActor:
+    """`select_action(obs) -> int`; `update(qparams)` swaps weights; `evaluation` selects `eval_epsilon`."""
+
+    def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, num_actions: int,
+                 schedule: EpsilonSchedule, eval_epsilon: float, seed: int, evaluation: bool = False,
+                 backend: str = "auto", executor_factory: ExecutorFactory | None = None):
+        if num_actions != spec.output_dim:
+            raise ValueError(f"num_actions ({num_actions}) does not match the Q-network output ({spec.output_dim})")
+        if not 0.0 <= eval_epsilon <= 1.0:
+            raise ValueError(f"eval_epsilon must be in [0, 1], got {eval_epsilon!r}")
+        if executor_factory is None:
+            from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
+            executor_factory = make_executor
+        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=1)
+        self._num_actions = int(num_actions)
+        self._obs_dim = spec.input_dim
+        self._schedule = schedule
+        self._eval_epsilon = float(eval_epsilon)
+        self._rng = np.random.default_rng(seed)
+        self._steps = 0  # exploration steps taken (evaluation steps do not advance the schedule)
+        self.evaluation = bool(evaluation)
+
+    @property
+    def epsilon(self) -> float:
+        """The exploration rate the next `select_action` uses."""
+        return self._eval_epsilon if self.evaluation else self._schedule(self._steps)
+
+    @property
+    def backend(self) -> str:
+        return str(getattr(self._executor, "backend", "unknown"))
+
+    @property
+    def precision(self) -> str:
+        return str(getattr(self._executor, "precision", "unknown"))
+
+    @property
+    def steps(self) -> int:
+        return self._steps
+
+    def q_values(self, observation: np.ndarray) -> np.ndarray:
+        """Q-values of one observation under the current (quantized) policy."""
+        obs = np.asarray(observation, np.float32).reshape(1, self._obs_dim)
+        return np.asarray(self._executor(obs))[0]
+
+    def select_action(self, observation: np.ndarray) -> np.int32:
+        epsilon = self.epsilon
+        if not self.evaluation:
+            self._steps += 1
+        if epsilon > 0.0 and self._rng.random() < epsilon:
+            obs = np.asarray(observation)
+            if obs.size != self._obs_dim or not np.all(np.isfinite(obs)):
+                raise ValueError(f"observation must be {self._obs_dim} finite values, got {observation!r}")
+            return np.int32(self._rng.integers(self._num_actions))
+        return np.int32(np.argmax(self.q_values(observation)))
+
+    def update(self, qparams: QuantizedParams) -> None:
+        """New policy weights (same spec); the executor swaps them in place."""
+        self._executor.update(qparams)

@@ -1,0 +1,143 @@
+"""DQN hyper-parameters (double DQN, n-step returns, optional prioritized replay).
+
+Defaults are tuned for gym classic control (CartPole/Acrobot/MountainCar) with a small replay and a high
+replay ratio: these tasks are cheap to simulate, so sample efficiency per env step is what makes wall-clock fast.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+@dataclasses.dataclass(frozen=True)
+class DQNConfig:
+    """Every field is validated in `__post_init__`; a bad value raises a ValueError naming the field."""
+
+    # Network.
+    hidden_sizes: tuple[int, ...] = (256, 256)
+    # Optimiser (Adam with global-norm clipping).
+    learning_rate: float = 1e-3
+    adam_eps: float = 1e-8
+    max_gradient_norm: float = 10.0
+    # Targets.
+    discount: float = 0.99
+    n_step: int = 3
+    huber_loss_parameter: float = 1.0
+    target_update_period: int = 100  # learner steps between hard target-network copies
+    # Replay.
+    batch_size: int = 64
+    min_replay_size: int = 1_000
+    max_replay_size: int = 100_000
+    # Items sampled per item inserted; learner steps per env step = samples_per_insert / batch_size.
+    samples_per_insert: float = 32.0
+    # How far (in sampled items) the learner may run ahead of / behind the ratio before the limiter blocks.
+    samples_per_insert_tolerance: float = 0.1
+    prioritized_replay: bool = False
+    priority_exponent: float = 0.6
+    importance_sampling_exponent: float = 0.2
+    # Exploration. A single actor decays epsilon linearly; N > 1 actors use Ape-X's fixed per-actor ladder
+    # eps_i = apex_epsilon ** (1 + apex_alpha * i / (N - 1)).
+    epsilon_start: float = 1.0
+    epsilon_end: float = 0.05
+    epsilon_decay_steps: int = 10_000
+    apex_epsilon: float = 0.4
+    apex_alpha: float = 7.0
+    eval_epsilon: float = 0.0
+    # Actor steps between weight pulls from the learner.
+    actor_update_period: int = 100
+
+    def __post_init__(self) -> None:
+        hidden = self.hidden_sizes
+        if isinstance(hidden, list):  # accept lists from JSON/CLI, store the hashable tuple
+            object.__setattr__(self, "hidden_sizes", tuple(hidden))
+            hidden = self.hidden_sizes
+        if (not isinstance(hidden, tuple) or not hidden
+                or not all(_is_int(h) and h > 0 for h in hidden)):
+            raise ValueError(f"hidden_sizes must be a non-empty tuple of positive ints, got {hidden!r}")
+        _positive_float(self, "learning_rate")
+        _positive_float(self, "adam_eps")
+        _positive_float(self, "max_gradient_norm")
+        _positive_float(self, "huber_loss_parameter")
+        _in_range(self, "discount", 0.0, 1.0)
+        for name in ("n_step", "target_update_period", "batch_size", "max_replay_size", "actor_update_period"):
+            _positive_int(self, name)
+        _positive_int(self, "min_replay_size")
+        _nonneg_int(self, "epsilon_decay_steps")
+        if self.min_replay_size < self.batch_size:
+            raise ValueError(f"min_replay_size ({self.min_replay_size}) must be >= batch_size ({self.batch_size})")
+        if self.max_replay_size < self.min_replay_size:
+            raise ValueError(
+                f"max_replay_size ({self.max_replay_size}) must be >= min_replay_size ({self.min_replay_size})")
+        _positive_float(self, "samples_per_insert")
+        _nonneg_float(self, "samples_per_insert_tolerance")
+        if not isinstance(self.prioritized_replay, bool):
+            raise ValueError(f"prioritized_replay must be a bool, got {self.prioritized_replay!r}")
+        _in_range(self, "priority_exponent", 0.0, 1.0)
+        _in_range(self, "importance_sampling_exponent", 0.0, 1.0)
+        for name in ("epsilon_start", "epsilon_end", "apex_epsilon", "eval_epsilon"):
+            _in_range(self, name, 0.0, 1.0)
+        _nonneg_float(self, "apex_alpha")
+
+    @property
+    def error_buffer(self) -> float:
+        """Rate-limiter slack in sampled items: tolerance x the items one learner step draws, and never less
+        than one batch, so that a single-process loop can always alternate one insert and one learner step."""
+        return max(float(self.batch_size), self.samples_per_insert_tolerance * self.samples_per_insert
+                   * self.min_replay_size)
+
+
+def apex_epsilon(actor_id: int, num_actors: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X per-actor exploration: actor i of N explores with base ** (1 + alpha * i / (N - 1)), so a fleet
+    spans greedy-ish to very exploratory policies without any schedule. A lone actor gets `base`."""
+    if not _is_int(num_actors) or num_actors <= 0:
+        raise ValueError(f"num_actors must be a positive int, got {num_actors!r}")
+    if not _is_int(actor_id) or not 0 <= actor_id < num_actors:
+        raise ValueError(f"actor_id must be in [0, {num_actors}), got {actor_id!r}")
+    if num_actors == 1:
+        return float(base)
+    return float(base ** (1.0 + alpha * actor_id / (num_actors - 1)))
+
+
+def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> float:
+    """Linear decay from `start` to `end` over `decay_steps` actor steps, then constant (0 steps = `end`)."""
+    if decay_steps <= 0 or step >= decay_steps:
+        return float(end)
+    return float(start + (end - start) * step / decay_steps)
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _is_real(v: object) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _positive_int(cfg: DQNConfig, name: str) -> None:
+    v = getattr(cfg, name)
+    if not _is_int(v) or v <= 0:
+        raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+
+def _nonneg_int(cfg: DQNConfig, name: str) -> None:
+    v = getattr(cfg, name)
+    if not _is_int(v) or v < 0:
+        raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+
+
+def _positive_float(cfg: DQNConfig, name: str) -> None:
+    v = getattr(cfg, name)
+    if not _is_real(v) or v <= 0:
+        raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+
+
+def _nonneg_float(cfg: DQNConfig, name: str) -> None:
+    v = getattr(cfg, name)
+    if not _is_real(v) or v < 0:
+        raise ValueError(f"{name} must be a non-negative finite number, got {v!r}")
+
+
+def _in_range(cfg: DQNConfig, name: str, lo: float, hi: float) -> None:
+    v = getattr(cfg, name)
+    if not _is_real(v) or not lo <= v <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v!r}")
