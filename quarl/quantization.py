@@ -300,7 +300,8 @@ def quantize_params(params: Mapping, precision: str | Precision, per_channel: bo
             return arr.astype(_F32)  # astype copies: the caller's arrays are never aliased
         if prec.is_int:
             return quantize(arr, prec.bits, symmetric=True, axis=-1 if per_channel else None)
-        cast = arr.astype(np.float16 if prec.name == "fp16" else ml_dtypes.bfloat16)
+        with np.errstate(over="ignore"):  # overflow is reported below, naming the leaf
+            cast = arr.astype(np.float16 if prec.name == "fp16" else ml_dtypes.bfloat16)
         if not np.all(np.isfinite(cast.astype(_F32))):
             raise ValueError(f"param {path_str(path)!r} overflows {prec.name}")
         return cast
