@@ -64,6 +64,9 @@ class D4PGConfig:
     actor_update_period: int = 100  # actor steps between policy weight pulls
 
     def __post_init__(self) -> None:
+        for name in ("policy_layer_sizes", "critic_layer_sizes"):  # lists arrive from CLIs and JSON
+            if isinstance(getattr(self, name), list):
+                object.__setattr__(self, name, tuple(getattr(self, name)))
         _layer_sizes("policy_layer_sizes", self.policy_layer_sizes)
         _layer_sizes("critic_layer_sizes", self.critic_layer_sizes)
         for name in ("num_atoms", "n_step", "batch_size", "target_update_period", "min_replay_size",
@@ -110,8 +113,13 @@ class D4PGConfig:
 
     @property
     def rate_limiter_error_buffer(self) -> float:
-        """Acme's error buffer: how far (in samples) the sample/insert ratio may drift before blocking."""
-        return self.min_replay_size * self.samples_per_insert_tolerance * self.samples_per_insert
+        """How far (in sampled items) the sample/insert ratio may drift before the rate limiter blocks.
+
+        Acme's `min_replay_size * samples_per_insert * tolerance`, but never less than one batch, so that a
+        single-process loop can always alternate one insert and one learner step.
+        """
+        return max(float(self.batch_size),
+                   self.min_replay_size * self.samples_per_insert_tolerance * self.samples_per_insert)
 
 
 def sigma_for_actor(config: D4PGConfig, actor_id: int, num_actors: int) -> float:

@@ -1,0 +1,79 @@
+"""D4PG actor: a quantized deterministic policy plus Gaussian exploration noise (Acme's behaviour policy).
+
+The actor holds no learner weights and no JAX state: a `quarl.runtimes` executor runs the `QuantizedParams`
+it was given (int8, fp16, ...), so the data it explores with is exactly what the quantized policy does.
+Noise comes from the actor's own `np.random.Generator`, seeded by (seed, actor_id), so a fleet of actors
+started from one run seed explores independently and reproducibly.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from quarl.policy import PolicySpec
+from quarl.quantization import QuantizedParams
+
+ExecutorFactory = Callable[..., Any]
+
+
+class D4PGActor:
+    """`select_action(obs) -> action[act_dim]`; `update(qparams)` swaps weights; `evaluation` drops noise."""
+
+    def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, action_min: Sequence[float],
+                 action_max: Sequence[float], sigma: float, seed: int, actor_id: int = 0,
+                 evaluation: bool = False, backend: str = "auto",
+                 executor_factory: ExecutorFactory | None = None):
+        lo = np.asarray(action_min, np.float32).reshape(-1)
+        hi = np.asarray(action_max, np.float32).reshape(-1)
+        if lo.shape != (spec.output_dim,) or hi.shape != (spec.output_dim,):
+            raise ValueError(f"action bounds must have {spec.output_dim} dims, got {lo.shape} and {hi.shape}")
+        if not np.all(lo < hi):
+            raise ValueError("action bounds need minimum < maximum in every dimension")
+        if not np.isfinite(sigma) or sigma < 0:
+            raise ValueError(f"sigma must be a finite number >= 0, got {sigma!r}")
+        for name, value in (("seed", seed), ("actor_id", actor_id)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
+                raise ValueError(f"{name} must be a non-negative int, got {value!r}")
+        if executor_factory is None:
+            from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
+            executor_factory = make_executor
+        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=1)
+        self._obs_dim = spec.input_dim
+        self._low, self._high = lo, hi
+        self._sigma = float(sigma)
+        self._rng = np.random.default_rng([int(seed), int(actor_id)])
+        self.actor_id = int(actor_id)
+        self.evaluation = bool(evaluation)
+
+    @property
+    def sigma(self) -> float:
+        """Exploration std-dev in action units (unused while `evaluation` is set)."""
+        return self._sigma
+
+    @property
+    def backend(self) -> str:
+        return str(getattr(self._executor, "backend", "unknown"))
+
+    @property
+    def precision(self) -> str:
+        return str(getattr(self._executor, "precision", "unknown"))
+
+    def policy_action(self, observation: np.ndarray) -> np.ndarray:
+        """The quantized policy's deterministic action for one observation (no noise, no clipping)."""
+        obs = np.asarray(observation, np.float32)
+        if obs.size != self._obs_dim:
+            raise ValueError(f"observation must have {self._obs_dim} values, got shape {obs.shape}")
+        return np.asarray(self._executor(obs.reshape(1, self._obs_dim)), np.float32)[0]
+
+    def select_action(self, observation: np.ndarray) -> np.ndarray:
+        """pi(obs) + N(0, sigma^2) while exploring, clipped to the action bounds."""
+        action = self.policy_action(observation)
+        if not self.evaluation and self._sigma > 0.0:
+            action = action + self._rng.normal(0.0, self._sigma, action.shape).astype(np.float32)
+        # Also clips evaluation actions: a low-precision tanh head may overshoot its bounds by a rounding step.
+        return np.clip(action, self._low, self._high)
+
+    def update(self, qparams: QuantizedParams) -> None:
+        """New policy weights (same spec); the executor swaps them in place."""
+        self._executor.update(qparams)
