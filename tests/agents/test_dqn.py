@@ -1,0 +1,273 @@
+"""DQN: config validation, the jitted learner on synthetic batches, actor exploration, and a learning run."""
+from __future__ import annotations
+
+import dataclasses
+import types
+
+import jax
+import numpy as np
+import pytest
+
+import agents
+from agents.dqn import Builder, DQNConfig, apex_epsilon, linear_epsilon
+from agents.dqn.actor import DQNActor, EpsilonSchedule
+from agents.dqn.learning import DQNLearner, double_q_targets, importance_weights
+from agents.dqn.networks import make_q_spec
+
+OBS_DIM, NUM_ACTIONS, BATCH = 4, 3, 32
+
+
+def _batch(seed: int = 0, discount: float = 0.9, batch: int = BATCH) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "observation": rng.normal(size=(batch, OBS_DIM)).astype(np.float32),
+        "action": rng.integers(0, NUM_ACTIONS, batch).astype(np.int32),
+        "reward": rng.normal(size=batch).astype(np.float32),
+        "discount": np.full(batch, discount, np.float32),
+        "next_observation": rng.normal(size=(batch, OBS_DIM)).astype(np.float32),
+    }
+
+
+def _sample(data: dict, probabilities: np.ndarray | None = None) -> types.SimpleNamespace:
+    n = len(data["reward"])
+    probs = np.full(n, 1.0 / n) if probabilities is None else probabilities
+    return types.SimpleNamespace(keys=np.arange(n), probabilities=probs, data=data)
+
+
+def _learner(**overrides) -> DQNLearner:
+    config = DQNConfig(hidden_sizes=(32, 32), batch_size=BATCH, min_replay_size=BATCH, **overrides)
+    return DQNLearner(make_q_spec(OBS_DIM, NUM_ACTIONS, config.hidden_sizes), config, seed=0)
+
+
+def _q(learner: DQNLearner, params: dict, obs: np.ndarray) -> np.ndarray:
+    from quarl.policy import reference_apply
+    return reference_apply(learner.spec, params, obs).astype(np.float64)
+
+
+# ---------------------------------------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize("field,value", [
+    ("hidden_sizes", ()), ("hidden_sizes", (64, 0)), ("learning_rate", 0.0), ("learning_rate", float("nan")),
+    ("discount", 1.5), ("n_step", 0), ("batch_size", -1), ("target_update_period", 0),
+    ("huber_loss_parameter", -1.0), ("max_gradient_norm", 0.0), ("samples_per_insert", 0.0),
+    ("samples_per_insert_tolerance", -0.1), ("epsilon_start", 1.1), ("eval_epsilon", -0.1),
+    ("priority_exponent", 2.0), ("importance_sampling_exponent", -0.5), ("prioritized_replay", 1),
+    ("epsilon_decay_steps", -1), ("actor_update_period", 0), ("n_step", 2.5),
+])
+def test_config_rejects_bad_values_naming_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        DQNConfig(**{field: value})
+
+
+def test_config_replay_sizes_must_be_consistent():
+    with pytest.raises(ValueError, match="min_replay_size"):
+        DQNConfig(batch_size=256, min_replay_size=100)
+    with pytest.raises(ValueError, match="max_replay_size"):
+        DQNConfig(min_replay_size=5000, max_replay_size=1000)
+
+
+def test_config_is_frozen_and_accepts_list_hidden_sizes():
+    config = DQNConfig(hidden_sizes=[64, 64])
+    assert config.hidden_sizes == (64, 64)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.batch_size = 1  # type: ignore[misc]
+
+
+def test_registry_builds_dqn_with_overrides_and_rejects_unknown_keys():
+    builder = agents.get_builder("dqn", batch_size=16, min_replay_size=100)
+    assert isinstance(builder, Builder) and builder.config.batch_size == 16
+    with pytest.raises(ValueError, match="no_such_key"):
+        agents.get_builder("dqn", no_such_key=1)
+    with pytest.raises(ValueError, match="unknown agent"):
+        agents.get_builder("ppo")
+
+
+# ---------------------------------------------------------------------------------------------- epsilon
+
+
+def test_apex_epsilon_ladder_spans_base_to_base_pow_one_plus_alpha():
+    eps = [apex_epsilon(i, 8, 0.4, 7.0) for i in range(8)]
+    assert eps[0] == pytest.approx(0.4)
+    assert eps[-1] == pytest.approx(0.4 ** 8)
+    assert all(a > b for a, b in zip(eps, eps[1:]))
+    assert apex_epsilon(0, 1, 0.4, 7.0) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="actor_id"):
+        apex_epsilon(8, 8)
+
+
+def test_linear_epsilon_decays_then_holds():
+    assert linear_epsilon(0, 1.0, 0.1, 100) == pytest.approx(1.0)
+    assert linear_epsilon(50, 1.0, 0.1, 100) == pytest.approx(0.55)
+    assert linear_epsilon(100, 1.0, 0.1, 100) == pytest.approx(0.1)
+    assert linear_epsilon(10_000, 1.0, 0.1, 100) == pytest.approx(0.1)
+    assert linear_epsilon(0, 1.0, 0.1, 0) == pytest.approx(0.1)
+
+
+# ---------------------------------------------------------------------------------------------- learner
+
+
+def test_double_q_target_on_a_hand_example():
+    # Online net picks action 1 in row 0 and action 0 in row 1; the target net evaluates those actions.
+    q_t_value = np.array([[10.0, 2.0], [5.0, 7.0]], np.float32)
+    q_t_selector = np.array([[0.0, 1.0], [3.0, -1.0]], np.float32)
+    reward = np.array([1.0, -1.0], np.float32)
+    discount = np.array([0.5, 0.0], np.float32)  # row 1 terminated: no bootstrap
+    target = np.asarray(double_q_targets(q_t_value, q_t_selector, reward, discount))
+    np.testing.assert_allclose(target, [1.0 + 0.5 * 2.0, -1.0])
+
+
+def test_importance_weights_favour_rare_items_and_max_out_at_one():
+    w = np.asarray(importance_weights(np.array([0.5, 0.25, 0.125], np.float32), 0.5))
+    assert w.max() == pytest.approx(1.0)
+    assert w[0] < w[1] < w[2]
+    np.testing.assert_allclose(w, np.sqrt([0.25, 0.5, 1.0]), rtol=1e-6)
+
+
+def test_loss_decreases_on_a_fixed_batch():
+    learner = _learner(target_update_period=10_000, learning_rate=1e-3)
+    sample = _sample(_batch())
+    first = float(learner.step(sample)["loss"])
+    for _ in range(200):
+        metrics = learner.step(sample)
+    assert float(metrics["loss"]) < 0.1 * first
+    assert learner.steps == 201
+
+
+def test_td_error_matches_the_double_dqn_target_computed_by_hand():
+    learner = _learner(prioritized_replay=True)
+    data = _batch(seed=3)
+    params = learner.policy_params()  # before the step: online == target
+    q_tm1 = _q(learner, params, data["observation"])
+    q_t = _q(learner, params, data["next_observation"])
+    target = data["reward"] + data["discount"] * q_t[np.arange(BATCH), q_t.argmax(1)]
+    expected = np.abs(target - q_tm1[np.arange(BATCH), data["action"]])
+    metrics = learner.step(_sample(data))
+    assert metrics["priorities"].shape == (BATCH,)
+    np.testing.assert_allclose(metrics["priorities"], expected, rtol=1e-4, atol=1e-5)
+    assert float(metrics["td_abs_mean"]) == pytest.approx(expected.mean(), rel=1e-4)
+
+
+def test_uniform_learner_returns_no_priorities():
+    assert "priorities" not in _learner().step(_sample(_batch()))
+
+
+def test_target_network_is_copied_every_period():
+    period = 5
+    learner = _learner(target_update_period=period)
+    initial = learner.get_state()["params"]
+    sample = _sample(_batch())
+    for _ in range(period - 1):
+        learner.step(sample)
+    state = learner.get_state()
+    jax.tree.map(np.testing.assert_array_equal, state["target_params"], initial)
+    assert not np.allclose(state["params"]["linear_0"]["w"], initial["linear_0"]["w"])
+    learner.step(sample)
+    state = learner.get_state()
+    jax.tree.map(np.testing.assert_array_equal, state["target_params"], state["params"])
+    learner.step(sample)  # one more step: online moves on, target stays at the copy
+    after = learner.get_state()
+    jax.tree.map(np.testing.assert_array_equal, after["target_params"], state["params"])
+
+
+def test_state_round_trip_reproduces_the_next_update():
+    a, b = _learner(), _learner(learning_rate=1e-3)
+    sample = _sample(_batch())
+    for _ in range(7):
+        a.step(sample)
+    b.restore(a.get_state())
+    assert b.steps == 7
+    next_sample = _sample(_batch(seed=9))
+    np.testing.assert_allclose(float(a.step(next_sample)["loss"]), float(b.step(next_sample)["loss"]), rtol=1e-6)
+    jax.tree.map(np.testing.assert_allclose, a.policy_params(), b.policy_params())
+
+
+def test_restore_rejects_mismatched_or_non_finite_state():
+    learner = _learner()
+    state = learner.get_state()
+    bad_shape = dict(state, params={**state["params"], "linear_0": {"w": np.zeros((5, 32), np.float32),
+                                                                    "b": state["params"]["linear_0"]["b"]}})
+    with pytest.raises(ValueError, match="shape"):
+        learner.restore(bad_shape)
+    nan = jax.tree.map(lambda x: np.full_like(x, np.nan), state["params"])
+    with pytest.raises(ValueError, match="non-finite"):
+        learner.restore(dict(state, params=nan))
+    with pytest.raises(ValueError, match="malformed"):
+        learner.restore({"params": state["params"]})
+
+
+def test_step_rejects_batches_missing_columns():
+    data = _batch()
+    del data["discount"]
+    with pytest.raises(ValueError, match="discount"):
+        _learner().step(_sample(data))
+
+
+# ---------------------------------------------------------------------------------------------- actor
+
+
+class _FixedQ:
+    """Executor stand-in: fixed Q-values, counts calls (so tests can see when inference is skipped)."""
+
+    def __init__(self, spec, qparams, backend="auto", batch_size=1):
+        self.q = np.array([[0.0, 2.0, 1.0]], np.float32)
+        self.calls = 0
+        self.backend, self.precision = "fake", "fp32"
+
+    def __call__(self, obs):
+        self.calls += 1
+        return self.q
+
+    def update(self, qparams):
+        self.q = qparams
+
+
+def _actor(schedule: EpsilonSchedule, evaluation: bool = False, seed: int = 0) -> DQNActor:
+    spec = make_q_spec(OBS_DIM, NUM_ACTIONS, (8,))
+    return DQNActor(spec, None, num_actions=NUM_ACTIONS, schedule=schedule, eval_epsilon=0.0, seed=seed,
+                    evaluation=evaluation, executor_factory=_FixedQ)
+
+
+def test_greedy_actor_takes_the_argmax_and_follows_updates():
+    actor = _actor(EpsilonSchedule.constant(0.0))
+    obs = np.zeros(OBS_DIM, np.float32)
+    assert [int(actor.select_action(obs)) for _ in range(20)] == [1] * 20
+    actor.update(np.array([[5.0, 0.0, 1.0]], np.float32))
+    assert int(actor.select_action(obs)) == 0
+
+
+def test_fully_random_actor_is_uniform_and_skips_inference():
+    actor = _actor(EpsilonSchedule.constant(1.0))
+    actions = np.array([actor.select_action(np.zeros(OBS_DIM)) for _ in range(3000)])
+    counts = np.bincount(actions, minlength=NUM_ACTIONS) / len(actions)
+    np.testing.assert_allclose(counts, 1.0 / NUM_ACTIONS, atol=0.04)
+    assert actor._executor.calls == 0
+
+
+def test_epsilon_decays_with_exploration_steps_but_not_evaluation_steps():
+    actor = _actor(EpsilonSchedule(1.0, 0.0, 100))
+    obs = np.zeros(OBS_DIM)
+    for _ in range(50):
+        actor.select_action(obs)
+    assert actor.epsilon == pytest.approx(0.5)
+    actor.evaluation = True
+    assert actor.epsilon == 0.0
+    assert [int(actor.select_action(obs)) for _ in range(10)] == [1] * 10
+    actor.evaluation = False
+    assert actor.steps == 50 and actor.epsilon == pytest.approx(0.5)
+    # Around epsilon 0.5 with 3 actions, the greedy action shows up ~2/3 of the time.
+    greedy = np.mean([int(actor.select_action(obs)) == 1 for _ in range(50)])
+    assert 0.3 < greedy < 0.95
+
+
+def test_actor_rejects_non_finite_observations_on_random_steps():
+    actor = _actor(EpsilonSchedule.constant(1.0))
+    with pytest.raises(ValueError, match="finite"):
+        actor.select_action(np.array([0.0, np.nan, 0.0, 0.0]))
+
+
+def test_fleet_epsilons_follow_the_apex_ladder():
+    builder = Builder(DQNConfig())
+    assert builder.actor_epsilon(0, 1)(0) == pytest.approx(1.0)  # lone actor: linear schedule from 1.0
+    assert builder.actor_epsilon(0, 1)(10**9) == pytest.approx(0.05)
+    assert builder.actor_epsilon(3, 4)(0) == pytest.approx(0.4 ** 8)
