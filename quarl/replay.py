@@ -1,0 +1,534 @@
+"""A replay table with Reverb's semantics, in NumPy: FIFO ring storage, uniform or prioritized sampling,
+Reverb's rate limiters, blocking inserts/samples with timeouts.
+
+Why not Reverb itself: it has no wheels for this stack. The semantics are kept so that Acme's settings
+(samples_per_insert, min_replay_size, error_buffer) mean the same thing here:
+- every inserted item gets the next int64 key; at capacity the oldest item is removed (FIFO);
+- a rate limiter decides, per item, whether an insert or a sample may proceed (`RateLimiter.can_insert`,
+  `RateLimiter.can_sample` follow Reverb's rate_limiter.cc exactly); every sampled item counts as one sample;
+- prioritized sampling draws item i with probability p_i^alpha / sum_j p_j^alpha through a sum tree
+  (O(log capacity) per draw, vectorised over the batch).
+The table is thread-safe (one `threading.Condition`): the single-process runner uses it directly and the
+Ray runner wraps it in an actor. Importance weights are the learner's business (`importance_weights`).
+"""
+from __future__ import annotations
+
+import math
+import numbers
+import threading
+import time
+from typing import Any, Callable, Mapping, NamedTuple
+
+import numpy as np
+
+STATE_FORMAT_VERSION = 1
+SAMPLERS = ("uniform", "prioritized")
+
+
+class RateLimiterTimeout(TimeoutError):
+    """The rate limiter did not allow the insert/sample before the timeout expired."""
+
+
+class TableClosed(RuntimeError):
+    """The table was closed; blocked and later callers get this instead of waiting forever."""
+
+
+class RateLimiter:
+    """Reverb's rate limiter: a bound on `inserts * samples_per_insert - samples` once `min_size` is reached.
+
+    With diff = inserts * spi - samples (counters over the table's life):
+    - one more insert is allowed if size + 1 <= min_size_to_sample, or (inserts + 1) * spi - samples <= max_diff;
+    - one more sample is allowed if size >= min_size_to_sample and diff - 1 >= min_diff.
+    """
+
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float, max_diff: float):
+        if not (isinstance(samples_per_insert, numbers.Real) and math.isfinite(samples_per_insert)
+                and samples_per_insert > 0):
+            raise ValueError(f"samples_per_insert must be a positive finite number, got {samples_per_insert!r}")
+        if not isinstance(min_size_to_sample, (int, np.integer)) or min_size_to_sample < 1:
+            raise ValueError(f"min_size_to_sample must be a positive int, got {min_size_to_sample!r}")
+        if math.isnan(min_diff) or math.isnan(max_diff) or min_diff > max_diff:
+            raise ValueError(f"need min_diff <= max_diff, got {min_diff!r} > {max_diff!r}")
+        self._spi = float(samples_per_insert)
+        self._min_size = int(min_size_to_sample)
+        self._min_diff = float(min_diff)
+        self._max_diff = float(max_diff)
+
+    samples_per_insert = property(lambda self: self._spi)
+    min_size_to_sample = property(lambda self: self._min_size)
+    min_diff = property(lambda self: self._min_diff)
+    max_diff = property(lambda self: self._max_diff)
+
+    def can_insert(self, size: int, inserts: int, samples: int, n: int = 1) -> bool:
+        """Whether the n-th next insert (n >= 1) may proceed, counting the n - 1 before it."""
+        if size + n <= self._min_size:
+            return True
+        return (inserts + n) * self._spi - samples <= self._max_diff
+
+    def can_sample(self, size: int, inserts: int, samples: int, n: int = 1) -> bool:
+        """Whether the n-th next sampled item (n >= 1) may proceed, counting the n - 1 before it."""
+        if size < self._min_size:
+            return False
+        return inserts * self._spi - samples - n >= self._min_diff
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(samples_per_insert={self._spi}, min_size_to_sample={self._min_size}, "
+                f"min_diff={self._min_diff}, max_diff={self._max_diff})")
+
+
+class MinSize(RateLimiter):
+    """Blocks sampling until the table holds `min_size_to_sample` items; never limits otherwise."""
+
+    def __init__(self, min_size_to_sample: int):
+        super().__init__(1.0, min_size_to_sample, -math.inf, math.inf)
+
+
+class SampleToInsertRatio(RateLimiter):
+    """Keeps samples/inserts near `samples_per_insert` after `min_size_to_sample` items.
+
+    A number `error_buffer` gives min_diff/max_diff = spi * min_size -/+ error_buffer (so only operations
+    after the warm-up count); a (min_diff, max_diff) pair is used as is. As in Reverb, a range narrower than
+    2 * max(1, spi) is refused because it could block both sides forever.
+    """
+
+    def __init__(self, samples_per_insert: float, min_size_to_sample: int,
+                 error_buffer: float | tuple[float, float]):
+        if isinstance(error_buffer, numbers.Real) and not isinstance(error_buffer, bool):
+            offset = float(samples_per_insert) * float(min_size_to_sample)
+            min_diff, max_diff = offset - error_buffer, offset + error_buffer
+        elif isinstance(error_buffer, (tuple, list)) and len(error_buffer) == 2:
+            min_diff, max_diff = (float(v) for v in error_buffer)
+        else:
+            raise ValueError(f"error_buffer must be a number or a (min_diff, max_diff) pair, got {error_buffer!r}")
+        if max_diff - min_diff < 2 * max(1.0, float(samples_per_insert)):
+            raise ValueError("error_buffer range must be >= 2 * max(1, samples_per_insert); "
+                             "a smaller one can block inserts and samples forever")
+        if min_diff > float(samples_per_insert) * float(min_size_to_sample):
+            raise ValueError("error_buffer range lies above samples_per_insert * min_size_to_sample; "
+                             "sampling would deadlock once min_size_to_sample items are inserted")
+        super().__init__(samples_per_insert, min_size_to_sample, min_diff, max_diff)
+
+
+class Sample(NamedTuple):
+    """A sampled batch: item keys (for `update_priorities`), sampling probabilities, and the columns."""
+
+    keys: np.ndarray  # int64 [B]
+    probabilities: np.ndarray  # float64 [B]
+    data: dict[str, np.ndarray]  # each [B, ...]
+
+
+def importance_weights(probabilities: np.ndarray, size: int, beta: float) -> np.ndarray:
+    """PER importance weights (size * P(i))^-beta, normalised by the batch maximum (as Acme's DQN does)."""
+    p = np.asarray(probabilities, dtype=np.float64)
+    if size < 1:
+        raise ValueError(f"size must be >= 1, got {size}")
+    if not (math.isfinite(beta) and beta >= 0):
+        raise ValueError(f"beta must be a non-negative finite number, got {beta!r}")
+    if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1):
+        raise ValueError("probabilities must be a non-empty 1-D array in (0, 1]")
+    w = (size * p) ** (-beta)
+    return (w / w.max()).astype(np.float32)
+
+
+class SumTree:
+    """Binary sum tree over `capacity` leaves, updated and searched for whole batches at once.
+
+    Each internal node is recomputed as the exact float sum of its two children (never by adding deltas),
+    so the tree cannot drift and a positive node always has a positive child to descend into.
+    """
+
+    def __init__(self, capacity: int):
+        self._leaves = 1 << max(0, (int(capacity) - 1).bit_length())
+        self._depth = self._leaves.bit_length() - 1
+        self._tree = np.zeros(2 * self._leaves, dtype=np.float64)
+
+    @property
+    def total(self) -> float:
+        return float(self._tree[1])
+
+    def get(self, index: np.ndarray) -> np.ndarray:
+        return self._tree[np.asarray(index, dtype=np.int64) + self._leaves]
+
+    def set(self, index: np.ndarray, values: np.ndarray) -> None:
+        """Sets leaves (indices must be unique) and recomputes their ancestors, one level per NumPy op."""
+        pos = np.asarray(index, dtype=np.int64) + self._leaves
+        self._tree[pos] = values
+        for _ in range(self._depth):
+            pos = np.unique(pos >> 1)
+            self._tree[pos] = self._tree[2 * pos] + self._tree[2 * pos + 1]
+
+    def clear(self) -> None:
+        self._tree[:] = 0.0
+
+    def find(self, mass: np.ndarray) -> np.ndarray:
+        """Leaf index whose prefix-sum interval contains each value of `mass` (values in [0, total))."""
+        u = np.asarray(mass, dtype=np.float64).copy()
+        idx = np.ones(u.shape, dtype=np.int64)
+        for _ in range(self._depth):
+            left = self._tree[2 * idx]
+            right = self._tree[2 * idx + 1]
+            go_right = ((u >= left) & (right > 0)) | (left <= 0)
+            u = np.where(go_right, u - left, u)
+            idx = 2 * idx + go_right
+        return idx - self._leaves
+
+
+Signature = Mapping[str, tuple[tuple[int, ...], Any]]
+
+
+class Table:
+    """A FIFO replay table with Reverb's rate limiting; see the module docstring."""
+
+    def __init__(self, name: str, capacity: int, signature: Signature, sampler: str = "uniform",
+                 priority_exponent: float = 0.6, rate_limiter: RateLimiter | None = None,
+                 seed: int | None = None):
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"table name must be a non-empty string, got {name!r}")
+        if not isinstance(capacity, (int, np.integer)) or isinstance(capacity, bool) or capacity < 1:
+            raise ValueError(f"capacity must be a positive int, got {capacity!r}")
+        if sampler not in SAMPLERS:
+            raise ValueError(f"unknown sampler {sampler!r}; valid samplers: {', '.join(SAMPLERS)}")
+        if not (isinstance(priority_exponent, numbers.Real) and math.isfinite(priority_exponent)
+                and priority_exponent >= 0):
+            raise ValueError(f"priority_exponent must be a non-negative finite number, got {priority_exponent!r}")
+        rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
+        if not isinstance(rate_limiter, RateLimiter):
+            raise ValueError(f"rate_limiter must be a quarl.replay.RateLimiter, got {rate_limiter!r}")
+        if rate_limiter.min_size_to_sample > capacity:
+            raise ValueError(f"min_size_to_sample ({rate_limiter.min_size_to_sample}) exceeds capacity "
+                             f"({capacity}): sampling could never start")
+        self.name = name
+        self.capacity = int(capacity)
+        self.sampler = sampler
+        self.priority_exponent = float(priority_exponent)
+        self.rate_limiter = rate_limiter
+        self.signature = _check_signature(signature)
+        self._data = {k: np.zeros((self.capacity, *shape), dtype) for k, (shape, dtype) in self.signature.items()}
+        self._priorities = np.zeros(self.capacity, dtype=np.float64)
+        self._keys = np.full(self.capacity, -1, dtype=np.int64)
+        self._tree = SumTree(self.capacity) if sampler == "prioritized" else None
+        self._rng = np.random.default_rng(seed)
+        self._cond = threading.Condition()
+        self._size = 0
+        self._inserts = 0  # also the next key: keys are 0, 1, 2, ... in insertion order
+        self._samples = 0
+        self._deletes = 0
+        self._closed = False
+        self._blocked = {"insert": [0, 0.0], "sample": [0, 0.0]}  # [calls that blocked, seconds blocked]
+
+    # ------------------------------------------------------------------ public API
+
+    @property
+    def size(self) -> int:
+        with self._cond:
+            return self._size
+
+    def can_insert(self, num_items: int = 1) -> bool:
+        """Whether `num_items` inserts would proceed now without blocking."""
+        with self._cond:
+            return self.rate_limiter.can_insert(self._size, self._inserts, self._samples, num_items)
+
+    def can_sample(self, num_items: int = 1) -> bool:
+        """Whether a batch of `num_items` could be sampled now without blocking."""
+        with self._cond:
+            return self.rate_limiter.can_sample(self._size, self._inserts, self._samples, num_items)
+
+    def insert(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+               timeout: float | None = None) -> int:
+        """Inserts N items (leading axis of every column); returns N.
+
+        Blocks while the rate limiter refuses inserts. Items are admitted in order, as many at a time as the
+        limiter allows, so a `RateLimiterTimeout` may leave a prefix of the batch inserted (as N separate
+        Reverb inserts would); its message says how many. `priorities` default to 1.0 (Acme's default).
+        """
+        columns, n = self._check_batch(batch)
+        prios = _check_priorities(np.ones(n) if priorities is None else priorities, n, "priorities")
+        deadline = _deadline(timeout)
+        with self._cond:
+            done = 0
+            waited = _WaitClock(self._blocked["insert"])
+            try:
+                while done < n:
+                    self._check_open()
+                    k = _largest_allowed(n - done, lambda j: self.rate_limiter.can_insert(
+                        self._size, self._inserts, self._samples, j))
+                    if k == 0:
+                        waited.wait(self._cond, deadline, f"insert into table {self.name!r} "
+                                    f"({done} of {n} items inserted)")
+                        continue
+                    k = min(k, self.capacity)
+                    self._write({c: v[done:done + k] for c, v in columns.items()}, prios[done:done + k])
+                    done += k
+                    self._cond.notify_all()
+            finally:
+                waited.stop()
+        return n
+
+    def sample(self, batch_size: int, timeout: float | None = None) -> Sample:
+        """Samples `batch_size` items (with replacement), blocking until the rate limiter allows each one.
+
+        Each sampled item counts as one sample for the rate limiter, including items drawn before a
+        `RateLimiterTimeout` (as in Reverb, where each item is its own sample call).
+        """
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        deadline = _deadline(timeout)
+        parts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []
+        with self._cond:
+            got = 0
+            waited = _WaitClock(self._blocked["sample"])
+            try:
+                while got < batch_size:
+                    self._check_open()
+                    k = _largest_allowed(batch_size - got, lambda j: self.rate_limiter.can_sample(
+                        self._size, self._inserts, self._samples, j))
+                    if k == 0:
+                        waited.wait(self._cond, deadline, f"sample from table {self.name!r} "
+                                    f"({got} of {batch_size} items drawn)")
+                        continue
+                    parts.append(self._draw(k))
+                    self._samples += k
+                    got += k
+                    self._cond.notify_all()
+            finally:
+                waited.stop()
+        if len(parts) == 1:
+            return Sample(*parts[0])
+        return Sample(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
+                      {c: np.concatenate([p[2][c] for p in parts]) for c in self.signature})
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
+        """Sets new priorities for the items still in the table; evicted keys are ignored.
+
+        Returns how many items were updated. If a key repeats, its last priority wins.
+        """
+        keys = np.asarray(keys)
+        if keys.ndim != 1 or not (np.issubdtype(keys.dtype, np.integer) or keys.size == 0):
+            raise ValueError(f"keys must be a 1-D integer array, got shape {keys.shape} dtype {keys.dtype}")
+        prios = _check_priorities(priorities, keys.shape[0], "priorities")
+        keys = keys.astype(np.int64)
+        with self._cond:
+            self._check_open()
+            live = (keys >= self._inserts - self._size) & (keys < self._inserts)
+            keys, prios = keys[live], prios[live]
+            if keys.size == 0:
+                return 0
+            # keep the last occurrence of each key
+            rev_unique, rev_index = np.unique(keys[::-1], return_index=True)
+            last = keys.size - 1 - rev_index
+            slots = rev_unique % self.capacity
+            self._set_priorities(slots, prios[last])
+            return int(slots.size)
+
+    def info(self) -> dict[str, Any]:
+        """Counters for monitoring: size, inserts, samples, samples per insert, time spent blocked."""
+        with self._cond:
+            return {
+                "name": self.name,
+                "sampler": self.sampler,
+                "capacity": self.capacity,
+                "size": self._size,
+                "inserts": self._inserts,
+                "samples": self._samples,
+                "deletes": self._deletes,
+                "samples_per_insert": self._samples / self._inserts if self._inserts else 0.0,
+                "rate_limiter_diff": self._inserts * self.rate_limiter.samples_per_insert - self._samples,
+                "insert_blocked_calls": self._blocked["insert"][0],
+                "insert_blocked_s": self._blocked["insert"][1],
+                "sample_blocked_calls": self._blocked["sample"][0],
+                "sample_blocked_s": self._blocked["sample"][1],
+                "closed": self._closed,
+            }
+
+    def close(self) -> None:
+        """Closes the table: blocked and future inserts/samples raise `TableClosed`."""
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def state_dict(self) -> dict[str, Any]:
+        """The table's contents and counters as NumPy arrays and ints (orbax-checkpointable, no pickle).
+
+        Items are ordered oldest first. The sampling RNG state is not included.
+        """
+        with self._cond:
+            keys = np.arange(self._inserts - self._size, self._inserts, dtype=np.int64)
+            slots = keys % self.capacity
+            return {
+                "format_version": STATE_FORMAT_VERSION,
+                "inserts": self._inserts,
+                "samples": self._samples,
+                "deletes": self._deletes,
+                "keys": keys,
+                "priorities": self._priorities[slots].copy(),
+                "data": {c: v[slots].copy() for c, v in self._data.items()},
+            }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Replaces the table's contents with `state` (from `state_dict`; the capacity may differ if it fits)."""
+        try:
+            version = int(state["format_version"])
+            inserts, samples, deletes = int(state["inserts"]), int(state["samples"]), int(state["deletes"])
+            keys = np.asarray(state["keys"])
+            data = state["data"]
+            prios = state["priorities"]
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"malformed replay state: missing or bad field {err}") from None
+        if version != STATE_FORMAT_VERSION:
+            raise ValueError(f"replay state format version {version} is not {STATE_FORMAT_VERSION}")
+        size = int(keys.shape[0]) if keys.ndim == 1 else -1
+        if size < 0 or size > self.capacity:
+            raise ValueError(f"replay state holds {size} items; this table's capacity is {self.capacity}")
+        if not np.array_equal(keys, np.arange(inserts - size, inserts)) or min(samples, deletes) < 0:
+            raise ValueError("replay state keys/counters are inconsistent")
+        prios = _check_priorities(prios, size, "state priorities")
+        columns, n = self._check_batch(data)
+        if n != size:
+            raise ValueError(f"replay state holds {n} data items but {size} keys")
+        with self._cond:
+            self._check_open()
+            for v in self._data.values():
+                v[...] = 0
+            self._priorities[:] = 0.0
+            self._keys[:] = -1
+            if self._tree is not None:
+                self._tree.clear()
+            self._inserts, self._size = inserts - n, 0
+            if n:
+                self._write(columns, prios)
+            self._inserts, self._samples, self._deletes, self._size = inserts, samples, deletes, n
+            self._cond.notify_all()
+
+    # ------------------------------------------------------------------ internals
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise TableClosed(f"table {self.name!r} is closed")
+
+    def _check_batch(self, batch: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+        if not isinstance(batch, Mapping):
+            raise ValueError(f"batch must be a dict of arrays, got {type(batch).__name__}")
+        if set(batch) != set(self.signature):
+            raise ValueError(f"batch columns {sorted(batch)} do not match the signature {sorted(self.signature)}")
+        columns: dict[str, np.ndarray] = {}
+        n = None
+        for name, (shape, dtype) in self.signature.items():
+            value = np.asarray(batch[name])
+            if value.ndim == 0 or value.shape[1:] != shape:
+                raise ValueError(f"column {name!r}: expected shape [N, {', '.join(map(str, shape))}] got "
+                                 f"{list(value.shape)}")
+            if n is None:
+                n = value.shape[0]
+            elif value.shape[0] != n:
+                raise ValueError(f"column {name!r} has {value.shape[0]} items, others have {n}")
+            if value.dtype != dtype and not np.can_cast(value.dtype, dtype, casting="safe"):
+                raise ValueError(f"column {name!r}: dtype {value.dtype} cannot be stored as {np.dtype(dtype)}")
+            if np.issubdtype(value.dtype, np.inexact) and not np.all(np.isfinite(value)):
+                raise ValueError(f"column {name!r} contains NaN or inf")
+            columns[name] = value.astype(dtype, copy=False)
+        return columns, int(n or 0)
+
+    def _write(self, columns: Mapping[str, np.ndarray], prios: np.ndarray) -> None:
+        """Writes k <= capacity items at the next keys, evicting the oldest beyond capacity. Lock held."""
+        k = int(prios.shape[0])
+        keys = np.arange(self._inserts, self._inserts + k, dtype=np.int64)
+        slots = keys % self.capacity
+        for c, v in columns.items():
+            self._data[c][slots] = v
+        self._keys[slots] = keys
+        self._set_priorities(slots, prios)
+        evicted = max(0, self._size + k - self.capacity)
+        self._deletes += evicted
+        self._size += k - evicted
+        self._inserts += k
+
+    def _set_priorities(self, slots: np.ndarray, prios: np.ndarray) -> None:
+        self._priorities[slots] = prios
+        if self._tree is not None:
+            self._tree.set(slots, prios ** self.priority_exponent)
+
+    def _draw(self, k: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+        """Draws k items from the current contents (lock held, size >= 1)."""
+        total = self._tree.total if self._tree is not None else 0.0
+        if self._tree is not None and total > 0:
+            slots = self._tree.find(self._rng.random(k) * total)
+            probs = self._tree.get(slots) / total
+        else:
+            # uniform sampler, or a prioritized table whose priorities are all zero (Reverb: uniform)
+            keys = self._inserts - self._size + self._rng.integers(0, self._size, size=k)
+            slots = keys % self.capacity
+            probs = np.full(k, 1.0 / self._size)
+        return self._keys[slots].copy(), probs, {c: v[slots] for c, v in self._data.items()}
+
+
+class _WaitClock:
+    """Accumulates the time one insert/sample call spends blocked into the table's counters."""
+
+    def __init__(self, counters: list):
+        self._counters = counters
+        self._start: float | None = None
+
+    def wait(self, cond: threading.Condition, deadline: float | None, what: str) -> None:
+        now = time.monotonic()
+        if self._start is None:
+            self._start = now
+            self._counters[0] += 1
+        if deadline is None:
+            cond.wait()
+            return
+        if now >= deadline:
+            raise RateLimiterTimeout(f"rate limiter timeout: could not {what}")
+        cond.wait(deadline - now)
+
+    def stop(self) -> None:
+        if self._start is not None:
+            self._counters[1] += time.monotonic() - self._start
+            self._start = None
+
+
+def _deadline(timeout: float | None) -> float | None:
+    if timeout is None:
+        return None
+    if not (isinstance(timeout, numbers.Real) and timeout >= 0):
+        raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
+    return time.monotonic() + float(timeout)
+
+
+def _largest_allowed(limit: int, allowed: Callable[[int], bool]) -> int:
+    """Largest j in [0, limit] with allowed(1..j) all true, for a predicate that is monotone in j."""
+    if allowed(limit):
+        return limit
+    lo, hi = 0, limit  # allowed(lo) holds (vacuously for 0), allowed(hi) fails
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if allowed(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _check_priorities(priorities: Any, n: int, what: str) -> np.ndarray:
+    p = np.asarray(priorities, dtype=np.float64)
+    if p.shape != (n,):
+        raise ValueError(f"{what} must have shape ({n},), got {p.shape}")
+    if not np.all(np.isfinite(p)) or np.any(p < 0):
+        raise ValueError(f"{what} must be finite and >= 0")
+    return p
+
+
+def _check_signature(signature: Signature) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    if not isinstance(signature, Mapping) or not signature:
+        raise ValueError("signature must be a non-empty dict {column: (shape, dtype)}")
+    checked = {}
+    for name, spec in signature.items():
+        try:
+            shape, dtype = spec
+            shape = tuple(int(d) for d in shape)
+            dtype = np.dtype(dtype)
+        except (TypeError, ValueError):
+            raise ValueError(f"signature column {name!r} must be (shape, dtype), got {spec!r}") from None
+        if not isinstance(name, str) or any(d < 0 for d in shape):
+            raise ValueError(f"bad signature column {name!r}: {spec!r}")
+        checked[name] = (shape, dtype)
+    return checked
