@@ -1,0 +1,178 @@
+"""N-step transition adder (Acme's semantics) and a buffer that turns transitions into batched inserts.
+
+Actors run the adder locally so that only finished n-step transitions cross to replay. For a window of
+k <= n steps starting at t (with gamma the agent's discount and d the environment's per-step discounts):
+
+    reward   = sum_{j<k} gamma^j * (prod_{i<j} d_{t+i}) * r_{t+j}
+    discount = gamma^k * prod_{i<k} d_{t+i}
+
+so the learner's target is `reward + discount * Q(next_observation)`. Unlike Acme (which leaves one gamma
+for the learner to apply), `discount` here already holds the full gamma^k: the learner must not multiply
+by gamma again. A termination makes d = 0 (no bootstrap); a truncation (time limit) keeps d = 1, so the
+value of the last observation is still bootstrapped. At an episode's end the shorter windows are flushed.
+"""
+from __future__ import annotations
+
+import collections
+import math
+import numbers
+from typing import Any, Mapping
+
+import dm_env
+import numpy as np
+
+TRANSITION_KEYS = ("observation", "action", "reward", "discount", "next_observation")
+
+
+def transition_signature(obs_dim: int, action_shape: tuple[int, ...], action_dtype: Any) -> dict:
+    """The replay signature of the transitions `NStepTransitionAdder` emits: {column: (shape, dtype)}."""
+    if not isinstance(obs_dim, (int, np.integer)) or obs_dim < 1:
+        raise ValueError(f"obs_dim must be a positive int, got {obs_dim!r}")
+    return {
+        "observation": ((int(obs_dim),), np.dtype(np.float32)),
+        "action": (tuple(int(d) for d in action_shape), np.dtype(action_dtype)),
+        "reward": ((), np.dtype(np.float32)),
+        "discount": ((), np.dtype(np.float32)),
+        "next_observation": ((int(obs_dim),), np.dtype(np.float32)),
+    }
+
+
+class NStepTransitionAdder:
+    """Turns a stream of (action, timestep) into n-step transitions; see the module docstring."""
+
+    def __init__(self, n_step: int, discount: float):
+        if not isinstance(n_step, (int, np.integer)) or isinstance(n_step, bool) or n_step < 1:
+            raise ValueError(f"n_step must be a positive int, got {n_step!r}")
+        if not (isinstance(discount, numbers.Real) and 0.0 <= discount <= 1.0):
+            raise ValueError(f"discount must be in [0, 1], got {discount!r}")
+        self.n_step = int(n_step)
+        self.discount = float(discount)
+        # entries (observation, action, reward, env_discount) for the open windows, oldest first
+        self._window: collections.deque = collections.deque()
+        self._observation: np.ndarray | None = None
+
+    def reset(self) -> None:
+        """Drops any partial windows (e.g. an episode abandoned mid-way); `add_first` must come next."""
+        self._window.clear()
+        self._observation = None
+
+    def add_first(self, timestep: dm_env.TimeStep) -> None:
+        """Starts an episode from its FIRST timestep."""
+        if not timestep.first():
+            raise ValueError(f"add_first needs a FIRST timestep, got {timestep.step_type}")
+        self._window.clear()
+        self._observation = _observation(timestep.observation)
+
+    def add(self, action: Any, next_timestep: dm_env.TimeStep) -> list[dict[str, np.ndarray]]:
+        """Records one step; returns the transitions that became complete (possibly none)."""
+        if self._observation is None:
+            raise ValueError("add called before add_first (or after an episode ended)")
+        if next_timestep.first():
+            raise ValueError("add got a FIRST timestep; start episodes with add_first")
+        reward = _scalar(next_timestep.reward, "reward")
+        env_discount = _scalar(next_timestep.discount, "discount")
+        if not 0.0 <= env_discount <= 1.0:
+            raise ValueError(f"environment discount must be in [0, 1], got {env_discount}")
+        self._window.append((self._observation, np.array(action, copy=True), reward, env_discount))
+        self._observation = _observation(next_timestep.observation)
+        out = []
+        if len(self._window) == self.n_step:
+            out.append(self._transition())
+            self._window.popleft()
+        if next_timestep.last():
+            while self._window:
+                out.append(self._transition())
+                self._window.popleft()
+            self._observation = None
+        return out
+
+    def _transition(self) -> dict[str, np.ndarray]:
+        """The transition for the window that starts at the oldest open step and ends now."""
+        ret, weight = 0.0, 1.0
+        for _, _, reward, env_discount in self._window:
+            ret += weight * reward
+            weight *= self.discount * env_discount
+        obs, action, _, _ = self._window[0]
+        return {
+            "observation": obs,
+            "action": action,
+            "reward": np.float32(ret),
+            "discount": np.float32(weight),
+            "next_observation": self._observation,
+        }
+
+
+class TransitionBuffer:
+    """Collects transition dicts and hands them out as stacked batches for `Table.insert`.
+
+    With a `signature`, columns are cast to its dtypes and checked against its shapes, so a batch is
+    exactly what the table expects.
+    """
+
+    def __init__(self, batch_size: int, signature: Mapping[str, tuple[tuple[int, ...], Any]] | None = None):
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        self.batch_size = int(batch_size)
+        self._signature = None if signature is None else {
+            k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in signature.items()}
+        self._items: list[Mapping[str, Any]] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def add(self, transition: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+        """Adds one transition; returns a full batch when one is ready."""
+        keys = set(self._signature) if self._signature is not None else set(TRANSITION_KEYS)
+        if set(transition) != keys:
+            raise ValueError(f"transition keys {sorted(transition)} do not match {sorted(keys)}")
+        self._items.append(transition)
+        if len(self._items) >= self.batch_size:
+            return self._stack(self.batch_size)
+        return None
+
+    def extend(self, transitions: list[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
+        """Adds several transitions; returns every batch that became full."""
+        batches = []
+        for t in transitions:
+            batch = self.add(t)
+            if batch is not None:
+                batches.append(batch)
+        return batches
+
+    def flush(self) -> dict[str, np.ndarray] | None:
+        """Returns what is left as a (smaller) batch, or None if empty."""
+        return self._stack(len(self._items)) if self._items else None
+
+    def _stack(self, n: int) -> dict[str, np.ndarray]:
+        items = self._items[:n]
+        batch = {}
+        for key in items[0]:
+            if self._signature is None:
+                batch[key] = np.stack([np.asarray(t[key]) for t in items])
+                continue
+            shape, dtype = self._signature[key]
+            column = np.stack([np.asarray(t[key]) for t in items]).astype(dtype, copy=False)
+            if column.shape[1:] != shape:
+                raise ValueError(f"transition field {key!r} has shape {column.shape[1:]}, expected {shape}")
+            batch[key] = column
+        self._items = self._items[n:]
+        return batch
+
+
+def _observation(obs: Any) -> np.ndarray:
+    arr = np.array(obs, dtype=np.float32, copy=True)
+    if not np.all(np.isfinite(arr)):
+        raise ValueError("non-finite observation given to the adder")
+    return arr
+
+
+def _scalar(value: Any, what: str) -> float:
+    if value is None:
+        raise ValueError(f"{what} is None on a non-FIRST timestep")
+    arr = np.asarray(value, dtype=np.float64)
+    if arr.size != 1:
+        raise ValueError(f"{what} must be a scalar, got shape {arr.shape}")
+    x = float(arr.reshape(()))
+    if not math.isfinite(x):
+        raise ValueError(f"non-finite {what}: {x}")
+    return x
