@@ -1,0 +1,61 @@
+"""Policy runtimes: how an actor executes a (quantized) policy.
+
+    ex = make_executor(spec, quantize_params(params, "int8"), backend="auto")
+    actions = ex(obs)            # obs float32 [B, spec.input_dim] -> float32 [B, spec.output_dim]
+    ex.update(new_qparams)       # the actor's load step: same spec and precision, new weights
+    ex.backend, ex.precision     # concrete backend ("jax" | "onnx") and precision name
+
+Backends: `jax` (XLA; fp32/fp16/bf16 native, int2..int8 via AQT v2 with an s8 x s8 dot), `onnx` (ONNX
+Runtime; fp32 native, int2..int8 via MatMulInteger) and `auto` (the one measured fastest here, see
+`quarl.runtimes.auto`). Precisions without a native kernel on a backend run simulated in fp32 with the
+precision's rounded weights (`ex.simulated`); see each backend module for which.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+from quarl.policy import PolicySpec
+from quarl.quantization import Precision, QuantizedParams, quantize_params
+from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
+from quarl.runtimes.base import PolicyExecutor, check_sizes, layer_widths
+from quarl.runtimes.jax_backend import JaxExecutor
+from quarl.runtimes.onnx_backend import OnnxExecutor
+
+BACKENDS: dict[str, Callable[..., PolicyExecutor]] = {"jax": JaxExecutor, "onnx": OnnxExecutor}
+BACKEND_NAMES = (*BACKENDS, "auto")
+
+__all__ = [
+    "BACKENDS", "BACKEND_NAMES", "PolicyExecutor", "JaxExecutor", "OnnxExecutor", "make_executor",
+    "make_executor_from_params", "auto_decisions", "clear_auto_decisions", "cache_path",
+]
+
+
+def make_executor(spec: PolicySpec, qparams: QuantizedParams, backend: str = "auto", *, batch_size: int = 1,
+                  threads: int = 1) -> PolicyExecutor:
+    """An executor of `spec` with `qparams` on `backend` ("jax", "onnx" or "auto").
+
+    `batch_size` is the batch the actor will call with (compiled/warmed at load; other batch sizes still
+    work). `threads` is ONNX Runtime's intra-op thread count (XLA's pool is process-wide, see jax_backend).
+    Raises ValueError on an unknown backend, layer or precision, params that do not match the spec, or
+    NaN/inf weights.
+    """
+    if not isinstance(spec, PolicySpec):
+        raise ValueError(f"spec must be a quarl.policy.PolicySpec, got {type(spec).__name__}")
+    if not isinstance(qparams, QuantizedParams):
+        raise ValueError(f"qparams must be quarl.quantization.QuantizedParams, got {type(qparams).__name__}")
+    check_sizes(batch_size, threads)
+    layer_widths(spec)
+    name = str(backend).lower()
+    if name == "auto":
+        return make_auto_executor(spec, qparams, BACKENDS, batch_size=batch_size, threads=threads)
+    if name not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}: valid are {', '.join(BACKEND_NAMES)}")
+    return BACKENDS[name](spec, qparams, batch_size=batch_size, threads=threads)
+
+
+def make_executor_from_params(spec: PolicySpec, params: Mapping[str, Any], precision: str | Precision = "fp32",
+                              backend: str = "auto", *, batch_size: int = 1, threads: int = 1,
+                              per_channel: bool = True) -> PolicyExecutor:
+    """Quantize a plain fp32 haiku tree to `precision` (per-channel by default), then `make_executor`."""
+    return make_executor(spec, quantize_params(params, precision, per_channel=per_channel), backend,
+                         batch_size=batch_size, threads=threads)

@@ -1,0 +1,180 @@
+"""`backend="auto"`: pick the backend measured fastest for (layer sizes, batch, precision, threads) here.
+
+Which runtime wins depends on the machine (ORT's int8 GEMM needs VNNI to shine; XLA's int8 dot is slower
+than its fp32 one on CPU) and on the shape (at tiny sizes per-call overhead dominates), so the choice is
+measured, not hard-coded. The first executor for a key builds every candidate, times them interleaved
+for a few dozen calls (budget ~1 s in total), keeps the fastest and records the decision in-process and in
+a JSON file ($QUARL_CACHE_DIR or ~/.cache/quarl, `auto_backend.json`), keyed by a machine fingerprint, so
+later processes (every actor of a run) reuse it without measuring.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import tempfile
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from quarl.policy import PolicySpec
+from quarl.quantization import QuantizedParams
+from quarl.runtimes.base import PolicyExecutor, layer_widths
+
+CACHE_ENV = "QUARL_CACHE_DIR"
+CACHE_FILE = "auto_backend.json"
+_FORMAT_VERSION = 1
+_MEASURE_BUDGET_S = 0.8  # all candidates together, after warm-up
+_MAX_CALLS = 40
+_MIN_CALLS = 5
+_WARMUP_CALLS = 3
+_ROUNDS = 4
+_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8", "amx_bf16", "fma")
+
+_lock = threading.Lock()
+_decisions: dict[str, dict[str, Any]] = {}
+
+
+def cache_path() -> Path:
+    base = os.environ.get(CACHE_ENV)
+    root = Path(base) if base else Path.home() / ".cache" / "quarl"
+    return root / CACHE_FILE
+
+
+def cpu_info() -> dict[str, Any]:
+    """CPU model, logical core count and the SIMD flags that decide which int8 kernels exist."""
+    model, flags = "", set()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key = key.strip()
+                if key == "model name" and not model:
+                    model = value.strip()
+                elif key == "flags" and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    return {"cpu_model": model or platform.processor() or "unknown", "cores": os.cpu_count() or 1,
+            "flags": [f for f in _CPU_FLAGS if f in flags]}
+
+
+def machine_fingerprint() -> str:
+    """Short hash of what makes a timing transferable: CPU, cores, SIMD flags, runtime versions."""
+    import jax
+    import onnxruntime
+
+    info = cpu_info()
+    text = json.dumps([info, jax.__version__, onnxruntime.__version__, platform.machine()], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def decision_key(spec: PolicySpec, precision: str, batch_size: int, threads: int) -> str:
+    layer_widths(spec)  # unknown layers fail here, before any measuring
+    shape = "-".join(str(w) for w in (spec.input_dim, *(layer.out for layer in spec.linear_layers)))
+    return f"{machine_fingerprint()}|{shape}|b{batch_size}|{precision}|t{threads}"
+
+
+def auto_decisions() -> dict[str, dict[str, Any]]:
+    """The decisions made or loaded in this process: key -> {backend, us_per_call, source}."""
+    with _lock:
+        return {k: dict(v) for k, v in _decisions.items()}
+
+
+def clear_auto_decisions() -> None:
+    """Forget in-process decisions (the file cache is untouched); for tests and benchmarks."""
+    with _lock:
+        _decisions.clear()
+
+
+def _read_file() -> dict[str, Any]:
+    path = cache_path()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        warnings.warn(f"ignoring unreadable auto-backend cache {path}: {e}", stacklevel=3)
+        return {}
+    if not isinstance(data, dict) or data.get("version") != _FORMAT_VERSION or not isinstance(
+            data.get("decisions"), dict):
+        warnings.warn(f"ignoring auto-backend cache {path} with an unknown format", stacklevel=3)
+        return {}
+    return data["decisions"]
+
+
+def _write_file(key: str, entry: dict[str, Any]) -> None:
+    """Merge one decision into the cache file atomically (write a temp file, then rename)."""
+    path = cache_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        decisions = _read_file()
+        decisions[key] = entry
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".auto_backend.", suffix=".json")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump({"version": _FORMAT_VERSION, "decisions": decisions}, f, indent=1, sort_keys=True)
+        os.replace(tmp, path)
+    except OSError as e:  # a read-only home must not stop an actor from acting
+        warnings.warn(f"could not write auto-backend cache {path}: {e}", stacklevel=3)
+
+
+def _time_interleaved(executors: dict[str, PolicyExecutor], obs: np.ndarray) -> dict[str, float]:
+    """Median microseconds per call for each executor.
+
+    Candidates take turns in short blocks, several rounds each, so load drift from other processes hits
+    all alike; the first call of each block is dropped because it runs with another candidate's weights in
+    the cache (an actor calls the same policy back to back, so warm-cache time is the relevant one).
+    """
+    for ex in executors.values():
+        for _ in range(_WARMUP_CALLS):
+            ex(obs)
+    probe = {}
+    for name, ex in executors.items():
+        t = time.perf_counter()
+        ex(obs)
+        probe[name] = time.perf_counter() - t
+    per_call = max(sum(probe.values()), 1e-6)
+    calls = int(min(_MAX_CALLS, max(_MIN_CALLS, _MEASURE_BUDGET_S / per_call)))
+    block = max(2, calls // _ROUNDS)
+    samples: dict[str, list[float]] = {name: [] for name in executors}
+    for _ in range(_ROUNDS):
+        for name, ex in executors.items():
+            for i in range(block + 1):
+                t = time.perf_counter()
+                ex(obs)
+                if i:
+                    samples[name].append(time.perf_counter() - t)
+    return {name: float(np.median(s) * 1e6) for name, s in samples.items()}
+
+
+def make_auto_executor(spec: PolicySpec, qparams: QuantizedParams, factories: dict[str, Callable[..., Any]], *,
+                       batch_size: int, threads: int) -> PolicyExecutor:
+    """Return a concrete executor of the fastest backend for this key, measuring on first use."""
+    key = decision_key(spec, str(qparams.precision), batch_size, threads)
+    with _lock:
+        entry = _decisions.get(key)
+    if entry is None:
+        stored = _read_file().get(key)
+        if isinstance(stored, dict) and stored.get("backend") in factories:
+            entry = {**stored, "source": "file"}
+            with _lock:
+                _decisions[key] = entry
+    if entry is not None:
+        return factories[entry["backend"]](spec, qparams, batch_size=batch_size, threads=threads)
+
+    candidates = {name: make(spec, qparams, batch_size=batch_size, threads=threads)
+                  for name, make in factories.items()}
+    obs = np.random.default_rng(0).standard_normal((batch_size, spec.input_dim)).astype(np.float32)
+    timings = _time_interleaved(candidates, obs)
+    best = min(timings, key=timings.get)
+    entry = {"backend": best, "us_per_call": {k: round(v, 2) for k, v in timings.items()},
+             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": "measured"}
+    with _lock:
+        _decisions[key] = entry
+    _write_file(key, {k: v for k, v in entry.items() if k != "source"})
+    return candidates[best]

@@ -1,0 +1,248 @@
+"""What every policy runtime shares: the executor interface, input checks, and the "lowering" of a
+`QuantizedParams` tree into per-layer arrays a backend can consume directly.
+
+Lowering is done once per `update()` (the actor's load step), on the host, so the per-call path of every
+backend is just "check obs, run the compiled network". Both backends read the same lowered form, which is
+why the JAX and ONNX networks cannot disagree about what the spec means.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+from quarl.policy import Activation, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.quantization import Precision, QTensor, QuantizedParams, dequantize, parse_precision
+
+# The widest integer code an int8 kernel (AQT s8 dot, ORT MatMulInteger) can take. Wider integer
+# precisions (int9..int16) have no fast kernel on CPU, so runtimes simulate them (see `DenseWeights`).
+MAX_KERNEL_BITS = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class DenseWeights:
+    """One `Linear` layer in a backend-neutral form.
+
+    kind "float": `w` is [in, out] in the compute dtype (fp32, or fp16/bf16 for a backend that computes in
+    them natively). kind "int": `w` holds the int8 codes [in, out] and `scale` the float32 per-output-channel
+    step ([out]; a per-tensor scale is broadcast), zero point 0, so `x @ dequant(w) == (x @ codes) * scale`.
+    `b` is always float32 [out].
+    """
+
+    kind: str
+    w: np.ndarray
+    b: np.ndarray
+    scale: np.ndarray | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class LoweredParams:
+    """Per-layer arrays keyed by layer name, plus how the precision is realised on this backend."""
+
+    dense: dict[str, DenseWeights]
+    norms: dict[str, tuple[np.ndarray, np.ndarray]]  # name -> (scale, offset), float32 [width]
+    precision: Precision
+    # True when the weights were rounded to `precision` but the arithmetic runs in fp32 (no native kernel).
+    simulated: bool
+
+
+def layer_widths(spec: PolicySpec) -> list[tuple[Any, int, int]]:
+    """(layer, input width, output width) for every layer; also rejects layer kinds no runtime knows."""
+    out = []
+    width = spec.input_dim
+    for layer in spec.layers:
+        if isinstance(layer, Linear):
+            out.append((layer, width, layer.out))
+            width = layer.out
+        elif isinstance(layer, (LayerNorm, Activation, TanhToSpec)):
+            if isinstance(layer, Activation) and layer.fn not in ("relu", "elu", "tanh"):
+                raise ValueError(f"unsupported activation {layer.fn!r} for the policy runtimes")
+            out.append((layer, width, width))
+        else:
+            raise ValueError(f"unsupported layer {layer!r}: the policy runtimes know Linear, LayerNorm, "
+                             "Activation and TanhToSpec")
+    return out
+
+
+def _float_leaf(leaf: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+    arr = np.asarray(leaf)
+    if arr.shape != shape:
+        raise ValueError(f"{what} has shape {arr.shape}, the spec needs {shape}")
+    if not (np.issubdtype(arr.dtype, np.floating) or arr.dtype.name == "bfloat16"):
+        raise ValueError(f"{what} has dtype {arr.dtype}; expected floating point")
+    if not np.isfinite(arr.astype(np.float32)).all():
+        raise ValueError(f"{what} contains NaN or inf")
+    return arr
+
+
+def _int_leaf(q: QTensor, shape: tuple[int, int], bits: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+    """int8 codes and a flat [out] float32 scale from a symmetric per-output-channel or per-tensor QTensor."""
+    if q.bits != bits:
+        raise ValueError(f"{what} is quantized to {q.bits} bits but the precision is int{bits}")
+    if not q.symmetric or np.any(np.asarray(q.zero_point) != 0):
+        raise ValueError(f"{what}: the runtimes need symmetric weight quantization (zero point 0)")
+    if q.axis not in (None, len(shape) - 1):
+        raise ValueError(f"{what}: weight scales must be per-tensor or per output channel (axis -1), "
+                         f"got axis {q.axis}")
+    values = np.asarray(q.values)
+    if values.shape != shape:
+        raise ValueError(f"{what} has shape {values.shape}, the spec needs {shape}")
+    if not np.issubdtype(values.dtype, np.integer):
+        raise ValueError(f"{what} has non-integer codes (dtype {values.dtype})")
+    scale = np.asarray(q.scale, np.float32)
+    try:
+        scale = np.broadcast_to(scale, (1, shape[1])).reshape(shape[1])
+    except ValueError:
+        raise ValueError(f"{what} has scale shape {np.shape(q.scale)}, not broadcastable to (1, {shape[1]})") \
+            from None
+    if not (np.isfinite(scale).all() and (scale > 0).all()):
+        raise ValueError(f"{what} has a non-finite or non-positive scale")
+    limit = 2 ** (bits - 1) - 1
+    if values.dtype != np.int8:
+        if values.size and np.abs(values.astype(np.int32)).max() > limit:
+            raise ValueError(f"{what} has codes outside the int{bits} range")
+        values = values.astype(np.int8)
+    return values, np.ascontiguousarray(scale)
+
+
+def lower_params(spec: PolicySpec, qparams: QuantizedParams, native_floats: tuple[str, ...]) -> LoweredParams:
+    """Validate `qparams` against `spec` and convert it to the backend-neutral per-layer form.
+
+    `native_floats` lists the low float precisions ("fp16", "bf16") the backend computes in; others are
+    widened to fp32 (simulated). int<=8 weights stay as codes + scales; int9..int16 are dequantized to
+    fp32 (simulated) because no CPU kernel multiplies int16 matrices faster than fp32.
+    """
+    if not isinstance(qparams, QuantizedParams):
+        raise ValueError(f"expected quarl.quantization.QuantizedParams, got {type(qparams).__name__}")
+    prec = parse_precision(qparams.precision)
+    tree = qparams.tree
+    if not isinstance(tree, Mapping):
+        raise ValueError("QuantizedParams.tree must be a nested mapping (haiku layout)")
+    simulated = (prec.is_int and prec.bits > MAX_KERNEL_BITS) or (
+        prec.kind == "float" and prec.name != "fp32" and prec.name not in native_floats)
+    dense: dict[str, DenseWeights] = {}
+    norms: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for layer, width_in, width_out in layer_widths(spec):
+        if not isinstance(layer, (Linear, LayerNorm)):
+            continue
+        module = tree.get(layer.name)
+        if not isinstance(module, Mapping):
+            raise ValueError(f"params have no module {layer.name!r} (have {sorted(tree)})")
+        if isinstance(layer, LayerNorm):
+            for key in ("scale", "offset"):
+                if key not in module:
+                    raise ValueError(f"params {layer.name!r} lack {key!r}")
+            norms[layer.name] = tuple(  # type: ignore[assignment]
+                _float_leaf(module[k], (width_in,), f"{layer.name}/{k}").astype(np.float32)
+                for k in ("scale", "offset"))
+            continue
+        if "w" not in module or "b" not in module:
+            raise ValueError(f"params {layer.name!r} need 'w' and 'b', have {sorted(module)}")
+        b = _float_leaf(module["b"], (width_out,), f"{layer.name}/b").astype(np.float32)
+        shape = (width_in, width_out)
+        leaf = module["w"]
+        what = f"{layer.name}/w"
+        if prec.is_int:
+            if not isinstance(leaf, QTensor):
+                raise ValueError(f"{what} must be a QTensor for precision {prec.name}, got {type(leaf).__name__}")
+            if prec.bits <= MAX_KERNEL_BITS:
+                codes, scale = _int_leaf(leaf, shape, prec.bits, what)
+                dense[layer.name] = DenseWeights("int", codes, b, scale)
+            else:
+                if leaf.bits != prec.bits:
+                    raise ValueError(f"{what} is quantized to {leaf.bits} bits but the precision is {prec.name}")
+                dense[layer.name] = DenseWeights("float", _float_leaf(dequantize(leaf), shape, what), b)
+            continue
+        if isinstance(leaf, QTensor):
+            raise ValueError(f"{what} is a QTensor but the precision is {prec.name}")
+        w = _float_leaf(leaf, shape, what)
+        if prec.name == "fp32" or simulated:
+            w = w.astype(np.float32)
+        elif w.dtype.name != {"fp16": "float16", "bf16": "bfloat16"}[prec.name]:
+            raise ValueError(f"{what} has dtype {w.dtype}, expected {prec.name} for precision {prec.name}")
+        dense[layer.name] = DenseWeights("float", np.ascontiguousarray(w), b)
+    return LoweredParams(dense, norms, prec, simulated)
+
+
+def check_obs(obs: Any, input_dim: int) -> np.ndarray:
+    """obs as a C-contiguous float32 [B, input_dim] array; ValueError on bad shape or NaN/inf.
+
+    Non-finite observations are rejected rather than propagated: an int8 kernel would silently turn a NaN
+    into garbage codes, and a NaN action sent to the environment fails far from its cause.
+    """
+    arr = np.asarray(obs, dtype=np.float32)
+    if arr.ndim != 2 or arr.shape[1] != input_dim:
+        raise ValueError(f"observations must have shape [B, {input_dim}], got {arr.shape}")
+    if arr.shape[0] == 0:
+        raise ValueError("observations must have at least one row")
+    if not np.isfinite(arr).all():
+        raise ValueError("observations contain NaN or inf")
+    return np.ascontiguousarray(arr)
+
+
+def check_sizes(batch_size: int, threads: int) -> None:
+    for name, value in (("batch_size", batch_size), ("threads", threads)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+
+
+class PolicyExecutor(abc.ABC):
+    """Runs one policy spec at one precision: `executor(obs[B, in]) -> out[B, out]` (float32).
+
+    Subclasses implement `_load` (turn lowered params into backend state) and `_run` (one forward on a
+    validated batch). The spec and precision are fixed for the executor's lifetime; `update` swaps weights.
+    """
+
+    backend: str = ""
+    # Low float precisions this backend computes in natively (others are simulated in fp32).
+    native_floats: tuple[str, ...] = ()
+
+    def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, batch_size: int = 1, threads: int = 1):
+        check_sizes(batch_size, threads)
+        layer_widths(spec)  # reject unknown layers before any backend work
+        self.spec = spec
+        self.batch_size = int(batch_size)
+        self.threads = int(threads)
+        lowered = lower_params(spec, qparams, self.native_floats)
+        self.precision: str = lowered.precision.name
+        self.simulated: bool = lowered.simulated
+        self._load(lowered)
+        self.warm_up()
+
+    @property
+    def input_dim(self) -> int:
+        return self.spec.input_dim
+
+    @property
+    def output_dim(self) -> int:
+        return self.spec.output_dim
+
+    def __call__(self, obs: np.ndarray) -> np.ndarray:
+        return self._run(check_obs(obs, self.spec.input_dim))
+
+    def update(self, qparams: QuantizedParams) -> None:
+        """Swap in new weights for the same spec and precision (the actor's load step)."""
+        lowered = lower_params(self.spec, qparams, self.native_floats)
+        if lowered.precision.name != self.precision:
+            raise ValueError(f"update() got {lowered.precision.name} params for a {self.precision} executor; "
+                             "make a new executor to change precision")
+        self._load(lowered)
+
+    def warm_up(self) -> None:
+        """One call at the expected batch size so compilation / allocation happens at load, not in the
+        first environment step."""
+        self._run(np.zeros((self.batch_size, self.spec.input_dim), np.float32))
+
+    def __repr__(self) -> str:
+        sim = ", simulated in fp32" if self.simulated else ""
+        return f"{type(self).__name__}(backend={self.backend!r}, precision={self.precision!r}{sim})"
+
+    @abc.abstractmethod
+    def _load(self, lowered: LoweredParams) -> None:
+        """Install the lowered weights (replacing any previous ones)."""
+
+    @abc.abstractmethod
+    def _run(self, obs: np.ndarray) -> np.ndarray:
+        """Forward pass on a validated float32 [B, input_dim] batch -> float32 [B, output_dim]."""

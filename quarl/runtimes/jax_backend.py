@@ -1,0 +1,118 @@
+"""The JAX/XLA policy runtime.
+
+* fp32, fp16, bf16: the spec's network jitted in that dtype (matmuls, biases and activations). LayerNorm
+  statistics and the final TanhToSpec affine map run in fp32: they are a handful of FLOPs, and a variance
+  in fp16/bf16 loses the precision the layer exists to provide.
+* int2..int8: AQT v2 (`aqt.jax.v2`) in serving mode. The weight codes and per-channel scales from the
+  `QTensor`s are handed to AQT as a complete `aqt_tensor.QTensor` rhs, so weights are quantized once (by
+  the learner) and never at call time; AQT quantizes each activation row dynamically to int8, runs a real
+  `lax.dot_general` s8 x s8 -> s32 and rescales the accumulator by (row scale x column scale). AQT needs a
+  float rhs operand for its calibration step; we pass a zeros placeholder that XLA dead-code-eliminates
+  (the calibration result is discarded because the rhs QTensor is already full).
+  Activations are always 8 bits: an "int4" actor is W4A8, the usual deployment meaning, and it keeps the
+  activation error small so the weight bit width is what the experiment varies.
+* int9..int16: no int16 matmul kernel exists on CPU, so the dequantized weights run in fp32 (the weight
+  rounding is exact, the arithmetic is simulated; `executor.simulated` is True).
+
+Parameters are `jax.device_put` once per load; `jax.jit` compiles once per batch shape (the expected
+`batch_size` at construction). `threads` is not applied here: XLA's CPU thread pool is process-wide and is
+set through XLA_FLAGS before JAX starts.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from quarl.policy import LAYER_NORM_EPS, Activation, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.runtimes.base import LoweredParams, PolicyExecutor
+
+_DN = (((1,), (0,)), ((), ()))  # [B, in] x [in, out] -> [B, out]
+_ACTIVATION_BITS = 8
+
+
+def _aqt_dense(bits: int) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
+    """x[B, in] float32, codes[in, out] int8, scale[1, out] -> x @ (codes * scale) via an s8 x s8 dot."""
+    from aqt.jax.v2 import aqt_tensor
+    from aqt.jax.v2 import config as aqt_config
+
+    dg = aqt_config.dot_general_make(lhs_bits=_ACTIVATION_BITS, rhs_bits=bits).fwd
+    dg.dg_quantizer.init_calibration()
+
+    def dense(x: jax.Array, codes: jax.Array, scale: jax.Array) -> jax.Array:
+        rhs = aqt_tensor.QTensor(qvalue=codes, scale=[scale], scale_t=None, bias=[], dequant_dtype=jnp.float32)
+        out, _ = dg(x, jnp.zeros(codes.shape, jnp.float32), None, rhs, _DN)
+        return out
+
+    return dense
+
+
+def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[Any, jax.Array], jax.Array]:
+    """The jittable forward(params, obs) for this spec; structure fixed by the first load."""
+    compute = jnp.float32
+    if not lowered.simulated:
+        compute = {"fp16": jnp.float16, "bf16": jnp.bfloat16}.get(lowered.precision.name, jnp.float32)
+    int_dense = _aqt_dense(lowered.precision.bits) if any(
+        d.kind == "int" for d in lowered.dense.values()) else None
+    activations = {"relu": jax.nn.relu, "elu": jax.nn.elu, "tanh": jnp.tanh}
+
+    def forward(params: Any, obs: jax.Array) -> jax.Array:
+        x = obs.astype(compute)
+        for layer in spec.layers:
+            if isinstance(layer, Linear):
+                p = params[layer.name]
+                if "codes" in p:
+                    x = int_dense(x.astype(jnp.float32), p["codes"], p["scale"]).astype(compute)
+                else:
+                    x = jnp.dot(x, p["w"], preferred_element_type=compute)
+                x = x + p["b"]
+            elif isinstance(layer, LayerNorm):
+                p = params[layer.name]
+                xf = x.astype(jnp.float32)
+                mean = xf.mean(-1, keepdims=True)
+                var = jnp.square(xf - mean).mean(-1, keepdims=True)
+                xf = (xf - mean) * jax.lax.rsqrt(var + LAYER_NORM_EPS) * p["scale"] + p["offset"]
+                x = xf.astype(compute)
+            elif isinstance(layer, Activation):
+                x = activations[layer.fn](x)
+            elif isinstance(layer, TanhToSpec):
+                lo = jnp.asarray(layer.minimum, jnp.float32)
+                hi = jnp.asarray(layer.maximum, jnp.float32)
+                x = lo + (jnp.tanh(x.astype(jnp.float32)) + 1.0) * 0.5 * (hi - lo)
+        return x.astype(jnp.float32)
+
+    return forward
+
+
+class JaxExecutor(PolicyExecutor):
+    """Jitted XLA forward; int precisions through AQT v2 with load-time quantized weights."""
+
+    backend = "jax"
+    native_floats = ("fp16", "bf16")
+
+    def __init__(self, spec: PolicySpec, qparams: Any, *, batch_size: int = 1, threads: int = 1):
+        self._jitted: Callable | None = None
+        self._params: Any = None
+        super().__init__(spec, qparams, batch_size=batch_size, threads=threads)
+
+    def _load(self, lowered: LoweredParams) -> None:
+        compute_bias = np.dtype(np.float32)
+        if not lowered.simulated and lowered.precision.name in self.native_floats:
+            compute_bias = np.dtype(jnp.float16 if lowered.precision.name == "fp16" else jnp.bfloat16)
+        host: dict[str, dict[str, np.ndarray]] = {}
+        for name, d in lowered.dense.items():
+            if d.kind == "int":
+                host[name] = {"codes": d.w, "scale": d.scale.reshape(1, -1), "b": d.b}
+            else:
+                host[name] = {"w": d.w, "b": d.b.astype(compute_bias)}
+        for name, (scale, offset) in lowered.norms.items():
+            host[name] = {"scale": scale, "offset": offset}
+        params = jax.device_put(host)
+        if self._jitted is None:
+            self._jitted = jax.jit(_forward_fn(self.spec, lowered))
+        self._params = params
+
+    def _run(self, obs: np.ndarray) -> np.ndarray:
+        return np.array(self._jitted(self._params, obs), dtype=np.float32)
