@@ -1,0 +1,349 @@
+"""Single-process ActorQ run (Acme's `run_experiment`): one env loop, one learner, one in-memory table.
+
+It runs the same pieces, in the same order, as the distributed runner, just in one thread: the actor only ever
+sees weights that went learner.policy_params() -> quantize_params(precision) -> encode_payload -> bytes ->
+decode_payload -> actor.update, so quantization and the wire format are exercised on every pull, and each stage
+is timed. Acting and learning are interleaved under the table's samples-per-insert rate limiter: after every
+env step the learner takes as many steps as the limiter allows (never blocking).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import math
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from quarl.envs import environment_spec, make_environment
+from quarl.logs import CSVLogger, write_json_atomic
+from quarl.payload import decode_payload, encode_payload
+from quarl.quantization import parse_precision, quantize_params
+
+EVAL_SEED_OFFSET = 10_000  # evaluation episodes come from their own env instance and seed
+LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows
+
+
+@dataclasses.dataclass
+class StageTimes:
+    """Wall-clock totals (seconds) of each stage of the loop, plus how many times each ran."""
+
+    env_step_s: float = 0.0
+    inference_s: float = 0.0
+    adder_insert_s: float = 0.0
+    sample_s: float = 0.0
+    learner_s: float = 0.0
+    pull_s: float = 0.0  # policy_params + quantize + encode (the learner side of a weight update)
+    deserialize_s: float = 0.0  # decode_payload (the actor side)
+    load_s: float = 0.0  # actor.update (the executor swapping in the new weights)
+    evaluation_s: float = 0.0
+    env_steps: int = 0
+    learner_steps: int = 0
+    updates: int = 0
+
+    def summary(self) -> dict[str, float]:
+        out: dict[str, float] = {k: round(v, 6) if isinstance(v, float) else v
+                                 for k, v in dataclasses.asdict(self).items()}
+        per_update = max(1, self.updates)
+        for stage in ("pull_s", "deserialize_s", "load_s"):
+            out[f"{stage[:-2]}_ms_per_update"] = round(1e3 * getattr(self, stage) / per_update, 4)
+        steps = max(1, self.env_steps)
+        out["env_step_us_per_step"] = round(1e6 * self.env_step_s / steps, 3)
+        out["inference_us_per_step"] = round(1e6 * self.inference_s / steps, 3)
+        out["learner_ms_per_step"] = round(1e3 * self.learner_s / max(1, self.learner_steps), 4)
+        return out
+
+
+class WeightChannel:
+    """Learner -> actor weight transport in one process: exactly the bytes a remote actor would receive."""
+
+    def __init__(self, learner: Any, spec: Any, precision: str, times: StageTimes):
+        self._learner, self._spec, self._precision, self._times = learner, spec, precision, times
+        self.version = 0
+        self.payload_bytes = 0
+
+    def pull(self, count: bool = True) -> Any:
+        """Publishes the learner's current weights; returns the actor-side QuantizedParams."""
+        t0 = time.perf_counter()
+        qparams = quantize_params(self._learner.policy_params(), self._precision)
+        data = encode_payload(qparams, version=self.version, spec=self._spec)
+        t1 = time.perf_counter()
+        payload = decode_payload(data)
+        t2 = time.perf_counter()
+        if payload.version != self.version:
+            raise RuntimeError(f"payload version {payload.version} != published {self.version}")
+        self.version += 1
+        self.payload_bytes = len(data)
+        if count:
+            self._times.pull_s += t1 - t0
+            self._times.deserialize_s += t2 - t1
+        return payload.params
+
+
+def _validate(max_actor_steps: int, seed: int, eval_every: int | None, eval_episodes: int,
+              actor_update_period: int | None) -> None:
+    def positive(name: str, v: Any) -> None:
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+            raise ValueError(f"{name} must be a positive int, got {v!r}")
+
+    positive("max_actor_steps", max_actor_steps)
+    positive("eval_episodes", eval_episodes)
+    if eval_every is not None:
+        positive("eval_every", eval_every)
+    if actor_update_period is not None:
+        positive("actor_update_period", actor_update_period)
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+
+
+def evaluate(actor: Any, env: Any, episodes: int) -> list[float]:
+    """Undiscounted returns of `episodes` full episodes with the (evaluation-mode) actor."""
+    returns = []
+    for _ in range(episodes):
+        timestep = env.reset()
+        total = 0.0
+        while not timestep.last():
+            timestep = env.step(actor.select_action(timestep.observation))
+            total += float(timestep.reward)
+        returns.append(total)
+    return returns
+
+
+@contextlib.contextmanager
+def _progress(total: int, enabled: bool) -> Iterator[Any]:
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+    bar = tqdm(total=total, disable=not enabled, unit="step", mininterval=1.0, dynamic_ncols=True)
+    try:
+        yield bar
+    finally:
+        bar.close()
+
+
+def _energy_tracker(logdir: Path) -> Any:
+    """quarl.carbon's tracker if it can run here; energy is a nice-to-have, never a reason to fail a run."""
+    try:
+        from quarl.carbon import EnergyTracker  # pylint: disable=import-outside-toplevel
+        tracker = EnergyTracker(output_dir=str(logdir))
+        tracker.start()
+        return tracker
+    except Exception:  # pylint: disable=broad-except
+        return None
+
+
+def _stop_energy(tracker: Any) -> dict[str, Any] | None:
+    if tracker is None:
+        return None
+    try:
+        result = tracker.stop()
+    except Exception:  # pylint: disable=broad-except
+        return None
+    if dataclasses.is_dataclass(result):
+        result = dataclasses.asdict(result)
+    return result if isinstance(result, dict) else None
+
+
+def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend: str = "auto",
+                   max_actor_steps: int, seed: int = 0, logdir: str | Path, eval_every: int | None = None,
+                   eval_episodes: int = 10, actor_update_period: int | None = None, eval_fp32: bool = False,
+                   progress: bool = True, energy: bool = True,
+                   on_eval: Callable[[dict[str, Any]], bool | None] | None = None) -> dict[str, Any]:
+    """Trains `builder`'s agent on `task` for `max_actor_steps` env steps; returns (and writes) the summary.
+
+    `eval_every` (actor steps; default max_actor_steps // 10) schedules greedy evaluations at the deployed
+    precision (plus fp32 with `eval_fp32`); a final one always runs. `actor_update_period` defaults to the
+    config's. `on_eval(row)` sees every evaluator row; returning True ends the run early (benchmarks stop at a
+    target return that way).
+    Writes evaluator.csv, learner.csv, actor.csv and summary.json under `logdir`.
+    """
+    _validate(max_actor_steps, seed, eval_every, eval_episodes, actor_update_period)
+    prec = parse_precision(precision).name
+    config = builder.config
+    update_period = int(actor_update_period or config.actor_update_period)
+    eval_every = int(eval_every or max(1, max_actor_steps // 10))
+    seed = int(seed)
+
+    env = make_environment(task, seed)
+    eval_env = make_environment(task, seed + EVAL_SEED_OFFSET)
+    env_spec = environment_spec(env)
+    spec = builder.policy_spec(env_spec)
+    learner = builder.make_learner(env_spec, seed)
+    table = builder.make_table(env_spec)
+    adder = builder.make_adder()
+    prioritized = getattr(table, "sampler", "uniform") == "prioritized"
+    batch_size = int(config.batch_size)
+
+    logdir = Path(logdir)
+    logdir.mkdir(parents=True, exist_ok=True)
+    times = StageTimes()
+    channel = WeightChannel(learner, spec, prec, times)
+    qparams = channel.pull(count=False)
+    t0 = time.perf_counter()
+    actor = builder.make_actor(env_spec, qparams, seed=seed, actor_id=0, evaluation=False, backend=backend)
+    times.load_s += time.perf_counter() - t0
+    eval_actor = builder.make_actor(env_spec, qparams, seed=seed + 1, actor_id=0, evaluation=True,
+                                    backend=backend)
+    fp32_channel = WeightChannel(learner, spec, "fp32", StageTimes())
+    fp32_actor = None
+    if eval_fp32 and prec != "fp32":
+        fp32_actor = builder.make_actor(env_spec, fp32_channel.pull(), seed=seed + 2, actor_id=0,
+                                        evaluation=True, backend=backend)
+
+    evaluator_log = CSVLogger(logdir / "evaluator.csv")
+    learner_log = CSVLogger(logdir / "learner.csv")
+    actor_log = CSVLogger(logdir / "actor.csv")
+    tracker = _energy_tracker(logdir) if energy else None
+    evals: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    learner_window = (start, 0)  # (time, learner steps) at the previous learner.csv row
+
+    def run_evaluation(actor_steps: int) -> bool:
+        t = time.perf_counter()
+        eval_actor.update(channel.pull(count=False))
+        returns = evaluate(eval_actor, eval_env, eval_episodes)
+        row = {"actor_steps": actor_steps, "learner_steps": learner.steps,
+               "wall_clock_s": round(time.perf_counter() - start, 3), "return": float(np.mean(returns)),
+               "return_std": float(np.std(returns)), "return_min": float(np.min(returns)),
+               "return_max": float(np.max(returns))}
+        if fp32_actor is not None:
+            fp32_actor.update(fp32_channel.pull())
+            row["return_fp32"] = float(np.mean(evaluate(fp32_actor, eval_env, eval_episodes)))
+        evaluator_log.write(row)
+        evals.append(row)
+        times.evaluation_s += time.perf_counter() - t
+        return bool(on_eval(row)) if on_eval is not None else False
+
+    def learn() -> None:
+        nonlocal learner_window
+        while table.can_sample(batch_size):
+            t = time.perf_counter()
+            sample = table.sample(batch_size, timeout=0.0)
+            t1 = time.perf_counter()
+            metrics = learner.step(sample)
+            if prioritized:
+                table.update_priorities(sample.keys, metrics["priorities"])
+            t2 = time.perf_counter()
+            times.sample_s += t1 - t
+            times.learner_s += t2 - t1
+            times.learner_steps += 1
+            if learner.steps % LEARNER_LOG_EVERY == 0:
+                now = time.perf_counter()
+                row = {"learner_steps": learner.steps, "actor_steps": times.env_steps,
+                       "wall_clock_s": round(now - start, 3),
+                       "steps_per_s": round((learner.steps - learner_window[1]) / max(now - learner_window[0],
+                                                                                        1e-9), 2)}
+                row.update({k: float(v) for k, v in metrics.items() if k != "priorities"})
+                learner_log.write(row)
+                learner_window = (now, learner.steps)
+
+    timestep = env.reset()
+    adder.add_first(timestep)
+    episode_return, episode_steps, episodes = 0.0, 0, 0
+    try:
+        with _progress(max_actor_steps, progress) as bar:
+            for step in range(1, max_actor_steps + 1):
+                t = time.perf_counter()
+                action = actor.select_action(timestep.observation)
+                t1 = time.perf_counter()
+                timestep = env.step(action)
+                t2 = time.perf_counter()
+                transitions = adder.add(action, timestep)
+                if transitions:
+                    _insert(table, transitions, learn)
+                t3 = time.perf_counter()
+                times.inference_s += t1 - t
+                times.env_step_s += t2 - t1
+                times.adder_insert_s += t3 - t2
+                times.env_steps = step
+                episode_return += float(timestep.reward)
+                episode_steps += 1
+                learn()
+
+                if timestep.last():
+                    episodes += 1
+                    actor_log.write({"actor_steps": step, "episodes": episodes,
+                                     "wall_clock_s": round(time.perf_counter() - start, 3),
+                                     "episode_return": episode_return, "episode_length": episode_steps,
+                                     "epsilon": round(float(getattr(actor, "epsilon", math.nan)), 5),
+                                     "learner_steps": learner.steps})
+                    episode_return, episode_steps = 0.0, 0
+                    timestep = env.reset()
+                    adder.add_first(timestep)
+
+                if step % update_period == 0:
+                    qp = channel.pull()
+                    t = time.perf_counter()
+                    actor.update(qp)
+                    times.load_s += time.perf_counter() - t
+                    times.updates += 1
+
+                stop = False
+                if step % eval_every == 0 or step == max_actor_steps:
+                    stop = run_evaluation(step)
+                    bar.set_postfix(eval_return=f"{evals[-1]['return']:.1f}", learner_steps=learner.steps,
+                                    refresh=False)
+                if step % 100 == 0 or step == max_actor_steps:
+                    bar.update(step - bar.n)
+                if stop:
+                    if step != max_actor_steps:
+                        bar.update(step - bar.n)
+                    break
+    finally:
+        for log in (evaluator_log, learner_log, actor_log):
+            log.close()
+        energy_result = _stop_energy(tracker)
+
+    wall = time.perf_counter() - start
+    fp32_bytes = len(encode_payload(quantize_params(learner.policy_params(), "fp32"), version=channel.version,
+                                    spec=spec))
+    returns = [row["return"] for row in evals]
+    summary = {
+        "agent": getattr(builder, "name", type(builder).__module__.split(".")[1]),
+        "task": task,
+        "precision": prec,
+        "backend": actor.backend,
+        "seed": seed,
+        "config": _jsonable(dataclasses.asdict(config)),
+        "actor_steps": times.env_steps,
+        "learner_steps": learner.steps,
+        "episodes": episodes,
+        "wall_clock_s": round(wall, 3),
+        "env_steps_per_s": round(times.env_steps / max(wall, 1e-9), 2),
+        "final_eval_return": returns[-1],
+        "best_eval_return": max(returns),
+        "evaluations": len(evals),
+        "eval_episodes": eval_episodes,
+        "actor_update_period": update_period,
+        "weight_updates": times.updates,
+        "payload_bytes": channel.payload_bytes,
+        "payload_bytes_fp32": fp32_bytes,
+        "payload_compression": round(fp32_bytes / max(1, channel.payload_bytes), 3),
+        "runtime": times.summary(),
+        "table": {k: v for k, v in table.info().items() if isinstance(v, (int, float, str))},
+        "energy": energy_result,
+    }
+    if fp32_actor is not None:
+        summary["final_eval_return_fp32"] = evals[-1]["return_fp32"]
+    write_json_atomic(logdir / "summary.json", summary)
+    return summary
+
+
+def _insert(table: Any, transitions: Any, learn: Callable[[], None]) -> None:
+    """Stacks the adder's transitions into columns and inserts them, letting the learner catch up first if
+    the rate limiter would block (it cannot in this loop, but a stuck insert must never hang a run)."""
+    items = transitions if isinstance(transitions, (list, tuple)) else [transitions]
+    batch = {k: np.stack([np.asarray(t[k]) for t in items]) for k in items[0]}
+    if not table.can_insert(len(items)):
+        learn()
+    table.insert(batch, timeout=60.0)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer, np.floating)):
+        return value.item()
+    return value
