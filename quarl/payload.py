@@ -1,0 +1,295 @@
+"""The weight payload: the bytes a learner broadcasts to actors (and nothing else crosses that boundary).
+
+Layout (all integers little-endian):
+
+    MAGIC b"QRLP" | format version: uint16 | body length: uint64 | SHA-256(body): 32 bytes | body
+
+The body is msgpack (bin type for raw bytes, never pickle): a map with `precision`, `per_channel`,
+`version` (the learner step the weights come from), `spec` (`PolicySpec.to_dict()` or nil) and `leaves`,
+a list of `{"path": [keys...], "array": A}` or `{"path": [...], "qtensor": {"values": A, "scale": A,
+"zero_point": A or nil (symmetric), "bits", "axis", "symmetric"}}` where
+`A = {"dtype": name, "shape": [...], "data": bytes}`.
+
+Why this shape: actors may run on other hosts and must be able to refuse anything that is not a valid
+policy (a corrupted, truncated, stale-format or hostile payload) with a clear error instead of acting on
+garbage. The checksum catches corruption, the format version catches mismatched deployments, the dtype
+allowlist plus shape/length checks keep decoding to `np.frombuffer` views (fast, no code execution), and
+NaN/inf checks keep non-finite weights out of the policy.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import struct
+from typing import Any
+
+import ml_dtypes
+import msgpack
+import numpy as np
+
+from quarl.policy import PolicySpec
+from quarl.quantization import (
+    QTensor,
+    QuantizedParams,
+    is_quantized_leaf,
+    parse_precision,
+    path_str,
+    qrange,
+    quantize_params,
+    storage_dtype,
+    tree_items,
+)
+
+MAGIC = b"QRLP"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct("<4sHQ32s")  # magic, format version, body length, sha256(body)
+HEADER_SIZE = _HEADER.size
+_MAX_NDIM = 8
+
+# Storage dtypes a payload may carry, by wire name. Explicit little-endian so payloads are host-independent.
+DTYPES: dict[str, np.dtype] = {
+    "int8": np.dtype("<i1"),
+    "uint8": np.dtype("<u1"),
+    "int16": np.dtype("<i2"),
+    "uint16": np.dtype("<u2"),
+    "int32": np.dtype("<i4"),
+    "float16": np.dtype("<f2"),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "float32": np.dtype("<f4"),
+}
+_FLOAT_NAMES = ("float16", "bfloat16", "float32")
+
+
+class PayloadError(ValueError):
+    """A payload that must not be used: truncated, corrupted, wrong format, malformed or non-finite."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Payload:
+    """A decoded payload. `params` arrays are read-only views of the received bytes (zero-copy)."""
+
+    version: int
+    precision: str
+    params: QuantizedParams
+    spec: PolicySpec | None
+    nbytes: int
+
+
+# --------------------------------------------------------------------------------------------------- encode
+
+
+def _wire_name(arr: np.ndarray, where: str) -> str:
+    name = arr.dtype.name  # byte-order free ('>f4' is 'float32'); encoding converts to little-endian
+    if name not in DTYPES:
+        raise ValueError(f"{where}: dtype {arr.dtype} cannot go in a payload (allowed: {', '.join(DTYPES)})")
+    return name
+
+
+def _encode_array(value: Any, where: str, *, floats_only: bool = False) -> dict:
+    arr = np.asarray(value)
+    name = _wire_name(arr, where)
+    if floats_only and name not in _FLOAT_NAMES:
+        raise ValueError(f"{where}: parameter leaves must be float16/bfloat16/float32, got {name}")
+    if name in _FLOAT_NAMES and not np.all(np.isfinite(arr.astype(np.float32))):
+        raise ValueError(f"{where} contains NaN or inf")
+    data = np.ascontiguousarray(arr, dtype=DTYPES[name]).tobytes()
+    return {"dtype": name, "shape": list(arr.shape), "data": data}
+
+
+def _encode_leaf(path: tuple[str, ...], leaf: Any) -> dict:
+    where = f"param {path_str(path)!r}"
+    if isinstance(leaf, QTensor):
+        if leaf.symmetric and np.any(np.asarray(leaf.zero_point) != 0):
+            raise ValueError(f"{where}: symmetric QTensor with a non-zero zero point")
+        q = {
+            "values": _encode_array(leaf.values, f"{where} values"),
+            "scale": _encode_array(leaf.scale, f"{where} scale"),
+            # Symmetric zero points are all 0 by definition: nil on the wire saves 4 bytes per channel.
+            "zero_point": None if leaf.symmetric else _encode_array(leaf.zero_point, f"{where} zero_point"),
+            "bits": int(leaf.bits),
+            "axis": None if leaf.axis is None else int(leaf.axis),
+            "symmetric": bool(leaf.symmetric),
+        }
+        try:  # a hand-built QTensor (wrong dtype, shape, code range) must fail here, not on every actor
+            _decode_qtensor(q, where)
+        except PayloadError as e:
+            raise ValueError(f"cannot encode {str(e).removeprefix('malformed payload: ')}") from None
+        return {"path": list(path), "qtensor": q}
+    return {"path": list(path), "array": _encode_array(leaf, where, floats_only=True)}
+
+
+def encode_payload(qp: QuantizedParams, *, version: int, spec: PolicySpec | None = None) -> bytes:
+    """Serialise `qp` (plus the learner step `version` and optionally the policy spec) for actors.
+    Raises ValueError on arguments that would not decode (bad types, non-finite leaves, odd dtypes)."""
+    if not isinstance(qp, QuantizedParams):
+        raise ValueError(f"encode_payload expects QuantizedParams, got {type(qp).__name__}")
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or not 0 <= version < 2**63:
+        raise ValueError(f"version must be an int in [0, 2^63), got {version!r}")
+    if spec is not None and not isinstance(spec, PolicySpec):
+        raise ValueError(f"spec must be a PolicySpec or None, got {type(spec).__name__}")
+    body = {
+        "precision": parse_precision(qp.precision).name,
+        "per_channel": bool(qp.per_channel),
+        "version": int(version),
+        "spec": None if spec is None else spec.to_dict(),
+        "leaves": [_encode_leaf(path, leaf) for path, leaf in tree_items(qp.tree)],
+    }
+    packed = msgpack.packb(body, use_bin_type=True)
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(packed), hashlib.sha256(packed).digest()) + packed
+
+
+def fp32_payload_nbytes(params: dict) -> int:
+    """Size of the fp32 payload of a params tree: the baseline that quantized payloads are compared to."""
+    return len(encode_payload(quantize_params(params, "fp32"), version=0))
+
+
+# --------------------------------------------------------------------------------------------------- decode
+
+
+def _expect(cond: bool, msg: str) -> None:
+    if not cond:
+        raise PayloadError(f"malformed payload: {msg}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _exact_keys(d: Any, required: set[str], what: str, optional: frozenset[str] = frozenset()) -> None:
+    _expect(isinstance(d, dict), f"{what} is not a map")
+    keys = set(d)
+    _expect(required <= keys <= required | optional, f"{what} has keys {sorted(map(str, keys))}, "
+            f"expected {sorted(required)}")
+
+
+def _decode_array(d: Any, where: str) -> np.ndarray:
+    _exact_keys(d, {"dtype", "shape", "data"}, where)
+    name, shape, data = d["dtype"], d["shape"], d["data"]
+    if not isinstance(name, str) or name not in DTYPES:
+        raise PayloadError(f"{where}: unknown dtype {name!r} (allowed: {', '.join(DTYPES)})")
+    _expect(isinstance(shape, list) and len(shape) <= _MAX_NDIM and all(_is_int(s) and s >= 0 for s in shape),
+            f"{where}: bad shape {shape!r}")
+    _expect(isinstance(data, bytes), f"{where}: data is not raw bytes")
+    dtype = DTYPES[name]
+    count = math.prod(shape)  # Python ints: a hostile shape cannot overflow
+    if count * dtype.itemsize != len(data):
+        raise PayloadError(f"{where}: shape {tuple(shape)} of {name} needs {count * dtype.itemsize} bytes, "
+                           f"got {len(data)}")
+    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if name in _FLOAT_NAMES and not np.all(np.isfinite(arr.astype(np.float32))):
+        raise PayloadError(f"{where} contains NaN or inf")
+    return arr
+
+
+def _decode_qtensor(d: Any, where: str) -> QTensor:
+    _exact_keys(d, {"values", "scale", "zero_point", "bits", "axis", "symmetric"}, where)
+    bits, axis, symmetric = d["bits"], d["axis"], d["symmetric"]
+    _expect(_is_int(bits) and 2 <= bits <= 16, f"{where}: bad bits {bits!r}")
+    _expect(isinstance(symmetric, bool), f"{where}: symmetric is not a bool")
+    values = _decode_array(d["values"], f"{where} values")
+    scale = _decode_array(d["scale"], f"{where} scale")
+    ndim = values.ndim
+    if symmetric:
+        _expect(d["zero_point"] is None, f"{where}: symmetric tensor with a zero point")
+        zero_point = np.zeros(scale.shape, np.int32)
+    else:
+        zero_point = _decode_array(d["zero_point"], f"{where} zero_point")
+    _expect(axis is None or (_is_int(axis) and 0 <= axis < ndim), f"{where}: bad axis {axis!r}")
+    _expect(values.dtype == storage_dtype(bits, symmetric),
+            f"{where}: values dtype {values.dtype} does not match bits={bits} symmetric={symmetric}")
+    _expect(scale.dtype == np.float32 and zero_point.dtype == np.int32, f"{where}: scale/zero_point dtypes")
+    expected = tuple(values.shape[i] if i == axis else 1 for i in range(ndim))
+    _expect(scale.shape == expected == zero_point.shape,
+            f"{where}: scale/zero_point shapes {scale.shape}/{zero_point.shape}, expected {expected}")
+    if not np.all(scale > 0):
+        raise PayloadError(f"{where}: scales must be positive")
+    lo, hi = qrange(bits, symmetric)
+    for name, arr in (("values", values), ("zero_point", zero_point)):
+        if arr.size and (int(arr.min()) < lo or int(arr.max()) > hi):
+            raise PayloadError(f"{where}: {name} outside the {bits}-bit code range [{lo}, {hi}]")
+    return QTensor(values, scale, zero_point, bits, axis, symmetric)
+
+
+def _insert(tree: dict, path: list, leaf: Any) -> None:
+    node = tree
+    for key in path[:-1]:
+        node = node.setdefault(key, {})
+        _expect(isinstance(node, dict), f"path {path_str(tuple(path))!r} runs through a leaf")
+    _expect(path[-1] not in node, f"duplicate or conflicting path {path_str(tuple(path))!r}")
+    node[path[-1]] = leaf
+
+
+def _decode_body(body: dict, nbytes: int) -> Payload:
+    _exact_keys(body, {"precision", "per_channel", "version", "spec", "leaves"}, "body")
+    try:
+        precision = parse_precision(body["precision"]) if isinstance(body["precision"], str) else None
+    except ValueError:
+        precision = None
+    _expect(precision is not None and precision.name == body["precision"],
+            f"unknown precision {body['precision']!r}")
+    _expect(isinstance(body["per_channel"], bool), "per_channel is not a bool")
+    version = body["version"]
+    _expect(_is_int(version) and 0 <= version < 2**63, f"bad version {version!r}")
+    spec = None
+    if body["spec"] is not None:
+        _expect(isinstance(body["spec"], dict), "spec is not a map")
+        try:
+            spec = PolicySpec.from_dict(body["spec"])
+        except (ValueError, TypeError, AttributeError) as e:
+            raise PayloadError(f"malformed payload: bad policy spec: {e}") from None
+    _expect(isinstance(body["leaves"], list), "leaves is not a list")
+    tree: dict = {}
+    for i, entry in enumerate(body["leaves"]):
+        _expect(isinstance(entry, dict) and len(entry) == 2 and "path" in entry, f"leaf #{i} is malformed")
+        path = entry["path"]
+        _expect(isinstance(path, list) and path and all(isinstance(k, str) for k in path),
+                f"leaf #{i} has a bad path {path!r}")
+        where = f"param {path_str(tuple(path))!r}"
+        if "qtensor" in entry:
+            leaf: Any = _decode_qtensor(entry["qtensor"], where)
+            _expect(precision.is_int and leaf.bits == precision.bits,
+                    f"{where}: {leaf.bits}-bit QTensor in a {precision.name} payload")
+        elif "array" in entry:
+            leaf = _decode_array(entry["array"], where)
+            _expect(leaf.dtype.name in _FLOAT_NAMES,
+                    f"{where}: parameter leaves must be floating point, got {leaf.dtype}")
+            _expect(not (precision.is_int and is_quantized_leaf(tuple(path), leaf)),
+                    f"{where}: unquantized weight matrix in a {precision.name} payload")
+        else:
+            raise PayloadError(f"malformed payload: leaf #{i} is neither an array nor a qtensor")
+        _insert(tree, path, leaf)
+    params = QuantizedParams(tree, precision.name, body["per_channel"])
+    return Payload(version, precision.name, params, spec, nbytes)
+
+
+def decode_payload(data: bytes) -> Payload:
+    """Verify and decode a payload. Any problem raises `PayloadError` (a ValueError) saying what is wrong;
+    nothing else escapes, so an actor can drop a bad payload and keep its current weights."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise PayloadError(f"payload must be bytes, got {type(data).__name__}")
+    data = bytes(data)
+    if len(data) < HEADER_SIZE:
+        raise PayloadError(f"payload truncated: {len(data)} bytes is shorter than the {HEADER_SIZE}-byte header")
+    magic, fmt, length, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise PayloadError(f"not a weight payload: magic {magic!r}, expected {MAGIC!r}")
+    if fmt != FORMAT_VERSION:
+        raise PayloadError(f"unsupported payload format version {fmt} (this build reads {FORMAT_VERSION})")
+    body = memoryview(data)[HEADER_SIZE:]
+    if len(body) != length:
+        what = "truncated" if len(body) < length else "has trailing bytes"
+        raise PayloadError(f"payload {what}: header says {length} body bytes, got {len(body)}")
+    if hashlib.sha256(body).digest() != digest:
+        raise PayloadError("payload checksum mismatch (corrupted in transit or storage)")
+    try:
+        # raw=False: strings stay str and bin stays bytes; the C unpacker caps lengths at the input size.
+        obj = msgpack.unpackb(body, raw=False, strict_map_key=True, use_list=True)
+    except Exception as e:  # msgpack raises several unrelated types for bad input; all mean "malformed"
+        raise PayloadError(f"malformed payload: body is not valid msgpack ({type(e).__name__}: {e})") from None
+    try:
+        return _decode_body(obj, len(data))
+    except PayloadError:
+        raise
+    except (TypeError, ValueError, KeyError, OverflowError) as e:  # defensive: a check we did not foresee
+        raise PayloadError(f"malformed payload: {type(e).__name__}: {e}") from None

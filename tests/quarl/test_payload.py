@@ -1,0 +1,406 @@
+"""The weight payload codec: exact round trips, size, and refusal of every kind of bad input."""
+from __future__ import annotations
+
+import hashlib
+import pickle
+import struct
+
+import haiku as hk
+import jax
+import jax.numpy as jnp
+import msgpack
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from quarl.payload import (
+    FORMAT_VERSION,
+    HEADER_SIZE,
+    MAGIC,
+    Payload,
+    PayloadError,
+    decode_payload,
+    encode_payload,
+    fp32_payload_nbytes,
+)
+from quarl.policy import haiku_forward, layer_norm_mlp_policy, mlp_q_network
+from quarl.quantization import QTensor, QuantizedParams, quantize, quantize_params, tree_items
+
+PRECISIONS = ["fp32", "fp16", "bf16", "int8", "int4"]
+
+
+def _init(spec) -> dict:
+    net = hk.without_apply_rng(hk.transform(lambda x: haiku_forward(spec)(x)))
+    return net.init(jax.random.PRNGKey(0), jnp.zeros((1, spec.input_dim), jnp.float32))
+
+
+def _d4pg_spec(obs: int, hidden: list[int], act: int):
+    return layer_norm_mlp_policy(obs, hidden, [-1.0] * act, [1.0] * act)
+
+
+def _frame(body: bytes, *, magic: bytes = MAGIC, fmt: int = FORMAT_VERSION) -> bytes:
+    """Independent re-implementation of the documented header, to craft payloads with valid checksums."""
+    return struct.pack("<4sHQ32s", magic, fmt, len(body), hashlib.sha256(body).digest()) + body
+
+
+def _body(data: bytes) -> dict:
+    return msgpack.unpackb(data[HEADER_SIZE:], raw=False)
+
+
+def _reframe(body: dict) -> bytes:
+    return _frame(msgpack.packb(body, use_bin_type=True))
+
+
+def _assert_same_tree(a: dict, b: dict) -> None:
+    items_a, items_b = list(tree_items(a)), list(tree_items(b))
+    assert [p for p, _ in items_a] == [p for p, _ in items_b]
+    for (path, x), (_, y) in zip(items_a, items_b):
+        assert type(x) is type(y), path
+        if isinstance(x, QTensor):
+            assert (x.bits, x.axis, x.symmetric) == (y.bits, y.axis, y.symmetric)
+            for field in ("values", "scale", "zero_point"):
+                u, v = getattr(x, field), getattr(y, field)
+                assert u.dtype == v.dtype and u.shape == v.shape, (path, field)
+                np.testing.assert_array_equal(u, v)
+        else:
+            assert x.dtype == y.dtype and x.shape == y.shape, path
+            np.testing.assert_array_equal(x, y)
+
+
+@pytest.fixture(scope="module")
+def small():
+    spec = _d4pg_spec(3, [4], 2)
+    return spec, _init(spec)
+
+
+@pytest.fixture(scope="module")
+def small_payload(small) -> bytes:
+    spec, params = small
+    return encode_payload(quantize_params(params, "int8"), version=7, spec=spec)
+
+
+# ---------------------------------------------------------------------------------------------- round trip
+
+
+@pytest.fixture(scope="module")
+def medium():
+    spec = _d4pg_spec(11, [32, 16], 3)
+    return spec, _init(spec)
+
+
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("per_channel", [True, False])
+def test_round_trip_is_exact(medium, precision, per_channel):
+    spec, params = medium
+    qp = quantize_params(params, precision, per_channel=per_channel)
+    data = encode_payload(qp, version=12345, spec=spec)
+    p = decode_payload(data)
+    assert isinstance(p, Payload)
+    assert (p.version, p.precision, p.spec, p.nbytes) == (12345, precision, spec, len(data))
+    assert p.params.precision == precision and p.params.per_channel == per_channel
+    _assert_same_tree(qp.tree, p.params.tree)
+
+
+def test_round_trip_without_spec_affine_qtensor_and_bytearray():
+    x = np.random.default_rng(0).standard_normal((5, 3)).astype(np.float32)
+    tree = {"layer": {"w": quantize(x, 4, symmetric=False, axis=0), "b": np.zeros(3, np.float32)}}
+    qp = QuantizedParams(tree, "int4", per_channel=True)
+    p = decode_payload(bytearray(encode_payload(qp, version=0)))
+    assert p.spec is None and p.version == 0
+    _assert_same_tree(tree, p.params.tree)
+
+
+def test_decoded_arrays_are_read_only_views(small_payload):
+    w = decode_payload(small_payload).params.tree["linear_0"]["w"]
+    assert not w.values.flags.writeable
+    with pytest.raises(ValueError):
+        w.values[0, 0] = 1
+
+
+def test_encoding_is_deterministic(small):
+    spec, params = small
+    qp = quantize_params(params, "int8")
+    assert encode_payload(qp, version=1, spec=spec) == encode_payload(qp, version=1, spec=spec)
+
+
+# -------------------------------------------------------------------------------------------------- size
+
+
+def test_int8_payload_of_large_mlp_is_at_least_3_9x_smaller():
+    params = _init(_d4pg_spec(24, [2048, 2048, 2048], 6))
+    fp32 = fp32_payload_nbytes(params)
+    int8 = len(encode_payload(quantize_params(params, "int8"), version=1))
+    fp16 = len(encode_payload(quantize_params(params, "fp16"), version=1))
+    assert fp32 / int8 >= 3.9
+    assert fp32 / fp16 >= 1.99
+
+
+def test_int8_payload_of_256x3_mlp_is_close_to_the_ideal():
+    """24 -> 256 -> 256 -> 256 -> 6 with fp32 biases/LayerNorm. The fp32-kept leaves alone cap the ratio
+    at (4W + 4B) / (W + 4B) = 3.89x here, so the check is: >= 3.8x and < 1% framing/scale overhead."""
+    params = _init(_d4pg_spec(24, [256, 256, 256], 6))
+    weights = sum(np.size(l) for p, l in tree_items(params) if p[-1] == "w")
+    others = sum(np.size(l) for p, l in tree_items(params) if p[-1] != "w")
+    fp32 = fp32_payload_nbytes(params)
+    int8 = len(encode_payload(quantize_params(params, "int8"), version=1))
+    ideal = weights + 4 * others
+    assert fp32 <= 4 * (weights + others) * 1.002
+    assert int8 <= ideal * 1.03
+    assert fp32 / int8 >= 3.75
+
+
+# ------------------------------------------------------------------------------------------- bad payloads
+
+
+def test_truncated_payloads_are_refused(small_payload):
+    n = len(small_payload)
+    for cut in sorted({0, 1, 3, 4, 5, HEADER_SIZE - 1, HEADER_SIZE, HEADER_SIZE + 1, n // 2, n - 1}):
+        with pytest.raises(PayloadError, match="truncated"):
+            decode_payload(small_payload[:cut])
+
+
+def test_trailing_bytes_are_refused(small_payload):
+    with pytest.raises(PayloadError, match="trailing"):
+        decode_payload(small_payload + b"\x00")
+
+
+def test_every_byte_bit_flip_is_refused(small_payload):
+    rng = np.random.default_rng(0)
+    for i in range(len(small_payload)):  # every byte, one random bit each
+        corrupted = bytearray(small_payload)
+        corrupted[i] ^= 1 << int(rng.integers(8))
+        with pytest.raises(PayloadError):
+            decode_payload(bytes(corrupted))
+
+
+def test_wrong_magic_and_format_version(small_payload):
+    body = small_payload[HEADER_SIZE:]
+    with pytest.raises(PayloadError, match="magic"):
+        decode_payload(_frame(body, magic=b"PKL\x00"))
+    with pytest.raises(PayloadError, match="format version 2"):
+        decode_payload(_frame(body, fmt=FORMAT_VERSION + 1))
+    with pytest.raises(PayloadError, match="checksum"):
+        decode_payload(small_payload[:HEADER_SIZE - 1] + bytes([small_payload[HEADER_SIZE - 1] ^ 1]) + body)
+    with pytest.raises(PayloadError, match="bytes"):
+        decode_payload("not bytes")
+
+
+def _leaf(body: dict, path: list[str]) -> dict:
+    return next(e for e in body["leaves"] if e["path"] == path)
+
+
+def _f32(values) -> bytes:
+    return np.asarray(values, np.float32).tobytes()
+
+
+def _mutations():
+    """(name, mutate(body) in place, expected message) for crafted bodies with a valid checksum."""
+
+    def scale_to(value):
+        def mutate(body):
+            a = _leaf(body, ["linear_0", "w"])["qtensor"]["scale"]
+            a["data"] = _f32(np.full(a["shape"], value))
+        return mutate
+
+    def bias_to(value):
+        def mutate(body):
+            a = _leaf(body, ["linear_0", "b"])["array"]
+            a["data"] = _f32(np.full(a["shape"], value))
+        return mutate
+
+    def set_in(path, key, value, sub):
+        def mutate(body):
+            _leaf(body, path)[sub][key] = value
+        return mutate
+
+    def rename_kind(body):
+        entry = body["leaves"][0]
+        entry["blob"] = entry.pop("array")
+
+    def float_weight(body):
+        entry = _leaf(body, ["linear_0", "w"])
+        del entry["qtensor"]
+        entry["array"] = {"dtype": "float32", "shape": [3, 4], "data": _f32(np.zeros((3, 4)))}
+
+    return [
+        ("nan scale", scale_to(np.nan), "NaN or inf"),
+        ("inf scale", scale_to(np.inf), "NaN or inf"),
+        ("zero scale", scale_to(0.0), "positive"),
+        ("nan bias", bias_to(np.nan), "NaN or inf"),
+        ("inf bias", bias_to(-np.inf), "NaN or inf"),
+        ("unknown dtype", set_in(["linear_0", "b"], "dtype", "float64", "array"), "unknown dtype"),
+        ("object dtype", set_in(["linear_0", "b"], "dtype", "object", "array"), "unknown dtype"),
+        ("short data", set_in(["linear_0", "b"], "data", b"\x00" * 3, "array"), "needs 16 bytes"),
+        ("shape mismatch", set_in(["linear_0", "b"], "shape", [5], "array"), "needs 20 bytes"),
+        ("negative dim", set_in(["linear_0", "b"], "shape", [-4], "array"), "bad shape"),
+        ("huge dim", set_in(["linear_0", "b"], "shape", [2**62, 2**62], "array"), "needs"),
+        ("data not bytes", set_in(["linear_0", "b"], "data", "abcd" * 4, "array"), "raw bytes"),
+        ("bits mismatch", set_in(["linear_0", "w"], "bits", 16, "qtensor"), "does not match bits"),
+        ("bits narrower", set_in(["linear_0", "w"], "bits", 4, "qtensor"), "code range"),
+        ("symmetric zero point", set_in(["linear_0", "w"], "zero_point", {}, "qtensor"), "zero point"),
+        ("bad axis", set_in(["linear_0", "w"], "axis", 5, "qtensor"), "bad axis"),
+        ("bool bits", set_in(["linear_0", "w"], "bits", True, "qtensor"), "bad bits"),
+        ("values dtype", lambda b: _leaf(b, ["linear_0", "w"])["qtensor"]["values"].update(dtype="uint8"),
+         "does not match"),
+        ("precision", lambda b: b.update(precision="int9"), "int9 payload"),
+        ("unknown precision", lambda b: b.update(precision="fp64"), "unknown precision"),
+        ("alias precision", lambda b: b.update(precision="8"), "unknown precision"),
+        ("version type", lambda b: b.update(version="7"), "bad version"),
+        ("negative version", lambda b: b.update(version=-1), "bad version"),
+        ("spec", lambda b: b.update(spec={"input_dim": 3}), "policy spec"),
+        ("spec layers", lambda b: b.update(spec={"input_dim": 3, "layers": [{"kind": "conv"}]}), "policy spec"),
+        ("spec inf dim", lambda b: b.update(spec={"input_dim": float("inf"), "layers": []}), "malformed"),
+        ("extra key", lambda b: b.update(pickle=b"\x80"), "body has keys"),
+        ("missing key", lambda b: b.pop("leaves"), "body has keys"),
+        ("leaves type", lambda b: b.update(leaves={"a": 1}), "leaves is not a list"),
+        ("empty path", lambda b: b["leaves"][0].update(path=[]), "bad path"),
+        ("path type", lambda b: b["leaves"][0].update(path=["a", 3]), "bad path"),
+        ("duplicate path", lambda b: b["leaves"].append(b["leaves"][0]), "duplicate"),
+        ("through leaf", lambda b: b["leaves"].append({**b["leaves"][0], "path": ["linear_0", "b", "x"]}),
+         "runs through a leaf"),
+        ("neither", rename_kind, "neither"),
+        ("unquantized weight", float_weight, "unquantized"),
+        ("int map key", lambda b: b.update({0: 1}), "msgpack"),
+    ]
+
+
+@pytest.mark.parametrize("name, mutate, match", _mutations(), ids=[m[0] for m in _mutations()])
+def test_crafted_bodies_with_valid_checksum_are_refused(small_payload, name, mutate, match):
+    body = _body(small_payload)
+    mutate(body)
+    with pytest.raises(PayloadError, match=match):
+        decode_payload(_reframe(body))
+
+
+def test_values_outside_code_range_are_refused(small):
+    _, params = small
+    body = _body(encode_payload(quantize_params(params, "int4"), version=1))
+    v = _leaf(body, ["linear_0", "w"])["qtensor"]["values"]
+    v["data"] = np.full(v["shape"], 100, np.int8).tobytes()
+    with pytest.raises(PayloadError, match="code range"):
+        decode_payload(_reframe(body))
+
+
+def test_non_msgpack_body_is_refused():
+    with pytest.raises(PayloadError, match="msgpack"):
+        decode_payload(_frame(b"\xc1garbage"))
+    with pytest.raises(PayloadError, match="msgpack"):
+        decode_payload(_frame(msgpack.packb({"a": 1}) + b"\x01"))
+    with pytest.raises(PayloadError, match="not a map"):
+        decode_payload(_frame(msgpack.packb([1, 2, 3])))
+
+
+def test_decoder_never_unpickles(monkeypatch, small_payload):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("pickle used while decoding a payload")
+
+    for name in ("loads", "load", "Unpickler"):
+        monkeypatch.setattr(pickle, name, forbidden)
+    monkeypatch.setattr(np, "load", forbidden)
+    p = decode_payload(small_payload)
+    assert p.version == 7 and isinstance(p.params.tree["linear_0"]["w"], QTensor)
+    # A pickle smuggled into a leaf's bytes is just an unknown dtype / wrong-length buffer, never executed.
+    body = _body(small_payload)
+    _leaf(body, ["linear_0", "b"])["array"].update(dtype="pickle", data=pickle.dumps(object))
+    with pytest.raises(PayloadError, match="unknown dtype"):
+        decode_payload(_reframe(body))
+
+
+# ------------------------------------------------------------------------------------------------ encode
+
+
+def test_encode_rejects_bad_arguments(small):
+    spec, params = small
+    qp = quantize_params(params, "int8")
+    with pytest.raises(ValueError, match="QuantizedParams"):
+        encode_payload(params, version=1)
+    for bad in (-1, 1.5, True, "3", 2**63):
+        with pytest.raises(ValueError, match="version"):
+            encode_payload(qp, version=bad)
+    with pytest.raises(ValueError, match="spec"):
+        encode_payload(qp, version=1, spec=spec.to_dict())
+    with pytest.raises(ValueError, match="l/b.*float64"):
+        encode_payload(QuantizedParams({"l": {"b": np.zeros(2)}}, "fp32", True), version=1)
+    with pytest.raises(ValueError, match="l/b.*NaN"):
+        encode_payload(QuantizedParams({"l": {"b": np.array([np.nan], np.float32)}}, "fp32", True), version=1)
+    with pytest.raises(ValueError, match="must be float"):
+        encode_payload(QuantizedParams({"l": {"b": np.zeros(2, np.int8)}}, "fp32", True), version=1)
+    w = quantize(np.ones((2, 2), np.float32), 8)
+    bad_q = QTensor(w.values.astype(np.int32), w.scale, w.zero_point, 8, None, True)
+    with pytest.raises(ValueError, match="cannot encode.*l/w"):
+        encode_payload(QuantizedParams({"l": {"w": bad_q}}, "int8", False), version=1)
+
+
+def test_dqn_payload_with_big_endian_input_round_trips():
+    params = _init(mlp_q_network(4, [8], 2))
+    params = jax.tree.map(lambda a: np.asarray(a).astype(">f4"), params)
+    qp = quantize_params(params, "fp32")
+    p = decode_payload(encode_payload(qp, version=3))
+    np.testing.assert_array_equal(p.params.tree["linear_0"]["w"], np.asarray(params["linear_0"]["w"]))
+
+
+# -------------------------------------------------------------------------------------------------- fuzz
+
+
+def _mutate_bytes(data: bytes, ops: list[tuple[int, int, int]]) -> bytes:
+    buf = bytearray(data)
+    for kind, pos, val in ops:
+        if not buf:
+            break
+        pos %= len(buf)
+        if kind == 0:
+            buf[pos] = val
+        elif kind == 1:
+            del buf[pos:]
+        elif kind == 2:
+            buf.insert(pos, val)
+        else:
+            del buf[pos]
+    return bytes(buf)
+
+
+_ops = st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2**16), st.integers(0, 255)), min_size=1, max_size=6)
+_msgpack_values = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**63), 2**64 - 1) | st.floats() | st.text(max_size=8)
+    | st.binary(max_size=16)
+    | st.sampled_from(["int8", "float32", "bfloat16", "linear_0", "w", "fp32", "linear", "tanh_to_spec", "elu"]),
+    lambda children: st.lists(children, max_size=4)
+    | st.dictionaries(st.sampled_from(["precision", "per_channel", "version", "spec", "leaves", "path", "array",
+                                     "qtensor", "dtype", "shape", "data", "values", "scale", "zero_point",
+                                     "bits", "axis", "symmetric", "input_dim", "layers", "kind", "name",
+                                     "out", "fn", "minimum", "maximum", "init_scale"]), children, max_size=6),
+    max_leaves=20,
+)
+
+
+def _decode_only_payload_errors(data: bytes) -> None:
+    try:
+        decode_payload(data)
+    except PayloadError:
+        pass
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(raw=st.binary(max_size=400), ops=_ops, reframe=st.booleans())
+def test_fuzz_random_and_mutated_bytes_only_raise_payload_error(small_payload, raw, ops, reframe):
+    _decode_only_payload_errors(raw)
+    _decode_only_payload_errors(MAGIC + raw)
+    mutated = _mutate_bytes(small_payload, ops)
+    _decode_only_payload_errors(mutated)
+    if reframe:  # mutate the body and fix the checksum, so the body parser itself is exercised
+        _decode_only_payload_errors(_frame(_mutate_bytes(small_payload[HEADER_SIZE:], ops)))
+
+
+@pytest.mark.slow
+@settings(max_examples=1500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(obj=_msgpack_values, leaf=_msgpack_values, key=st.sampled_from(["leaves", "spec", "precision", "version"]))
+def test_fuzz_structured_bodies_only_raise_payload_error(small_payload, obj, leaf, key):
+    _decode_only_payload_errors(_frame(msgpack.packb(obj, use_bin_type=True)))
+    body = _body(small_payload)
+    body[key] = obj
+    _decode_only_payload_errors(_reframe(body))
+    body = _body(small_payload)
+    body["leaves"][0]["array" if "array" in body["leaves"][0] else "qtensor"] = leaf
+    _decode_only_payload_errors(_reframe(body))
