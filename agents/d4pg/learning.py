@@ -40,15 +40,27 @@ def make_optimizer(config: D4PGConfig) -> optax.GradientTransformation:
     return optax.chain(optax.clip_by_global_norm(config.max_gradient_norm), adam)
 
 
+def categorical_target(atoms: jax.Array, reward: jax.Array, discount: jax.Array,
+                       logits_t: jax.Array) -> jax.Array:
+    """Probabilities on `atoms` of the target r + d * Z_t, projected back onto the fixed support.
+
+    Shapes: atoms [K], reward/discount [B], logits_t [B, K] -> [B, K]. Mass that lands beyond vmin/vmax is
+    clipped to the end atoms (Bellemare et al.'s C51 projection, as `rlax.categorical_l2_project`).
+    """
+    z_t = reward[:, None] + discount[:, None] * atoms[None, :]
+    probs_t = jax.nn.softmax(logits_t, axis=-1)
+    project = jax.vmap(rlax.categorical_l2_project, in_axes=(0, 0, None))
+    return jax.lax.stop_gradient(project(z_t, probs_t, atoms))
+
+
 def critic_loss(networks: D4PGNetworks, critic_params, target_policy_params, target_critic_params,
                 batch: Mapping[str, jax.Array]) -> jax.Array:
     """Mean cross-entropy between Z(s, a) and the projected target r + d * Z'(s', pi'(s'))."""
     logits_tm1 = networks.critic.apply(critic_params, batch["observation"], batch["action"])
     a_t = networks.policy.apply(target_policy_params, batch["next_observation"])
     logits_t = networks.critic.apply(target_critic_params, batch["next_observation"], a_t)
-    losses = jax.vmap(rlax.categorical_td_learning, in_axes=(None, 0, 0, 0, None, 0))(
-        networks.atoms, logits_tm1, batch["reward"], batch["discount"], networks.atoms, logits_t)
-    return jnp.mean(losses)
+    target = categorical_target(networks.atoms, batch["reward"], batch["discount"], logits_t)
+    return jnp.mean(optax.softmax_cross_entropy(logits_tm1, target))
 
 
 def policy_loss(networks: D4PGNetworks, policy_params, critic_params, observations: jax.Array,
@@ -101,7 +113,8 @@ def make_update_fn(networks: D4PGNetworks, config: D4PGConfig, optimizer: optax.
 
 
 def _to_numpy(tree: Any) -> Any:
-    return jax.tree_util.tree_map(np.asarray, jax.device_get(tree))
+    # Real copies: on CPU `device_get` may alias the device buffers, which the next (donating) step reuses.
+    return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), jax.device_get(tree))
 
 
 def _check_finite(tree: Any, what: str) -> None:
