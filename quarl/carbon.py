@@ -221,15 +221,19 @@ def _describe_methods(tracker: Any) -> str:
 class EnergyTracker:
     """Tracks the energy of this process from `start()` to `stop()` (or as a context manager).
 
-    `cpu_power_w` overrides the CPU TDP codecarbon looks up (its table can be far off for VMs); the
+    `name` (or its alias `node`) labels the report and its file. `cpu_power_w` overrides the CPU TDP codecarbon looks up (its table can be far off for VMs); the
     CPU energy is then still an estimate (TDP x CPU time share), and `method` says so.
 
     `stop()` returns an `EnergyReport` (also kept in `.report`); with `output_dir`, it is also written
     to `output_dir/energy-<name>.json`. `startup_s` is how long `start()` took.
     """
 
-    def __init__(self, name: str, country_iso_code: str = "USA", output_dir: str | os.PathLike | None = None,
-                 use_codecarbon: bool = True, cpu_power_w: float | None = None):
+    def __init__(self, name: str = "run", country_iso_code: str = "USA", output_dir: str | os.PathLike | None = None,
+                 use_codecarbon: bool = True, cpu_power_w: float | None = None, *, node: str | None = None):
+        if node is not None:  # the launchers name trackers after their node ("learner", "actor_3", ...)
+            if name not in ("run", node):
+                raise ValueError(f"give the tracker one name: name={name!r} and node={node!r} differ")
+            name = node
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise ValueError(f"tracker name must match [A-Za-z0-9_.-]{{1,128}}, got {name!r}")
         if not isinstance(country_iso_code, str) or not re.fullmatch(r"[A-Za-z]{3}", country_iso_code):

@@ -101,6 +101,10 @@ def test_tracker_validates_inputs_and_state():
         carbon.EnergyTracker("x", country_iso_code="US")
     with pytest.raises(ValueError, match="cpu_power_w"):
         carbon.EnergyTracker("x", cpu_power_w=-1)
+    with pytest.raises(ValueError, match="one name"):
+        carbon.EnergyTracker("a", node="b")
+    assert carbon.EnergyTracker(node="actor_1", use_codecarbon=False).name == "actor_1"
+    assert carbon.EnergyTracker(use_codecarbon=False).name == "run"
     tracker = carbon.EnergyTracker("x", use_codecarbon=False)
     with pytest.raises(ValueError, match="not started"):
         tracker.stop()
