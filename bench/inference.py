@@ -1,0 +1,324 @@
+"""Actor inference speed: every runtime backend x precision on the D4PG policy 24 -> H -> H -> H -> 6.
+
+    python -m bench.inference [--quick] [--out DIR]
+
+Measures microseconds per policy call (median) for jax fp32/fp16/bf16/int8, onnx fp32/int8 and auto
+fp32/int8, with H in {256, 1024, 2048} and batch 1 and 16, plus the cost of one `update()` (the actor's
+load step). Backends take turns in short blocks over several rounds, so a burst of load from other
+processes hits all of them alike; the first call of each block is dropped (it runs with another backend's
+weights in the cache, which is not how an actor calls its policy). Prints a table with the int8/fp32
+speed-ups and writes DIR/inference.json + DIR/inference.png. Speed targets (int8 >= 6x fp32 at H=2048
+batch 1, >= 2x at H=1024, auto never slower than fp32) are reported, never asserted: timing depends on the
+machine and its load.
+
+Defaults: the full run writes to bench/results (committed); --quick (< 1 min: fewer calls, no H=1024 at
+batch 16) writes to runs/bench/inference-quick so `make run` never overwrites the committed results.
+The auto backend measures afresh into a temporary cache directory, so its row reflects this run.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+VARIANTS: tuple[tuple[str, str], ...] = (
+    ("jax", "fp32"), ("jax", "fp16"), ("jax", "bf16"), ("jax", "int8"),
+    ("onnx", "fp32"), ("onnx", "int8"), ("auto", "fp32"), ("auto", "int8"),
+)
+HIDDEN = (256, 1024, 2048)
+BATCHES = (1, 16)
+OBS_DIM, ACT_DIM = 24, 6
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How long to time each variant per configuration (seconds) and the call-count bounds."""
+
+    seconds: float
+    min_calls: int
+    max_calls: int
+    rounds: int
+    warmup: int
+    time_updates: bool  # also time one update() per variant (an extra weight load: ONNX fp32 ~0.2 s at H=2048)
+
+
+FULL = Budget(seconds=1.5, min_calls=20, max_calls=600, rounds=5, warmup=5, time_updates=True)
+QUICK = Budget(seconds=0.2, min_calls=4, max_calls=60, rounds=2, warmup=1, time_updates=False)
+
+
+def configs(quick: bool) -> list[tuple[int, int]]:
+    out = [(h, b) for h in HIDDEN for b in BATCHES]
+    return [(h, b) for h, b in out if not (quick and (h, b) == (1024, 16))]
+
+
+def machine_info(quick: bool) -> dict[str, Any]:
+    import jax
+    import jaxlib
+    import onnx
+    import onnxruntime
+
+    from quarl.runtimes.auto import cpu_info
+
+    info = cpu_info()
+    try:
+        from importlib.metadata import version
+        aqt_version = version("aqtp")
+    except Exception:  # noqa: BLE001 - a missing dist-info only loses one informational field
+        aqt_version = "unknown"
+    return {
+        **info,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "aqtp": aqt_version,
+        "onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__, "numpy": np.__version__,
+        "xla_flags": os.environ.get("XLA_FLAGS", ""),
+        "onnx_threads": 1,
+        "load_average_start": list(os.getloadavg()),
+        "quick": quick,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def make_params(hidden: int, seed: int = 0) -> tuple[Any, dict]:
+    """The D4PG policy spec at width `hidden` and LeCun-normal-like random weights (speed does not
+    depend on the values, but realistic magnitudes keep int8 scales and activations typical)."""
+    from quarl.policy import LayerNorm, Linear, layer_norm_mlp_policy
+
+    spec = layer_norm_mlp_policy(OBS_DIM, [hidden] * 3, [-1.0] * ACT_DIM, [1.0] * ACT_DIM)
+    rng = np.random.default_rng(seed)
+    params: dict[str, dict[str, np.ndarray]] = {}
+    width = spec.input_dim
+    for layer in spec.layers:
+        if isinstance(layer, Linear):
+            w = rng.standard_normal((width, layer.out)) / np.sqrt(width)
+            params[layer.name] = {"w": w.astype(np.float32), "b": np.zeros(layer.out, np.float32)}
+            width = layer.out
+        elif isinstance(layer, LayerNorm):
+            params[layer.name] = {"scale": np.ones(width, np.float32), "offset": np.zeros(width, np.float32)}
+    return spec, params
+
+
+def time_blocks(executors: dict[tuple[str, str], Any], obs: np.ndarray, budget: Budget) -> dict[tuple[str, str],
+                                                                                                 list[float]]:
+    """Per-call seconds for every executor: `budget.rounds` rounds, each a block per executor."""
+    probe = {}
+    for key, ex in executors.items():
+        for _ in range(budget.warmup):
+            ex(obs)
+        t = time.perf_counter()
+        ex(obs)
+        probe[key] = time.perf_counter() - t
+    calls = {k: int(np.clip(budget.seconds / max(p, 1e-7), budget.min_calls, budget.max_calls))
+             for k, p in probe.items()}
+    samples: dict[tuple[str, str], list[float]] = {k: [] for k in executors}
+    for _ in range(budget.rounds):
+        for key, ex in executors.items():
+            block = max(2, calls[key] // budget.rounds)
+            for i in range(block + 1):
+                t = time.perf_counter()
+                ex(obs)
+                if i:
+                    samples[key].append(time.perf_counter() - t)
+    return samples
+
+
+def bench_config(hidden: int, batch: int, budget: Budget) -> list[dict[str, Any]]:
+    from quarl.quantization import quantize_params
+    from quarl.runtimes import make_executor
+
+    spec, params = make_params(hidden)
+    _, params_b = make_params(hidden, seed=1)
+    qps = {p: quantize_params(params, p) for p in {p for _, p in VARIANTS}}
+    executors, build_s, update_ms = {}, {}, {}
+    for backend, precision in VARIANTS:
+        t = time.perf_counter()
+        ex = make_executor(spec, qps[precision], backend, batch_size=batch, threads=1)
+        build_s[(backend, precision)] = time.perf_counter() - t
+        update_ms[(backend, precision)] = None
+        if budget.time_updates:
+            new = quantize_params(params_b, precision)
+            t = time.perf_counter()
+            ex.update(new)
+            update_ms[(backend, precision)] = round((time.perf_counter() - t) * 1e3, 2)
+        executors[(backend, precision)] = ex
+    obs = np.random.default_rng(hidden + batch).standard_normal((batch, OBS_DIM)).astype(np.float32)
+    samples = time_blocks(executors, obs, budget)
+    rows = []
+    for (backend, precision), ex in executors.items():
+        s = np.asarray(samples[(backend, precision)]) * 1e6
+        rows.append({
+            "backend": backend, "precision": precision, "hidden": hidden, "batch": batch,
+            "us_per_call": round(float(np.median(s)), 2),
+            "us_p10": round(float(np.percentile(s, 10)), 2), "us_p90": round(float(np.percentile(s, 90)), 2),
+            "calls": int(s.size), "chosen": ex.backend, "simulated": bool(ex.simulated),
+            "update_ms": update_ms[(backend, precision)],
+            "build_s": round(build_s[(backend, precision)], 3),
+        })
+    return rows
+
+
+def _field(rows: list[dict], backend: str, precision: str, hidden: int, batch: int, field: str) -> Any:
+    for r in rows:
+        if (r["backend"], r["precision"], r["hidden"], r["batch"]) == (backend, precision, hidden, batch):
+            return r[field]
+    return None
+
+
+def _us(rows: list[dict], backend: str, precision: str, hidden: int, batch: int) -> float | None:
+    value = _field(rows, backend, precision, hidden, batch, "us_per_call")
+    return None if value is None else float(value)
+
+
+def summarize(rows: list[dict]) -> list[dict[str, Any]]:
+    """Per (H, batch): int8/fp32 speed-up per backend, best int8 vs best fp32, auto vs best fp32."""
+    out = []
+    for hidden, batch in sorted({(r["hidden"], r["batch"]) for r in rows}):
+        get = lambda b, p: _us(rows, b, p, hidden, batch)  # noqa: E731
+        fp32 = {b: get(b, "fp32") for b in ("jax", "onnx")}
+        int8 = {b: get(b, "int8") for b in ("jax", "onnx")}
+        best_fp32, best_int8 = min(fp32.values()), min(int8.values())
+        out.append({
+            "hidden": hidden, "batch": batch,
+            "jax_int8_speedup": fp32["jax"] / int8["jax"], "onnx_int8_speedup": fp32["onnx"] / int8["onnx"],
+            "best_int8_vs_best_fp32": best_fp32 / best_int8,
+            "auto_int8_vs_best_fp32": best_fp32 / get("auto", "int8"),
+            "auto_fp32_vs_best_fp32": best_fp32 / get("auto", "fp32"),
+        })
+    return out
+
+
+def target_lines(summary: list[dict]) -> list[str]:
+    """The speed targets, stated as measured (PASS/MISS), batch 1."""
+    lines = []
+    for hidden, need in ((2048, 6.0), (1024, 2.0)):
+        for s in summary:
+            if s["hidden"] == hidden and s["batch"] == 1:
+                got = s["best_int8_vs_best_fp32"]
+                lines.append(f"best int8 vs best fp32 at H={hidden} batch 1: {got:.1f}x "
+                             f"(target >= {need:.0f}x: {'PASS' if got >= need else 'MISS'})")
+    # "never slower" with 10% slack for timing noise between two separately timed executors.
+    worst = min((min(s["auto_int8_vs_best_fp32"], s["auto_fp32_vs_best_fp32"]), s["hidden"], s["batch"])
+                for s in summary)
+    lines.append(f"auto vs best fp32, worst case: {worst[0]:.2f}x at H={worst[1]} batch {worst[2]} "
+                 f"(target: never slower: {'PASS' if worst[0] >= 0.9 else 'MISS'})")
+    return lines
+
+
+def print_table(rows: list[dict], summary: list[dict]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=170)
+    table = Table(title="Policy inference, microseconds per call (median; lower is better)")
+    table.add_column("H", justify="right")
+    table.add_column("batch", justify="right")
+    for backend, precision in VARIANTS:
+        table.add_column(f"{backend}\n{precision}", justify="right")
+    for col in ("jax\nint8/fp32", "onnx\nint8/fp32", "best int8\nvs best fp32", "auto int8\nvs best fp32"):
+        table.add_column(col, justify="right", style="bold")
+    for s in summary:
+        cells = []
+        for backend, precision in VARIANTS:
+            row = next(r for r in rows if (r["backend"], r["precision"], r["hidden"], r["batch"])
+                       == (backend, precision, s["hidden"], s["batch"]))
+            cell = f"{row['us_per_call']:.0f}"
+            if backend == "auto":
+                cell += f" ({row['chosen']})"
+            cells.append(cell)
+        cells += [f"{s['jax_int8_speedup']:.2f}x", f"{s['onnx_int8_speedup']:.2f}x",
+                  f"{s['best_int8_vs_best_fp32']:.2f}x", f"{s['auto_int8_vs_best_fp32']:.2f}x"]
+        table.add_row(str(s["hidden"]), str(s["batch"]), *cells)
+    console.print(table)
+    console.print("speed-up = fp32 us / int8 us (> 1: int8 faster). jax int8 = AQT s8xs8->s32 dot on XLA CPU; "
+                  "onnx int8 = DynamicQuantizeLinear + MatMulInteger; onnx runs with 1 intra-op thread.")
+    for line in target_lines(summary):
+        console.print(line)
+    if any(r["update_ms"] is not None for r in rows):
+        loads = Table(title="update(): one weight load (the actor's load step), milliseconds")
+        loads.add_column("H", justify="right")
+        loads.add_column("batch", justify="right")
+        concrete = [v for v in VARIANTS if v[0] != "auto"]
+        for backend, precision in concrete:
+            loads.add_column(f"{backend}\n{precision}", justify="right")
+        for s in summary:
+            cells = [f"{_field(rows, b, p, s['hidden'], s['batch'], 'update_ms'):.1f}" for b, p in concrete]
+            loads.add_row(str(s["hidden"]), str(s["batch"]), *cells)
+        console.print(loads)
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = sorted({(r["hidden"], r["batch"]) for r in rows})
+    fig, ax = plt.subplots(figsize=(12, 5))
+    width = 0.8 / len(VARIANTS)
+    colors = plt.get_cmap("tab10")
+    for i, (backend, precision) in enumerate(VARIANTS):
+        ys = [_us(rows, backend, precision, h, b) or np.nan for h, b in groups]
+        xs = np.arange(len(groups)) + (i - (len(VARIANTS) - 1) / 2) * width
+        ax.bar(xs, ys, width, label=f"{backend} {precision}", color=colors(i))
+    ax.set_yscale("log")
+    ax.set_xticks(np.arange(len(groups)), [f"H={h}\nbatch {b}" for h, b in groups])
+    ax.set_ylabel("microseconds per call (median, log scale)")
+    ax.set_title("D4PG policy 24-H-H-H-6: inference latency by backend and precision")
+    ax.grid(axis="y", which="both", alpha=0.3)
+    ax.legend(ncol=4, fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def run(quick: bool, out: Path) -> dict[str, Any]:
+    from quarl.runtimes import clear_auto_decisions
+
+    budget = QUICK if quick else FULL
+    machine = machine_info(quick)
+    rows: list[dict[str, Any]] = []
+    with tempfile.TemporaryDirectory(prefix="quarl-auto-") as cache:
+        os.environ["QUARL_CACHE_DIR"] = cache
+        clear_auto_decisions()
+        for hidden, batch in configs(quick):
+            t = time.perf_counter()
+            rows += bench_config(hidden, batch, budget)
+            print(f"  H={hidden} batch={batch}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
+    machine["load_average_end"] = list(os.getloadavg())
+    summary = summarize(rows)
+    print_table(rows, summary)
+    result = {"machine": machine, "rows": rows, "summary": [{k: (round(v, 3) if isinstance(v, float) else v)
+                                                             for k, v in s.items()} for s in summary],
+              "targets": target_lines(summary)}
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "inference.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    plot(rows, out / "inference.png")
+    print(f"wrote {out / 'inference.json'} and {out / 'inference.png'}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.inference", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="under a minute: fewer calls, fewer shapes")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="output folder (default: bench/results, or runs/bench/inference-quick with --quick)")
+    args = parser.parse_args(argv)
+    out = args.out or Path("runs/bench/inference-quick" if args.quick else "bench/results")
+    if out.exists() and not out.is_dir():
+        print(f"error: --out {out} exists and is not a directory", file=sys.stderr)
+        return 2
+    run(args.quick, out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,269 @@
+"""Policy runtimes against the float64 NumPy reference, for every backend x precision, plus the
+load/update, input-validation and auto-selection contracts."""
+from __future__ import annotations
+
+import json
+import warnings
+
+import haiku as hk
+import jax
+import numpy as np
+import pytest
+
+from quarl.policy import PolicySpec, haiku_forward, layer_norm_mlp_policy, mlp_q_network, reference_apply
+from quarl.quantization import dequantize_params, quantize, quantize_params
+from quarl.runtimes import (
+    auto_decisions,
+    cache_path,
+    clear_auto_decisions,
+    make_executor,
+    make_executor_from_params,
+)
+
+BACKENDS = ("jax", "onnx")
+PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
+BATCH = 64
+# Max |error| over the batch as a fraction of the reference outputs' range, per precision, against the
+# fp32 reference. Low-float errors come from weight/activation rounding (bf16 has 8 mantissa bits);
+# int8 from per-channel weight + per-row/per-tensor activation quantization. int4 is compared with the
+# reference of its *dequantized* weights, so only the int8 activation error remains.
+TOLERANCE = {"fp32": 1e-5, "fp16": 3e-3, "bf16": 1.5e-2, "int8": 3e-2, "int4": 2e-2}
+
+
+def _init(spec: PolicySpec, seed: int) -> dict:
+    """haiku-initialised params with a unit-scale output layer: D4PG's near-zero init would make every
+    action the middle of the spec, which any runtime gets "right"."""
+    net = hk.without_apply_rng(hk.transform(lambda x: haiku_forward(spec)(x)))
+    params = jax.tree.map(np.asarray, net.init(jax.random.PRNGKey(seed), np.zeros((1, spec.input_dim), np.float32)))
+    rng = np.random.default_rng(seed)
+    for layer in spec.linear_layers:
+        params[layer.name]["b"] = rng.normal(0, 0.1, params[layer.name]["b"].shape).astype(np.float32)
+    last = spec.linear_layers[-1].name
+    fan_in = params[last]["w"].shape[0]
+    params[last]["w"] = (rng.normal(size=params[last]["w"].shape) / np.sqrt(fan_in)).astype(np.float32)
+    for module in params.values():
+        if "scale" in module:
+            module["scale"] = (1 + rng.normal(0, 0.1, module["scale"].shape)).astype(np.float32)
+    return params
+
+
+SPECS = {
+    "d4pg": layer_norm_mlp_policy(12, [64, 64], [-2.0, -1.0, 0.0], [2.0, 1.0, 3.0]),
+    "dqn": mlp_q_network(8, [64, 64], 5),
+}
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict:
+    out = {}
+    for i, (name, spec) in enumerate(SPECS.items()):
+        obs = np.random.default_rng(100 + i).normal(size=(BATCH, spec.input_dim)).astype(np.float32)
+        out[name] = (spec, _init(spec, i), _init(spec, 10 + i), obs)
+    return out
+
+
+def _rel_err(out: np.ndarray, ref: np.ndarray) -> float:
+    return float(np.abs(out.astype(np.float64) - ref).max() / max(np.ptp(ref), 1e-12))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize("net", sorted(SPECS))
+def test_matches_reference(cases, net, precision, backend):
+    spec, params, _, obs = cases[net]
+    qp = quantize_params(params, precision)
+    ex = make_executor(spec, qp, backend, batch_size=BATCH)
+    assert (ex.backend, ex.precision) == (backend, precision)
+    out = ex(obs)
+    assert out.dtype == np.float32 and out.shape == (BATCH, spec.output_dim)
+    ref = reference_apply(spec, params, obs)
+    if precision == "int4":
+        deq_ref = reference_apply(spec, dequantize_params(qp), obs)
+        assert _rel_err(out, deq_ref) < TOLERANCE["int4"]
+        # 4-bit weights are visibly worse than 8-bit ones, yet still track the fp32 policy.
+        assert 0.02 < _rel_err(out, ref) < 0.5
+    else:
+        assert _rel_err(out, ref) < TOLERANCE[precision]
+    if precision != "fp32":
+        assert _rel_err(out, ref) > 1e-6  # the precision really is lower (not silently fp32 weights)
+    if net == "dqn" and precision in ("fp32", "fp16", "bf16", "int8"):
+        agree = np.mean(out.argmax(1) == ref.argmax(1))
+        assert agree >= (1.0 if precision == "fp32" else 0.9)
+    if net == "d4pg":
+        lo, hi = np.array(spec.layers[-1].minimum), np.array(spec.layers[-1].maximum)
+        assert np.all(out >= lo - 1e-6) and np.all(out <= hi + 1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_fp32_relative_tolerance(cases, backend):
+    spec, params, _, obs = cases["d4pg"]
+    out = make_executor_from_params(spec, params, "fp32", backend, batch_size=BATCH)(obs)
+    np.testing.assert_allclose(out, reference_apply(spec, params, obs), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
+def test_update_swaps_weights(cases, backend, precision):
+    spec, params_a, params_b, obs = cases["d4pg"]
+    ex = make_executor(spec, quantize_params(params_a, precision), backend, batch_size=BATCH)
+    before = ex(obs)
+    ex.update(quantize_params(params_b, precision))
+    after = ex(obs)
+    ref_a, ref_b = reference_apply(spec, params_a, obs), reference_apply(spec, params_b, obs)
+    tol = TOLERANCE[precision]
+    assert _rel_err(after, ref_b) < tol and _rel_err(before, ref_a) < tol
+    assert _rel_err(after, ref_a) > 10 * tol  # the new weights are really in use
+    with pytest.raises(ValueError, match="precision"):
+        ex.update(quantize_params(params_b, "int4" if precision != "int4" else "int8"))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_other_batch_sizes_and_writable_output(cases, backend):
+    spec, params, _, obs = cases["dqn"]
+    ex = make_executor(spec, quantize_params(params, "int8"), backend, batch_size=1)
+    one = ex(obs[:1])
+    many = ex(obs[:7])
+    assert one.shape == (1, spec.output_dim) and many.shape == (7, spec.output_dim)
+    one += 1.0  # an actor may add exploration noise in place
+    ref = reference_apply(spec, params, obs[:7])
+    assert _rel_err(many, ref) < TOLERANCE["int8"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_observation_raises(cases, backend, bad):
+    spec, params, _, obs = cases["dqn"]
+    ex = make_executor(spec, quantize_params(params, "fp32"), backend)
+    x = obs[:4].copy()
+    x[2, 3] = bad
+    with pytest.raises(ValueError, match="NaN or inf"):
+        ex(x)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_bad_observation_shape_raises(cases, backend):
+    spec, params, _, obs = cases["dqn"]
+    ex = make_executor(spec, quantize_params(params, "fp32"), backend)
+    for bad in (obs[:2, :-1], obs[0], obs[:0]):
+        with pytest.raises(ValueError, match="observations"):
+            ex(bad)
+
+
+def test_unsupported_layer_raises(cases):
+    spec, params, _, _ = cases["dqn"]
+    weird = PolicySpec(spec.input_dim, spec.layers)
+    object.__setattr__(weird, "layers", (*spec.layers, "softmax"))  # bypass PolicySpec's own check
+    for backend in (*BACKENDS, "auto"):
+        with pytest.raises(ValueError, match="unsupported layer"):
+            make_executor(weird, quantize_params(params, "fp32"), backend)
+
+
+def test_bad_arguments_raise(cases):
+    spec, params, _, _ = cases["dqn"]
+    qp = quantize_params(params, "int8")
+    with pytest.raises(ValueError, match="unknown backend"):
+        make_executor(spec, qp, "tflite")
+    with pytest.raises(ValueError, match="batch_size"):
+        make_executor(spec, qp, "onnx", batch_size=0)
+    with pytest.raises(ValueError, match="threads"):
+        make_executor(spec, qp, "onnx", threads=0)
+    with pytest.raises(ValueError, match="QuantizedParams"):
+        make_executor(spec, params, "jax")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_params_that_do_not_fit_raise(cases, backend):
+    spec, params, _, _ = cases["dqn"]
+    other = mlp_q_network(spec.input_dim, [32, 64], 5)
+    with pytest.raises(ValueError, match="shape"):
+        make_executor(other, quantize_params(params, "fp32"), backend)
+    missing = {k: v for k, v in params.items() if k != "linear_1"}
+    with pytest.raises(ValueError, match="linear_1"):
+        make_executor(spec, quantize_params(missing, "fp32"), backend)
+    nan_bias = quantize_params(params, "int8")
+    nan_bias.tree["linear_0"]["b"] = np.full_like(nan_bias.tree["linear_0"]["b"], np.nan)
+    with pytest.raises(ValueError, match="NaN or inf"):
+        make_executor(spec, nan_bias, backend)
+    affine = quantize_params(params, "int8")
+    affine.tree["linear_0"]["w"] = quantize(params["linear_0"]["w"], 8, symmetric=False, axis=-1)
+    with pytest.raises(ValueError, match="symmetric"):
+        make_executor(spec, affine, backend)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_simulated_precisions(cases, backend):
+    """int12 has no integer kernel anywhere, fp16/bf16 none in ORT: they run in fp32 with rounded weights,
+    which must then match the dequantized reference to fp32 accuracy."""
+    spec, params, _, obs = cases["d4pg"]
+    for precision in ("int12", "fp16", "bf16"):
+        qp = quantize_params(params, precision)
+        ex = make_executor(spec, qp, backend, batch_size=BATCH)
+        expected_sim = precision == "int12" or backend == "onnx"
+        assert ex.simulated == expected_sim
+        if expected_sim:
+            np.testing.assert_allclose(ex(obs), reference_apply(spec, dequantize_params(qp), obs), rtol=1e-4,
+                                       atol=1e-5)
+
+
+def test_per_tensor_weights(cases):
+    spec, params, _, obs = cases["dqn"]
+    qp = quantize_params(params, "int8", per_channel=False)
+    deq = reference_apply(spec, dequantize_params(qp), obs)
+    for backend in BACKENDS:
+        assert _rel_err(make_executor(spec, qp, backend, batch_size=BATCH)(obs), deq) < TOLERANCE["int8"]
+
+
+def test_auto_picks_a_backend_and_caches(cases, tmp_path, monkeypatch):
+    monkeypatch.setenv("QUARL_CACHE_DIR", str(tmp_path))
+    clear_auto_decisions()
+    spec, params, _, obs = cases["dqn"]
+    qp = quantize_params(params, "int8")
+    ex = make_executor(spec, qp, "auto", batch_size=4)
+    assert ex.backend in BACKENDS and ex.precision == "int8"
+    assert _rel_err(ex(obs), reference_apply(spec, params, obs)) < TOLERANCE["int8"]
+    (key, entry), = auto_decisions().items()
+    assert entry["source"] == "measured" and entry["backend"] == ex.backend
+    assert set(entry["us_per_call"]) == set(BACKENDS)
+    assert entry["backend"] == min(entry["us_per_call"], key=entry["us_per_call"].get)
+    assert "|b4|int8|t1" in key
+    stored = json.loads(cache_path().read_text())
+    assert stored["decisions"][key]["backend"] == ex.backend
+
+    # A new process (simulated by clearing the in-process table) reads the decision instead of measuring.
+    clear_auto_decisions()
+    again = make_executor(spec, qp, "auto", batch_size=4)
+    assert again.backend == ex.backend and auto_decisions()[key]["source"] == "file"
+
+    # A different batch size or precision is a different decision.
+    make_executor(spec, quantize_params(params, "fp32"), "auto", batch_size=4)
+    assert len(auto_decisions()) == 2
+
+
+def test_auto_survives_a_corrupt_cache(cases, tmp_path, monkeypatch):
+    monkeypatch.setenv("QUARL_CACHE_DIR", str(tmp_path))
+    clear_auto_decisions()
+    cache_path().parent.mkdir(parents=True, exist_ok=True)
+    cache_path().write_text("{not json")
+    spec, params, _, _ = cases["dqn"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ex = make_executor(spec, quantize_params(params, "fp32"), "auto")
+    assert ex.backend in BACKENDS
+    assert any("cache" in str(w.message) for w in caught)
+    assert json.loads(cache_path().read_text())["version"] == 1  # rewritten in the valid format
+    clear_auto_decisions()
+
+
+def test_int8_runs_integer_kernels(cases):
+    """The int paths must really multiply integers: MatMulInteger in ONNX, an s8 x s8 -> s32 dot in XLA."""
+    spec, params, _, obs = cases["d4pg"]
+    qp = quantize_params(params, "int8")
+    onnx_ex = make_executor(spec, qp, "onnx")
+    assert "onnx" in repr(onnx_ex) and "int8" in repr(onnx_ex)
+    ops = [n.op_type for n in onnx_ex._model.graph.node]
+    assert ops.count("MatMulInteger") == len(spec.linear_layers) and "MatMul" not in ops
+    jax_ex = make_executor(spec, qp, "jax")
+    hlo = jax_ex._jitted.lower(jax_ex._params, obs[:1]).as_text()
+    int_dots = [line for line in hlo.splitlines() if "dot_general" in line and "xi8>" in line and "xi32>" in line]
+    assert len(int_dots) == len(spec.linear_layers)
+    assert all(str(leaf.dtype) in ("int8", "float32") for leaf in jax.tree.leaves(jax_ex._params))
