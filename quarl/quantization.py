@@ -32,7 +32,7 @@ _F32_TINY = float(np.finfo(_F32).tiny)  # smallest normal float32: scales never 
 
 
 @jax.tree_util.register_pytree_node_class
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # array fields: `==` would be ambiguous, so identity equality
 class QTensor:
     """A uniformly quantized tensor: `x ~= (values - zero_point) * scale`.
 
@@ -227,7 +227,7 @@ def parse_precision(s: str | int | Precision) -> Precision:
 # --------------------------------------------------------------------------------------------------------
 
 
-@dataclasses.dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True, eq=False)  # holds arrays: identity equality, like QTensor
 class QuantizedParams:
     """A policy parameter tree at an actor precision.
 
