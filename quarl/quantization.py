@@ -124,7 +124,8 @@ def _scale_to_f32(scale64: np.ndarray) -> np.ndarray:
     """float32 scale that is >= the exact one (so max|x| / scale never exceeds the code range) and a
     normal number (so a subnormal or zero range never yields a zero or imprecise step)."""
     s = scale64.astype(_F32)
-    s = np.where(s.astype(np.float64) < scale64, np.nextafter(s, _F32(np.inf)), s)
+    with np.errstate(over="ignore"):  # nextafter(f32 max) is evaluated but never selected: scale64 <= max
+        s = np.where(s.astype(np.float64) < scale64, np.nextafter(s, _F32(np.inf)), s)
     return np.maximum(s, _F32(_F32_TINY)).astype(_F32)
 
 
