@@ -1,0 +1,423 @@
+"""Post-training quantization (PTQ) sweep of a trained policy: how much return is lost at each precision.
+
+    python -m launch.ptq --checkpoint RUN_DIR [--bits 2,3,4,5,6,7,8,16] [--include fp16,bf16] [--episodes 10]
+        [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress]
+
+The fp32 policy saved by `quarl.policy_io.save_policy` is evaluated greedily at fp32, at each --include float
+precision and at each integer bit width, per-tensor and per-channel, for --episodes episodes each. Episode i
+uses environment seed `seed + i` at every precision, so the comparison with fp32 is paired. The error is the
+paper's `E = (R_fp32 - R_q) / |R_fp32|` on mean returns; its spread is the std over episodes of the paired
+per-episode differences divided by |mean R_fp32| (whose mean is exactly E).
+
+How each row runs (the `execution` column): int2..int8 use the backend's real integer kernel (AQT s8 dot on
+jax, MatMulInteger on onnx; both quantize activations to 8 bits per call, so int<b> means W<b>A8); int9..int16
+have no integer kernel, so their weights are rounded with `fake_quantize_params` and run in fp32 on the jax
+backend ("simulated", weight-only); fp16/bf16 run natively on jax and simulated on onnx.
+
+Writes to --out: ptq.csv, ptq_episodes.csv, ptq.md, ptq_returns.png, weights.csv, weights.png.
+Bad flags print one line on stderr and exit 2 before anything is written.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import math
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from launch.cli import (
+    OneLineArgumentParser,
+    UsageError,
+    check_backend,
+    check_logdir,
+    check_positive,
+    check_precision,
+    check_seed,
+    fail,
+)
+from quarl.evaluation import check_compatible, evaluate_seeds, make_greedy_policy
+from quarl.metrics import layer_errors, sqnr_db
+from quarl.policy_io import LoadedPolicy, load_policy, policy_paths
+from quarl.quantization import (
+    MAX_BITS,
+    MIN_BITS,
+    dequantize_params,
+    fake_quantize_params,
+    is_quantized_leaf,
+    parse_precision,
+    path_str,
+    quantize_params,
+    tree_items,
+)
+from quarl.runtimes.base import MAX_KERNEL_BITS
+
+PROG = "launch.ptq"
+DEFAULT_BITS = "2,3,4,5,6,7,8,16"
+FLOAT_PRECISIONS = ("fp16", "bf16")  # what --include may name; fp32 is always the baseline
+NO_GRANULARITY = "n/a"  # float casts have no scale, so per-tensor vs per-channel does not apply
+GRANULARITIES = (("per-tensor", False), ("per-channel", True))
+CSV_FIELDS = ("precision", "bits", "granularity", "backend", "execution", "episodes", "mean_return", "std_return",
+              "min_return", "max_return", "error_mean", "error_std", "weight_sqnr_db", "weight_max_rel_err",
+              "weight_min_layer_sqnr_db")
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+
+
+@dataclasses.dataclass(frozen=True)
+class PTQArgs:
+    """Validated flags plus the loaded policy."""
+
+    policy: LoadedPolicy
+    bits: tuple[int, ...]
+    include: tuple[str, ...]
+    episodes: int
+    seed: int
+    backend: str
+    out: Path
+    progress: bool
+
+    @property
+    def seeds(self) -> list[int]:
+        return [self.seed + i for i in range(self.episodes)]
+
+
+def build_parser() -> OneLineArgumentParser:
+    parser = OneLineArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True,
+                        help="run directory holding policy_fp32.qrlp (or the .qrlp file itself)")
+    parser.add_argument("--bits", default=DEFAULT_BITS,
+                        help=f"comma-separated integer bit widths in {MIN_BITS}..{MAX_BITS}")
+    parser.add_argument("--include", default=",".join(FLOAT_PRECISIONS),
+                        help="comma-separated float precisions to add (fp16, bf16); empty for none")
+    parser.add_argument("--episodes", type=int, default=10, help="episodes per precision")
+    parser.add_argument("--out", default=None, help="output directory (default: CHECKPOINT_DIR/ptq)")
+    parser.add_argument("--seed", type=int, default=0, help="episode i uses environment seed SEED + i")
+    parser.add_argument("--backend", default="jax", help="policy runtime for int<=8 and float rows: jax, onnx, auto")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def parse_bits(text: str) -> tuple[int, ...]:
+    """'2,4,8' -> (2, 4, 8): sorted, deduplicated, each in MIN_BITS..MAX_BITS."""
+    items = [t.strip() for t in str(text).split(",") if t.strip()]
+    if not items:
+        raise UsageError("--bits needs at least one bit width")
+    bits = set()
+    for item in items:
+        try:
+            b = int(item)
+        except ValueError:
+            raise UsageError(f"--bits: {item!r} is not an integer") from None
+        if not MIN_BITS <= b <= MAX_BITS:
+            raise UsageError(f"--bits: {b} is outside {MIN_BITS}..{MAX_BITS}")
+        bits.add(b)
+    return tuple(sorted(bits))
+
+
+def parse_include(text: str) -> tuple[str, ...]:
+    """'fp16,bf16' -> ('fp16', 'bf16'); integer precisions belong in --bits, fp32 is always evaluated."""
+    names = []
+    for item in (t.strip() for t in str(text).split(",")):
+        if not item:
+            continue
+        name = check_precision(item)
+        if name not in FLOAT_PRECISIONS:
+            raise UsageError(f"--include: {item!r} is not one of {', '.join(FLOAT_PRECISIONS)} "
+                             "(integer widths go in --bits; fp32 is always the baseline)")
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def validate(args: argparse.Namespace) -> PTQArgs:
+    """Every flag and the checkpoint itself, raising UsageError before anything is written."""
+    bits = parse_bits(args.bits)
+    include = parse_include(args.include)
+    episodes = check_positive("--episodes", args.episodes)
+    seed = check_seed(args.seed)
+    backend = check_backend(args.backend)
+    try:
+        policy = load_policy(args.checkpoint)
+    except ValueError as e:
+        raise UsageError(f"--checkpoint: {e}") from None
+    default_out = policy_paths(args.checkpoint)[0].parent / "ptq"
+    try:
+        out = check_logdir(args.out if args.out is not None else str(default_out))
+    except UsageError as e:
+        raise UsageError(str(e).replace("--logdir", "--out")) from None
+    _check_task(policy)
+    return PTQArgs(policy, bits, include, int(episodes), int(seed), backend, out, not args.no_progress)
+
+
+def _check_task(policy: LoadedPolicy) -> None:
+    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+    try:
+        env = make_environment(policy.task, 0)
+    except ValueError as e:
+        raise UsageError(f"--checkpoint: the policy's task cannot be built: {e}") from None
+    try:
+        check_compatible(policy.spec, env.observation_spec(), env.action_spec())
+    except ValueError as e:
+        raise UsageError(f"--checkpoint: the policy does not fit task {policy.task}: {e}") from None
+    finally:
+        env.close()
+
+
+# ------------------------------------------------------------------------------------------------ the sweep
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One row of the sweep: a precision and how its weights are scaled."""
+
+    precision: str
+    granularity: str = NO_GRANULARITY
+
+    @property
+    def bits(self) -> int:
+        return parse_precision(self.precision).bits
+
+    @property
+    def per_channel(self) -> bool:
+        return self.granularity != "per-tensor"
+
+
+def sweep_grid(bits: Sequence[int], include: Sequence[str]) -> list[GridPoint]:
+    """fp32 first (the baseline every error refers to), then the float references, then the integer widths
+    from widest to narrowest, each per-tensor and per-channel."""
+    points = [GridPoint("fp32"), *(GridPoint(name) for name in include)]
+    for b in sorted(bits, reverse=True):
+        points += [GridPoint(f"int{b}", granularity) for granularity, _ in GRANULARITIES]
+    return points
+
+
+def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: Any, backend: str) -> tuple[Any, str]:
+    """The greedy policy for one row and how it executes: 'int-kernel', 'native' or 'simulated'."""
+    prec = parse_precision(point.precision)
+    if prec.is_int and prec.bits > MAX_KERNEL_BITS:
+        rounded = fake_quantize_params(policy.params, prec, point.per_channel)
+        fp32 = quantize_params(rounded, "fp32")
+        return make_greedy_policy(policy.spec, fp32, action_spec, backend="jax"), "simulated"
+    qparams = quantize_params(policy.params, prec, point.per_channel)
+    greedy = make_greedy_policy(policy.spec, qparams, action_spec, backend=backend)
+    if greedy.simulated:
+        return greedy, "simulated"
+    return greedy, "int-kernel" if prec.is_int else "native"
+
+
+def weight_metrics(params: dict, point: GridPoint) -> dict[str, float]:
+    """SQNR over all weight matrices together, and the worst layer's SQNR and max relative error."""
+    qparams = quantize_params(params, point.precision, point.per_channel)
+    per_layer = layer_errors(params, qparams)
+    rounded = dict(tree_items(dequantize_params(qparams)))
+    weights = [(path, leaf) for path, leaf in tree_items(params) if is_quantized_leaf(path, leaf)]
+    ref = np.concatenate([np.asarray(leaf, np.float64).ravel() for _, leaf in weights])
+    hat = np.concatenate([np.asarray(rounded[path], np.float64).ravel() for path, _ in weights])
+    return {"weight_sqnr_db": sqnr_db(ref, hat),
+            "weight_max_rel_err": max(e["max_rel"] for e in per_layer.values()),
+            "weight_min_layer_sqnr_db": min(e["sqnr_db"] for e in per_layer.values())}
+
+
+def paired_error(fp32_returns: np.ndarray, returns: np.ndarray) -> tuple[float, float]:
+    """(E, spread): E = (mean R_fp32 - mean R_q) / |mean R_fp32|, spread = std of the per-episode paired
+    differences over the same denominator. NaN when the fp32 mean return is 0 (E is undefined)."""
+    denom = abs(float(np.mean(fp32_returns)))
+    if denom == 0.0:
+        return math.nan, math.nan
+    per_episode = (np.asarray(fp32_returns) - np.asarray(returns)) / denom
+    return float(np.mean(per_episode)), float(np.std(per_episode))
+
+
+def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Evaluates every grid point; returns (ptq.csv rows, ptq_episodes.csv rows)."""
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+
+    env = make_environment(run.policy.task, 0)
+    action_spec = env.action_spec()
+    env.close()
+    seeds = run.seeds
+    rows, episode_rows = [], []
+    fp32_returns: np.ndarray | None = None
+    points = sweep_grid(run.bits, run.include)
+    with tqdm(points, desc="ptq", unit="precision", disable=not run.progress, dynamic_ncols=True) as bar:
+        for point in bar:
+            bar.set_postfix_str(f"{point.precision} {point.granularity}", refresh=True)
+            greedy, execution = make_row_policy(point, run.policy, action_spec, run.backend)
+            stats = evaluate_seeds(run.policy.task, greedy, seeds)
+            if fp32_returns is None:  # the grid starts with fp32
+                fp32_returns = stats.returns
+            error_mean, error_std = paired_error(fp32_returns, stats.returns)
+            rows.append({"precision": point.precision, "bits": point.bits, "granularity": point.granularity,
+                         "backend": greedy.backend, "execution": execution, "episodes": len(seeds),
+                         "mean_return": stats.mean, "std_return": stats.std,
+                         "min_return": float(stats.returns.min()), "max_return": float(stats.returns.max()),
+                         "error_mean": error_mean, "error_std": error_std,
+                         **weight_metrics(run.policy.params, point)})
+            episode_rows += [{"precision": point.precision, "granularity": point.granularity, "episode": i,
+                              "seed": s, "return": float(r), "length": int(n)}
+                             for i, (s, r, n) in enumerate(zip(seeds, stats.returns, stats.lengths))]
+    return rows, episode_rows
+
+
+# ------------------------------------------------------------------------------------------------ outputs
+
+
+def _fmt(value: Any) -> Any:
+    return repr(float(value)) if isinstance(value, (float, np.floating)) else value
+
+
+def write_csv(path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(fields))
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _fmt(row[k]) for k in fields})
+
+
+def weight_stats(params: dict) -> list[dict[str, Any]]:
+    """Per weight matrix: range and spread. abs-max/std is what per-tensor scaling pays for: the step is
+    set by the largest weight, so a long tail leaves few codes for the bulk of the distribution."""
+    out = []
+    for path, leaf in tree_items(params):
+        if not is_quantized_leaf(path, leaf):
+            continue
+        w = np.asarray(leaf, np.float64)
+        std = float(w.std())
+        absmax = float(np.abs(w).max())
+        out.append({"layer": path_str(path), "shape": "x".join(map(str, w.shape)), "min": float(w.min()),
+                    "max": float(w.max()), "mean": float(w.mean()), "std": std,
+                    "absmax_over_std": absmax / std if std > 0 else math.inf})
+    return out
+
+
+def _pct(value: float) -> str:
+    return "n/a" if math.isnan(value) else f"{100 * value:.1f}%"
+
+
+def write_markdown(path: Path, run: PTQArgs, rows: Sequence[dict[str, Any]]) -> str:
+    """The paper's reward-error table (E per precision, one line per granularity) plus the full detail."""
+    policy = run.policy
+    fp32 = rows[0]
+    floats = [r for r in rows[1:] if r["granularity"] == NO_GRANULARITY]
+    ints = [r for r in rows if r["granularity"] != NO_GRANULARITY]
+    int_names = list(dict.fromkeys(r["precision"] for r in ints))
+    header = ["Policy", "Granularity", "fp32 return", *(f"E {r['precision']}" for r in floats),
+              *(f"E {name}" for name in int_names)]
+    lines = [f"# Post-training quantization: {policy.agent} on {policy.task}", "",
+             f"Policy after {policy.steps} learner steps; {run.episodes} episodes per precision (env seeds "
+             f"{run.seed}..{run.seed + run.episodes - 1}, the same for every precision); backend {run.backend}.",
+             "E = (R_fp32 - R_q) / |R_fp32| on mean returns (positive = return lost).", "",
+             "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for granularity, _ in GRANULARITIES:
+        by_name = {r["precision"]: r for r in ints if r["granularity"] == granularity}
+        cells = [f"{policy.agent} / {policy.task}", granularity,
+                 f"{fp32['mean_return']:.1f} ± {fp32['std_return']:.1f}",
+                 *(_pct(r["error_mean"]) for r in floats), *(_pct(by_name[n]["error_mean"]) for n in int_names)]
+        lines.append("| " + " | ".join(cells) + " |")
+    detail = ["Precision", "Granularity", "Execution", "Return (mean ± std)", "Min / max", "E (mean ± std)",
+              "Weight SQNR (dB)", "Max rel. weight error"]
+    lines += ["", "## All rows", "", "| " + " | ".join(detail) + " |", "|" + "---|" * len(detail)]
+    for r in rows:
+        error = "n/a" if math.isnan(r["error_mean"]) else f"{_pct(r['error_mean'])} ± {_pct(r['error_std'])}"
+        cells = [r["precision"], r["granularity"], f"{r['execution']} ({r['backend']})",
+                 f"{r['mean_return']:.1f} ± {r['std_return']:.1f}", f"{r['min_return']:.1f} / {r['max_return']:.1f}",
+                 error, f"{r['weight_sqnr_db']:.1f}", f"{r['weight_max_rel_err']:.2e}"]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Execution: `int-kernel` = real integer matmul with 8-bit activations (W<b>A8); `simulated` = "
+              "weights rounded to the precision, arithmetic in fp32 (weight-only); `native` = computed in that "
+              "float format.", ""]
+    text = "\n".join(lines)
+    path.write_text(text, encoding="utf-8")
+    return text
+
+
+def plot_returns(path: Path, rows: Sequence[dict[str, Any]], title: str) -> None:
+    """Return vs bits, per-tensor and per-channel with std error bars; float precisions as reference lines."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (granularity, _), marker in zip(GRANULARITIES, ("o", "s")):
+        pts = sorted((r["bits"], r["mean_return"], r["std_return"]) for r in rows if r["granularity"] == granularity)
+        if pts:
+            b, m, s = map(np.asarray, zip(*pts))
+            ax.errorbar(b, m, yerr=s, marker=marker, capsize=3, label=f"int, {granularity}")
+    styles = {"fp32": ("black", "-"), "fp16": ("tab:green", "--"), "bf16": ("tab:red", ":")}
+    for r in rows:
+        if r["granularity"] == NO_GRANULARITY:
+            color, style = styles[r["precision"]]
+            ax.axhline(r["mean_return"], color=color, linestyle=style, label=f"{r['precision']}")
+    int_bits = [r["bits"] for r in rows if r["granularity"] != NO_GRANULARITY]
+    if int_bits and max(int_bits) > MAX_KERNEL_BITS:
+        ax.axvspan(MAX_KERNEL_BITS + 0.5, max(int_bits) + 0.5, color="0.9", zorder=0, label="simulated (fp32)")
+    ax.set_xticks(sorted(set(int_bits)))
+    ax.set_xlabel("weight bits")
+    ax.set_ylabel("mean episode return")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_weights(path: Path, params: dict, stats: Sequence[dict[str, Any]]) -> None:
+    """One histogram per weight matrix, its min and max marked (wide ranges are what low bit widths lose)."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    leaves = {path_str(p): leaf for p, leaf in tree_items(params)}
+    cols = min(3, len(stats))
+    rows = math.ceil(len(stats) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.ravel()[len(stats):]:
+        ax.set_visible(False)
+    for ax, s in zip(axes.ravel(), stats):
+        ax.hist(np.asarray(leaves[s["layer"]], np.float64).ravel(), bins=60, color="tab:blue")
+        for value, label in ((s["min"], "min"), (s["max"], "max")):
+            ax.axvline(value, color="tab:red", linestyle="--", linewidth=1)
+            ax.annotate(f"{label} {value:.3g}", (value, 1), xycoords=("data", "axes fraction"), fontsize=8,
+                        ha="left" if label == "min" else "right", va="top", color="tab:red")
+        ax.set_title(f"{s['layer']} [{s['shape']}]\nstd {s['std']:.3g}, |max|/std {s['absmax_over_std']:.1f}",
+                     fontsize=9)
+        ax.set_xlabel("weight")
+        ax.set_ylabel("count")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_outputs(run: PTQArgs, rows: list[dict[str, Any]], episode_rows: list[dict[str, Any]]) -> str:
+    out = run.out
+    out.mkdir(parents=True, exist_ok=True)
+    write_csv(out / "ptq.csv", rows, CSV_FIELDS)
+    write_csv(out / "ptq_episodes.csv", episode_rows,
+              ("precision", "granularity", "episode", "seed", "return", "length"))
+    stats = weight_stats(run.policy.params)
+    write_csv(out / "weights.csv", stats, ("layer", "shape", "min", "max", "mean", "std", "absmax_over_std"))
+    plot_returns(out / "ptq_returns.png", rows, f"PTQ: {run.policy.agent} on {run.policy.task}")
+    plot_weights(out / "weights.png", run.policy.params, stats)
+    return write_markdown(out / "ptq.md", run, rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        run = validate(args)
+    except UsageError as e:
+        fail(f"{PROG}: error: {e}")
+    rows, episode_rows = run_sweep(run)
+    print(write_outputs(run, rows, episode_rows))
+    print(f"wrote {run.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
