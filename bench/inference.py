@@ -14,6 +14,7 @@ machine and its load.
 Defaults: the full run writes to bench/results (committed); --quick (< 1 min: fewer calls, no H=1024 at
 batch 16) writes to runs/bench/inference-quick so `make run` never overwrites the committed results.
 The auto backend measures afresh into a temporary cache directory, so its row reflects this run.
+XLA runs single-threaded unless XLA_FLAGS is already set (see SINGLE_THREAD_XLA), like ORT's threads=1.
 """
 from __future__ import annotations
 
@@ -37,6 +38,10 @@ VARIANTS: tuple[tuple[str, str], ...] = (
 HIDDEN = (256, 1024, 2048)
 BATCHES = (1, 16)
 OBS_DIM, ACT_DIM = 24, 6
+# One XLA CPU thread, like the ONNX sessions (threads=1): an ActorQ actor owns one core, and a comparison
+# of a 2-thread XLA against a 1-thread ORT would measure thread counts, not kernels. Must be set before JAX
+# initialises its backend; an XLA_FLAGS already in the environment wins (and is recorded in the JSON).
+SINGLE_THREAD_XLA = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -51,7 +56,7 @@ class Budget:
     time_updates: bool  # also time one update() per variant (an extra weight load: ONNX fp32 ~0.2 s at H=2048)
 
 
-FULL = Budget(seconds=1.5, min_calls=20, max_calls=600, rounds=5, warmup=5, time_updates=True)
+FULL = Budget(seconds=1.5, min_calls=20, max_calls=600, rounds=10, warmup=5, time_updates=True)
 QUICK = Budget(seconds=0.2, min_calls=4, max_calls=60, rounds=2, warmup=1, time_updates=False)
 
 
@@ -239,7 +244,8 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
         table.add_row(str(s["hidden"]), str(s["batch"]), *cells)
     console.print(table)
     console.print("speed-up = fp32 us / int8 us (> 1: int8 faster). jax int8 = AQT s8xs8->s32 dot on XLA CPU; "
-                  "onnx int8 = DynamicQuantizeLinear + MatMulInteger; onnx runs with 1 intra-op thread.")
+                  "onnx int8 = DynamicQuantizeLinear + MatMulInteger; "
+                  f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; ORT 1 intra-op thread.")
     for line in target_lines(summary):
         console.print(line)
     if any(r["update_ms"] is not None for r in rows):
@@ -312,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default: bench/results, or runs/bench/inference-quick with --quick)")
     args = parser.parse_args(argv)
+    os.environ.setdefault("XLA_FLAGS", SINGLE_THREAD_XLA)
     out = args.out or Path("runs/bench/inference-quick" if args.quick else "bench/results")
     if out.exists() and not out.is_dir():
         print(f"error: --out {out} exists and is not a directory", file=sys.stderr)

@@ -72,7 +72,7 @@ def _float_leaf(leaf: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
         raise ValueError(f"{what} has shape {arr.shape}, the spec needs {shape}")
     if not (np.issubdtype(arr.dtype, np.floating) or arr.dtype.name == "bfloat16"):
         raise ValueError(f"{what} has dtype {arr.dtype}; expected floating point")
-    if not np.isfinite(arr.astype(np.float32)).all():
+    if not np.isfinite(arr).all():
         raise ValueError(f"{what} contains NaN or inf")
     return arr
 
