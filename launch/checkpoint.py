@@ -1,0 +1,249 @@
+"""Checkpoints of a distributed ActorQ run, and `--resume`.
+
+Layout under the run's logdir:
+
+    checkpoints/step_<N>/learner/      orbax-checkpoint of the learner state pytree (params, target params,
+                                       optimizer state, step count; plain dicts/lists of NumPy arrays)
+    checkpoints/step_<N>/replay.npz    the replay table's `state_dict()` (items oldest first, priorities,
+                                       insert/sample counters), NumPy's npz, loaded with allow_pickle=False
+    checkpoints/step_<N>/manifest.json format version, run config, agent config, learner step, weights
+                                       version, run counters, SHA-256 of replay.npz and of the learner files
+    checkpoints/latest.json            {"step": N} (written last, atomically: a checkpoint is either complete
+                                       and listed, or ignored)
+
+What `--resume` restores: the learner (weights, target networks, optimizer state, step count, hence the
+target-update schedule), the replay contents and rate-limiter counters, the run counters (actor steps, learner
+steps, episodes, elapsed wall clock) and the weights version. What it does not: actor and evaluator RNG
+streams and environment states (episodes restart), a DQN actor's epsilon-decay position, the replay sampler's
+RNG, energy counters (a resumed run measures its own), and items inserted after the checkpoint was taken.
+A checkpoint whose agent, task or agent config differs from the resuming run's is rejected with a
+ValueError naming the first mismatching field. Nothing here unpickles: orbax + npz + JSON only.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+FORMAT_VERSION = 1
+CHECKPOINT_DIR = "checkpoints"
+MANIFEST = "manifest.json"
+LATEST = "latest.json"
+REPLAY_FILE = "replay.npz"
+LEARNER_DIR = "learner"
+KEEP = 2  # complete checkpoints kept; older ones are deleted once a newer one is listed
+_DATA_PREFIX = "data:"
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used: missing, incomplete, corrupted or from another configuration."""
+
+
+# ------------------------------------------------------------------------------------------------------
+# Small helpers
+# ------------------------------------------------------------------------------------------------------
+
+
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _sha256_tree(root: Path) -> str:
+    """One digest over every file under `root` (relative names and contents, in sorted order)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(root)).encode())
+        h.update(_sha256_file(path).encode())
+    return h.hexdigest()
+
+
+def _write_json_atomic(path: Path, obj: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=2, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _read_json(path: Path, what: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {what} {str(path)!r}: {e}") from None
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{what} {str(path)!r} is not a JSON object")
+    return obj
+
+
+# ------------------------------------------------------------------------------------------------------
+# Replay snapshots (npz)
+# ------------------------------------------------------------------------------------------------------
+
+
+def save_replay(path: str | os.PathLike, state: Mapping[str, Any]) -> dict[str, Any]:
+    """Writes a `Table.state_dict()` to `path` (npz); returns {"sha256", "items"} for the manifest."""
+    path = Path(path)
+    arrays: dict[str, np.ndarray] = {}
+    for key, value in state.items():
+        if key == "data":
+            for column, arr in value.items():
+                arrays[_DATA_PREFIX + column] = np.asarray(arr)
+        else:
+            arrays[key] = np.asarray(value)
+    tmp = path.with_name(path.name + ".tmp.npz")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(tmp, **arrays)
+    os.replace(tmp, path)
+    return {"sha256": _sha256_file(path), "items": int(np.asarray(state["keys"]).shape[0])}
+
+
+def load_replay(path: str | os.PathLike, sha256: str | None = None) -> dict[str, Any]:
+    """Reads a replay snapshot (checking its SHA-256 when given) back into `Table.load_state_dict` form."""
+    path = Path(path)
+    if sha256 is not None and _sha256_file(path) != sha256:
+        raise CheckpointError(f"replay snapshot {str(path)!r} does not match its checksum")
+    state: dict[str, Any] = {"data": {}}
+    with np.load(path, allow_pickle=False) as npz:
+        for key in npz.files:
+            if key.startswith(_DATA_PREFIX):
+                state["data"][key[len(_DATA_PREFIX):]] = npz[key]
+            else:
+                arr = npz[key]
+                state[key] = arr.item() if arr.ndim == 0 else arr
+    return state
+
+
+# ------------------------------------------------------------------------------------------------------
+# Learner state (orbax)
+# ------------------------------------------------------------------------------------------------------
+
+
+def save_learner(path: str | os.PathLike, state: Any) -> None:
+    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+    checkpointer = ocp.StandardCheckpointer()
+    try:
+        checkpointer.save(Path(path).absolute(), state)
+        checkpointer.wait_until_finished()
+    finally:
+        checkpointer.close()
+
+
+def restore_learner(path: str | os.PathLike, template: Any) -> Any:
+    """Restores into the structure of `template` (the fresh learner's `get_state()`)."""
+    import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
+
+    checkpointer = ocp.StandardCheckpointer()
+    try:
+        return checkpointer.restore(Path(path).absolute(), template)
+    except Exception as e:  # orbax raises many types for structure/shape mismatches
+        raise CheckpointError(f"learner checkpoint {str(path)!r} does not fit this learner: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    finally:
+        checkpointer.close()
+
+
+# ------------------------------------------------------------------------------------------------------
+# Whole checkpoints
+# ------------------------------------------------------------------------------------------------------
+
+
+def checkpoint_root(logdir: str | os.PathLike) -> Path:
+    return Path(logdir) / CHECKPOINT_DIR
+
+
+def write_checkpoint(logdir: str | os.PathLike, *, step: int, learner_state: Any,
+                     save_replay_to: Callable[[str], Mapping[str, Any]], manifest: Mapping[str, Any]) -> Path:
+    """Writes checkpoint `step` (learner, then replay via `save_replay_to(path)`, then the manifest), lists
+    it in latest.json and prunes older ones. Returns the checkpoint directory."""
+    root = checkpoint_root(logdir)
+    final = root / f"step_{int(step)}"
+    tmp = root / f"step_{int(step)}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_learner(tmp / LEARNER_DIR, learner_state)
+    replay_meta = dict(save_replay_to(str(tmp / REPLAY_FILE)))
+    body = dict(manifest)
+    body.update({
+        "format_version": FORMAT_VERSION,
+        "learner_steps": int(step),
+        "replay": replay_meta,
+        "checksums": {REPLAY_FILE: replay_meta["sha256"], LEARNER_DIR: _sha256_tree(tmp / LEARNER_DIR)},
+    })
+    _write_json_atomic(tmp / MANIFEST, body)
+    shutil.rmtree(final, ignore_errors=True)
+    os.replace(tmp, final)
+    _write_json_atomic(root / LATEST, {"step": int(step)})
+    steps = sorted(int(p.name[5:]) for p in root.glob("step_*") if p.name[5:].isdigit())
+    for old in steps[:-KEEP]:
+        shutil.rmtree(root / f"step_{old}", ignore_errors=True)
+    return final
+
+
+def find_checkpoint(path: str | os.PathLike) -> Path:
+    """The checkpoint to resume from: `path` itself (a step_<N> directory), or the latest one listed under
+    `path` (a run's logdir or its checkpoints/ directory). CheckpointError when there is none."""
+    p = Path(path).expanduser()
+    if (p / MANIFEST).is_file():
+        return p
+    for root in (p / CHECKPOINT_DIR, p):
+        latest = root / LATEST
+        if latest.is_file():
+            step = _read_json(latest, "checkpoint index").get("step")
+            candidate = root / f"step_{step}"
+            if (candidate / MANIFEST).is_file():
+                return candidate
+            raise CheckpointError(f"{str(latest)!r} lists step {step}, but {str(candidate)!r} is incomplete")
+    raise CheckpointError(f"no checkpoint in {str(p)!r} (expected {CHECKPOINT_DIR}/{LATEST} or {MANIFEST})")
+
+
+def read_manifest(checkpoint_dir: str | os.PathLike, *, verify: bool = True) -> dict:
+    """The manifest of a checkpoint; with `verify`, also checks the learner files against their checksum."""
+    d = Path(checkpoint_dir)
+    manifest = _read_json(d / MANIFEST, "checkpoint manifest")
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {str(d)!r} has format version {manifest.get('format_version')!r}, "
+                              f"this code reads {FORMAT_VERSION}")
+    for key in ("learner_steps", "run_config", "agent_config", "counts", "checksums"):
+        if key not in manifest:
+            raise CheckpointError(f"checkpoint manifest {str(d / MANIFEST)!r} lacks {key!r}")
+    if verify and _sha256_tree(d / LEARNER_DIR) != manifest["checksums"].get(LEARNER_DIR):
+        raise CheckpointError(f"learner files in {str(d)!r} do not match the manifest checksum")
+    return manifest
+
+
+def check_compatible(manifest: Mapping[str, Any], *, agent: str, task: str,
+                     agent_config: Mapping[str, Any]) -> None:
+    """Rejects a checkpoint made for another agent, task or agent configuration (naming the field)."""
+    saved = manifest["run_config"]
+    for key, value in (("agent", agent), ("task", task)):
+        if saved.get(key) != value:
+            raise CheckpointError(f"checkpoint was made with --{key} {saved.get(key)!r}, this run uses {value!r}")
+    saved_cfg = manifest["agent_config"]
+    for key in sorted(set(saved_cfg) | set(agent_config)):
+        if _jsonable(saved_cfg.get(key)) != _jsonable(agent_config.get(key)):
+            raise CheckpointError(f"checkpoint was made with {key}={saved_cfg.get(key)!r}, "
+                                  f"this run has {key}={agent_config.get(key)!r}")
+
+
+def _jsonable(value: Any) -> Any:
+    """Config values as they look after a JSON round trip (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
+def agent_config_dict(config: Any) -> dict:
+    """A frozen agent config as JSON-able data (what the manifest stores and compares)."""
+    import dataclasses  # pylint: disable=import-outside-toplevel
+
+    return _jsonable(dataclasses.asdict(config))

@@ -1,0 +1,721 @@
+"""The ActorQ nodes as plain Python classes (no Ray here: `launch.ray_runner` wraps them in Ray actors,
+`launch.local_runner` calls them directly).
+
+    Counter       run-wide counters (actor/learner steps, episodes, actor starts) and the wall clock
+    ReplayServer  the replay table (quarl.replay.Table, Reverb semantics); blocking insert/sample calls, so
+                  it must be served by several threads (Node.max_concurrency) or one blocked call stalls all
+    Quantizer     holds the learner's latest fp32 weights and turns them into the actor payload once per
+                  version, lazily (on the first request for that version), whatever the number of actors
+    LearnerNode   fp32 learner: prefetches sampled batches, trains, publishes a new weights version every
+                  `publish_period` steps, reports priorities, checkpoints
+    ActorNode     one environment, one quantized policy executor; pulls weights every actor_update_period
+                  steps (a pull with an unchanged version costs one small round trip and no payload), sends
+                  n-step transitions in batches, and times every stage of its loop
+    Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
+
+Nodes talk only through `NodeHandle.call/submit` (see `launch.program`) with plain values: NumPy arrays,
+dicts, and `bytes` for weight payloads (msgpack with a checksum, `quarl.payload`).
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import queue
+import threading
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from launch import checkpoint as ckpt
+from launch.program import AgentSpec, NodeHandle, derive_seed
+
+POLL_S = 0.25  # how long a blocked wait lasts before a node re-checks its stop flag
+ACTOR_ENV_STREAM, EVAL_ENV_STREAM = 10, 11
+
+
+class NodeBase:
+    """What every node answers, whatever its job."""
+
+    def pid(self) -> int:
+        """The process the node runs in (tests kill actors by pid)."""
+        return os.getpid()
+
+    def ping(self) -> bool:
+        return True
+
+
+def _wait(future: Any, stop: threading.Event, poll_s: float = POLL_S) -> tuple[bool, Any]:
+    """Waits for `future` until it finishes or `stop` is set: (finished, result). Errors propagate."""
+    while True:
+        try:
+            return True, future.result(timeout=poll_s)
+        except TimeoutError:
+            if stop.is_set():
+                return False, None
+
+
+def _energy_tracker(logdir: str, node: str) -> Any:
+    """quarl.carbon's per-node tracker; energy is reported when it can be measured, never a reason to fail."""
+    try:
+        from quarl.carbon import EnergyTracker  # pylint: disable=import-outside-toplevel
+
+        tracker = EnergyTracker(output_dir=os.path.join(logdir, "energy"), node=node)
+        tracker.start()
+        return tracker
+    except Exception:  # pylint: disable=broad-except
+        return None
+
+
+def _stop_energy(tracker: Any) -> dict[str, Any] | None:
+    if tracker is None:
+        return None
+    try:
+        result = tracker.stop()
+    except Exception:  # pylint: disable=broad-except
+        return None
+    if dataclasses.is_dataclass(result):
+        result = dataclasses.asdict(result)
+    return dict(result) if isinstance(result, Mapping) else None
+
+
+def _logger(logdir: str, name: str, fieldnames: list[str], step_key: str) -> Any:
+    from quarl.logs import Logger  # pylint: disable=import-outside-toplevel
+
+    return Logger(os.path.join(logdir, f"{name}.csv"), os.path.join(logdir, "tb"), name=name,
+                  fieldnames=fieldnames, step_key=step_key)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Counter
+# ------------------------------------------------------------------------------------------------------
+
+
+class Counter(NodeBase):
+    """Run-wide counts. `increment` returns the new totals, so a node learns "the run is done" for free.
+
+    `wall_clock_s` is seconds since the run started (continued across `--resume`)."""
+
+    def __init__(self, resume: str | None = None):
+        self._lock = threading.Lock()
+        self._counts: collections.Counter = collections.Counter()
+        elapsed = 0.0
+        if resume:
+            manifest = ckpt.read_manifest(ckpt.find_checkpoint(resume), verify=False)
+            counts = dict(manifest["counts"])
+            elapsed = float(counts.pop("wall_clock_s", 0.0))
+            self._counts.update({k: int(v) for k, v in counts.items() if not k.endswith("_starts")})
+        self._t0 = time.monotonic() - elapsed
+
+    def increment(self, **deltas: int) -> dict[str, float]:
+        with self._lock:
+            for key, value in deltas.items():
+                self._counts[key] += int(value)
+            return self._snapshot()
+
+    def get(self) -> dict[str, float]:
+        with self._lock:
+            return self._snapshot()
+
+    def _snapshot(self) -> dict[str, float]:
+        out: dict[str, float] = dict(self._counts)
+        out.setdefault("actor_steps", 0)
+        out.setdefault("learner_steps", 0)
+        out.setdefault("episodes", 0)
+        out["wall_clock_s"] = time.monotonic() - self._t0
+        return out
+
+
+# ------------------------------------------------------------------------------------------------------
+# Replay
+# ------------------------------------------------------------------------------------------------------
+
+
+class ReplayServer(NodeBase):
+    """The agent's replay table behind blocking calls (Reverb semantics, incl. the samples-per-insert limiter:
+    `insert` waits while actors are too far ahead, `sample` while the learner is). Calls block until done or
+    until `close()`, which makes every waiting and later call raise `quarl.replay.TableClosed`."""
+
+    def __init__(self, table: Mapping[str, Any], seed: int | None = None, resume: str | None = None):
+        from quarl.replay import SampleToInsertRatio, Table  # pylint: disable=import-outside-toplevel
+
+        tc = table["config"]
+        limiter = SampleToInsertRatio(tc["samples_per_insert"], tc["min_size_to_sample"], tc["error_buffer"])
+        signature = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in table["signature"].items()}
+        self._table = Table("replay", tc["capacity"], signature, sampler=tc["sampler"],
+                            priority_exponent=tc["priority_exponent"], rate_limiter=limiter, seed=seed)
+        if resume:
+            directory = ckpt.find_checkpoint(resume)
+            manifest = ckpt.read_manifest(directory, verify=False)
+            state = ckpt.load_replay(directory / ckpt.REPLAY_FILE, manifest["checksums"][ckpt.REPLAY_FILE])
+            self._table.load_state_dict(state)
+
+    def insert(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> int:
+        return self._table.insert(batch, priorities)
+
+    def sample(self, batch_size: int) -> Any:
+        return self._table.sample(batch_size)
+
+    def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
+        return self._table.update_priorities(keys, priorities)
+
+    def info(self) -> dict[str, Any]:
+        return self._table.info()
+
+    def save(self, path: str) -> dict[str, Any]:
+        """Snapshot of the table as npz at `path` (see launch.checkpoint); returns its checksum and size."""
+        return ckpt.save_replay(path, self._table.state_dict())
+
+    def close(self) -> None:
+        self._table.close()
+
+
+# ------------------------------------------------------------------------------------------------------
+# Quantizer (variable source for actors)
+# ------------------------------------------------------------------------------------------------------
+
+
+class Quantizer(NodeBase):
+    """Learner weights in, actor payloads out: quantize + encode at most once per weights version.
+
+    `publish(version, params)` replaces the latest fp32 weights (the learner pushes them every
+    `publish_period` steps). `get_payload(have_version)` returns the payload bytes of the latest version, or
+    None when the caller already has it (or nothing was published yet). Quantization happens lazily on the
+    first request for a version, under a lock, so N actors asking at once share one quantization and versions
+    no one asked for cost nothing."""
+
+    def __init__(self, policy_spec: Mapping[str, Any], precision: str):
+        from quarl.policy import PolicySpec  # pylint: disable=import-outside-toplevel
+        from quarl.quantization import parse_precision  # pylint: disable=import-outside-toplevel
+
+        self._policy_spec = PolicySpec.from_dict(policy_spec)
+        self._precision = parse_precision(precision).name
+        self._lock = threading.Lock()
+        self._latest: tuple[int, dict] | None = None
+        self._cached: tuple[int, bytes] | None = None
+        self._stats: collections.Counter = collections.Counter()
+        self._quantize_s = 0.0
+        self._versions_quantized: list[int] = []
+        self._payload_nbytes = 0
+        self._fp32_nbytes = 0
+
+    def publish(self, version: int, params: Mapping[str, Any]) -> int:
+        """Stores `params` as weights version `version` (older versions than the latest are ignored)."""
+        for leaf in _leaves(params):
+            if not np.all(np.isfinite(leaf)):
+                raise ValueError(f"learner published non-finite weights (version {version})")
+        with self._lock:
+            if self._latest is None or version > self._latest[0]:
+                self._latest = (int(version), params)
+            self._stats["published"] += 1
+            return self._latest[0]
+
+    def latest_version(self) -> int:
+        with self._lock:
+            return -1 if self._latest is None else self._latest[0]
+
+    def get_payload(self, have_version: int = -1) -> bytes | None:
+        from quarl.payload import encode_payload, fp32_payload_nbytes  # pylint: disable=import-outside-toplevel
+        from quarl.quantization import quantize_params  # pylint: disable=import-outside-toplevel
+
+        with self._lock:
+            self._stats["requests"] += 1
+            if self._latest is None or self._latest[0] <= have_version:
+                self._stats["not_modified"] += 1
+                return None
+            version, params = self._latest
+            if self._cached is None or self._cached[0] != version:
+                t0 = time.perf_counter()
+                data = encode_payload(quantize_params(params, self._precision), version=version,
+                                      spec=self._policy_spec)
+                self._quantize_s += time.perf_counter() - t0
+                self._cached = (version, data)
+                self._versions_quantized.append(version)
+                self._payload_nbytes = len(data)
+                if not self._fp32_nbytes:
+                    self._fp32_nbytes = fp32_payload_nbytes(params)
+            self._stats["served"] += 1
+            return self._cached[1]
+
+    def stats(self) -> dict[str, Any]:
+        with self._lock:
+            quantized = len(self._versions_quantized)
+            return {
+                "precision": self._precision,
+                "published": self._stats["published"],
+                "requests": self._stats["requests"],
+                "not_modified": self._stats["not_modified"],
+                "payloads_served": self._stats["served"],
+                "quantize_calls": quantized,
+                "distinct_versions_quantized": len(set(self._versions_quantized)),
+                "quantize_s_per_version": self._quantize_s / quantized if quantized else 0.0,
+                "payload_bytes": self._payload_nbytes,
+                "fp32_payload_bytes": self._fp32_nbytes,
+            }
+
+
+def _import_orbax() -> None:
+    try:
+        import orbax.checkpoint  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+    except Exception:  # pylint: disable=broad-except
+        pass  # the checkpoint itself will report it
+
+
+def _leaves(tree: Any) -> list[np.ndarray]:
+    if isinstance(tree, Mapping):
+        return [leaf for v in tree.values() for leaf in _leaves(v)]
+    return [np.asarray(tree)]
+
+
+# ------------------------------------------------------------------------------------------------------
+# Learner
+# ------------------------------------------------------------------------------------------------------
+
+
+class LearnerNode(NodeBase):
+    """The fp32 learner and the source of weight versions (version = learner step at publication)."""
+
+    LOG_FIELDS = ["learner_steps", "wall_clock_s", "steps_per_s", "actor_steps", "weights_version",
+                  "sample_wait_frac", "loss", "critic_loss", "policy_loss", "q_mean", "td_abs_mean",
+                  "grad_norm"]
+
+    def __init__(self, spec: AgentSpec, seed: int, replay: NodeHandle, counter: NodeHandle,
+                 quantizer: NodeHandle, logdir: str, publish_period: int = 10, prefetch: int = 2,
+                 checkpoint_every: int = 0, resume: str | None = None, run_config: Mapping[str, Any] | None = None,
+                 log_every_s: float = 1.0):
+        self._spec = spec
+        self._builder = spec.builder()
+        self._learner = self._builder.make_learner(spec.env_spec(), seed)
+        self._replay, self._counter, self._quantizer = replay, counter, quantizer
+        self._logdir = logdir
+        self._publish_period = max(1, int(publish_period))
+        self._prefetch = max(1, int(prefetch))
+        self._checkpoint_every = int(checkpoint_every)
+        self._run_config = dict(run_config or {})
+        self._log_every_s = float(log_every_s)
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # learner state vs. checkpoint/publish from other threads
+        self._version = -1
+        self.resumed_from: int | None = None
+        if resume:
+            directory = ckpt.find_checkpoint(resume)
+            manifest = ckpt.read_manifest(directory)
+            state = ckpt.restore_learner(directory / ckpt.LEARNER_DIR, self._learner.get_state())
+            self._learner.restore(state)
+            self.resumed_from = int(manifest["learner_steps"])
+
+    # -------------------------------------------------------------- control
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def steps(self) -> int:
+        return int(self._learner.steps)
+
+    # -------------------------------------------------------------- main loop
+
+    def run(self) -> dict[str, Any]:
+        # orbax takes seconds to import: do it now, off the training thread, not in the final checkpoint
+        # (which after Ctrl-C has a few seconds at most).
+        threading.Thread(target=_import_orbax, name="import-orbax", daemon=True).start()
+        tracker = _energy_tracker(self._logdir, "learner")
+        log = _logger(self._logdir, "learner", self.LOG_FIELDS, "learner_steps")
+        batches: queue.Queue = queue.Queue(maxsize=self._prefetch)
+        errors: list[BaseException] = []
+        batch_size = int(self._builder.config.batch_size)
+        prioritized = self.sampler_is_prioritized()
+        threads = [threading.Thread(target=self._prefetch_loop, args=(batches, batch_size, errors),
+                                    name=f"prefetch-{i}", daemon=True) for i in range(self._prefetch)]
+        for t in threads:
+            t.start()
+        self._publish(wait=True)
+        t_start = time.monotonic()
+        start_steps = self.steps()
+        reported = start_steps
+        wait_s = step_s = 0.0
+        last_log = (time.monotonic(), start_steps, 0.0)
+        pending: collections.deque = collections.deque()  # priority updates / publishes in flight
+        publish_future = None
+        try:
+            while not self._stop.is_set():
+                if errors:
+                    raise errors[0]
+                t0 = time.perf_counter()
+                try:
+                    sample = batches.get(timeout=POLL_S)
+                except queue.Empty:
+                    wait_s += time.perf_counter() - t0
+                    continue
+                t1 = time.perf_counter()
+                with self._lock:
+                    metrics = self._learner.step(sample)
+                    steps = int(self._learner.steps)
+                step_s += time.perf_counter() - t1
+                wait_s += t1 - t0
+                if prioritized and "priorities" in metrics:
+                    pending.append(self._replay.submit("update_priorities", sample.keys,
+                                                       np.asarray(metrics["priorities"])))
+                while pending and pending[0].done():
+                    pending.popleft().result()
+                if steps % self._publish_period == 0 and (publish_future is None or publish_future.done()):
+                    if publish_future is not None:
+                        publish_future.result()  # surfaces a rejected (non-finite) publication
+                    publish_future = self._publish(wait=False)
+                now = time.monotonic()
+                if now - last_log[0] >= self._log_every_s:
+                    totals = self._counter.call("increment", learner_steps=steps - reported)
+                    reported = steps
+                    rate = (steps - last_log[1]) / (now - last_log[0])
+                    window_wait = wait_s - last_log[2]
+                    row = {"learner_steps": steps, "wall_clock_s": totals["wall_clock_s"], "steps_per_s": rate,
+                           "actor_steps": totals["actor_steps"], "weights_version": self._version,
+                           "sample_wait_frac": min(1.0, window_wait / (now - last_log[0]))}
+                    row.update({k: float(v) for k, v in metrics.items()
+                                if k in self.LOG_FIELDS and np.ndim(v) == 0})
+                    log.write(row)
+                    last_log = (now, steps, wait_s)
+                if self._checkpoint_every and steps % self._checkpoint_every == 0:
+                    self.checkpoint()
+            # Final weights for the final evaluation; final checkpoint.
+            for fut in pending:
+                fut.result(timeout=10)
+            self._publish(wait=True)
+            self._counter.call("increment", learner_steps=self.steps() - reported)
+            self.checkpoint()
+        finally:
+            self._stop.set()
+            log.close()
+            energy = _stop_energy(tracker)
+        elapsed = time.monotonic() - t_start
+        trained = self.steps() - start_steps
+        return {"learner_steps": self.steps(), "steps_this_run": trained, "elapsed_s": elapsed,
+                "steps_per_s": trained / elapsed if elapsed > 0 else 0.0,
+                "step_s_mean": step_s / trained if trained else 0.0, "sample_wait_s": wait_s,
+                "weights_version": self._version, "resumed_from": self.resumed_from, "energy": energy}
+
+    def sampler_is_prioritized(self) -> bool:
+        return self._builder.table_config().get("sampler") == "prioritized"
+
+    def _prefetch_loop(self, batches: queue.Queue, batch_size: int, errors: list[BaseException]) -> None:
+        """Keeps one sample call in flight per prefetch thread, so the learner never waits on a round trip."""
+        from quarl.replay import TableClosed  # pylint: disable=import-outside-toplevel
+
+        try:
+            while not self._stop.is_set():
+                finished, sample = _wait(self._replay.submit("sample", batch_size), self._stop)
+                if not finished:
+                    return
+                while not self._stop.is_set():
+                    try:
+                        batches.put(sample, timeout=POLL_S)
+                        break
+                    except queue.Full:
+                        continue
+        except TableClosed:
+            return
+        except BaseException as e:  # pylint: disable=broad-except
+            if not self._stop.is_set():
+                errors.append(e)
+
+    def _publish(self, wait: bool) -> Any:
+        with self._lock:
+            params = self._learner.policy_params()
+            version = int(self._learner.steps)
+        self._version = version
+        future = self._quantizer.submit("publish", version, params)
+        if wait:
+            future.result()
+            return None
+        return future
+
+    # -------------------------------------------------------------- checkpoints
+
+    def checkpoint(self) -> str:
+        """Learner state + replay snapshot + manifest (see launch.checkpoint); returns the directory."""
+        with self._lock:
+            state = self._learner.get_state()
+            step = int(self._learner.steps)
+        counts = self._counter.call("get")
+        manifest = {
+            "run_config": self._run_config,
+            "agent_config": ckpt.agent_config_dict(self._builder.config),
+            "weights_version": self._version,
+            "counts": {k: v for k, v in counts.items() if not k.endswith("_starts")},
+            "saved_at": time.time(),
+        }
+        path = ckpt.write_checkpoint(self._logdir, step=step, learner_state=state,
+                                     save_replay_to=lambda p: self._replay.call("save", p), manifest=manifest)
+        return str(path)
+
+
+# ------------------------------------------------------------------------------------------------------
+# Actors
+# ------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ActorTimes:
+    """Where an actor's time goes (the paper's runtime breakdown). Seconds, summed over the run."""
+
+    env_step_s: float = 0.0
+    policy_s: float = 0.0
+    pull_s: float = 0.0  # weight requests, including the cheap "not modified" ones
+    deserialize_s: float = 0.0
+    load_s: float = 0.0  # building / refreshing the executor with new weights
+    insert_s: float = 0.0  # replay inserts, including time blocked by the rate limiter
+    pulls: int = 0
+    updates: int = 0  # pulls that brought a new version
+    payload_bytes: int = 0
+
+    def summary(self) -> dict[str, float]:
+        d = dataclasses.asdict(self)
+        n = max(self.updates, 1)
+        for key in ("pull_s", "deserialize_s", "load_s"):
+            d[f"{key[:-2]}_ms_per_update"] = 1e3 * getattr(self, key) / n
+        d["update_ms"] = d["pull_ms_per_update"] + d["deserialize_ms_per_update"] + d["load_ms_per_update"]
+        return d
+
+
+class _PolicyClient:
+    """An actor's side of the weight channel: fetch only when the version changed, timing each stage."""
+
+    def __init__(self, quantizer: NodeHandle, times: ActorTimes):
+        self._quantizer = quantizer
+        self._times = times
+        self.version = -1
+
+    def fetch(self, stop: threading.Event | None = None) -> Any:
+        """The newest payload if it is newer than ours (decoded), else None."""
+        from quarl.payload import decode_payload  # pylint: disable=import-outside-toplevel
+
+        t0 = time.perf_counter()
+        data = self._quantizer.call("get_payload", self.version)
+        t1 = time.perf_counter()
+        self._times.pull_s += t1 - t0
+        self._times.pulls += 1
+        if data is None:
+            return None
+        payload = decode_payload(data)
+        self._times.deserialize_s += time.perf_counter() - t1
+        self._times.payload_bytes += len(data)
+        self._times.updates += 1
+        self.version = payload.version
+        return payload
+
+    def first(self, stop: threading.Event) -> Any:
+        """Waits for the first published weights (the learner publishes version 0 when it starts)."""
+        while not stop.is_set():
+            payload = self.fetch()
+            if payload is not None:
+                return payload
+            stop.wait(0.05)
+        return None
+
+
+class ActorNode(NodeBase):
+    """One acting process: environment + quantized policy + n-step adder; see the module docstring."""
+
+    LOG_FIELDS = ["actor_steps", "wall_clock_s", "episode", "return", "length", "steps_per_s",
+                  "weights_version", "total_actor_steps"]
+
+    def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str,
+                 backend: str, replay: NodeHandle, counter: NodeHandle, quantizer: NodeHandle, logdir: str,
+                 max_actor_steps: int, insert_batch: int = 64):
+        self._spec = spec
+        self._id, self._num_actors = int(actor_id), int(num_actors)
+        self._seed = int(seed)
+        self._precision, self._backend = precision, backend
+        self._replay, self._counter, self._quantizer = replay, counter, quantizer
+        self._logdir = logdir
+        self._max_steps = int(max_actor_steps)
+        self._insert_batch = int(insert_batch)
+        self._stop = threading.Event()
+        self._builder = spec.builder()
+        self._env_spec = spec.env_spec()
+        self.times = ActorTimes()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> dict[str, Any]:
+        from quarl.adders import TransitionBuffer  # pylint: disable=import-outside-toplevel
+        from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+
+        name = f"actor_{self._id}"
+        start = self._counter.call("increment", **{f"{name}_starts": 1})
+        attempt = int(start[f"{name}_starts"])  # > 1 after a crash: fresh env seed, resume latest weights
+        t_origin = time.monotonic() - start["wall_clock_s"]
+        tracker = _energy_tracker(self._logdir, name)
+        log = _logger(self._logdir, name, self.LOG_FIELDS, "total_actor_steps")
+        times = self.times = ActorTimes()
+        client = _PolicyClient(self._quantizer, times)
+        env = make_environment(self._spec.task, derive_seed(self._seed, ACTOR_ENV_STREAM, attempt))
+        update_period = int(self._builder.config.actor_update_period)
+        try:
+            payload = client.first(self._stop)
+            if payload is None:
+                return {"actor_steps": 0, "stopped_before_start": True}
+            t0 = time.perf_counter()
+            actor = self._builder.make_actor(self._env_spec, payload.params, seed=derive_seed(self._seed, attempt),
+                                             actor_id=self._id, evaluation=False, backend=self._backend,
+                                             num_actors=self._num_actors)
+            times.load_s += time.perf_counter() - t0
+            adder = self._builder.make_adder()
+            buffer = TransitionBuffer(self._insert_batch, self._builder.transition_signature(self._env_spec))
+            steps = episodes = 0
+            unreported_steps = unreported_episodes = 0
+            total = int(start["actor_steps"])
+            t_run = time.monotonic()
+            timestep = env.reset()
+            adder.add_first(timestep)
+            ep_return, ep_len, ep_start = 0.0, 0, time.monotonic()
+            while not self._stop.is_set() and total < self._max_steps:
+                t0 = time.perf_counter()
+                action = actor.select_action(timestep.observation)
+                t1 = time.perf_counter()
+                timestep = env.step(action)
+                t2 = time.perf_counter()
+                times.policy_s += t1 - t0
+                times.env_step_s += t2 - t1
+                steps += 1
+                unreported_steps += 1
+                ep_return += float(timestep.reward or 0.0)
+                ep_len += 1
+                for batch in buffer.extend(adder.add(action, timestep)):
+                    if not self._insert(batch):
+                        break
+                    totals = self._counter.call("increment", actor_steps=unreported_steps,
+                                                episodes=unreported_episodes,
+                                                **{f"{name}_steps": unreported_steps})
+                    unreported_steps = unreported_episodes = 0
+                    total = int(totals["actor_steps"])
+                if timestep.last():
+                    episodes += 1
+                    unreported_episodes += 1
+                    now = time.monotonic()
+                    log.write({"actor_steps": steps, "wall_clock_s": now - t_origin, "episode": episodes,
+                               "return": ep_return, "length": ep_len,
+                               "steps_per_s": ep_len / max(now - ep_start, 1e-9),
+                               "weights_version": client.version, "total_actor_steps": total})
+                    timestep = env.reset()
+                    adder.add_first(timestep)
+                    ep_return, ep_len, ep_start = 0.0, 0, now
+                if steps % update_period == 0:
+                    payload = client.fetch()
+                    if payload is not None:
+                        t0 = time.perf_counter()
+                        actor.update(payload.params)
+                        times.load_s += time.perf_counter() - t0
+            if unreported_steps or unreported_episodes:
+                self._counter.call("increment", actor_steps=unreported_steps, episodes=unreported_episodes,
+                                   **{f"{name}_steps": unreported_steps})
+            elapsed = time.monotonic() - t_run
+            return {"actor_id": self._id, "attempt": attempt, "actor_steps": steps, "episodes": episodes,
+                    "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
+                    "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,
+                    "times": times.summary(), "energy": _stop_energy(tracker)}
+        finally:
+            log.close()
+            env.close()
+
+    def _insert(self, batch: Mapping[str, np.ndarray]) -> bool:
+        """One batched insert; blocks while the rate limiter holds actors back. False if stopped meanwhile."""
+        t0 = time.perf_counter()
+        try:
+            finished, _ = _wait(self._replay.submit("insert", batch), self._stop)
+        finally:
+            self.times.insert_s += time.perf_counter() - t0
+        return finished
+
+
+# ------------------------------------------------------------------------------------------------------
+# Evaluator
+# ------------------------------------------------------------------------------------------------------
+
+
+class Evaluator(NodeBase):
+    """Greedy episodes with the deployed (quantized) policy, every `eval_every` actor steps and at the end."""
+
+    LOG_FIELDS = ["actor_steps", "wall_clock_s", "return", "return_std", "episodes", "learner_steps",
+                  "weights_version"]
+
+    def __init__(self, spec: AgentSpec, seed: int, precision: str, backend: str, quantizer: NodeHandle,
+                 counter: NodeHandle, logdir: str, eval_every: int, episodes: int):
+        self._spec = spec
+        self._seed = int(seed)
+        self._backend = backend
+        self._quantizer, self._counter = quantizer, counter
+        self._logdir = logdir
+        self._eval_every = int(eval_every)
+        self._episodes = int(episodes)
+        self._stop = threading.Event()
+        self._final = threading.Event()
+        self._builder = spec.builder()
+        self._env_spec = spec.env_spec()
+        self._results: list[dict[str, Any]] = []
+
+    def stop(self, final_eval: bool = False) -> None:
+        """Ends `run()`; with `final_eval`, after one last evaluation of the newest weights."""
+        if final_eval:
+            self._final.set()
+        self._stop.set()
+
+    def results(self) -> list[dict[str, Any]]:
+        return list(self._results)
+
+    def run(self) -> dict[str, Any]:
+        from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+
+        tracker = _energy_tracker(self._logdir, "evaluator")
+        log = _logger(self._logdir, "evaluator", self.LOG_FIELDS, "actor_steps")
+        times = ActorTimes()
+        client = _PolicyClient(self._quantizer, times)
+        env = make_environment(self._spec.task, derive_seed(self._seed, EVAL_ENV_STREAM))
+        actor = None
+        try:
+            totals = self._counter.call("get")
+            next_eval = (int(totals["actor_steps"]) // self._eval_every + 1) * self._eval_every
+            while not self._stop.is_set():
+                totals = self._counter.call("get")
+                if totals["actor_steps"] < next_eval:
+                    self._stop.wait(POLL_S)
+                    continue
+                actor = self._evaluate(client, actor, env, totals, log, final=False)
+                next_eval = (int(totals["actor_steps"]) // self._eval_every + 1) * self._eval_every
+            if self._final.is_set():
+                actor = self._evaluate(client, actor, env, self._counter.call("get"), log, final=True)
+        finally:
+            log.close()
+            env.close()
+        final = self._results[-1] if self._results else None
+        return {"evaluations": len(self._results), "final": final, "energy": _stop_energy(tracker)}
+
+    def _evaluate(self, client: _PolicyClient, actor: Any, env: Any, totals: Mapping[str, float], log: Any,
+                  final: bool) -> Any:
+        payload = client.fetch()
+        if payload is not None:
+            if actor is None:
+                actor = self._builder.make_actor(self._env_spec, payload.params, seed=self._seed, actor_id=0,
+                                                 evaluation=True, backend=self._backend)
+            else:
+                actor.update(payload.params)
+        if actor is None:
+            return None
+        returns = []
+        for _ in range(self._episodes):
+            timestep = env.reset()
+            total = 0.0
+            while not timestep.last():
+                if self._stop.is_set() and not final:
+                    return actor
+                timestep = env.step(actor.select_action(timestep.observation))
+                total += float(timestep.reward or 0.0)
+            returns.append(total)
+        row = {"actor_steps": int(totals["actor_steps"]), "wall_clock_s": float(totals["wall_clock_s"]),
+               "return": float(np.mean(returns)), "return_std": float(np.std(returns)),
+               "episodes": len(returns), "learner_steps": int(totals["learner_steps"]),
+               "weights_version": client.version}
+        log.write(row)
+        self._results.append(row)
+        return actor

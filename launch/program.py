@@ -1,0 +1,297 @@
+"""Program descriptions: which nodes an ActorQ run has and how they reference each other.
+
+A `Program` is plain data (node classes, constructor arguments, resource requests). It says nothing about
+processes, threads or Ray, so the same description runs on Ray (`launch.ray_runner`, one process per node,
+local or on a cluster) and in one process (`launch.local_runner`, threads; for tests and debugging).
+Nodes reference each other through `Handle("name")` placeholders in their constructor arguments; a runner
+replaces every placeholder by a `NodeHandle` before it builds the node, so node code is written once against
+two calls: `handle.call(method, ...)` (blocking) and `handle.submit(method, ...)` (a future).
+
+`build_actorq_program(config)` is the ActorQ graph: replay server, counter, fp32 learner, quantizer,
+N quantized actors and an evaluator.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import os
+from typing import Any, Iterator, Mapping, Sequence
+
+# Environment of every acting process: one compute thread, so N actors on N cores never oversubscribe and
+# a policy's latency is that of one core (the paper's setting). Applied via Ray's runtime_env.
+SINGLE_THREAD_ENV: dict[str, str] = {
+    "OMP_NUM_THREADS": "1",
+    "MKL_NUM_THREADS": "1",
+    "OPENBLAS_NUM_THREADS": "1",
+    "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
+    "MUJOCO_GL": "disable",
+}
+
+NODE_KINDS = ("service", "worker")
+
+
+# ------------------------------------------------------------------------------------------------------
+# Handles
+# ------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Handle:
+    """Placeholder for "the node called `name`" inside another node's constructor arguments."""
+
+    name: str
+
+
+class CallFuture(abc.ABC):
+    """A call in flight (a Ray ObjectRef or a thread's future behind one interface)."""
+
+    @abc.abstractmethod
+    def done(self) -> bool:
+        """True once the call has finished (successfully or not)."""
+
+    @abc.abstractmethod
+    def result(self, timeout: float | None = None) -> Any:
+        """The call's return value; raises its exception, or TimeoutError after `timeout` seconds."""
+
+
+class NodeHandle(abc.ABC):
+    """What a node holds to talk to another node. Methods must be safe to call from several threads."""
+
+    @abc.abstractmethod
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> CallFuture:
+        """Start `method(*args, **kwargs)` on the node and return at once."""
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+        """`method(*args, **kwargs)` on the node, waiting for the result."""
+        return self.submit(method, *args, **kwargs).result()
+
+
+# ------------------------------------------------------------------------------------------------------
+# Nodes and programs
+# ------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """One process-worth of work.
+
+    kind "service" only answers calls; kind "worker" also has `run()` (its main loop, started by the runner)
+    and `stop()` (asks `run()` to return soon). `max_concurrency` > 1 lets calls run on several threads, so a
+    blocked call (a sampler waiting on the rate limiter) does not block the others, and `stop()` reaches a
+    worker while its `run()` is busy. `max_restarts` > 0 asks the runner to rebuild a node whose process
+    died and to call `run()` again (actors: resume with the latest weights).
+    """
+
+    name: str
+    cls: type
+    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    kind: str = "service"
+    num_cpus: float = 0.0
+    use_accelerator: bool = False  # ask for a GPU when the cluster has one (the learner)
+    max_concurrency: int = 1
+    max_restarts: int = 0
+    env_vars: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.name or not self.name.replace("_", "").isalnum():
+            raise ValueError(f"node name must be a non-empty identifier, got {self.name!r}")
+        if self.kind not in NODE_KINDS:
+            raise ValueError(f"node {self.name!r}: kind must be one of {NODE_KINDS}, got {self.kind!r}")
+        if self.kind == "worker" and not (callable(getattr(self.cls, "run", None))
+                                          and callable(getattr(self.cls, "stop", None))):
+            raise ValueError(f"worker node {self.name!r}: {self.cls.__name__} needs run() and stop()")
+        if self.num_cpus < 0 or self.max_concurrency < 1 or self.max_restarts < 0:
+            raise ValueError(f"node {self.name!r}: bad resources (num_cpus={self.num_cpus}, "
+                             f"max_concurrency={self.max_concurrency}, max_restarts={self.max_restarts})")
+
+    def dependencies(self) -> list[str]:
+        """Names of the nodes this node's arguments refer to."""
+        return sorted({h.name for h in _handles_in(self.kwargs)})
+
+
+def _handles_in(value: Any) -> Iterator[Handle]:
+    if isinstance(value, Handle):
+        yield value
+    elif isinstance(value, Mapping):
+        for v in value.values():
+            yield from _handles_in(v)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _handles_in(v)
+
+
+def resolve_handles(value: Any, handles: Mapping[str, NodeHandle]) -> Any:
+    """`value` with every `Handle` replaced by the runner's `NodeHandle` (lists, tuples, dicts walked)."""
+    if isinstance(value, Handle):
+        return handles[value.name]
+    if isinstance(value, Mapping):
+        return {k: resolve_handles(v, handles) for k, v in value.items()}
+    if isinstance(value, list):
+        return [resolve_handles(v, handles) for v in value]
+    if isinstance(value, tuple):
+        return tuple(resolve_handles(v, handles) for v in value)
+    return value
+
+
+class Program:
+    """An ordered set of nodes; `add` returns the `Handle` other nodes use to reach the new one."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self._nodes: dict[str, Node] = {}
+
+    def add(self, node: Node) -> Handle:
+        if node.name in self._nodes:
+            raise ValueError(f"program {self.name!r} already has a node {node.name!r}")
+        missing = [d for d in node.dependencies() if d not in self._nodes]
+        if missing:  # nodes are added in dependency order, which is also the order runners build them in
+            raise ValueError(f"node {node.name!r} refers to {missing}, which are not in the program yet")
+        self._nodes[node.name] = node
+        return Handle(node.name)
+
+    @property
+    def nodes(self) -> list[Node]:
+        """Nodes in the order they were added (dependencies first)."""
+        return list(self._nodes.values())
+
+    def node(self, name: str) -> Node:
+        return self._nodes[name]
+
+    def names(self, kind: str | None = None, prefix: str = "") -> list[str]:
+        return [n.name for n in self._nodes.values()
+                if (kind is None or n.kind == kind) and n.name.startswith(prefix)]
+
+    @property
+    def num_cpus(self) -> float:
+        return sum(n.num_cpus for n in self._nodes.values())
+
+
+# ------------------------------------------------------------------------------------------------------
+# The ActorQ run configuration and graph
+# ------------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """Everything a distributed ActorQ run is made of (validated by `launch.actorq` before anything starts).
+
+    `overrides` are agent config fields (`--set key=value`); `actor_update_period` is folded into them so
+    the agent config is the single source of truth for it.
+    """
+
+    agent: str
+    task: str
+    precision: str
+    num_actors: int
+    max_actor_steps: int
+    seed: int
+    logdir: str
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    backend: str = "auto"  # policy runtime of actors and evaluator: auto | onnx | jax
+    eval_every: int = 2_000  # actor steps between evaluations
+    eval_episodes: int = 2
+    publish_period: int = 10  # learner steps between weight versions
+    insert_batch: int = 64  # transitions per replay insert call
+    prefetch: int = 2  # sampled batches the learner keeps in flight
+    checkpoint_every: int = 0  # learner steps; 0 = only at shutdown
+    resume: str | None = None
+    log_every_s: float = 1.0  # learner.csv cadence (seconds)
+
+    @property
+    def actor_update_period(self) -> int:
+        return int(self.overrides.get("actor_update_period", 0)) or 0
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}
+        return d
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSpec:
+    """What every node needs to rebuild the agent's pieces in its own process (plain data, cheap to ship)."""
+
+    agent: str
+    task: str
+    overrides: Mapping[str, Any]
+
+    def builder(self) -> Any:
+        import agents  # pylint: disable=import-outside-toplevel
+
+        return agents.get_builder(self.agent, **dict(self.overrides))
+
+    def env_spec(self) -> Any:
+        from quarl.envs import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
+
+        env = make_environment(self.task, 0)
+        try:
+            return environment_spec(env)
+        finally:
+            env.close()
+
+
+def derive_seed(seed: int, *path: int) -> int:
+    """Independent child seed for one node (e.g. `derive_seed(seed, ACTOR, i)`): no two nodes of one run,
+    nor of runs with nearby seeds, share a random stream, which `seed + i` would not guarantee."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1, np.uint32)[0] & 0x7FFFFFFF)
+
+
+LEARNER_STREAM, ACTOR_STREAM, EVAL_STREAM, REPLAY_STREAM = 0, 1, 2, 3
+
+
+def table_spec(builder: Any, env_spec: Any) -> dict[str, Any]:
+    """The replay table as plain data (rate limiter settings + column signature), so the replay server
+    builds a `quarl.replay.Table` without importing the agent (and JAX) in its process."""
+    signature = builder.transition_signature(env_spec)
+    return {"config": dict(builder.table_config()),
+            "signature": {k: [list(shape), str(dtype)] for k, (shape, dtype) in signature.items()}}
+
+
+def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program:
+    """The ActorQ graph for `config`. `node_classes` (a module or namespace with the node classes) lets tests
+    substitute instrumented nodes; by default `launch.nodes`."""
+    if node_classes is None:
+        from launch import nodes as node_classes  # pylint: disable=import-outside-toplevel
+    nc = node_classes
+    spec = AgentSpec(config.agent, config.task, dict(config.overrides))
+    builder, env_spec = spec.builder(), spec.env_spec()
+    logdir = os.path.abspath(config.logdir)
+    program = Program("actorq")
+    counter = program.add(Node("counter", nc.Counter, {"resume": config.resume}, max_concurrency=8))
+    replay = program.add(Node(
+        "replay", nc.ReplayServer,
+        {"table": table_spec(builder, env_spec), "seed": derive_seed(config.seed, REPLAY_STREAM),
+         "resume": config.resume},
+        max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4)))
+    quantizer = program.add(Node(
+        "quantizer", nc.Quantizer,
+        {"policy_spec": builder.policy_spec(env_spec).to_dict(), "precision": config.precision},
+        max_concurrency=max(4, config.num_actors + 3)))
+    program.add(Node(
+        "learner", nc.LearnerNode,
+        {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
+         "quantizer": quantizer, "logdir": logdir, "publish_period": config.publish_period,
+         "prefetch": config.prefetch, "checkpoint_every": config.checkpoint_every, "resume": config.resume,
+         "run_config": config.to_dict(), "log_every_s": config.log_every_s},
+        kind="worker", num_cpus=1, use_accelerator=True, max_concurrency=4))
+    for i in range(config.num_actors):
+        program.add(Node(
+            f"actor_{i}", nc.ActorNode,
+            {"spec": spec, "actor_id": i, "num_actors": config.num_actors,
+             "seed": derive_seed(config.seed, ACTOR_STREAM, i), "precision": config.precision,
+             "backend": config.backend, "replay": replay, "counter": counter, "quantizer": quantizer,
+             "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch},
+            kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV))
+    program.add(Node(
+        "evaluator", nc.Evaluator,
+        {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
+         "backend": config.backend, "quantizer": quantizer, "counter": counter, "logdir": logdir,
+         "eval_every": config.eval_every, "episodes": config.eval_episodes},
+        kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV))
+    return program
+
+
+def actor_names(program: Program) -> Sequence[str]:
+    return program.names(kind="worker", prefix="actor_")

@@ -1,0 +1,150 @@
+"""Live view of a distributed run (rich), and the summary table printed when it ends.
+
+The view is a plain renderable rebuilt from a `Snapshot` about twice a second; it is off when stdout is not a
+terminal (logs, CI, pipes) or with --no-progress, so nothing but the final table reaches a captured stdout.
+"""
+from __future__ import annotations
+
+import dataclasses
+import sys
+import time
+from typing import Any, Mapping
+
+REFRESH_PER_S = 2.0
+
+
+@dataclasses.dataclass
+class Snapshot:
+    """What the driver knows at one poll."""
+
+    actor_steps: int = 0
+    max_actor_steps: int = 1
+    learner_steps: int = 0
+    episodes: int = 0
+    replay_size: int = 0
+    eval_return: float | None = None
+    eval_at: int | None = None
+    elapsed_s: float = 0.0
+
+
+class Rates:
+    """Steps per second over a sliding window of polls (smooths the jumpy batched counter updates)."""
+
+    def __init__(self, window_s: float = 5.0):
+        self._window_s = window_s
+        self._points: list[tuple[float, int, int]] = []
+
+    def update(self, actor_steps: int, learner_steps: int, now: float | None = None) -> tuple[float, float]:
+        now = time.monotonic() if now is None else now
+        self._points.append((now, actor_steps, learner_steps))
+        while len(self._points) > 2 and now - self._points[0][0] > self._window_s:
+            self._points.pop(0)
+        t0, a0, l0 = self._points[0]
+        dt = now - t0
+        if dt <= 0:
+            return 0.0, 0.0
+        return (actor_steps - a0) / dt, (learner_steps - l0) / dt
+
+
+class ProgressView:
+    """`with ProgressView(enabled, title) as view: view.update(snapshot)`; no-op when disabled."""
+
+    def __init__(self, enabled: bool, title: str):
+        self.enabled = bool(enabled) and sys.stdout.isatty()
+        self._title = title
+        self._rates = Rates()
+        self._live: Any = None
+
+    def __enter__(self) -> "ProgressView":
+        if self.enabled:
+            from rich.live import Live  # pylint: disable=import-outside-toplevel
+
+            self._live = Live(self._render(Snapshot(), 0.0, 0.0), refresh_per_second=REFRESH_PER_S,
+                              transient=False, redirect_stdout=False, redirect_stderr=False)
+            self._live.__enter__()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._live is not None:
+            self._live.__exit__(*exc)
+            self._live = None
+
+    def update(self, snap: Snapshot) -> None:
+        actor_rate, learner_rate = self._rates.update(snap.actor_steps, snap.learner_steps)
+        if self._live is not None:
+            self._live.update(self._render(snap, actor_rate, learner_rate))
+
+    def _render(self, snap: Snapshot, actor_rate: float, learner_rate: float) -> Any:
+        from rich.progress_bar import ProgressBar  # pylint: disable=import-outside-toplevel
+        from rich.table import Table  # pylint: disable=import-outside-toplevel
+
+        table = Table(title=self._title, show_header=False, box=None, padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column()
+        done = min(snap.actor_steps, snap.max_actor_steps)
+        table.add_row("actor steps", f"{snap.actor_steps:,} / {snap.max_actor_steps:,}")
+        table.add_row("", ProgressBar(total=max(snap.max_actor_steps, 1), completed=done, width=40))
+        table.add_row("actor steps/s", f"{actor_rate:,.0f}")
+        table.add_row("learner steps/s", f"{learner_rate:,.1f}  ({snap.learner_steps:,} total)")
+        eval_text = "—" if snap.eval_return is None else f"{snap.eval_return:,.1f} (at {snap.eval_at:,} steps)"
+        table.add_row("latest eval return", eval_text)
+        table.add_row("replay size", f"{snap.replay_size:,}")
+        table.add_row("episodes", f"{snap.episodes:,}")
+        table.add_row("elapsed", f"{snap.elapsed_s:,.1f} s")
+        return table
+
+
+def _fmt(value: Any, spec: str = ",.1f") -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, float):
+        return format(value, spec)
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def print_summary(summary: Mapping[str, Any]) -> None:
+    """The end-of-run table: outcome, throughput, weight traffic and the per-actor time breakdown."""
+    from rich.console import Console  # pylint: disable=import-outside-toplevel
+    from rich.table import Table  # pylint: disable=import-outside-toplevel
+
+    console = Console(soft_wrap=False)
+    head = Table(title=f"ActorQ {summary.get('agent')} on {summary.get('task')} — actors at "
+                       f"{summary.get('precision')}", show_header=False)
+    head.add_column(style="bold")
+    head.add_column(justify="right")
+    payload = summary.get("payload", {})
+    rows = [
+        ("status", summary.get("status")),
+        ("final eval return", summary.get("final_eval_return")),
+        ("best eval return", summary.get("best_eval_return")),
+        ("wall clock (s)", summary.get("wall_clock_s")),
+        ("actor steps", summary.get("actor_steps")),
+        ("learner steps", summary.get("learner_steps")),
+        ("actor steps/s (all actors)", summary.get("actor_steps_per_s")),
+        ("learner steps/s", summary.get("learner_steps_per_s")),
+        (f"payload bytes ({summary.get('precision')})", payload.get("bytes")),
+        ("payload bytes (fp32)", payload.get("fp32_bytes")),
+        ("weight versions quantized", payload.get("quantize_calls")),
+    ]
+    energy = summary.get("energy", {}) or {}
+    if energy.get("total_kwh") is not None:
+        rows.append(("energy (Wh, all nodes)", 1e3 * float(energy["total_kwh"])))
+    for label, value in rows:
+        head.add_row(label, _fmt(value))
+    console.print(head)
+    actors = summary.get("actors", [])
+    if actors:
+        t = Table(title="per-actor runtime (seconds; per update in ms)")
+        for col in ("actor", "steps", "steps/s", "backend", "env step", "policy", "pull", "deserialize",
+                    "load", "insert", "updates", "ms/update"):
+            t.add_column(col, justify="right")
+        for a in actors:
+            times = a.get("times", {})
+            t.add_row(str(a.get("actor_id")), _fmt(a.get("actor_steps")), _fmt(a.get("steps_per_s")),
+                      str(a.get("backend")), _fmt(times.get("env_step_s"), ".2f"), _fmt(times.get("policy_s"), ".2f"),
+                      _fmt(times.get("pull_s"), ".3f"), _fmt(times.get("deserialize_s"), ".3f"),
+                      _fmt(times.get("load_s"), ".3f"), _fmt(times.get("insert_s"), ".2f"),
+                      _fmt(times.get("updates")), _fmt(times.get("update_ms"), ".2f"))
+        console.print(t)
+    if summary.get("logdir"):
+        console.print(f"logs: {summary['logdir']}")

@@ -1,0 +1,199 @@
+"""Runs a `launch.program.Program` on Ray: one Ray actor (one process) per node.
+
+Local by default: the command starts a private single-node Ray bound to 127.0.0.1 (no dashboard, Ray's own
+logs kept in its session folder, not the terminal) and tears it down at the end, so no Ray process outlives
+the run. With `address` (or RAY_ADDRESS) it joins an existing cluster instead and only removes its own actors.
+
+Ray 2.60 turns token authentication on for new local clusters and, unless told otherwise, writes a token to
+~/.ray/auth_token. For a private local cluster we keep authentication on but hand Ray a fresh random token
+through the environment (inherited by Ray's processes, written nowhere). A user who configured RAY_AUTH_MODE,
+RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH keeps their settings; joining a cluster uses the user's token as is.
+
+Resources: every node asks for its `num_cpus` and runs with its `env_vars` (actors: one compute thread). A
+local cluster is sized to the program (logical CPUs = what the nodes ask for), because on a 2-core laptop
+the point is to run all nodes, one thread each, not to queue them. A node that wants the accelerator gets
+one GPU when the cluster has one.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import os
+import secrets
+import sys
+from typing import Any
+
+from launch.program import CallFuture, NodeHandle, Program, resolve_handles
+
+_AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+class RayFuture(CallFuture):
+    """An ObjectRef behind the runner-neutral future interface."""
+
+    def __init__(self, ref: Any):
+        self.ref = ref
+
+    def done(self) -> bool:
+        import ray  # pylint: disable=import-outside-toplevel
+
+        ready, _ = ray.wait([self.ref], timeout=0)
+        return bool(ready)
+
+    def result(self, timeout: float | None = None) -> Any:
+        import ray  # pylint: disable=import-outside-toplevel
+        from ray.exceptions import GetTimeoutError  # pylint: disable=import-outside-toplevel
+
+        try:
+            return ray.get(self.ref, timeout=timeout)
+        except GetTimeoutError:
+            raise TimeoutError(f"no result within {timeout} s") from None
+
+
+class RayNodeHandle(NodeHandle):
+    """A node on Ray, addressed by its actor name in the launch's namespace.
+
+    Nodes receive these (not Ray actor handles) in their constructor arguments and look the actor up on
+    first use: Ray stores constructor arguments that contain actor handles in the object store, and a
+    restartable actor (our actors) could then fail to restart once those objects are gone."""
+
+    def __init__(self, name: str, namespace: str, actor: Any = None):
+        self.name, self.namespace = name, namespace
+        self._actor = actor
+
+    def __reduce__(self) -> tuple:
+        return (RayNodeHandle, (self.name, self.namespace))
+
+    @property
+    def actor(self) -> Any:
+        if self._actor is None:
+            import ray  # pylint: disable=import-outside-toplevel
+
+            self._actor = ray.get_actor(self.name, namespace=self.namespace)
+        return self._actor
+
+    def submit(self, method: str, *args: Any, **kwargs: Any) -> RayFuture:
+        return RayFuture(getattr(self.actor, method).remote(*args, **kwargs))
+
+
+def _prepare_local_auth() -> None:
+    """Token auth for a private local Ray without writing ~/.ray/auth_token (see the module docstring).
+
+    Must run before Ray reads its config: Ray caches RAY_AUTH_MODE when it is imported, so if it was
+    imported already the cached config is refreshed (what Ray itself does when it enables token auth)."""
+    if any(os.environ.get(k) for k in _AUTH_ENV) or os.path.exists(os.path.expanduser("~/.ray/auth_token")):
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    if "ray" in sys.modules:
+        from ray._raylet import Config  # pylint: disable=import-outside-toplevel,no-name-in-module
+
+        Config.initialize("")
+
+
+def init_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
+    """Connect to `address` / RAY_ADDRESS, or start a private local Ray; True when this call started it.
+
+    A no-op (False) when Ray is already initialised in this process (tests share one Ray per module)."""
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    local = not address or address == "local"
+    if local:
+        _prepare_local_auth()
+    import ray  # pylint: disable=import-outside-toplevel
+
+    if ray.is_initialized():
+        return False
+    common = {"log_to_driver": False, "logging_level": logging.ERROR, "configure_logging": True}
+    if not local:
+        ray.init(address=address, **common)
+        return False
+    cpus = max(int(math.ceil(num_cpus or 0)), os.cpu_count() or 1)
+    # RAY_ADDRESS would make a plain init() try to connect; the caller asked for a local cluster.
+    os.environ.pop("RAY_ADDRESS", None)
+    ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **common)
+    return True
+
+
+def cluster_has_gpu() -> bool:
+    import ray  # pylint: disable=import-outside-toplevel
+
+    return ray.cluster_resources().get("GPU", 0) >= 1
+
+
+class RayLaunch:
+    """A running program on Ray: handles by node name, `run()` futures for workers, and teardown."""
+
+    def __init__(self, program: Program, *, owns_cluster: bool):
+        import ray  # pylint: disable=import-outside-toplevel
+
+        self.program = program
+        self._owns_cluster = owns_cluster
+        self._actors: dict[str, Any] = {}
+        # A fresh namespace per launch: node names never clash with another run on a shared cluster.
+        self.namespace = f"{program.name}-{secrets.token_hex(4)}"
+        self.handles: dict[str, RayNodeHandle] = {}
+        gpu = cluster_has_gpu()
+        try:
+            for node in program.nodes:
+                options: dict[str, Any] = {
+                    "num_cpus": node.num_cpus,
+                    "max_concurrency": node.max_concurrency,
+                    "max_restarts": node.max_restarts,
+                    # Retrying tasks on a restarted actor is what makes a crashed actor's run() resume.
+                    "max_task_retries": node.max_restarts,
+                }
+                if node.use_accelerator and gpu:
+                    options["num_gpus"] = 1
+                if node.env_vars:
+                    options["runtime_env"] = {"env_vars": dict(node.env_vars)}
+                cls = ray.remote(node.cls).options(name=node.name, namespace=self.namespace, **options)
+                actor = cls.remote(**resolve_handles(dict(node.kwargs), self.handles))
+                self._actors[node.name] = actor
+                self.handles[node.name] = RayNodeHandle(node.name, self.namespace, actor)
+        except BaseException:
+            self.shutdown()
+            raise
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        """Block until every node's constructor ran (constructor errors surface here)."""
+        import ray  # pylint: disable=import-outside-toplevel
+
+        refs = [a.__ray_ready__.remote() for a in self._actors.values()]
+        ray.get(refs, timeout=timeout)
+
+    def run(self, name: str) -> RayFuture:
+        return self.handles[name].submit("run")
+
+    def pid(self, name: str) -> int:
+        return int(self.handles[name].call("pid"))
+
+    def shutdown(self) -> None:
+        """Kill every node, then stop the private Ray (or just leave a shared cluster).
+
+        Callers ask workers to stop and wait for them first; this is the hard stop that guarantees no node
+        process outlives the run."""
+        import ray  # pylint: disable=import-outside-toplevel
+
+        if not ray.is_initialized():
+            return
+        for actor in self._actors.values():
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # pylint: disable=broad-except
+                pass  # already dead
+        self._actors.clear()
+        if self._owns_cluster:
+            ray.shutdown()
+
+
+class RayRunner:
+    """`launch(program)` on Ray. `address` None/"local" starts (and later stops) a private local Ray."""
+
+    name = "ray"
+
+    def __init__(self, address: str | None = None):
+        self.address = address
+
+    def launch(self, program: Program) -> RayLaunch:
+        started = init_ray(self.address, num_cpus=program.num_cpus)
+        return RayLaunch(program, owns_cluster=started)
