@@ -72,7 +72,7 @@ def policy_loss(networks: D4PGNetworks, policy_params, critic_params, observatio
     """
     actions = networks.policy.apply(policy_params, observations)
 
-    def total_q(a: jax.Array) -> jax.Array:
+    def total_q(a: jax.Array) -> tuple[jax.Array, jax.Array]:
         q = critic_mean(networks.critic.apply(critic_params, observations, a), networks.atoms)
         return jnp.sum(q), q
 
@@ -87,6 +87,8 @@ def make_update_fn(networks: D4PGNetworks, config: D4PGConfig, optimizer: optax.
     def update(state: TrainingState, batch: Mapping[str, jax.Array]) -> tuple[TrainingState, dict]:
         c_loss, c_grads = jax.value_and_grad(critic_loss, argnums=1)(
             networks, state.critic_params, state.target_policy_params, state.target_critic_params, batch)
+        # The policy climbs the online critic at the sampled start states (Acme uses o_t; both are replay
+        # states, and o_tm1 never includes terminal observations).
         (p_loss, q_mean), p_grads = jax.value_and_grad(policy_loss, argnums=1, has_aux=True)(
             networks, state.policy_params, state.critic_params, batch["observation"], config.dqda_clipping)
         c_updates, critic_opt_state = optimizer.update(c_grads, state.critic_opt_state, state.critic_params)

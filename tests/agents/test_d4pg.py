@@ -294,6 +294,31 @@ def test_actor_noise_clipping_evaluation_and_seeding(env_spec):
     np.testing.assert_allclose(sigmas, [0.15, 0.3, 0.6], rtol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["onnx", "jax"])
+def test_actor_runs_the_learners_policy_through_an_int8_runtime(env_spec, backend):
+    builder = Builder(D4PGConfig(**SMALL))
+    learner = builder.make_learner(env_spec, seed=0)
+    rng = np.random.default_rng(6)
+    for _ in range(30):  # move the near-zero last layer so actions are not all ~0
+        learner.step(_batch(rng, 32))
+    params = learner.policy_params()
+    actor = builder.make_actor(env_spec, quantize_params(params, "int8"), seed=0, evaluation=True, backend=backend)
+    assert actor.backend == backend
+    obs = rng.normal(size=(16, 5)).astype(np.float32)
+    got = np.array([actor.select_action(o) for o in obs])
+    want = qpolicy.reference_apply(builder.policy_spec(env_spec), params, obs)
+    assert np.abs(want).max() > 1e-3
+    np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max() + 1e-4)
+    assert np.all(np.abs(got) <= 1.0)
+    # update() swaps in new weights: the actor follows the learner.
+    for _ in range(30):
+        learner.step(_batch(rng, 32))
+    new = learner.policy_params()
+    actor.update(quantize_params(new, "int8"))
+    want = qpolicy.reference_apply(builder.policy_spec(env_spec), new, obs)
+    np.testing.assert_allclose([actor.select_action(o) for o in obs], want, atol=0.05 * np.abs(want).max() + 1e-4)
+
+
 # ---------------------------------------------------------------- builder
 
 def test_builder_contract(env_spec):
