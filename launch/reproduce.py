@@ -1,0 +1,417 @@
+"""One command for the ActorQ paper's figure: a grid of runs (panel x precision x seed), then the report.
+
+    python -m launch.reproduce --panels cartpole_balance,CartPole --precisions 32,16,8 --seeds 0,1,2 \
+        --budget small [--name NAME] [--runner single|actorq] [--out results] [--fraction 0.9] [--report-only]
+
+Every run goes to OUT/NAME/runs/<panel>/<precision>/seed<k>/. A run whose summary.json reports success is
+skipped, so an interrupted grid resumes where it stopped; a run folder without one (interrupted, failed) is
+cleared and run again. When the grid is done (or with --report-only, without running anything) OUT/NAME/
+gets figure.png, speedup.csv, carbon.csv, runtime.csv/png, grid.csv and report.md (see launch.report).
+
+Runs are sequential on purpose: their wall clocks are what the figure compares, so two runs must never
+share the machine. Bad flags print one line on stderr and exit 2 before anything is written; a grid with a
+failed run exits 1 after drawing the report of the runs that finished; Ctrl-C exits 130.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_precision, fail
+from launch.report import PANELS, is_finished, read_summary
+
+PROG = "launch.reproduce"
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+DEFAULT_PRECISIONS = ("fp32", "fp16", "int8")
+DEFAULT_SEEDS = (0, 1, 2)
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+# ------------------------------------------------------------------------------------------------ budgets
+
+
+@dataclasses.dataclass(frozen=True)
+class RunBudget:
+    """How long one run of a panel is, how often it is evaluated, and the agent config it uses."""
+
+    steps: int  # actor (environment) steps, over all actors
+    eval_every: int  # actor steps between evaluations (the figure's time resolution)
+    eval_episodes: int  # episodes per evaluation (the figure's noise)
+    overrides: Mapping[str, Any]  # agent config fields (agents.get_builder(agent, **overrides))
+    num_actors: int = 1  # used by the actorq runner only
+
+
+# Small budget, D4PG: 64x64 policy and critic, batch 64 and 16 samples per insert, so that one learner step
+# costs about as much as a few environment steps on one core. n-step 5, discount 0.99 and the actor update
+# period of 100 are the paper's. cartpole:balance learns (returns ~ 800+ of 1000) within ~20-30k steps.
+_D4PG_SMALL = {"policy_layer_sizes": (64, 64), "critic_layer_sizes": (64, 64), "batch_size": 64,
+               "min_replay_size": 1_000, "samples_per_insert": 16.0, "learning_rate": 3e-4, "n_step": 5,
+               "discount": 0.99, "actor_update_period": 100}
+# Small budget, DQN: 64x64 Q-network; CartPole reaches ~500 within ~20k steps with this replay ratio.
+_DQN_SMALL = {"hidden_sizes": (64, 64), "batch_size": 64, "min_replay_size": 500, "samples_per_insert": 16.0,
+              "epsilon_decay_steps": 5_000, "n_step": 3, "discount": 0.99, "actor_update_period": 100}
+# The paper's setting: a 2048x3 policy (the point of ActorQ: inference is a large share of actor time),
+# batch 256, n-step 5, discount 0.99, 4 actors pulling weights every 100 steps; critics keep Acme's sizes.
+_D4PG_PAPER = {"policy_layer_sizes": (2048, 2048, 2048), "batch_size": 256, "n_step": 5, "discount": 0.99,
+               "actor_update_period": 100}
+_DQN_PAPER = {"hidden_sizes": (2048, 2048, 2048), "batch_size": 256, "n_step": 5, "discount": 0.99,
+              "actor_update_period": 100}
+# Test budget: a few hundred steps and tiny nets; exercises the whole pipeline in seconds, learns nothing.
+_D4PG_TINY = {"policy_layer_sizes": (16,), "critic_layer_sizes": (16,), "batch_size": 16, "min_replay_size": 64,
+              "samples_per_insert": 4.0, "num_atoms": 11, "actor_update_period": 50}
+_DQN_TINY = {"hidden_sizes": (16,), "batch_size": 16, "min_replay_size": 64, "samples_per_insert": 4.0,
+             "epsilon_decay_steps": 200, "actor_update_period": 50}
+
+
+def _panel_budgets(d4pg: Mapping[str, RunBudget], dqn: Mapping[str, RunBudget]) -> dict[str, RunBudget]:
+    out = {name: d4pg[name] for name, p in PANELS.items() if p.agent == "d4pg"}
+    out.update({name: dqn[name] for name, p in PANELS.items() if p.agent == "dqn"})
+    return out
+
+
+def _d4pg(steps: int, overrides: Mapping[str, Any], *, evals: int = 10, episodes: int = 2,
+          actors: int = 1) -> RunBudget:
+    return RunBudget(steps, max(1, steps // evals), episodes, overrides, actors)
+
+
+def _dqn(steps: int, overrides: Mapping[str, Any], *, evals: int = 20, episodes: int = 5,
+         actors: int = 1) -> RunBudget:
+    return RunBudget(steps, max(1, steps // evals), episodes, overrides, actors)
+
+
+BUDGETS: dict[str, dict[str, RunBudget]] = {
+    # small: a 2-core laptop. cartpole_balance + CartPole x {fp32, fp16, int8} x 3 seeds (18 runs) take about
+    # an hour there with the single-process runner; the other panels are sized to show learning but take
+    # correspondingly longer (the humanoids do not learn at this budget: they are there to time, not to solve).
+    "small": _panel_budgets(
+        d4pg={"cartpole_balance": _d4pg(20_000, _D4PG_SMALL),  # 1000-step episodes: 20 episodes
+              "walker_stand": _d4pg(50_000, _D4PG_SMALL),
+              "hopper_stand": _d4pg(100_000, _D4PG_SMALL),
+              "reacher_hard": _d4pg(50_000, _D4PG_SMALL),
+              "finger_spin": _d4pg(50_000, _D4PG_SMALL),
+              "cheetah_run": _d4pg(100_000, _D4PG_SMALL),
+              "humanoid_stand": _d4pg(100_000, _D4PG_SMALL),
+              "humanoid_walk": _d4pg(100_000, _D4PG_SMALL)},
+        dqn={"CartPole": _dqn(20_000, _DQN_SMALL),
+             "MountainCar": _dqn(100_000, {**_DQN_SMALL, "epsilon_decay_steps": 30_000}),  # sparse reward
+             "Acrobot": _dqn(30_000, _DQN_SMALL)}),
+    # paper: the paper's agent settings with 4 actors on Ray and budgets long enough for each task to reach
+    # its plateau (days of CPU for the humanoids; meant for a large machine).
+    "paper": _panel_budgets(
+        d4pg={"cartpole_balance": _d4pg(500_000, _D4PG_PAPER, evals=50, episodes=5, actors=4),
+              "walker_stand": _d4pg(1_000_000, _D4PG_PAPER, evals=50, episodes=5, actors=4),
+              "hopper_stand": _d4pg(3_000_000, _D4PG_PAPER, evals=50, episodes=5, actors=4),
+              "reacher_hard": _d4pg(1_000_000, _D4PG_PAPER, evals=50, episodes=5, actors=4),
+              "finger_spin": _d4pg(1_000_000, _D4PG_PAPER, evals=50, episodes=5, actors=4),
+              "cheetah_run": _d4pg(3_000_000, _D4PG_PAPER, evals=50, episodes=5, actors=4),
+              "humanoid_stand": _d4pg(10_000_000, _D4PG_PAPER, evals=50, episodes=5, actors=4),
+              "humanoid_walk": _d4pg(10_000_000, _D4PG_PAPER, evals=50, episodes=5, actors=4)},
+        dqn={"CartPole": _dqn(200_000, _DQN_PAPER, evals=50, episodes=10, actors=4),
+             "MountainCar": _dqn(1_000_000, _DQN_PAPER, evals=50, episodes=10, actors=4),
+             "Acrobot": _dqn(500_000, _DQN_PAPER, evals=50, episodes=10, actors=4)}),
+    # tiny (hidden from --help): for tests only.
+    "tiny": _panel_budgets(
+        d4pg={name: RunBudget(1_000, 500, 1, _D4PG_TINY) for name in PANELS},
+        dqn={name: RunBudget(300, 100, 1, _DQN_TINY) for name in PANELS}),
+}
+DEFAULT_RUNNER = {"small": "single", "paper": "actorq", "tiny": "single"}
+PUBLIC_BUDGETS = ("small", "paper")
+RUNNERS = ("single", "actorq")
+
+
+# ------------------------------------------------------------------------------------------------ plan
+
+
+@dataclasses.dataclass(frozen=True)
+class PlannedRun:
+    panel: str
+    precision: str
+    seed: int
+    budget: RunBudget
+
+    @property
+    def agent(self) -> str:
+        return PANELS[self.panel].agent
+
+    @property
+    def task(self) -> str:
+        return PANELS[self.panel].task
+
+    def run_dir(self, root: Path) -> Path:
+        return root / "runs" / self.panel / self.precision / f"seed{self.seed}"
+
+
+@dataclasses.dataclass(frozen=True)
+class Invocation:
+    panels: tuple[str, ...]
+    precisions: tuple[str, ...]
+    seeds: tuple[int, ...]
+    budget: str
+    runner: str
+    backend: str
+    root: Path
+    fraction: float
+    report_only: bool
+    progress: bool
+
+    def plan(self) -> list[PlannedRun]:
+        """Seed-major order: after each seed every panel has all its precisions, so a grid stopped halfway
+        still gives comparable curves."""
+        return [PlannedRun(p, q, s, BUDGETS[self.budget][p])
+                for s in self.seeds for p in self.panels for q in self.precisions]
+
+
+def build_parser() -> OneLineArgumentParser:
+    p = OneLineArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p.add_argument("--panels", default=None,
+                   help=f"comma-separated, from: {', '.join(PANELS)} (default: all; with --report-only: "
+                        "whatever the results hold)")
+    p.add_argument("--precisions", default=None, help="comma-separated, e.g. 32,16,8 or fp32,int8 (default 32,16,8)")
+    p.add_argument("--seeds", default=None, help="comma-separated non-negative ints (default 0,1,2)")
+    p.add_argument("--budget", default="small", help="small (a 2-core laptop) or paper")
+    p.add_argument("--name", default=None, help="results sub-folder (default: the budget's name)")
+    p.add_argument("--runner", default=None,
+                   help="single (one process) or actorq (distributed on Ray); default: single for small, "
+                        "actorq for paper")
+    p.add_argument("--backend", default="auto", help="actor policy runtime: auto, jax or onnx")
+    p.add_argument("--out", default="results", help="results root folder (default: results)")
+    p.add_argument("--fraction", type=float, default=0.9,
+                   help="target = this fraction of the fp32 final return, for time-to-target (default 0.9)")
+    p.add_argument("--report-only", action="store_true", help="redraw the report from existing runs only")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _split(text: str, flag: str) -> list[str]:
+    items = [t.strip() for t in text.split(",")]
+    if not text.strip() or any(not t for t in items):
+        raise UsageError(f"{flag} expects a comma-separated list without empty items, got {text!r}")
+    return list(dict.fromkeys(items))
+
+
+def parse_panels(text: str) -> tuple[str, ...]:
+    panels = _split(text, "--panels")
+    unknown = [p for p in panels if p not in PANELS]
+    if unknown:
+        raise UsageError(f"unknown panel(s) {', '.join(unknown)}: valid panels are {', '.join(PANELS)}")
+    return tuple(panels)
+
+
+def parse_precisions(text: str) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(check_precision(p) for p in _split(text, "--precisions")))
+
+
+def parse_seeds(text: str) -> tuple[int, ...]:
+    seeds = []
+    for item in _split(text, "--seeds"):
+        if not re.fullmatch(r"\d{1,9}", item):
+            raise UsageError(f"--seeds expects non-negative integers, got {item!r}")
+        seeds.append(int(item))
+    return tuple(dict.fromkeys(seeds))
+
+
+def validate(args: argparse.Namespace) -> Invocation:
+    """Every check that can fail, before anything is written (UsageError on a bad flag)."""
+    if args.budget not in BUDGETS:
+        raise UsageError(f"unknown budget {args.budget!r}: valid budgets are {', '.join(PUBLIC_BUDGETS)}")
+    runner = args.runner or DEFAULT_RUNNER[args.budget]
+    if runner not in RUNNERS:
+        raise UsageError(f"unknown runner {runner!r}: valid runners are {', '.join(RUNNERS)}")
+    backend = check_backend(args.backend)
+    name = args.name if args.name is not None else args.budget
+    if not _NAME_RE.match(name) or name in (".", ".."):
+        raise UsageError(f"--name must be 1-64 characters of letters, digits, '_', '-', '.', got {name!r}")
+    if not 0.0 < args.fraction <= 1.0:
+        raise UsageError(f"--fraction must be in (0, 1], got {args.fraction}")
+    panels = parse_panels(args.panels) if args.panels is not None else tuple(PANELS)
+    precisions = parse_precisions(args.precisions) if args.precisions is not None else DEFAULT_PRECISIONS
+    seeds = parse_seeds(args.seeds) if args.seeds is not None else DEFAULT_SEEDS
+    root = Path(args.out).expanduser() / name
+    if args.report_only:
+        if not (root / "runs").is_dir():
+            raise UsageError(f"--report-only: no runs under {str(root / 'runs')!r}")
+    else:
+        _check_writable(root)
+        _check_same_budget(root, args.budget)
+    return Invocation(panels, precisions, seeds, args.budget, runner, backend, root, float(args.fraction),
+                      bool(args.report_only), not args.no_progress)
+
+
+def _check_writable(root: Path) -> None:
+    p = root.absolute()
+    while not p.exists():
+        p = p.parent
+    if not p.is_dir():
+        raise UsageError(f"cannot create {str(root)!r}: {str(p)!r} is not a directory")
+    import os  # pylint: disable=import-outside-toplevel
+    if not os.access(p, os.W_OK | os.X_OK):
+        raise UsageError(f"cannot write under {str(p)!r}")
+
+
+def _check_same_budget(root: Path, budget: str) -> None:
+    """A results folder holds one budget: resuming it with another would mix run lengths in one figure."""
+    meta = _read_json(root / "grid.json")
+    if meta is not None and meta.get("budget") not in (None, budget):
+        raise UsageError(f"{str(root)!r} holds a {meta.get('budget')!r} grid; pass --budget "
+                         f"{meta.get('budget')} to resume it or choose another --name")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def run_single(run: PlannedRun, run_dir: Path, backend: str) -> dict[str, Any]:
+    """One run in this process with `launch.experiment.run_experiment`."""
+    import agents  # pylint: disable=import-outside-toplevel
+    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+
+    b = run.budget
+    builder = agents.get_builder(run.agent, **dict(b.overrides))
+    return run_experiment(builder, run.task, precision=run.precision, backend=backend, max_actor_steps=b.steps,
+                          seed=run.seed, logdir=run_dir, eval_every=b.eval_every, eval_episodes=b.eval_episodes,
+                          progress=False)
+
+
+def actorq_command(run: PlannedRun, run_dir: Path, backend: str) -> list[str]:
+    """`python -m launch.actorq ...` for one run: the budget's config is passed in full (--full-size plus
+    every override), so the budget table is the only source of the agent settings."""
+    b = run.budget
+    cmd = [sys.executable, "-m", "launch.actorq", "--agent", run.agent, "--task", run.task,
+           "--precision", run.precision, "--num-actors", str(b.num_actors), "--max-actor-steps", str(b.steps),
+           "--seed", str(run.seed), "--logdir", str(run_dir), "--eval-every", str(b.eval_every),
+           "--eval-episodes", str(b.eval_episodes), "--backend", backend, "--full-size", "--no-progress"]
+    for key, value in b.overrides.items():
+        text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+        cmd += ["--set", f"{key}={text}"]
+    return cmd
+
+
+def run_actorq(run: PlannedRun, run_dir: Path, backend: str) -> dict[str, Any]:
+    """One distributed run in its own process (its own private Ray), output kept in runner.log.
+
+    A separate process keeps each run's Ray cluster, JAX state and memory from leaking into the next."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "runner.log", "w", encoding="utf-8") as log:
+        code = subprocess.call(actorq_command(run, run_dir, backend), stdout=log, stderr=subprocess.STDOUT,
+                               stdin=subprocess.DEVNULL)
+    summary = read_summary(run_dir)
+    if code != 0 or not is_finished(summary):
+        if code in (130, -2):
+            raise KeyboardInterrupt
+        reason = (summary or {}).get("error") or f"exit code {code}"
+        raise RuntimeError(f"launch.actorq failed ({reason}); see {run_dir / 'runner.log'}")
+    return summary or {}
+
+
+def _clear(run_dir: Path) -> None:
+    """Removes a run folder that has no successful summary (an interrupted or failed run) before redoing it."""
+    if run_dir.exists():
+        shutil.rmtree(run_dir)
+
+
+def run_grid(inv: Invocation) -> tuple[int, list[str]]:
+    """Runs every planned run that is not finished yet; returns (runs started, failure lines)."""
+    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+    from launch.report import machine_info  # pylint: disable=import-outside-toplevel
+    from quarl.logs import write_json_atomic  # pylint: disable=import-outside-toplevel
+
+    plan = inv.plan()
+    inv.root.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(inv.root / "grid.json", {
+        "budget": inv.budget, "runner": inv.runner, "backend": inv.backend,
+        "budgets": {r.panel: _jsonable(dataclasses.asdict(r.budget)) for r in plan}})
+    todo = [r for r in plan if not is_finished(read_summary(r.run_dir(inv.root)))]
+    if todo:  # the machine the numbers come from (a report-only redraw elsewhere keeps it)
+        write_json_atomic(inv.root / "machine.json", machine_info())
+    runner = run_single if inv.runner == "single" else run_actorq
+    failures: list[str] = []
+    with tqdm(total=len(plan), initial=len(plan) - len(todo), disable=not inv.progress, unit="run",
+              desc="grid", dynamic_ncols=True, file=sys.stderr) as bar:
+        for run in todo:
+            run_dir = run.run_dir(inv.root)
+            bar.set_postfix_str(f"{run.panel} {run.precision} seed{run.seed}", refresh=True)
+            _clear(run_dir)
+            t0 = time.monotonic()
+            try:
+                summary = runner(run, run_dir, inv.backend)
+            except KeyboardInterrupt:
+                raise
+            except Exception as e:  # pylint: disable=broad-except
+                failures.append(f"{run.panel} {run.precision} seed{run.seed}: {type(e).__name__}: "
+                                + " ".join(str(e).split())[:300])
+                bar.write(f"{PROG}: run failed: {failures[-1]}", file=sys.stderr)
+            else:
+                bar.write(f"{run.panel:>16} {run.precision:>5} seed{run.seed}: final return "
+                          f"{summary.get('final_eval_return')} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
+            bar.update(1)
+    return len(todo), failures
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def draw(inv: Invocation, *, filtered: bool) -> Any:
+    """The report over the grid's runs (only the requested panels/precisions/seeds when `filtered`)."""
+    import pandas as pd  # pylint: disable=import-outside-toplevel
+    from launch import report  # pylint: disable=import-outside-toplevel
+
+    meta = _read_json(inv.root / "grid.json") or {}
+    notes = [f"Budget `{meta.get('budget', inv.budget)}`, runner `{meta.get('runner', inv.runner)}`, "
+             f"backend `{meta.get('backend', inv.backend)}`. Redraw with "
+             f"`python -m launch.reproduce --out {inv.root.parent} --name {inv.root.name} --report-only`."]
+    plan = None if inv.report_only else pd.DataFrame(
+        [{"panel": r.panel, "precision": r.precision, "seed": r.seed} for r in inv.plan()])
+
+    def keep(df: pd.DataFrame) -> pd.DataFrame:
+        return df[df["panel"].isin(inv.panels) & df["precision"].isin(inv.precisions) & df["seed"].isin(inv.seeds)]
+
+    return report.write_report(inv.root, fraction=inv.fraction, plan=plan, notes=notes,
+                                run_filter=keep if filtered else None)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        inv = validate(args)
+    except UsageError as e:
+        fail(f"{PROG}: error: {e}")
+    code = EXIT_OK
+    if not inv.report_only:
+        try:
+            started, failures = run_grid(inv)
+        except KeyboardInterrupt:
+            sys.stderr.write(f"{PROG}: interrupted; run the same command again to resume\n")
+            return EXIT_INTERRUPTED
+        if failures:
+            code = EXIT_FAILED
+            sys.stderr.write(f"{PROG}: {len(failures)} run(s) failed (they are redone on the next call)\n")
+        sys.stderr.write(f"{PROG}: {started} run(s) ran, {len(inv.plan()) - started} were already done\n")
+    # A grid invocation reports on exactly its grid; --report-only redraws everything unless flags narrow it.
+    filtered = not inv.report_only or any(v is not None for v in (args.panels, args.precisions, args.seeds))
+    files = draw(inv, filtered=filtered)
+    print(files.report)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

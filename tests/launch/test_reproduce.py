@@ -1,0 +1,271 @@
+"""launch.report on hand-made run folders (exact time-to-target, speedup, carbon and curve numbers) and
+launch.reproduce end to end on a tiny grid (files written, finished runs skipped, interrupted runs redone)."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from launch import report, reproduce
+
+# ------------------------------------------------------------------------------------------------ fixtures
+
+
+def write_run(root: Path, panel: str, precision: str, seed: int, times: Sequence[float],
+              returns: Sequence[float], *, steps: int = 1000, kwh: float | None = 1e-3,
+              runtime: dict[str, float] | None = None, summary: bool = True, distributed: bool = False,
+              status: str = "completed") -> Path:
+    """A run folder as a runner leaves it: evaluator.csv and (unless interrupted) summary.json, in the
+    single-process layout or the distributed one."""
+    run_dir = root / "runs" / panel / precision / f"seed{seed}"
+    run_dir.mkdir(parents=True)
+    n = len(times)
+    evals = pd.DataFrame({"actor_steps": np.linspace(steps / n, steps, n).astype(int),
+                          "wall_clock_s": times, "return": returns})
+    evals.to_csv(run_dir / "evaluator.csv", index=False)
+    if not summary:
+        return run_dir
+    stages = runtime or {"env_step_s": 1.0, "inference_s": 2.0, "pull_s": 0.1, "deserialize_s": 0.01,
+                         "load_s": 0.05}
+    p = report.PANELS[panel]
+    s: dict[str, Any] = {"agent": p.agent, "task": p.task, "precision": precision, "seed": seed,
+                         "actor_steps": steps, "learner_steps": steps // 4, "wall_clock_s": float(times[-1]) + 1.0,
+                         "final_eval_return": float(returns[-1]), "best_eval_return": float(max(returns)),
+                         "payload_bytes": 100, "payload_bytes_fp32": 400}
+    if distributed:
+        summed = dict(stages)
+        summed["policy_s"] = summed.pop("inference_s")
+        s.update(status=status, num_actors=2, run_wall_clock_s=float(times[-1]),
+                 runtime={"summed_s": summed, "updates": 10},
+                 energy={"nodes": {"learner": {"energy_kwh": kwh / 2, "emissions_kg_co2eq": kwh / 4},
+                                   "actor_0": {"energy_kwh": kwh / 2, "emissions_kg_co2eq": kwh / 4}},
+                         "total_kwh": kwh, "total_emissions_kg": None, "method": "cpu=estimated: test"})
+    else:
+        s.update(runtime=stages, energy=None if kwh is None else {
+            "energy_kwh": kwh, "emissions_kg_co2eq": kwh / 2, "method": "cpu=estimated: test"})
+        s["wall_clock_s"] = float(times[-1])
+    (run_dir / "summary.json").write_text(json.dumps(s), encoding="utf-8")
+    return run_dir
+
+
+def make_synthetic_results(root: Path) -> Path:
+    """A results/<name> folder with two panels, fp32 vs int8, two seeds each (used by the notebook tests)."""
+    t = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    # CartPole: fp32 final 100 -> target 90, reached at 50 s and 60 s (mean 55); int8 at 20 s and 30 s (mean 25).
+    write_run(root, "CartPole", "fp32", 0, t, [0, 10, 20, 50, 95, 100], kwh=4e-3)
+    write_run(root, "CartPole", "fp32", 1, t, [0, 10, 20, 50, 80, 100], kwh=4e-3)
+    write_run(root, "CartPole", "int8", 0, t, [0, 92, 95, 100, 100, 100], kwh=2e-3,
+              runtime={"env_step_s": 1.0, "inference_s": 0.5, "pull_s": 0.05, "deserialize_s": 0.01, "load_s": 0.02})
+    write_run(root, "CartPole", "int8", 1, t, [0, 50, 91, 100, 100, 100], kwh=2e-3,
+              runtime={"env_step_s": 1.0, "inference_s": 0.5, "pull_s": 0.05, "deserialize_s": 0.01, "load_s": 0.02})
+    # Acrobot (negative returns): fp32 final -100 -> target -110.
+    write_run(root, "Acrobot", "fp32", 0, t, [-500, -400, -300, -200, -105, -100], distributed=True)
+    write_run(root, "Acrobot", "int8", 0, t, [-500, -300, -108, -100, -100, -100], distributed=True)
+    return root
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def test_target_return_is_fraction_of_final_from_the_top_for_negative_returns() -> None:
+    assert report.target_return(100.0, 0.9) == pytest.approx(90.0)
+    assert report.target_return(-100.0, 0.9) == pytest.approx(-110.0)
+    with pytest.raises(ValueError, match="fraction"):
+        report.target_return(1.0, 0.0)
+
+
+def test_time_to_target_is_the_first_evaluation_at_or_above_target() -> None:
+    evals = pd.DataFrame({"actor_steps": [1, 2, 3, 4], "wall_clock_s": [10.0, 20.0, 30.0, 40.0],
+                          "return": [0.0, 95.0, 80.0, 100.0]})
+    assert report.time_to_target(evals, 90.0) == 20.0
+    assert report.time_to_target(evals, 95.0) == 20.0
+    assert report.time_to_target(evals, 96.0) == 40.0
+    assert report.time_to_target(evals, 96.0, x="actor_steps") == 4
+    assert math.isnan(report.time_to_target(evals, 101.0))
+
+
+def test_speedup_table_on_hand_made_runs(tmp_path: Path) -> None:
+    runs = report.load_runs(make_synthetic_results(tmp_path) / "runs")
+    table = report.speedup_table(runs, 0.9).set_index(["panel", "precision"])
+    fp32, int8 = table.loc[("CartPole", "fp32")], table.loc[("CartPole", "int8")]
+    assert fp32["target_return"] == pytest.approx(90.0)
+    assert fp32["time_to_target_s"] == pytest.approx(55.0) and fp32["seeds_reached"] == 2
+    assert int8["time_to_target_s"] == pytest.approx(25.0)
+    assert int8["speedup_vs_fp32"] == pytest.approx(55.0 / 25.0)
+    assert fp32["speedup_vs_fp32"] == pytest.approx(1.0)
+    acro = table.loc[("Acrobot", "int8")]
+    assert acro["target_return"] == pytest.approx(-110.0)
+    assert acro["time_to_target_s"] == pytest.approx(30.0)  # -108 >= -110 at 30 s
+    assert acro["speedup_vs_fp32"] == pytest.approx(50.0 / 30.0)
+    # A run that never reaches the target counts in `seeds` but not in the mean.
+    write_run(tmp_path, "CartPole", "int8", 2, [10.0, 20.0], [0.0, 10.0])
+    table = report.speedup_table(report.load_runs(tmp_path / "runs"), 0.9).set_index(["panel", "precision"])
+    assert table.loc[("CartPole", "int8"), "seeds"] == 3
+    assert table.loc[("CartPole", "int8"), "seeds_reached"] == 2
+    assert table.loc[("CartPole", "int8"), "time_to_target_s"] == pytest.approx(25.0)
+
+
+def test_carbon_table_scales_energy_to_time_to_target_and_gives_ratios(tmp_path: Path) -> None:
+    runs = report.load_runs(make_synthetic_results(tmp_path) / "runs")
+    carbon = report.carbon_table(runs, 0.9)
+    row = carbon[(carbon["panel"] == "CartPole") & (carbon["precision"] == "int8") & (carbon["seed"] == 0)].iloc[0]
+    assert row["energy_kwh"] == pytest.approx(2e-3)
+    assert row["kwh_to_target"] == pytest.approx(2e-3 * 20.0 / 60.0)  # reached at 20 s of a 60 s run
+    assert row["method"] == "cpu=estimated: test"
+    ratios = report.carbon_ratio_table(carbon).set_index(["panel", "precision"])
+    assert ratios.loc[("CartPole", "int8"), "kwh_ratio_same_work"] == pytest.approx(2.0)
+    fp32_to_target = np.mean([4e-3 * 50 / 60, 4e-3 * 60 / 60])
+    int8_to_target = np.mean([2e-3 * 20 / 60, 2e-3 * 30 / 60])
+    assert ratios.loc[("CartPole", "int8"), "kwh_ratio_same_outcome"] == pytest.approx(fp32_to_target / int8_to_target)
+    # Distributed summaries: CO2 summed over nodes when the total is missing.
+    acro = carbon[(carbon["panel"] == "Acrobot")].set_index("precision")
+    assert acro.loc["int8", "emissions_kg"] == pytest.approx(5e-4)
+
+
+def test_load_runs_reads_both_layouts_and_flags_unfinished_runs(tmp_path: Path) -> None:
+    make_synthetic_results(tmp_path)
+    write_run(tmp_path, "CartPole", "fp16", 0, [10.0], [5.0], summary=False)
+    write_run(tmp_path, "Acrobot", "fp16", 0, [10.0], [-400.0], distributed=True, status="interrupted")
+    runs = report.load_runs(tmp_path)
+    assert len(runs) == 8
+    by = runs.set_index(["panel", "precision", "seed"])
+    assert not by.loc[("CartPole", "fp16", 0), "finished"]
+    assert not by.loc[("Acrobot", "fp16", 0), "finished"]
+    assert by.loc[("Acrobot", "int8", 0), "runner"] == "actorq"
+    assert by.loc[("Acrobot", "int8", 0), "inference_s"] == pytest.approx(2.0)  # from policy_s
+    assert by.loc[("CartPole", "int8", 1), "runner"] == "single"
+    assert list(runs["precision"][runs["panel"] == "CartPole"]) == ["fp32", "fp32", "fp16", "int8", "int8"]
+    grid = report.grid_table(runs)
+    assert set(grid["state"]) == {"finished", "failed", "incomplete"}
+
+
+def test_curves_resample_seeds_on_a_common_grid(tmp_path: Path) -> None:
+    write_run(tmp_path, "CartPole", "fp32", 0, [10.0, 30.0], [0.0, 100.0])
+    write_run(tmp_path, "CartPole", "fp32", 1, [10.0, 20.0], [20.0, 40.0])
+    c = report.curves(report.load_runs(tmp_path), points=31)  # grid 0, 1, ..., 30 s
+    c = c.set_index("x")
+    assert c.index.min() == pytest.approx(10.0)  # nothing before the seeds' first evaluation
+    assert c.loc[15.0, "mean"] == pytest.approx((25.0 + 30.0) / 2)
+    assert c.loc[15.0, "min"] == pytest.approx(25.0) and c.loc[15.0, "max"] == pytest.approx(30.0)
+    # Seed 1 ended at 20 s: it holds its final 40 until the slower seed ends.
+    assert c.loc[30.0, "mean"] == pytest.approx((100.0 + 40.0) / 2)
+    assert (c["seeds"] == 2).all()
+
+
+def test_runtime_breakdown_table_per_1k_steps(tmp_path: Path) -> None:
+    runs = report.load_runs(make_synthetic_results(tmp_path) / "runs")
+    table = report.runtime_breakdown_table(runs).set_index(["panel", "precision"])
+    assert table.loc[("CartPole", "int8"), "inference_s"] == pytest.approx(0.5)
+    assert table.loc[("CartPole", "int8"), "inference_ms_per_1k_steps"] == pytest.approx(500.0)
+    assert table.loc[("CartPole", "fp32"), "total_s"] == pytest.approx(3.16)
+
+
+def test_write_report_writes_every_file(tmp_path: Path) -> None:
+    files = report.write_report(make_synthetic_results(tmp_path))
+    for path in (files.figure, files.runtime_figure, files.speedup, files.carbon, files.grid, files.report):
+        assert path.stat().st_size > 0
+    text = files.report.read_text()
+    assert "figure.png" in text and "| CartPole | int8 |" in text and "cpu=estimated: test" in text
+    speed = pd.read_csv(files.speedup)
+    assert speed.loc[(speed["panel"] == "CartPole") & (speed["precision"] == "int8"),
+                     "speedup_vs_fp32"].item() == pytest.approx(2.2)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--panels", "nope"], "unknown panel"),
+    (["--panels", "CartPole,"], "empty"),
+    (["--precisions", "int1"], "int1"),
+    (["--seeds", "-1"], "non-negative"),
+    (["--budget", "huge"], "unknown budget"),
+    (["--runner", "mpi"], "unknown runner"),
+    (["--name", "../x"], "--name"),
+    (["--fraction", "1.5"], "--fraction"),
+    (["--bogus"], "unrecognized"),
+])
+def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                           argv: list[str], message: str) -> None:
+    with pytest.raises(SystemExit) as exc:
+        reproduce.main([*argv, "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_report_only_without_runs_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    with pytest.raises(SystemExit) as exc:
+        reproduce.main(["--report-only", "--out", str(tmp_path)])
+    assert exc.value.code == 2 and "no runs" in capsys.readouterr().err
+
+
+def test_budget_table_covers_every_panel_and_builds_valid_configs() -> None:
+    import agents
+    for budget, panels in reproduce.BUDGETS.items():
+        assert set(panels) == set(report.PANELS), budget
+        for name, b in panels.items():
+            agents.make_config(report.PANELS[name].agent, **dict(b.overrides))  # raises on a bad field
+            assert 0 < b.eval_every <= b.steps and b.eval_episodes > 0 and b.num_actors > 0
+    paper = reproduce.BUDGETS["paper"]["walker_stand"]
+    assert paper.overrides["policy_layer_sizes"] == (2048, 2048, 2048) and paper.num_actors == 4
+
+
+def test_actorq_command_passes_the_budget_config(tmp_path: Path) -> None:
+    run = reproduce.PlannedRun("cartpole_balance", "int8", 3, reproduce.BUDGETS["paper"]["cartpole_balance"])
+    cmd = reproduce.actorq_command(run, tmp_path, "onnx")
+    args = dict(zip(cmd[3::2], cmd[4::2]))
+    assert cmd[1:3] == ["-m", "launch.actorq"] and "--full-size" in cmd
+    assert args["--task"] == "cartpole:balance" and args["--num-actors"] == "4" and args["--seed"] == "3"
+    assert "policy_layer_sizes=2048,2048,2048" in cmd and "batch_size=256" in cmd
+    from launch.actorq import build_parser, validate
+    inv = validate(build_parser().parse_args(cmd[3:]))  # the real CLI accepts it
+    assert inv.config.overrides["policy_layer_sizes"] == (2048, 2048, 2048)
+    assert inv.config.max_actor_steps == run.budget.steps
+
+
+def test_tiny_grid_end_to_end_resumes_and_redraws(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv = ["--panels", "CartPole", "--precisions", "32,8", "--seeds", "0", "--budget", "tiny", "--runner", "single",
+            "--out", str(tmp_path), "--name", "t", "--no-progress"]
+    assert reproduce.main(argv) == 0
+    root = tmp_path / "t"
+    for name in ("figure.png", "speedup.csv", "carbon.csv", "runtime.csv", "grid.csv", "report.md", "machine.json"):
+        assert (root / name).stat().st_size > 0, name
+    summaries = {q: root / "runs" / "CartPole" / q / "seed0" / "summary.json" for q in ("fp32", "int8")}
+    grid = pd.read_csv(root / "grid.csv")
+    assert sorted(grid["precision"]) == ["fp32", "int8"] and set(grid["state"]) == {"finished"}
+    speed = pd.read_csv(root / "speedup.csv")
+    assert set(speed["precision"]) == {"fp32", "int8"}
+    carbon = pd.read_csv(root / "carbon.csv")
+    assert len(carbon) == 2 and carbon["method"].notna().all()
+    assert json.loads(summaries["int8"].read_text())["precision"] == "int8"
+
+    # Second call: nothing runs again.
+    mtimes = {q: p.stat().st_mtime_ns for q, p in summaries.items()}
+    capsys.readouterr()
+    assert reproduce.main(argv) == 0
+    assert "0 run(s) ran, 2 were already done" in capsys.readouterr().err
+    assert {q: p.stat().st_mtime_ns for q, p in summaries.items()} == mtimes
+
+    # An interrupted run (no summary, partial logs) is redone; the finished one is not touched.
+    summaries["int8"].unlink()
+    assert reproduce.main(argv) == 0
+    assert "1 run(s) ran" in capsys.readouterr().err
+    assert summaries["int8"].exists() and summaries["fp32"].stat().st_mtime_ns == mtimes["fp32"]
+
+    # Report only: redraws without running.
+    (root / "figure.png").unlink()
+    assert reproduce.main(["--report-only", "--out", str(tmp_path), "--name", "t"]) == 0
+    assert (root / "figure.png").exists()
+    assert summaries["fp32"].stat().st_mtime_ns == mtimes["fp32"]
+
+    # The results folder belongs to its budget.
+    with pytest.raises(SystemExit) as exc:
+        reproduce.main(["--panels", "CartPole", "--budget", "small", "--out", str(tmp_path), "--name", "t"])
+    assert exc.value.code == 2
