@@ -188,6 +188,7 @@ def summarize(rows: list[dict]) -> list[dict[str, Any]]:
     out = []
     for hidden, batch in sorted({(r["hidden"], r["batch"]) for r in rows}):
         get = lambda b, p: _us(rows, b, p, hidden, batch)  # noqa: E731
+        chosen = lambda p: _field(rows, "auto", p, hidden, batch, "chosen")  # noqa: E731
         fp32 = {b: get(b, "fp32") for b in ("jax", "onnx")}
         int8 = {b: get(b, "int8") for b in ("jax", "onnx")}
         best_fp32, best_int8 = min(fp32.values()), min(int8.values())
@@ -195,8 +196,13 @@ def summarize(rows: list[dict]) -> list[dict[str, Any]]:
             "hidden": hidden, "batch": batch,
             "jax_int8_speedup": fp32["jax"] / int8["jax"], "onnx_int8_speedup": fp32["onnx"] / int8["onnx"],
             "best_int8_vs_best_fp32": best_fp32 / best_int8,
+            # Measured auto executors (separate instances, so they carry instance-to-instance noise) ...
             "auto_int8_vs_best_fp32": best_fp32 / get("auto", "int8"),
             "auto_fp32_vs_best_fp32": best_fp32 / get("auto", "fp32"),
+            # ... and auto's *decision* judged on the main measurement: the backend it chose, timed in the
+            # same interleaved rounds as the alternatives (no instance noise; < 1 means it chose wrong).
+            "auto_int8_choice_vs_best_fp32": best_fp32 / get(chosen("int8"), "int8"),
+            "auto_fp32_choice_vs_best_fp32": best_fp32 / get(chosen("fp32"), "fp32"),
         })
     return out
 
@@ -210,11 +216,15 @@ def target_lines(summary: list[dict]) -> list[str]:
                 got = s["best_int8_vs_best_fp32"]
                 lines.append(f"best int8 vs best fp32 at H={hidden} batch 1: {got:.1f}x "
                              f"(target >= {need:.0f}x: {'PASS' if got >= need else 'MISS'})")
-    # "never slower" with 10% slack for timing noise between two separately timed executors.
-    worst = min((min(s["auto_int8_vs_best_fp32"], s["auto_fp32_vs_best_fp32"]), s["hidden"], s["batch"])
-                for s in summary)
-    lines.append(f"auto vs best fp32, worst case: {worst[0]:.2f}x at H={worst[1]} batch {worst[2]} "
-                 f"(target: never slower: {'PASS' if worst[0] >= 0.9 else 'MISS'})")
+    # Judged on auto's choices timed in the main interleaved measurement; 5% slack for block-to-block noise.
+    worst = min((min(s["auto_int8_choice_vs_best_fp32"], s["auto_fp32_choice_vs_best_fp32"]), s["hidden"],
+                 s["batch"]) for s in summary)
+    lines.append(f"auto's choice vs best fp32, worst case: {worst[0]:.2f}x at H={worst[1]} batch {worst[2]} "
+                 f"(target: never slower: {'PASS' if worst[0] >= 0.95 else 'MISS'})")
+    raw = min((min(s["auto_int8_vs_best_fp32"], s["auto_fp32_vs_best_fp32"]), s["hidden"], s["batch"])
+              for s in summary)
+    lines.append(f"auto executors as timed (own instances, includes instance noise), worst case vs best fp32: "
+                 f"{raw[0]:.2f}x at H={raw[1]} batch {raw[2]}")
     return lines
 
 
@@ -228,7 +238,7 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
     table.add_column("batch", justify="right")
     for backend, precision in VARIANTS:
         table.add_column(f"{backend}\n{precision}", justify="right")
-    for col in ("jax\nint8/fp32", "onnx\nint8/fp32", "best int8\nvs best fp32", "auto int8\nvs best fp32"):
+    for col in ("jax\nint8/fp32", "onnx\nint8/fp32", "best int8\nvs best fp32", "auto int8 choice\nvs best fp32"):
         table.add_column(col, justify="right", style="bold")
     for s in summary:
         cells = []
@@ -240,7 +250,7 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
                 cell += f" ({row['chosen']})"
             cells.append(cell)
         cells += [f"{s['jax_int8_speedup']:.2f}x", f"{s['onnx_int8_speedup']:.2f}x",
-                  f"{s['best_int8_vs_best_fp32']:.2f}x", f"{s['auto_int8_vs_best_fp32']:.2f}x"]
+                  f"{s['best_int8_vs_best_fp32']:.2f}x", f"{s['auto_int8_choice_vs_best_fp32']:.2f}x"]
         table.add_row(str(s["hidden"]), str(s["batch"]), *cells)
     console.print(table)
     console.print("speed-up = fp32 us / int8 us (> 1: int8 faster). jax int8 = AQT s8xs8->s32 dot on XLA CPU; "
@@ -287,7 +297,7 @@ def plot(rows: list[dict], path: Path) -> None:
 
 
 def run(quick: bool, out: Path) -> dict[str, Any]:
-    from quarl.runtimes import clear_auto_decisions
+    from quarl.runtimes import auto_decisions, clear_auto_decisions
 
     budget = QUICK if quick else FULL
     machine = machine_info(quick)
@@ -299,12 +309,14 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
             t = time.perf_counter()
             rows += bench_config(hidden, batch, budget)
             print(f"  H={hidden} batch={batch}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
+        decisions = auto_decisions()  # auto's own short measurements (25th percentile us), for the record
     machine["load_average_end"] = list(os.getloadavg())
     summary = summarize(rows)
     print_table(rows, summary)
     result = {"machine": machine, "rows": rows, "summary": [{k: (round(v, 3) if isinstance(v, float) else v)
                                                              for k, v in s.items()} for s in summary],
-              "targets": target_lines(summary)}
+              "targets": target_lines(summary),
+              "auto_decisions": {k.split("|", 1)[1]: v for k, v in decisions.items()}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "inference.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     plot(rows, out / "inference.png")
