@@ -716,6 +716,7 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
     runtime.to_csv(files.runtime, index=False)
     plt.close(plot_runtime_breakdown(runtime, path=files.runtime_figure))
     grid = grid_table(runs, plan)
+    grid["run_dir"] = [_relative(d, out) for d in grid["run_dir"]]  # a committed grid.csv must not name this disk
     grid.to_csv(files.grid, index=False)
 
     if machine is None:
@@ -753,6 +754,15 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
     text += [f"- {m}" for m in methods] or ["- none recorded"]
     files.report.write_text("\n".join(text) + "\n", encoding="utf-8")
     return files
+
+
+def _relative(path: Any, base: Path) -> Any:
+    if not isinstance(path, str):
+        return path
+    try:
+        return str(Path(path).resolve().relative_to(base.resolve()))
+    except ValueError:
+        return path
 
 
 def read_summary_like(path: Path) -> dict[str, Any] | None:

@@ -269,3 +269,17 @@ def test_tiny_grid_end_to_end_resumes_and_redraws(tmp_path: Path, capsys: pytest
     with pytest.raises(SystemExit) as exc:
         reproduce.main(["--panels", "CartPole", "--budget", "small", "--out", str(tmp_path), "--name", "t"])
     assert exc.value.code == 2
+
+
+@pytest.mark.slow
+def test_tiny_grid_on_the_distributed_runner(tmp_path: Path) -> None:
+    argv = ["--panels", "CartPole", "--precisions", "int8", "--seeds", "0", "--budget", "tiny", "--runner", "actorq",
+            "--out", str(tmp_path), "--name", "aq", "--no-progress"]
+    assert reproduce.main(argv) == 0
+    run_dir = tmp_path / "aq" / "runs" / "CartPole" / "int8" / "seed0"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["num_actors"] == 1
+    assert (run_dir / "runner.log").exists() and (run_dir / "actor_0.csv").exists()
+    runs = report.load_runs(tmp_path / "aq")
+    assert runs["runner"].tolist() == ["actorq"] and runs["finished"].all()
+    assert (tmp_path / "aq" / "figure.png").exists()
