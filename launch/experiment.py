@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import jax
 import numpy as np
 
 from quarl.envs import environment_spec, make_environment
@@ -125,9 +127,7 @@ def _energy_tracker(logdir: Path) -> Any:
     """quarl.carbon's tracker if it can run here; energy is a nice-to-have, never a reason to fail a run."""
     try:
         from quarl.carbon import EnergyTracker  # pylint: disable=import-outside-toplevel
-        tracker = EnergyTracker(output_dir=str(logdir))
-        tracker.start()
-        return tracker
+        return EnergyTracker(name="run", output_dir=logdir).start()
     except Exception:  # pylint: disable=broad-except
         return None
 
@@ -139,15 +139,14 @@ def _stop_energy(tracker: Any) -> dict[str, Any] | None:
         result = tracker.stop()
     except Exception:  # pylint: disable=broad-except
         return None
-    if dataclasses.is_dataclass(result):
-        result = dataclasses.asdict(result)
-    return result if isinstance(result, dict) else None
+    result = result.to_dict() if hasattr(result, "to_dict") else result
+    return _jsonable(result) if isinstance(result, dict) else None
 
 
 def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend: str = "auto",
                    max_actor_steps: int, seed: int = 0, logdir: str | Path, eval_every: int | None = None,
                    eval_episodes: int = 10, actor_update_period: int | None = None, eval_fp32: bool = False,
-                   progress: bool = True, energy: bool = True,
+                   progress: bool = True, energy: bool = True, sync_learner: bool = False,
                    on_eval: Callable[[dict[str, Any]], bool | None] | None = None) -> dict[str, Any]:
     """Trains `builder`'s agent on `task` for `max_actor_steps` env steps; returns (and writes) the summary.
 
@@ -155,6 +154,9 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     precision (plus fp32 with `eval_fp32`); a final one always runs. `actor_update_period` defaults to the
     config's. `on_eval(row)` sees every evaluator row; returning True ends the run early (benchmarks stop at a
     target return that way).
+    Learner updates are dispatched asynchronously (JAX), so their compute overlaps acting and part of it shows
+    up in the stage that next waits on the device (usually `pull_s`); `sync_learner=True` waits for every update
+    so each stage's time is its own, at some cost in throughput.
     Writes evaluator.csv, learner.csv, actor.csv and summary.json under `logdir`.
     """
     _validate(max_actor_steps, seed, eval_every, eval_episodes, actor_update_period)
@@ -169,7 +171,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     env_spec = environment_spec(env)
     spec = builder.policy_spec(env_spec)
     learner = builder.make_learner(env_spec, seed)
-    table = builder.make_table(env_spec)
+    table = _make_table(builder, env_spec, seed)
     adder = builder.make_adder()
     prioritized = getattr(table, "sampler", "uniform") == "prioritized"
     batch_size = int(config.batch_size)
@@ -202,8 +204,9 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         t = time.perf_counter()
         eval_actor.update(channel.pull(count=False))
         returns = evaluate(eval_actor, eval_env, eval_episodes)
-        row = {"actor_steps": actor_steps, "learner_steps": learner.steps,
-               "wall_clock_s": round(time.perf_counter() - start, 3), "return": float(np.mean(returns)),
+        # Clocks at the start of this evaluation; train_clock_s leaves out all evaluation time.
+        row = {"actor_steps": actor_steps, "learner_steps": learner.steps, "wall_clock_s": round(t - start, 3),
+               "train_clock_s": round(t - start - times.evaluation_s, 3), "return": float(np.mean(returns)),
                "return_std": float(np.std(returns)), "return_min": float(np.min(returns)),
                "return_max": float(np.max(returns))}
         if fp32_actor is not None:
@@ -221,6 +224,8 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
             sample = table.sample(batch_size, timeout=0.0)
             t1 = time.perf_counter()
             metrics = learner.step(sample)
+            if sync_learner:
+                jax.block_until_ready(metrics)
             if prioritized:
                 table.update_priorities(sample.keys, metrics["priorities"])
             t2 = time.perf_counter()
@@ -293,6 +298,8 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         for log in (evaluator_log, learner_log, actor_log):
             log.close()
         energy_result = _stop_energy(tracker)
+        env.close()
+        eval_env.close()
 
     wall = time.perf_counter() - start
     fp32_bytes = len(encode_payload(quantize_params(learner.policy_params(), "fp32"), version=channel.version,
@@ -309,6 +316,8 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         "learner_steps": learner.steps,
         "episodes": episodes,
         "wall_clock_s": round(wall, 3),
+        "train_clock_s": round(wall - times.evaluation_s, 3),
+        "sync_learner": bool(sync_learner),
         "env_steps_per_s": round(times.env_steps / max(wall, 1e-9), 2),
         "final_eval_return": returns[-1],
         "best_eval_return": max(returns),
@@ -329,11 +338,22 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     return summary
 
 
+def _make_table(builder: Any, env_spec: Any, seed: int) -> Any:
+    """The builder's table, seeded when the builder supports it (`make_table(env_spec, seed=...)`, an optional
+    extension of the contract), so that a whole run is reproducible from its seed."""
+    if "seed" in inspect.signature(builder.make_table).parameters:
+        return builder.make_table(env_spec, seed=seed)
+    return builder.make_table(env_spec)
+
+
 def _insert(table: Any, transitions: Any, learn: Callable[[], None]) -> None:
     """Stacks the adder's transitions into columns and inserts them, letting the learner catch up first if
     the rate limiter would block (it cannot in this loop, but a stuck insert must never hang a run)."""
     items = transitions if isinstance(transitions, (list, tuple)) else [transitions]
-    batch = {k: np.stack([np.asarray(t[k]) for t in items]) for k in items[0]}
+    if len(items) == 1:  # the common case: a leading axis is a view, not a copy
+        batch = {k: np.asarray(v)[None] for k, v in items[0].items()}
+    else:
+        batch = {k: np.stack([np.asarray(t[k]) for t in items]) for k in items[0]}
     if not table.can_insert(len(items)):
         learn()
     table.insert(batch, timeout=60.0)

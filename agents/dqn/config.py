@@ -29,7 +29,9 @@ class DQNConfig:
     min_replay_size: int = 1_000
     max_replay_size: int = 100_000
     # Items sampled per item inserted; learner steps per env step = samples_per_insert / batch_size.
-    samples_per_insert: float = 32.0
+    # One update per env step reached CartPole's 475 in ~10k env steps on every seed tried (0.5 took ~2x the
+    # steps and varied more), and each env step is far cheaper than an update, so this is also fastest in time.
+    samples_per_insert: float = 64.0
     # How far (in sampled items) the learner may run ahead of / behind the ratio before the limiter blocks.
     samples_per_insert_tolerance: float = 0.1
     prioritized_replay: bool = False

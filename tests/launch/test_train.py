@@ -1,0 +1,136 @@
+"""launch.train end to end on a tiny budget, and its flag validation (one stderr line, exit 2, nothing written)."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from launch import train
+from launch.cli import parse_overrides, UsageError
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = ["--set", "min_replay_size=300", "--set", "hidden_sizes=32,32", "--set", "epsilon_decay_steps=500"]
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
+    logdir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "launch.train", "--agent", "dqn", "--task", "CartPole-v1", "--precision", "int8",
+           "--backend", "onnx", "--steps", "1200", "--seed", "3", "--logdir", str(logdir), "--eval-every", "600",
+           "--eval-episodes", "2", "--actor-update-period", "50", "--eval-fp32", "--no-progress", *TINY]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    printed = json.loads(proc.stdout.strip().splitlines()[-1])
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert printed["final_eval_return"] == summary["final_eval_return"]
+
+    assert summary["agent"] == "dqn" and summary["task"] == "CartPole-v1"
+    assert summary["precision"] == "int8" and summary["backend"] == "onnx" and summary["seed"] == 3
+    assert summary["actor_steps"] == 1200 and summary["config"]["hidden_sizes"] == [32, 32]
+    # 900 inserts after the 300-item warm-up at one update per insert (64 samples per insert, batch 64).
+    assert 850 <= summary["learner_steps"] <= 1000
+    assert summary["weight_updates"] == 1200 // 50
+    # int8 weights + fp32 scales/biases: well under the fp32 payload, above a quarter of it.
+    assert summary["payload_bytes_fp32"] / 4 < summary["payload_bytes"] < summary["payload_bytes_fp32"] / 2
+    runtime = summary["runtime"]
+    for key in ("env_step_s", "inference_s", "pull_s", "deserialize_s", "load_s", "pull_ms_per_update",
+                "deserialize_ms_per_update", "load_ms_per_update"):
+        assert runtime[key] > 0, key
+    assert "energy" in summary
+
+    evals = _read_csv(logdir / "evaluator.csv")
+    assert [int(r["actor_steps"]) for r in evals] == [600, 1200]
+    assert float(evals[-1]["return"]) == pytest.approx(summary["final_eval_return"])
+    assert summary["best_eval_return"] == pytest.approx(max(float(r["return"]) for r in evals))
+    assert all(float(r["return_fp32"]) >= 8 for r in evals)  # CartPole returns are >= 8 for any policy
+    episodes = _read_csv(logdir / "actor.csv")
+    assert len(episodes) == summary["episodes"] > 0
+    assert sum(int(r["episode_length"]) for r in episodes) <= 1200
+    assert (logdir / "learner.csv").exists()
+
+
+def _argv(logdir: Path, flags: list[str]) -> list[str]:
+    """A valid command line with `flags` (flag, value pairs or a lone flag) replacing or adding to it."""
+    base = {"--agent": "dqn", "--task": "CartPole-v1", "--steps": "100", "--logdir": str(logdir)}
+    extra: list[str] = []
+    i = 0
+    while i < len(flags):
+        flag, value = flags[i], flags[i + 1] if i + 1 < len(flags) else None
+        if flag in base and value is not None:
+            base[flag] = value
+        else:
+            extra += [flag] if value is None else [flag, value]
+        i += 2
+    return [x for kv in base.items() for x in kv] + extra
+
+
+@pytest.mark.parametrize("flags,needle", [
+    (["--agent", "ppo"], "unknown agent"),
+    (["--task", "NoSuchTask-v0"], "unknown task"),
+    (["--precision", "int99"], "unknown precision"),
+    (["--backend", "tpu"], "unknown backend"),
+    (["--steps", "0"], "--steps"),
+    (["--steps", "-5"], "--steps"),
+    (["--steps", "ten"], "--steps"),
+    (["--eval-episodes", "0"], "--eval-episodes"),
+    (["--eval-every", "-3"], "--eval-every"),
+    (["--seed", "-1"], "--seed"),
+    (["--set", "no_such_key=1"], "no_such_key"),
+    (["--set", "batch_size=abc"], "batch_size"),
+    (["--set", "learning_rate=-1"], "learning_rate"),
+    (["--set", "batch_size"], "KEY=VALUE"),
+    (["--task", "cartpole:balance"], "cannot run"),
+    (["--agent", "d4pg"], "cannot run"),
+    (["--no-such-flag", "1"], "unrecognized"),
+])
+def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, flags, needle):
+    logdir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(_argv(logdir, flags))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert needle in err
+    assert not logdir.exists()
+
+
+def test_unusable_logdirs_are_refused_before_anything_is_written(tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("x")
+    existing = tmp_path / "old_run"
+    existing.mkdir()
+    (existing / "summary.json").write_text("{}")
+    for logdir, needle in ((blocker / "run", "cannot be created"), (blocker, "not a directory"),
+                           (existing, "already holds a run")):
+        with pytest.raises(SystemExit) as exit_info:
+            train.main(["--agent", "dqn", "--task", "CartPole-v1", "--steps", "10", "--logdir", str(logdir)])
+        assert exit_info.value.code == 2
+        err = capsys.readouterr().err
+        assert len(err.strip().splitlines()) == 1 and needle in err, err
+    assert sorted(p.name for p in existing.iterdir()) == ["summary.json"]
+
+
+def test_missing_required_flag_is_one_line_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--agent", "dqn", "--task", "CartPole-v1"])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--steps" in err
+
+
+def test_overrides_are_parsed_by_field_type():
+    got = parse_overrides("dqn", ["hidden_sizes=64,32", "prioritized_replay=true", "learning_rate=3e-4",
+                                  "n_step=5"])
+    assert got == {"hidden_sizes": (64, 32), "prioritized_replay": True, "learning_rate": 3e-4, "n_step": 5}
+    with pytest.raises(UsageError, match="prioritized_replay"):
+        parse_overrides("dqn", ["prioritized_replay=maybe"])
