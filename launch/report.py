@@ -528,7 +528,7 @@ def plot_runtime_breakdown(table: pd.DataFrame, *, per_1k_steps: bool = True,
     plt = _pyplot()
     keys = [f"{s[:-2]}_ms_per_1k_steps" for s in STAGES] if per_1k_steps else list(STAGES)
     labels = [f"{p}\n{q}" for p, q in zip(table["panel"], table["precision"])]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(labels) + 2), 4.2))
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(labels) + 2) + 2.0, 4.2))
     bottom = np.zeros(len(table))
     for stage, key in zip(STAGES, keys):
         values = np.nan_to_num(table[key].to_numpy(float)) if len(table) else np.zeros(0)
@@ -537,7 +537,7 @@ def plot_runtime_breakdown(table: pd.DataFrame, *, per_1k_steps: bool = True,
     ax.set_xticks(range(len(table)), labels, fontsize=8)
     ax.set_ylabel("ms per 1000 actor steps" if per_1k_steps else "seconds (summed over actors)")
     ax.set_title("actor runtime breakdown")
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: bars fill the axes
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
     if path is not None:

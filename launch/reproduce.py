@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -57,8 +58,8 @@ _D4PG_SMALL = {"policy_layer_sizes": (64, 64), "critic_layer_sizes": (64, 64), "
                "min_replay_size": 1_000, "samples_per_insert": 32.0, "learning_rate": 3e-4, "n_step": 5,
                "discount": 0.99, "actor_update_period": 100}
 # Small budget, DQN: 64x64 Q-network, lr 5e-4 and a slow target (500 learner steps): the agent's faster
-# defaults oscillate or collapse on CartPole at this size. Measured: evaluation returns 250-330 from ~6k steps
-# on, 40k steps in ~22 s of CPU.
+# defaults oscillate or collapse on CartPole at this size. Measured: evaluation returns 200-320 from ~6k steps
+# on; a 40k-step run takes 15-20 s on the shared 2-core dev box (9 runs: ~3 min).
 _DQN_SMALL = {"hidden_sizes": (64, 64), "batch_size": 64, "min_replay_size": 1_000, "samples_per_insert": 16.0,
               "learning_rate": 5e-4, "target_update_period": 500, "epsilon_decay_steps": 10_000, "n_step": 3,
               "discount": 0.99, "actor_update_period": 100}
@@ -105,7 +106,7 @@ BUDGETS: dict[str, dict[str, RunBudget]] = {
               "cheetah_run": _d4pg(200_000, _D4PG_SMALL, evals=20),
               "humanoid_stand": _d4pg(200_000, _D4PG_SMALL, evals=20),
               "humanoid_walk": _d4pg(200_000, _D4PG_SMALL, evals=20)},
-        dqn={"CartPole": _dqn(40_000, _DQN_SMALL),
+        dqn={"CartPole": _dqn(40_000, _DQN_SMALL, evals=40),  # learns within ~6k steps: resolve the rise
              "MountainCar": _dqn(150_000, {**_DQN_SMALL, "epsilon_decay_steps": 50_000}),
              "Acrobot": _dqn(50_000, _DQN_SMALL)}),
     # paper: the paper's agent settings with 4 actors on Ray and budgets long enough for each task to reach
@@ -245,7 +246,7 @@ def validate(args: argparse.Namespace) -> Invocation:
             raise UsageError(f"--report-only: no runs under {str(root / 'runs')!r}")
     else:
         _check_writable(root)
-        _check_same_budget(root, args.budget)
+        _check_same_grid(root, args.budget, runner)
     return Invocation(panels, precisions, seeds, args.budget, runner, backend, root, float(args.fraction),
                       bool(args.report_only), not args.no_progress)
 
@@ -256,17 +257,20 @@ def _check_writable(root: Path) -> None:
         p = p.parent
     if not p.is_dir():
         raise UsageError(f"cannot create {str(root)!r}: {str(p)!r} is not a directory")
-    import os  # pylint: disable=import-outside-toplevel
     if not os.access(p, os.W_OK | os.X_OK):
         raise UsageError(f"cannot write under {str(p)!r}")
 
 
-def _check_same_budget(root: Path, budget: str) -> None:
-    """A results folder holds one budget: resuming it with another would mix run lengths in one figure."""
+def _check_same_grid(root: Path, budget: str, runner: str) -> None:
+    """A results folder holds one budget and one runner: resuming it with another would put runs of other
+    lengths, or wall clocks of another runner, into one figure."""
     meta = _read_json(root / "grid.json")
-    if meta is not None and meta.get("budget") not in (None, budget):
-        raise UsageError(f"{str(root)!r} holds a {meta.get('budget')!r} grid; pass --budget "
-                         f"{meta.get('budget')} to resume it or choose another --name")
+    if meta is None:
+        return
+    for flag, have, want in (("--budget", meta.get("budget"), budget), ("--runner", meta.get("runner"), runner)):
+        if have not in (None, want):
+            raise UsageError(f"{str(root)!r} holds a grid made with {flag} {have}; pass {flag} {have} to resume "
+                             "it or choose another --name")
 
 
 def _read_json(path: Path) -> dict[str, Any] | None:
@@ -337,9 +341,11 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
 
     plan = inv.plan()
     inv.root.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(inv.root / "grid.json", {
-        "budget": inv.budget, "runner": inv.runner, "backend": inv.backend,
-        "budgets": {r.panel: _jsonable(dataclasses.asdict(r.budget)) for r in plan}})
+    meta = _read_json(inv.root / "grid.json") or {}
+    budgets = dict(meta.get("budgets") or {})  # panels run earlier under this name keep their entry
+    budgets.update({r.panel: _jsonable(dataclasses.asdict(r.budget)) for r in plan})
+    write_json_atomic(inv.root / "grid.json", {"budget": inv.budget, "runner": inv.runner, "backend": inv.backend,
+                                               "budgets": budgets})
     todo = [r for r in plan if not is_finished(read_summary(r.run_dir(inv.root)))]
     if todo:  # the machine the numbers come from (a report-only redraw elsewhere keeps it)
         write_json_atomic(inv.root / "machine.json", machine_info())

@@ -265,10 +265,12 @@ def test_tiny_grid_end_to_end_resumes_and_redraws(tmp_path: Path, capsys: pytest
     assert (root / "figure.png").exists()
     assert summaries["fp32"].stat().st_mtime_ns == mtimes["fp32"]
 
-    # The results folder belongs to its budget.
-    with pytest.raises(SystemExit) as exc:
-        reproduce.main(["--panels", "CartPole", "--budget", "small", "--out", str(tmp_path), "--name", "t"])
-    assert exc.value.code == 2
+    # The results folder belongs to its budget and runner.
+    for other in (["--budget", "small", "--runner", "single"], ["--budget", "tiny", "--runner", "actorq"]):
+        with pytest.raises(SystemExit) as exc:
+            reproduce.main(["--panels", "CartPole", *other, "--out", str(tmp_path), "--name", "t"])
+        assert exc.value.code == 2
+        assert "holds a grid made with" in capsys.readouterr().err
 
 
 @pytest.mark.slow
