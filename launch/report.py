@@ -11,11 +11,15 @@ Definitions used throughout:
 - target return of a panel: `R - (1 - fraction) * |R|`, R = mean over seeds of the baseline's (fp32) final
   evaluation return. For positive R this is `fraction * R` (the paper's "90% of fp32"); the |R| form keeps
   the target reachable for tasks whose returns are negative (MountainCar, Acrobot).
-- time to target of a run: the wall clock of its first evaluation whose mean return reaches the target
+- time of an evaluation (`time_s`): the training clock. The single-process runner evaluates in its training
+  loop and logs `train_clock_s`, its clock without the evaluations (a distributed run's evaluator works on
+  the side and costs its learner and actors nothing); where that column is absent it is `wall_clock_s`.
+- time to target of a run: the time of its first evaluation whose mean return reaches the target
   (evaluations are discrete, so this is an upper bound by at most one evaluation period).
 - speedup of a precision: mean baseline time to target / mean time to target of that precision, each mean
   over the seeds that reached the target.
-- energy to target: the run's energy scaled by time-to-target / run time (constant average power).
+- energy to target: the run's energy scaled by (wall clock at the target) / (run time), i.e. constant
+  average power over the whole run, evaluations included.
 """
 from __future__ import annotations
 
@@ -120,20 +124,23 @@ def is_finished(summary: Mapping[str, Any] | None) -> bool:
 
 
 def read_evaluator(run_dir: str | os.PathLike) -> pd.DataFrame:
-    """evaluator.csv sorted by wall clock, with numeric actor_steps, wall_clock_s and return columns.
+    """evaluator.csv sorted by wall clock, with numeric actor_steps, wall_clock_s, time_s and return columns.
 
-    Rows with a non-finite return are dropped; a missing file gives an empty frame with those columns."""
+    `time_s` is train_clock_s where the runner logged it, else wall_clock_s (see the module doc). Rows with a
+    non-finite return are dropped; a missing file gives an empty frame with those columns."""
     path = Path(run_dir) / "evaluator.csv"
     cols = ["actor_steps", "wall_clock_s", "return"]
     if not path.exists() or path.stat().st_size == 0:
-        return pd.DataFrame(columns=cols, dtype=float)
+        return pd.DataFrame(columns=[*cols, "time_s"], dtype=float)
     df = pd.read_csv(path)
     missing = [c for c in cols if c not in df.columns]
     if missing:
         raise ValueError(f"{path}: evaluator.csv lacks column(s) {', '.join(missing)}")
     for c in df.columns:
         df[c] = pd.to_numeric(df[c], errors="coerce")
-    df = df[np.isfinite(df["return"]) & np.isfinite(df["wall_clock_s"])]
+    df = df[np.isfinite(df["return"]) & np.isfinite(df["wall_clock_s"])].copy()
+    train = df["train_clock_s"] if "train_clock_s" in df.columns else None
+    df["time_s"] = df["wall_clock_s"] if train is None or not np.isfinite(train).all() else train
     return df.sort_values(["wall_clock_s", "actor_steps"], kind="stable").reset_index(drop=True)
 
 
@@ -256,8 +263,16 @@ def finished(runs: pd.DataFrame) -> pd.DataFrame:
 # ------------------------------------------------------------------------------------------------ curves
 
 
-def curves(runs: pd.DataFrame, *, x: str = "wall_clock_s", points: int = 200) -> pd.DataFrame:
-    """Return vs `x` (wall_clock_s or actor_steps) per panel and precision, aggregated over seeds.
+X_AXES = ("time_s", "wall_clock_s", "actor_steps")
+
+
+def _check_x(x: str) -> None:
+    if x not in X_AXES:
+        raise ValueError(f"x must be one of {', '.join(X_AXES)}, got {x!r}")
+
+
+def curves(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200) -> pd.DataFrame:
+    """Return vs `x` (time_s, wall_clock_s or actor_steps) per panel and precision, aggregated over seeds.
 
     Each seed's evaluations are linearly interpolated onto a grid shared by the whole panel (0 .. the
     panel's last evaluation). A seed that finished before the slowest seed of its precision keeps its final
@@ -265,8 +280,7 @@ def curves(runs: pd.DataFrame, *, x: str = "wall_clock_s", points: int = 200) ->
     every seed of the precision has one, so mean/std/min/max are always over the same seeds.
     Columns: panel, precision, x, mean, std, min, max, seeds.
     """
-    if x not in ("wall_clock_s", "actor_steps"):
-        raise ValueError(f"x must be 'wall_clock_s' or 'actor_steps', got {x!r}")
+    _check_x(x)
     if points < 2:
         raise ValueError(f"points must be >= 2, got {points}")
     done = finished(runs)
@@ -315,7 +329,7 @@ def target_return(baseline_final: float, fraction: float) -> float:
     return float(baseline_final - (1.0 - fraction) * abs(baseline_final))
 
 
-def time_to_target(evals: pd.DataFrame, target: float, *, x: str = "wall_clock_s") -> float:
+def time_to_target(evals: pd.DataFrame, target: float, *, x: str = "time_s") -> float:
     """`x` at the first evaluation whose return reaches `target`; NaN when no evaluation does."""
     if not len(evals) or not math.isfinite(target):
         return math.nan
@@ -332,18 +346,21 @@ def panel_targets(runs: pd.DataFrame, fraction: float = 0.9, baseline: str = BAS
 
 
 def with_time_to_target(runs: pd.DataFrame, fraction: float = 0.9, baseline: str = BASELINE,
-                        x: str = "wall_clock_s") -> pd.DataFrame:
-    """Finished runs plus `target_return` and `time_to_target` (in `x` units) columns."""
+                        x: str = "time_s") -> pd.DataFrame:
+    """Finished runs plus `target_return`, `time_to_target` (in `x` units) and `wall_to_target` (the
+    wall clock of the same evaluation, for energy) columns."""
+    _check_x(x)
     targets = panel_targets(runs, fraction, baseline)
-    done = finished(runs).copy()
+    done = finished(runs).copy().reset_index(drop=True)
     done["target_return"] = [targets.get(p, math.nan) for p in done["panel"]]
-    done["time_to_target"] = [time_to_target(read_evaluator(d), t, x=x)
-                              for d, t in zip(done["run_dir"], done["target_return"])]
-    return done.reset_index(drop=True)
+    evals = [read_evaluator(d) for d in done["run_dir"]]
+    done["time_to_target"] = [time_to_target(e, t, x=x) for e, t in zip(evals, done["target_return"])]
+    done["wall_to_target"] = [time_to_target(e, t, x="wall_clock_s") for e, t in zip(evals, done["target_return"])]
+    return done
 
 
 def speedup_table(runs: pd.DataFrame, fraction: float = 0.9, baseline: str = BASELINE,
-                  x: str = "wall_clock_s") -> pd.DataFrame:
+                  x: str = "time_s") -> pd.DataFrame:
     """Per panel and precision: final return, time to reach the panel's target, and speedup vs `baseline`.
 
     `time_to_target_s` is the mean over the seeds that reached the target (`seeds_reached` of `seeds`);
@@ -365,7 +382,7 @@ def speedup_table(runs: pd.DataFrame, fraction: float = 0.9, baseline: str = BAS
     base = table[table["precision"] == baseline].set_index("panel")["time_to_target_s"]
     table["speedup_vs_" + baseline] = [base.get(p, math.nan) / t if t and t > 0 else math.nan
                                        for p, t in zip(table["panel"], table["time_to_target_s"])]
-    if x != "wall_clock_s":
+    if x == "actor_steps":
         table = table.rename(columns={"time_to_target_s": f"{x}_to_target", "time_to_target_std":
                                       f"{x}_to_target_std"})
     return _sorted_table(table)
@@ -387,7 +404,7 @@ def carbon_table(runs: pd.DataFrame, fraction: float = 0.9, baseline: str = BASE
     measurement method copied from its summary, and the panel-level baseline/precision ratios
     (see `carbon_ratio_table`) repeated on each row of that panel and precision."""
     ttt = with_time_to_target(runs, fraction, baseline)
-    scale = ttt["time_to_target"] / ttt["run_time_s"]
+    scale = ttt["wall_to_target"] / ttt["run_time_s"]
     per_run = pd.DataFrame({
         "panel": ttt["panel"], "precision": ttt["precision"], "seed": ttt["seed"],
         "actor_steps": ttt["actor_steps"], "run_time_s": ttt["run_time_s"], "energy_kwh": ttt["energy_kwh"],
@@ -471,7 +488,7 @@ def _pyplot() -> Any:
     return plt
 
 
-def plot_figure(runs: pd.DataFrame, *, x: str = "wall_clock_s", points: int = 200, band: str = "minmax",
+def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, band: str = "minmax",
                 fraction: float | None = 0.9, path: str | os.PathLike | None = None) -> Any:
     """The paper's figure: one panel per task, return vs `x`, one curve per precision (mean over seeds) with
     a min-max (band='minmax') or ±std (band='std') band; a dotted line marks the target return when
@@ -486,14 +503,15 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "wall_clock_s", points: int = 20
     cols = min(4, n)
     nrows = math.ceil(n / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.3 * nrows), squeeze=False)
-    scale, unit = _time_unit(float(data["x"].max()) if len(data) and x == "wall_clock_s" else 0.0)
+    timed = x != "actor_steps"
+    scale, unit = _time_unit(float(data["x"].max()) if len(data) and timed else 0.0)
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
     for ax, panel in zip(axes.ravel(), panels):
         pdata = data[data["panel"] == panel]
         for precision in sorted(pdata["precision"].unique(), key=precision_order):
             c = pdata[pdata["precision"] == precision]
-            xs = c["x"].to_numpy() / (scale if x == "wall_clock_s" else 1.0)
+            xs = c["x"].to_numpy() / (scale if timed else 1.0)
             lo, hi = (c["min"], c["max"]) if band == "minmax" else (c["mean"] - c["std"], c["mean"] + c["std"])
             color = precision_color(precision)
             ax.plot(xs, c["mean"], color=color, label=f"{precision} (n={int(c['seeds'].iloc[0])})", lw=1.6)
@@ -501,7 +519,8 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "wall_clock_s", points: int = 20
         if panel in targets:
             ax.axhline(targets[panel], color="0.4", ls=":", lw=1, label=f"{int(round(100 * fraction))}% of fp32")
         ax.set_title(panel)
-        ax.set_xlabel(f"wall clock ({unit})" if x == "wall_clock_s" else "actor steps")
+        ax.set_xlabel({"time_s": f"training wall clock ({unit})", "wall_clock_s": f"wall clock ({unit})"}
+                      .get(x, "actor steps"))
         ax.set_ylabel("evaluation return")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7, loc="best")
@@ -728,9 +747,10 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
     notes = list(notes)
     text += [*notes, ""] if notes else []
     text += ["![return vs wall clock](figure.png)", "",
-             f"Curves: mean over seeds, band min..max; dotted line: {pct}% of the fp32 final return "
-             "(target = R - (1 - f)|R|, which is f*R for positive returns).", "",
-             f"## Speedup: wall clock to reach {pct}% of the fp32 final return", "",
+             "Curves: mean over seeds, band min..max, against the training clock (the single-process runner's "
+             "clock without its own evaluations, else the wall clock); dotted line: "
+             f"{pct}% of the fp32 final return (target = R - (1 - f)|R|, which is f*R for positive returns).", "",
+             f"## Speedup: training time to reach {pct}% of the fp32 final return", "",
              markdown_table(speed), "",
              "## Energy and carbon", "",
              "Ratios are fp32 / precision (> 1: the quantized run used less). *Same work*: energy per actor step "

@@ -82,11 +82,21 @@ def test_target_return_is_fraction_of_final_from_the_top_for_negative_returns() 
 def test_time_to_target_is_the_first_evaluation_at_or_above_target() -> None:
     evals = pd.DataFrame({"actor_steps": [1, 2, 3, 4], "wall_clock_s": [10.0, 20.0, 30.0, 40.0],
                           "return": [0.0, 95.0, 80.0, 100.0]})
-    assert report.time_to_target(evals, 90.0) == 20.0
-    assert report.time_to_target(evals, 95.0) == 20.0
-    assert report.time_to_target(evals, 96.0) == 40.0
+    assert report.time_to_target(evals, 90.0, x="wall_clock_s") == 20.0
+    assert report.time_to_target(evals, 95.0, x="wall_clock_s") == 20.0
+    assert report.time_to_target(evals, 96.0, x="wall_clock_s") == 40.0
     assert report.time_to_target(evals, 96.0, x="actor_steps") == 4
-    assert math.isnan(report.time_to_target(evals, 101.0))
+    assert math.isnan(report.time_to_target(evals, 101.0, x="wall_clock_s"))
+
+
+def test_training_clock_is_used_when_logged(tmp_path: Path) -> None:
+    run_dir = write_run(tmp_path, "CartPole", "fp32", 0, [10.0, 20.0, 30.0], [0.0, 50.0, 100.0])
+    evals = pd.read_csv(run_dir / "evaluator.csv")
+    evals["train_clock_s"] = [8.0, 15.0, 21.0]  # the same evaluations, minus the time spent evaluating
+    evals.to_csv(run_dir / "evaluator.csv", index=False)
+    assert report.read_evaluator(run_dir)["time_s"].tolist() == [8.0, 15.0, 21.0]
+    ttt = report.with_time_to_target(report.load_runs(tmp_path), 0.9)
+    assert ttt["time_to_target"].item() == 21.0 and ttt["wall_to_target"].item() == 30.0
 
 
 def test_speedup_table_on_hand_made_runs(tmp_path: Path) -> None:
