@@ -149,11 +149,20 @@ def mlp_q_network(obs_dim: int, hidden: Sequence[int], num_actions: int) -> Poli
     return PolicySpec(obs_dim, tuple(layers))
 
 
-def haiku_forward(spec: PolicySpec) -> Callable:
-    """The spec as a haiku function; call it inside `hk.transform` (top level, so names are unprefixed)."""
+def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
+    """The spec as a haiku function; call it inside `hk.transform` (top level, so names are unprefixed).
+
+    `qat_bits` (2..8) makes every Linear compute as an int-`qat_bits` actor does (fake-quantized weights,
+    8-bit activations, straight-through gradients; see `quarl.qat`) for quantization-aware training. The
+    parameter tree and its initialisation are the same either way."""
     import haiku as hk
     import jax
     import jax.numpy as jnp
+
+    linear_cls = hk.Linear
+    if qat_bits is not None:
+        from quarl.qat import qat_linear  # pylint: disable=import-outside-toplevel  (AQT only when used)
+        linear_cls = qat_linear(qat_bits)
 
     def forward(x):
         for layer in spec.layers:
@@ -161,7 +170,7 @@ def haiku_forward(spec: PolicySpec) -> Callable:
                 w_init = None
                 if layer.init_scale is not None:
                     w_init = hk.initializers.VarianceScaling(layer.init_scale, "fan_in", "truncated_normal")
-                x = hk.Linear(layer.out, w_init=w_init, name=layer.name)(x)
+                x = linear_cls(layer.out, w_init=w_init, name=layer.name)(x)
             elif isinstance(layer, LayerNorm):
                 x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS,
                                  name=layer.name)(x)
