@@ -12,6 +12,8 @@ import dataclasses
 import math
 from typing import Any
 
+from quarl.qat import check_qat_bits
+
 
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
@@ -62,6 +64,9 @@ class D4PGConfig:
     samples_per_insert: float = 32.0
     samples_per_insert_tolerance: float = 0.1
     actor_update_period: int = 100  # actor steps between policy weight pulls
+    # Quantization-aware training: None trains the policy in fp32; B in [2, 8] trains it through the int-B
+    # arithmetic its actors deploy (quarl.qat). Critic and target networks always stay fp32.
+    qat_bits: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("policy_layer_sizes", "critic_layer_sizes"):  # lists arrive from CLIs and JSON
@@ -89,6 +94,7 @@ class D4PGConfig:
             raise ValueError(f"D4PGConfig.sigma must be >= 0, got {self.sigma}")
         if _finite("sigma_spread", self.sigma_spread) < 1.0:
             raise ValueError(f"D4PGConfig.sigma_spread must be >= 1, got {self.sigma_spread}")
+        check_qat_bits(self.qat_bits, "D4PGConfig.qat_bits")
         if self.max_replay_size < self.min_replay_size:
             raise ValueError(f"D4PGConfig.max_replay_size ({self.max_replay_size}) must be >= "
                              f"min_replay_size ({self.min_replay_size})")

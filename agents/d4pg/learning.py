@@ -68,9 +68,10 @@ def policy_loss(networks: D4PGNetworks, policy_params, critic_params, observatio
     """DPG loss: push pi(s) along dQ/da (clipped), Q being the mean of the distributional critic.
 
     Returns (loss, mean Q(s, pi(s))). Rows are independent (LayerNorm is per row), so the gradient of the
-    summed Q with respect to the action batch is the per-sample dQ/da.
+    summed Q with respect to the action batch is the per-sample dQ/da. With QAT (`networks.qat_policy`)
+    pi(s) is the deployed int-B policy's action, and the gradient reaches the fp32 weights by the STE.
     """
-    actions = networks.policy.apply(policy_params, observations)
+    actions = networks.train_policy.apply(policy_params, observations)
 
     def total_q(a: jax.Array) -> tuple[jax.Array, jax.Array]:
         q = critic_mean(networks.critic.apply(critic_params, observations, a), networks.atoms)

@@ -30,6 +30,14 @@ class D4PGNetworks:
     atoms: jax.Array  # [num_atoms] float32 support of the return distribution
     obs_dim: int
     action_dim: int
+    # The policy as the learner's DPG loss runs it: with `D4PGConfig.qat_bits` set, the same parameters
+    # through the deployed int-B arithmetic (quarl.qat); None = `policy` (fp32).
+    qat_policy: hk.Transformed | None = None
+
+    @property
+    def train_policy(self) -> hk.Transformed:
+        """The network the policy gradient flows through (QAT when configured, else the fp32 policy)."""
+        return self.policy if self.qat_policy is None else self.qat_policy
 
 
 def policy_spec(obs_dim: int, layer_sizes: Sequence[int], action_min: Sequence[float],
@@ -71,6 +79,9 @@ def make_networks(config: D4PGConfig, obs_dim: int, action_min: Sequence[float],
         raise ValueError("D4PG needs finite action bounds")
     spec = policy_spec(obs_dim, config.policy_layer_sizes, lo.tolist(), hi.tolist())
     policy = hk.without_apply_rng(hk.transform(qpolicy.haiku_forward(spec)))
+    qat_policy = None
+    if config.qat_bits is not None:
+        qat_policy = hk.without_apply_rng(hk.transform(qpolicy.haiku_forward(spec, qat_bits=config.qat_bits)))
     critic = hk.without_apply_rng(hk.transform(critic_forward(config.critic_layer_sizes, config.num_atoms)))
     atoms = jnp.linspace(config.vmin, config.vmax, config.num_atoms, dtype=jnp.float32)
-    return D4PGNetworks(spec, policy, critic, atoms, int(obs_dim), int(lo.size))
+    return D4PGNetworks(spec, policy, critic, atoms, int(obs_dim), int(lo.size), qat_policy)
