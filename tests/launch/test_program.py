@@ -1,0 +1,290 @@
+"""The ActorQ program without Ray: graph description, quantizer and weight channel semantics, checkpoints, the
+single-process runner end to end, and CLI validation (bad flags exit 2 before Ray is even imported)."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launch import checkpoint as ckpt
+from launch import nodes
+from launch.actorq import run_program
+from launch.local_runner import LocalNodeHandle, LocalRunner
+from launch.program import (SINGLE_THREAD_ENV, AgentSpec, Handle, Node, Program, RunConfig,
+                            build_actorq_program, derive_seed)
+from quarl.payload import decode_payload
+from quarl.policy import layer_norm_mlp_policy
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
+
+
+def tiny_config(logdir: Path, **kw) -> RunConfig:
+    base = dict(agent="dqn", task="CartPole-v1", precision="int8", num_actors=2, max_actor_steps=600,
+                seed=0, logdir=str(logdir), overrides=dict(TINY_DQN), backend="onnx", eval_every=300,
+                eval_episodes=1, publish_period=5, insert_batch=32)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+# ---------------------------------------------------------------------------------------------- program
+
+
+def test_actorq_graph_has_every_node_with_its_placement(tmp_path):
+    program = build_actorq_program(tiny_config(tmp_path, num_actors=3))
+    names = [n.name for n in program.nodes]
+    assert names == ["counter", "replay", "quantizer", "learner", "actor_0", "actor_1", "actor_2", "evaluator"]
+    for name in ("actor_0", "actor_1", "actor_2", "evaluator"):
+        node = program.node(name)
+        assert node.num_cpus == 1 and dict(node.env_vars) == SINGLE_THREAD_ENV
+        assert node.env_vars["OMP_NUM_THREADS"] == "1" and "intra_op_parallelism_threads=1" in node.env_vars["XLA_FLAGS"]
+    assert all(program.node(f"actor_{i}").max_restarts > 0 for i in range(3))
+    # Blocked samplers must not block inserters: the replay server answers on several threads.
+    assert program.node("replay").max_concurrency >= 3 + 2 + 1
+    assert program.node("learner").use_accelerator
+    assert set(program.node("actor_0").dependencies()) == {"counter", "replay", "quantizer"}
+    assert program.names(kind="worker") == ["learner", "actor_0", "actor_1", "actor_2", "evaluator"]
+
+
+def test_program_rejects_dangling_and_duplicate_nodes():
+    program = Program("p")
+    program.add(Node("a", nodes.Counter))
+    with pytest.raises(ValueError, match="already has a node"):
+        program.add(Node("a", nodes.Counter))
+    with pytest.raises(ValueError, match="not in the program"):
+        program.add(Node("b", nodes.Counter, {"other": Handle("missing")}))
+    with pytest.raises(ValueError, match="needs run"):
+        Node("w", nodes.Counter, kind="worker")
+
+
+def test_derived_seeds_differ_per_node_and_run():
+    seeds = {derive_seed(s, stream, i) for s in range(3) for stream in range(3) for i in range(4)}
+    assert len(seeds) == 36
+
+
+# ---------------------------------------------------------------------------------------------- quantizer
+
+
+def _policy_params(hidden=(256, 256, 256), obs_dim=5, seed=0):
+    rng = np.random.default_rng(seed)
+    spec = layer_norm_mlp_policy(obs_dim, hidden, [-1.0], [1.0])
+    params, width = {}, obs_dim
+    for layer in spec.linear_layers:
+        params[layer.name] = {"w": rng.normal(0, 0.1, (width, layer.out)).astype(np.float32),
+                              "b": rng.normal(0, 0.1, layer.out).astype(np.float32)}
+        width = layer.out
+    params["layer_norm"] = {"scale": np.ones(hidden[0], np.float32), "offset": np.zeros(hidden[0], np.float32)}
+    return spec, params
+
+
+def test_quantizer_quantizes_once_per_version_whatever_the_number_of_actors():
+    spec, params = _policy_params()
+    q = nodes.Quantizer(spec.to_dict(), "int8")
+    assert q.get_payload(-1) is None  # nothing published yet
+    q.publish(10, params)
+    payloads: list[bytes] = []
+    barrier = threading.Barrier(4)
+
+    def actor() -> None:
+        barrier.wait()
+        payloads.append(q.get_payload(-1))
+
+    threads = [threading.Thread(target=actor) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(payloads) == 4 and len(set(payloads)) == 1
+    assert q.stats()["quantize_calls"] == 1
+    assert decode_payload(payloads[0]).version == 10
+    assert q.get_payload(10) is None  # the caller is up to date: no payload
+    q.publish(5, params)  # older than the latest: ignored
+    assert q.latest_version() == 10
+    q.publish(20, params)
+    assert decode_payload(q.get_payload(10)).version == 20
+    stats = q.stats()
+    assert stats["quantize_calls"] == 2 and stats["distinct_versions_quantized"] == 2
+    assert stats["not_modified"] == 2 and stats["payloads_served"] == 5
+
+
+def test_int8_payload_is_at_least_3_9x_smaller_than_fp32():
+    """The paper's D4PG policy (2048x3): biases, scales and LayerNorm stay fp32, so small nets get less."""
+    spec, params = _policy_params(hidden=(2048, 2048, 2048))
+    q = nodes.Quantizer(spec.to_dict(), "int8")
+    q.publish(1, params)
+    data = q.get_payload()
+    stats = q.stats()
+    assert stats["payload_bytes"] == len(data)
+    assert stats["fp32_payload_bytes"] / stats["payload_bytes"] >= 3.9
+
+
+def test_quantizer_refuses_non_finite_weights():
+    spec, params = _policy_params(hidden=(8,))
+    params["linear_0"]["w"][0, 0] = np.nan
+    with pytest.raises(ValueError, match="non-finite"):
+        nodes.Quantizer(spec.to_dict(), "int8").publish(1, params)
+
+
+def test_actor_weight_client_fetches_only_when_the_version_changed():
+    spec, params = _policy_params(hidden=(32, 32))
+    q = nodes.Quantizer(spec.to_dict(), "int8")
+    times = nodes.ActorTimes()
+    client = nodes._PolicyClient(LocalNodeHandle(q, None), times)  # pylint: disable=protected-access
+    q.publish(3, params)
+    first = client.fetch()
+    assert first is not None and first.version == 3 and client.version == 3
+    for _ in range(5):
+        assert client.fetch() is None
+    q.publish(4, params)
+    assert client.fetch().version == 4
+    assert (times.pulls, times.updates) == (7, 2)
+    assert times.payload_bytes == 2 * q.stats()["payload_bytes"]
+    assert q.stats()["payloads_served"] == 2
+
+
+# ---------------------------------------------------------------------------------------------- checkpoints
+
+
+def test_replay_snapshot_round_trips_and_detects_corruption(tmp_path):
+    state = {"format_version": 1, "inserts": 5, "samples": 7, "deletes": 0,
+             "keys": np.arange(5, dtype=np.int64), "priorities": np.ones(5),
+             "data": {"observation": np.arange(10, dtype=np.float32).reshape(5, 2),
+                      "action": np.arange(5, dtype=np.int32)}}
+    meta = ckpt.save_replay(tmp_path / "r.npz", state)
+    back = ckpt.load_replay(tmp_path / "r.npz", meta["sha256"])
+    assert back["inserts"] == 5 and back["samples"] == 7 and meta["items"] == 5
+    np.testing.assert_array_equal(back["data"]["observation"], state["data"]["observation"])
+    with open(tmp_path / "r.npz", "r+b") as f:
+        f.seek(-10, os.SEEK_END)
+        f.write(b"corruption")
+    with pytest.raises(ckpt.CheckpointError, match="checksum"):
+        ckpt.load_replay(tmp_path / "r.npz", meta["sha256"])
+
+
+def test_checkpoint_of_another_config_is_rejected_naming_the_field():
+    manifest = {"run_config": {"agent": "dqn", "task": "CartPole-v1"},
+                "agent_config": {"batch_size": 32, "hidden_sizes": [16, 16]}}
+    ckpt.check_compatible(manifest, agent="dqn", task="CartPole-v1",
+                          agent_config={"batch_size": 32, "hidden_sizes": (16, 16)})
+    with pytest.raises(ckpt.CheckpointError, match="hidden_sizes"):
+        ckpt.check_compatible(manifest, agent="dqn", task="CartPole-v1",
+                              agent_config={"batch_size": 32, "hidden_sizes": (32, 32)})
+    with pytest.raises(ckpt.CheckpointError, match="--task"):
+        ckpt.check_compatible(manifest, agent="dqn", task="Acrobot-v1", agent_config={})
+
+
+# ---------------------------------------------------------------------------------------------- local runner
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_local_runner_runs_the_program_and_resumes_from_its_checkpoint(tmp_path):
+    config = tiny_config(tmp_path / "run")
+    summary, code = run_program(config, LocalRunner())
+    assert code == 0 and summary["status"] == "completed", summary["error"]
+    assert summary["actor_steps"] >= config.max_actor_steps and summary["learner_steps"] > 0
+    for name in ("learner.csv", "evaluator.csv", "actor_0.csv", "actor_1.csv", "summary.json"):
+        assert (tmp_path / "run" / name).is_file(), name
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
+    evals = _read_csv(tmp_path / "run" / "evaluator.csv")
+    assert evals and {"actor_steps", "wall_clock_s", "return"} <= set(evals[0])
+    assert np.isfinite(summary["final_eval_return"]) and summary["final_eval_return"] >= 8  # CartPole floor
+    # One quantization per version, however many actors pulled it; actors only took new versions.
+    payload = summary["payload"]
+    assert payload["quantize_calls"] == payload["distinct_versions_quantized"] >= 1
+    assert summary["runtime"]["updates"] <= payload["payloads_served"] <= payload["requests"]
+    assert summary["runtime"]["pulls"] >= summary["runtime"]["updates"] >= 2  # first weights + refreshes
+
+    steps_before = summary["learner_steps"]
+    resumed = tiny_config(tmp_path / "run", max_actor_steps=900, resume=str(tmp_path / "run"))
+    summary2, code2 = run_program(resumed, LocalRunner())
+    assert code2 == 0, summary2["error"]
+    assert summary2["learner"]["resumed_from"] == steps_before
+    assert summary2["learner_steps"] > steps_before and summary2["actor_steps"] >= 900
+    # The replay came back: the table holds the first run's items plus the new ones.
+    assert summary2["replay"]["inserts"] >= summary["replay"]["inserts"] + 300 - 2 * config.insert_batch
+
+
+def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
+    spec = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
+    from launch.program import table_spec
+
+    table = table_spec(spec.builder(), spec.env_spec())
+    server = nodes.ReplayServer(table, seed=0)
+    n = TINY_DQN["min_replay_size"]  # more would block: the rate limiter waits for samples
+    batch = {"observation": np.random.default_rng(0).normal(size=(n, 4)).astype(np.float32),
+             "action": np.zeros(n, np.int32), "reward": np.ones(n, np.float32),
+             "discount": np.full(n, 0.99, np.float32),
+             "next_observation": np.zeros((n, 4), np.float32)}
+    assert server.insert(batch) == n
+    meta = server.save(str(tmp_path / "replay.npz"))
+    sample = server.sample(8)
+    assert sample.data["observation"].shape == (8, 4)
+    restored = nodes.ReplayServer(table, seed=0)
+    restored._table.load_state_dict(ckpt.load_replay(tmp_path / "replay.npz", meta["sha256"]))  # pylint: disable=protected-access
+    assert restored.info()["size"] == n
+
+
+# ---------------------------------------------------------------------------------------------- CLI
+
+
+_BAD_FLAGS = [
+    ["--agent", "nope"],
+    ["--agent", "dqn", "--task", "NoSuchTask-v0"],
+    ["--agent", "dqn", "--precision", "int99"],
+    ["--agent", "dqn", "--num-actors", "0"],
+    ["--agent", "dqn", "--num-actors", "-1"],
+    ["--agent", "dqn", "--actor-update-period", "0"],
+    ["--agent", "dqn", "--backend", "tpu"],
+    ["--agent", "dqn", "--set", "no_such_key=1"],
+    ["--agent", "dqn", "--resume", "{tmp}/no_checkpoint_here"],
+    ["--agent", "dqn", "--logdir", "{tmp}/a_file/sub"],
+    ["--agent", "d4pg", "--task", "CartPole-v1"],
+]
+
+
+def test_bad_flags_exit_2_with_one_line_before_ray_starts(tmp_path):
+    """All cases in one subprocess (imports are the slow part); it reports each exit code and stderr, and
+    whether `ray` was ever imported, which is a timing-independent proof that Ray was not started."""
+    (tmp_path / "a_file").write_text("x")
+    (tmp_path / "no_checkpoint_here").mkdir()
+    cases = [[a.replace("{tmp}", str(tmp_path)) for a in argv] for argv in _BAD_FLAGS]
+    cases = [c if "--logdir" in c else c + ["--logdir", str(tmp_path / f"never_{i}")] for i, c in enumerate(cases)]
+    script = """
+import contextlib, io, json, sys
+from launch.actorq import main
+out = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as e:
+            code = e.code
+    out.append({"code": code, "stderr": err.getvalue()})
+print(json.dumps({"results": out, "ray_imported": "ray" in sys.modules}))
+"""
+    proc = subprocess.run([sys.executable, "-c", script, json.dumps(cases)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["ray_imported"] is False
+    for argv, result in zip(cases, report["results"]):
+        assert result["code"] == 2, (argv, result)
+        lines = result["stderr"].strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("launch.actorq: error:"), (argv, result["stderr"])
+    assert not any(p.name.startswith("never_") for p in tmp_path.iterdir())  # nothing written
+    messages = [r["stderr"] for r in report["results"]]
+    assert "nope" in messages[0] and "--num-actors" in messages[3] and "--actor-update-period" in messages[5]
+    assert "no checkpoint" in messages[8]
