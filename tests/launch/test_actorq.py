@@ -1,0 +1,169 @@
+"""The distributed ActorQ program on Ray: tiny end-to-end runs, a killed actor, and Ctrl-C on the CLI.
+
+One local Ray serves the whole module (a start costs seconds); the Ctrl-C test runs the real CLI in a
+subprocess, which starts (and must tear down) its own private Ray.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launch.actorq import run_program
+from launch.program import RunConfig
+from launch.ray_runner import RayRunner, init_ray
+
+REPO = Path(__file__).resolve().parents[2]
+TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
+TINY_D4PG = {"policy_layer_sizes": (32, 32), "critic_layer_sizes": (32, 32), "num_atoms": 11, "batch_size": 32,
+             "min_replay_size": 200, "samples_per_insert": 4.0, "n_step": 3}
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    saved = dict(os.environ)
+    init_ray(None, num_cpus=8)
+    import ray
+
+    yield ray
+    ray.shutdown()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _config(tmp_path: Path, **kw) -> RunConfig:
+    base = dict(agent="dqn", task="CartPole-v1", precision="int8", num_actors=2, max_actor_steps=600, seed=0,
+                logdir=str(tmp_path), overrides=dict(TINY_DQN), backend="onnx", eval_every=300, eval_episodes=1,
+                publish_period=5, insert_batch=32)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    import csv
+
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_tiny_distributed_dqn_run_writes_every_log_and_a_sane_summary(ray_session, tmp_path):
+    config = _config(tmp_path)
+    summary, code = run_program(config, RayRunner())
+    assert code == 0 and summary["status"] == "completed", summary["error"]
+    assert summary["actor_steps"] >= 600 and summary["learner_steps"] > 0
+    for name in ("learner.csv", "evaluator.csv", "actor_0.csv", "actor_1.csv", "summary.json"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    assert list((tmp_path / "tb").rglob("events.out.tfevents.*")), "no TensorBoard event files"
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk["status"] == "completed" and on_disk["actor_steps"] == summary["actor_steps"]
+    evals = _csv_rows(tmp_path / "evaluator.csv")
+    assert [k for k in ("actor_steps", "wall_clock_s", "return") if k in evals[0]] == ["actor_steps",
+                                                                                   "wall_clock_s", "return"]
+    assert all(np.isfinite(float(r["return"])) and float(r["return"]) >= 8 for r in evals)
+    assert summary["final_eval_return"] == pytest.approx(float(evals[-1]["return"]))
+    episodes = _csv_rows(tmp_path / "actor_0.csv")
+    assert episodes and all(1 <= float(r["return"]) <= 500 for r in episodes)
+    # Both actors acted, through ONNX, with weights that came from the quantizer.
+    assert [a["actor_id"] for a in summary["actors"]] == [0, 1]
+    for actor in summary["actors"]:
+        assert actor["actor_steps"] > 0 and actor["backend"] == "onnx" and actor["starts"] == 1
+        times = actor["times"]
+        assert times["updates"] >= 1 and times["env_step_s"] > 0 and times["policy_s"] > 0
+        assert times["load_s"] > 0 and times["deserialize_s"] > 0 and times["pull_s"] > 0
+    payload = summary["payload"]
+    assert payload["quantize_calls"] == payload["distinct_versions_quantized"] >= 1
+    assert 0 < payload["bytes"] < payload["fp32_bytes"]
+    rt = summary["runtime"]
+    assert set(rt["per_update"]) == {"pull_ms", "deserialize_ms", "load_ms", "update_ms"}
+    assert rt["updates"] == sum(a["times"]["updates"] for a in summary["actors"])
+    assert summary["replay"]["inserts"] >= 600 - 2 * config.insert_batch
+    energy = summary["energy"]
+    assert set(energy["nodes"]) >= {"learner", "actor_0", "actor_1", "evaluator"}
+    assert energy["total_kwh"] > 0 and energy["method"]
+
+
+def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_path):
+    config = _config(tmp_path, agent="d4pg", task="cartpole:balance", overrides=dict(TINY_D4PG),
+                     max_actor_steps=3000, eval_every=3000)
+    killed: dict[str, int] = {}
+
+    def kill_actor_0(launch) -> None:
+        def killer() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if launch.handles["counter"].call("get").get("actor_0_steps", 0) >= 300:
+                    pid = launch.pid("actor_0")
+                    os.kill(pid, signal.SIGKILL)
+                    killed["pid"] = pid
+                    return
+                time.sleep(0.1)
+
+        threading.Thread(target=killer, daemon=True).start()
+
+    summary, code = run_program(config, RayRunner(), on_launch=kill_actor_0)
+    assert "pid" in killed, "actor_0 never reached 300 steps"
+    assert code == 0 and summary["status"] == "completed", summary["error"]
+    actor_0 = summary["actors"][0]
+    assert actor_0["starts"] == 2 and actor_0["attempt"] == 2  # restarted by Ray, run() called again
+    assert actor_0["times"]["updates"] >= 1  # the new process pulled the latest weights
+    assert summary["actor_steps"] >= 3000 and summary["final_eval_return"] is not None
+
+
+def _processes_with(marker: str) -> list[int]:
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if marker.encode() in (entry / "environ").read_bytes():
+                pids.append(int(entry.name))
+        except OSError:
+            continue
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find leftover processes")
+def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path):
+    """Ctrl-C on the CLI: exit 130, summary.json written, and no process of that run left behind (every Ray
+    process inherits the CLI's environment, so a marker variable finds them all)."""
+    marker = f"ACTORQ_TEST_MARKER={uuid.uuid4().hex}"
+    env = dict(os.environ)
+    env[marker.split("=")[0]] = marker.split("=")[1]
+    for key in ("RAY_ADDRESS",):
+        env.pop(key, None)
+    logdir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "launch.actorq", "--agent", "dqn", "--max-actor-steps", "10000000",
+           "--logdir", str(logdir), "--no-progress", "--backend", "onnx", "--set", "hidden_sizes=16,16",
+           "--set", "min_replay_size=100"]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (logdir / "learner.csv").exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert proc.poll() is None, proc.communicate()[1][-2000:]
+        assert (logdir / "learner.csv").exists(), "the run never started learning"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err[-2000:]
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["status"] == "interrupted" and summary["learner_steps"] >= 0
+    assert (logdir / "checkpoints" / "latest.json").exists()
+    assert "status" in out  # the summary table was printed
+    leftover = _processes_with(marker)
+    deadline = time.monotonic() + 10
+    while leftover and time.monotonic() < deadline:
+        time.sleep(0.5)
+        leftover = _processes_with(marker)
+    assert not leftover, f"processes left behind: {leftover}"
