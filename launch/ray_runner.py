@@ -91,6 +91,19 @@ def _prepare_local_auth() -> None:
         Config.initialize("")
 
 
+def _bind_to_loopback() -> None:
+    """Make every Ray process of a private local cluster listen on 127.0.0.1 only.
+
+    `ray.init(_node_ip_address="127.0.0.1")` alone is not enough: Ray swaps a loopback address for the
+    host's routable IP unless single-machine mode is on, which RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0 selects
+    (it is what Ray does by default on macOS/Windows). Ray reads it at import time."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+    if "ray" in sys.modules:
+        from ray._private import ray_constants  # pylint: disable=import-outside-toplevel
+
+        ray_constants.ENABLE_RAY_CLUSTER = False
+
+
 def init_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
     """Connect to `address` / RAY_ADDRESS, or start a private local Ray; True when this call started it.
 
@@ -99,6 +112,7 @@ def init_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
     local = not address or address == "local"
     if local:
         _prepare_local_auth()
+        _bind_to_loopback()
     import ray  # pylint: disable=import-outside-toplevel
 
     if ray.is_initialized():
