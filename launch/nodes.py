@@ -276,7 +276,7 @@ def _leaves(tree: Any) -> list[np.ndarray]:
 class LearnerNode(NodeBase):
     """The fp32 learner and the source of weight versions (version = learner step at publication)."""
 
-    LOG_FIELDS = ["learner_steps", "wall_clock_s", "steps_per_s", "actor_steps", "weights_version",
+    LOG_FIELDS = ["learner_steps", "wall_clock_s", "steps_per_s", "weights_version",
                   "sample_wait_frac", "loss", "critic_loss", "policy_loss", "q_mean", "td_abs_mean",
                   "grad_norm"]
 
@@ -330,13 +330,13 @@ class LearnerNode(NodeBase):
         for t in threads:
             t.start()
         self._publish(wait=True)
-        t_start = time.monotonic()
-        start_steps = self.steps()
-        reported = start_steps
+        t_origin = time.monotonic() - self._counter.call("get")["wall_clock_s"]
+        start_steps = reported = self.steps()
         wait_s = step_s = 0.0
+        t_first: float | None = None  # first learner step (after replay reached its minimum size)
         last_log = (time.monotonic(), start_steps, 0.0)
-        pending: collections.deque = collections.deque()  # priority updates / publishes in flight
-        publish_future = None
+        pending: collections.deque = collections.deque()  # priority updates in flight
+        publish_future = counter_future = None
         try:
             while not self._stop.is_set():
                 if errors:
@@ -352,7 +352,11 @@ class LearnerNode(NodeBase):
                     metrics = self._learner.step(sample)
                     steps = int(self._learner.steps)
                 step_s += time.perf_counter() - t1
-                wait_s += t1 - t0
+                now = time.monotonic()
+                if t_first is None:
+                    t_first, last_log = now, (now, steps - 1, wait_s)
+                else:
+                    wait_s += t1 - t0
                 if prioritized and "priorities" in metrics:
                     pending.append(self._replay.submit("update_priorities", sample.keys,
                                                        np.asarray(metrics["priorities"])))
@@ -362,15 +366,14 @@ class LearnerNode(NodeBase):
                     if publish_future is not None:
                         publish_future.result()  # surfaces a rejected (non-finite) publication
                     publish_future = self._publish(wait=False)
-                now = time.monotonic()
-                if now - last_log[0] >= self._log_every_s:
-                    totals = self._counter.call("increment", learner_steps=steps - reported)
+                if steps != reported and (counter_future is None or counter_future.done()):
+                    counter_future = self._counter.submit("increment", learner_steps=steps - reported)
                     reported = steps
-                    rate = (steps - last_log[1]) / (now - last_log[0])
-                    window_wait = wait_s - last_log[2]
-                    row = {"learner_steps": steps, "wall_clock_s": totals["wall_clock_s"], "steps_per_s": rate,
-                           "actor_steps": totals["actor_steps"], "weights_version": self._version,
-                           "sample_wait_frac": min(1.0, window_wait / (now - last_log[0]))}
+                if now - last_log[0] >= self._log_every_s:
+                    window = now - last_log[0]
+                    row = {"learner_steps": steps, "wall_clock_s": now - t_origin,
+                           "steps_per_s": (steps - last_log[1]) / window, "weights_version": self._version,
+                           "sample_wait_frac": min(1.0, (wait_s - last_log[2]) / window)}
                     row.update({k: float(v) for k, v in metrics.items()
                                 if k in self.LOG_FIELDS and np.ndim(v) == 0})
                     log.write(row)
@@ -380,17 +383,19 @@ class LearnerNode(NodeBase):
             # Final weights for the final evaluation; final checkpoint.
             for fut in pending:
                 fut.result(timeout=10)
-            self._publish(wait=True)
+            if counter_future is not None:
+                counter_future.result(timeout=10)
             self._counter.call("increment", learner_steps=self.steps() - reported)
+            self._publish(wait=True)
             self.checkpoint()
         finally:
             self._stop.set()
             log.close()
             energy = _stop_energy(tracker)
-        elapsed = time.monotonic() - t_start
         trained = self.steps() - start_steps
-        return {"learner_steps": self.steps(), "steps_this_run": trained, "elapsed_s": elapsed,
-                "steps_per_s": trained / elapsed if elapsed > 0 else 0.0,
+        training_s = time.monotonic() - t_first if t_first is not None else 0.0
+        return {"learner_steps": self.steps(), "steps_this_run": trained, "training_s": training_s,
+                "steps_per_s": trained / training_s if training_s > 0 else 0.0,
                 "step_s_mean": step_s / trained if trained else 0.0, "sample_wait_s": wait_s,
                 "weights_version": self._version, "resumed_from": self.resumed_from, "energy": energy}
 

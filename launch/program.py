@@ -196,6 +196,7 @@ class RunConfig:
     checkpoint_every: int = 0  # learner steps; 0 = only at shutdown
     resume: str | None = None
     log_every_s: float = 1.0  # learner.csv cadence (seconds)
+    target_return: float | None = None  # end the run at the first evaluation that reaches it
 
     @property
     def actor_update_period(self) -> int:

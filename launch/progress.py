@@ -134,17 +134,17 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     console.print(head)
     actors = summary.get("actors", [])
     if actors:
-        t = Table(title="per-actor runtime (seconds; per update in ms)")
-        for col in ("actor", "steps", "steps/s", "backend", "env step", "policy", "pull", "deserialize",
-                    "load", "insert", "updates", "ms/update"):
+        # The paper's runtime breakdown: where each actor's time went, and what one weight update cost.
+        t = Table(title="actor runtime: seconds in env/policy/insert, ms per weight update")
+        for col in ("actor", "steps/s", "env", "policy", "insert", "updates", "pull", "deser.", "load"):
             t.add_column(col, justify="right")
         for a in actors:
-            times = a.get("times", {})
-            t.add_row(str(a.get("actor_id")), _fmt(a.get("actor_steps")), _fmt(a.get("steps_per_s")),
-                      str(a.get("backend")), _fmt(times.get("env_step_s"), ".2f"), _fmt(times.get("policy_s"), ".2f"),
-                      _fmt(times.get("pull_s"), ".3f"), _fmt(times.get("deserialize_s"), ".3f"),
-                      _fmt(times.get("load_s"), ".3f"), _fmt(times.get("insert_s"), ".2f"),
-                      _fmt(times.get("updates")), _fmt(times.get("update_ms"), ".2f"))
+            tm = a.get("times", {})
+            t.add_row(f"{a.get('actor_id')} ({a.get('backend', '?')})", _fmt(a.get("steps_per_s"), ",.0f"),
+                      _fmt(tm.get("env_step_s"), ".1f"), _fmt(tm.get("policy_s"), ".1f"),
+                      _fmt(tm.get("insert_s"), ".1f"), _fmt(tm.get("updates")),
+                      _fmt(tm.get("pull_ms_per_update"), ".2f"), _fmt(tm.get("deserialize_ms_per_update"), ".2f"),
+                      _fmt(tm.get("load_ms_per_update"), ".2f"))
         console.print(t)
     if summary.get("logdir"):
         console.print(f"logs: {summary['logdir']}")
