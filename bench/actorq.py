@@ -1,0 +1,428 @@
+"""Distributed ActorQ, int8 vs fp32 actors, measured side by side on this machine.
+
+    python -m bench.actorq [--quick] [--out DIR] [--seeds 0,1] [--skip-e2e]
+
+1. Actor throughput: environment steps per second of one D4PG actor (the paper's 2048x3 policy) on
+   cartpole:balance, in a Ray actor pinned to one thread exactly like a real ActorQ actor, with int8 and
+   fp32 policies taking turns in short blocks (so load from other processes hits both alike). Env step and
+   policy time are reported separately. Target: int8 >= 4x fp32.
+2. Weight update cost: pull (Ray call to the real `Quantizer` node, payload already quantized) + deserialize
+   (`decode_payload`) + load (`actor.update`, i.e. refreshing the executor) of the 2048x3 policy, int8 vs
+   fp32, alternating over rounds. Target: int8 >= 5x cheaper.
+3. End to end: wall clock (and actor steps) until the evaluator first reaches a target return, distributed
+   program on a local Ray (2 actors), int8 vs fp32 with the same seeds; the ratio is reported. The learner
+   network is the laptop preset of `launch.actorq` with a 256x3 policy; on a 2-core machine the learner, not
+   the actors, bounds the pace, which the result states rather than hides.
+
+Targets are reported, never asserted: timings depend on the machine and its load. The full run writes
+bench/results/actorq.{json,png,md}; --quick (a few minutes) writes to runs/bench/actorq-quick.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+TASK = "cartpole:balance"
+PAPER_POLICY = (2048, 2048, 2048)
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    block_steps: int  # env steps per precision per round (throughput)
+    rounds: int
+    update_rounds: int
+    e2e_target: float
+    e2e_max_steps: int
+
+
+FULL = Budget(block_steps=400, rounds=8, update_rounds=8, e2e_target=800.0, e2e_max_steps=60_000)
+QUICK = Budget(block_steps=150, rounds=3, update_rounds=3, e2e_target=500.0, e2e_max_steps=30_000)
+
+
+# --------------------------------------------------------------------------------------------- probe
+
+
+class ActorProbe:
+    """Runs inside a Ray actor placed like an ActorQ actor (num_cpus=1, one compute thread)."""
+
+    def __init__(self, quantizers: dict[str, Any], seed: int = 0):
+        import agents  # pylint: disable=import-outside-toplevel
+        from launch.program import AgentSpec  # pylint: disable=import-outside-toplevel
+
+        self._spec = AgentSpec("d4pg", TASK, {"policy_layer_sizes": PAPER_POLICY})
+        self._builder = agents.get_builder("d4pg", policy_layer_sizes=PAPER_POLICY)
+        self._env_spec = self._spec.env_spec()
+        self._quantizers = quantizers  # precision -> RayNodeHandle of a Quantizer node
+        self._seed = seed
+        self._actors: dict[str, Any] = {}
+        self._clients: dict[str, Any] = {}
+
+    def _client(self, precision: str) -> Any:
+        from launch.nodes import ActorTimes, _PolicyClient  # pylint: disable=import-outside-toplevel
+
+        if precision not in self._clients:
+            self._clients[precision] = _PolicyClient(self._quantizers[precision], ActorTimes())
+        return self._clients[precision]
+
+    def update_cost(self, precision: str) -> dict[str, float]:
+        """One weight update as an actor does it: pull -> deserialize -> load. Seconds per stage."""
+        from quarl.payload import decode_payload  # pylint: disable=import-outside-toplevel
+
+        client = self._client(precision)
+        t0 = time.perf_counter()
+        data = client._quantizer.call("get_payload", client.version)  # pylint: disable=protected-access
+        t1 = time.perf_counter()
+        if data is None:
+            raise RuntimeError(f"no new {precision} weights to pull")
+        payload = decode_payload(data)
+        t2 = time.perf_counter()
+        client.version = payload.version
+        actor = self._actors.get(precision)
+        if actor is None:
+            actor = self._builder.make_actor(self._env_spec, payload.params, seed=self._seed, backend="auto")
+            self._actors[precision] = actor
+        else:
+            actor.update(payload.params)
+        t3 = time.perf_counter()
+        return {"pull_s": t1 - t0, "deserialize_s": t2 - t1, "load_s": t3 - t2, "bytes": len(data),
+                "backend": actor.backend}
+
+    def throughput(self, order: list[str], steps: int) -> dict[str, dict[str, float]]:
+        """`steps` env steps with each precision's actor, in `order`; env and policy time separately."""
+        from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+
+        out = {}
+        for precision in order:
+            actor = self._actors[precision]
+            env = make_environment(TASK, self._seed)
+            timestep = env.reset()
+            env_s = policy_s = 0.0
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                action = actor.select_action(timestep.observation)
+                t1 = time.perf_counter()
+                timestep = env.step(action)
+                t2 = time.perf_counter()
+                policy_s += t1 - t0
+                env_s += t2 - t1
+                if timestep.last():
+                    timestep = env.reset()
+            env.close()
+            out[precision] = {"steps_per_s": steps / (env_s + policy_s), "env_us": 1e6 * env_s / steps,
+                              "policy_us": 1e6 * policy_s / steps}
+        return out
+
+    def threads(self) -> dict[str, str]:
+        return {k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "XLA_FLAGS")}
+
+
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values))
+
+
+def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
+    """Parts 1 and 2 (throughput and update cost), with the real Quantizer nodes on Ray."""
+    import ray  # pylint: disable=import-outside-toplevel
+
+    import agents  # pylint: disable=import-outside-toplevel
+    from launch.nodes import Quantizer  # pylint: disable=import-outside-toplevel
+    from launch.program import SINGLE_THREAD_ENV, AgentSpec  # pylint: disable=import-outside-toplevel
+    from launch.ray_runner import RayNodeHandle  # pylint: disable=import-outside-toplevel
+
+    spec = AgentSpec("d4pg", TASK, {"policy_layer_sizes": PAPER_POLICY})
+    builder = agents.get_builder("d4pg", policy_layer_sizes=PAPER_POLICY)
+    env_spec = spec.env_spec()
+    policy_spec = builder.policy_spec(env_spec).to_dict()
+    learner = builder.make_learner(env_spec, seed)
+    params = learner.policy_params()
+    namespace = f"bench-actorq-{os.getpid()}"
+    precisions = ["fp32", "int8"]
+    quantizers = {}
+    for p in precisions:
+        quantizers[p] = ray.remote(Quantizer).options(name=f"quantizer_{p}", namespace=namespace,
+                                                       max_concurrency=4).remote(policy_spec, p)
+    handles = {p: RayNodeHandle(f"quantizer_{p}", namespace) for p in precisions}
+    probe = ray.remote(ActorProbe).options(num_cpus=1, runtime_env={"env_vars": SINGLE_THREAD_ENV}).remote(
+        handles, seed)
+    try:
+        rng = np.random.default_rng(seed)
+        updates: dict[str, list[dict[str, float]]] = {p: [] for p in precisions}
+        for r in range(budget.update_rounds + 1):  # round 0 builds the executors (not a refresh): dropped
+            version = r + 1
+            noisy = _perturb(params, rng)
+            ray.get([quantizers[p].publish.remote(version, noisy) for p in precisions])
+            # Someone else pays the quantization of this version (in a run, the first actor to ask).
+            ray.get([quantizers[p].get_payload.remote(version - 1) for p in precisions])
+            for p in (precisions if r % 2 == 0 else precisions[::-1]):
+                cost = ray.get(probe.update_cost.remote(p))
+                if r > 0:
+                    updates[p].append(cost)
+        stats = {p: ray.get(quantizers[p].stats.remote()) for p in precisions}
+        blocks: dict[str, list[dict[str, float]]] = {p: [] for p in precisions}
+        ray.get(probe.throughput.remote(precisions, 50))  # warm-up (caches, first-call costs)
+        for r in range(budget.rounds):
+            order = precisions if r % 2 == 0 else precisions[::-1]
+            for p, row in ray.get(probe.throughput.remote(order, budget.block_steps)).items():
+                blocks[p].append(row)
+        threads = ray.get(probe.threads.remote())
+    finally:
+        for actor in (probe, *quantizers.values()):
+            ray.kill(actor)
+    throughput = {p: {k: _median([b[k] for b in blocks[p]]) for k in ("steps_per_s", "env_us", "policy_us")}
+                  for p in precisions}
+    update = {}
+    for p in precisions:
+        rows = updates[p]
+        stage = {k: 1e3 * _median([u[k] for u in rows]) for k in ("pull_s", "deserialize_s", "load_s")}
+        stage = {k.replace("_s", "_ms"): v for k, v in stage.items()}
+        stage["total_ms"] = 1e3 * _median([u["pull_s"] + u["deserialize_s"] + u["load_s"] for u in rows])
+        stage["payload_bytes"] = rows[0]["bytes"]
+        stage["backend"] = rows[0]["backend"]
+        stage["quantize_ms_per_version"] = 1e3 * stats[p]["quantize_s_per_version"]
+        update[p] = stage
+    return {
+        "policy": list(PAPER_POLICY),
+        "threads": threads,
+        "throughput": throughput,
+        "throughput_blocks": blocks,
+        "throughput_ratio_int8_vs_fp32": throughput["int8"]["steps_per_s"] / throughput["fp32"]["steps_per_s"],
+        "update": update,
+        "update_ratio_fp32_vs_int8": update["fp32"]["total_ms"] / update["int8"]["total_ms"],
+        "payload_ratio_fp32_vs_int8": update["fp32"]["payload_bytes"] / update["int8"]["payload_bytes"],
+    }
+
+
+def _perturb(params: dict, rng: np.random.Generator) -> dict:
+    """A new weights version (a small step of every leaf), so each round really transfers new weights."""
+    if isinstance(params, dict):
+        return {k: _perturb(v, rng) for k, v in params.items()}
+    arr = np.asarray(params, np.float32)
+    return (arr + rng.normal(0.0, 1e-3, arr.shape).astype(np.float32)).astype(np.float32)
+
+
+# --------------------------------------------------------------------------------------------- end to end
+
+
+def bench_e2e(budget: Budget, seeds: list[int], logroot: Path) -> dict[str, Any]:
+    """Part 3: time to a target return, int8 vs fp32, same seeds, precisions alternating first."""
+    from launch.actorq import QUICK_OVERRIDES, run_program  # pylint: disable=import-outside-toplevel
+    from launch.program import RunConfig  # pylint: disable=import-outside-toplevel
+    from launch.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
+
+    overrides = dict(QUICK_OVERRIDES["d4pg"], policy_layer_sizes=(256, 256, 256))
+    runs = []
+    for i, seed in enumerate(seeds):
+        for precision in (("int8", "fp32") if i % 2 == 0 else ("fp32", "int8")):
+            logdir = logroot / f"{precision}-seed{seed}"
+            config = RunConfig(agent="d4pg", task=TASK, precision=precision, num_actors=2,
+                               max_actor_steps=budget.e2e_max_steps, seed=seed, logdir=str(logdir),
+                               overrides=overrides, backend="auto", eval_every=2_000, eval_episodes=2,
+                               target_return=budget.e2e_target)
+            summary, code = run_program(config, RayRunner())
+            runs.append({"precision": precision, "seed": seed, "exit_code": code,
+                         "time_to_target_s": summary["time_to_target_s"],
+                         "actor_steps_to_target": summary["actor_steps_to_target"],
+                         "best_eval_return": summary["best_eval_return"], "wall_clock_s": summary["wall_clock_s"],
+                         "actor_steps_per_s": summary["actor_steps_per_s"],
+                         "learner_steps_per_s": summary["learner_steps_per_s"],
+                         "update_ms": summary["runtime"]["per_update"]["update_ms"], "logdir": str(logdir)})
+            print(f"  e2e {precision} seed {seed}: target {budget.e2e_target} after "
+                  f"{runs[-1]['time_to_target_s']} s / {runs[-1]['actor_steps_to_target']} steps", flush=True)
+    ratios = []
+    for seed in seeds:
+        by = {r["precision"]: r for r in runs if r["seed"] == seed}
+        if by["int8"]["time_to_target_s"] and by["fp32"]["time_to_target_s"]:
+            ratios.append(by["fp32"]["time_to_target_s"] / by["int8"]["time_to_target_s"])
+    return {"target_return": budget.e2e_target, "policy": [256, 256, 256], "overrides": _jsonable(overrides),
+            "runs": runs, "time_ratio_fp32_vs_int8": _median(ratios) if ratios else None,
+            "per_seed_ratios": ratios}
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=list))
+
+
+# --------------------------------------------------------------------------------------------- output
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    actor = result["actor"]
+    panels = 3 if result.get("e2e") else 2
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4))
+    precisions = ["fp32", "int8"]
+    colors = {"fp32": "tab:gray", "int8": "tab:blue"}
+    ax = axes[0]
+    tp = actor["throughput"]
+    ax.bar(precisions, [tp[p]["steps_per_s"] for p in precisions], color=[colors[p] for p in precisions])
+    ax.set_title(f"actor env steps/s (2048x3 policy)\nint8 = {actor['throughput_ratio_int8_vs_fp32']:.1f}x fp32")
+    ax.set_ylabel("env steps / s (one pinned actor)")
+    ax = axes[1]
+    bottom = np.zeros(2)
+    for stage, color in (("pull_ms", "tab:orange"), ("deserialize_ms", "tab:green"), ("load_ms", "tab:red")):
+        values = np.array([actor["update"][p][stage] for p in precisions])
+        ax.bar(precisions, values, bottom=bottom, label=stage[:-3], color=color)
+        bottom += values
+    ax.set_title(f"one weight update (ms)\nfp32 = {actor['update_ratio_fp32_vs_int8']:.1f}x int8")
+    ax.legend()
+    if panels == 3:
+        import csv  # pylint: disable=import-outside-toplevel
+
+        ax = axes[2]
+        for run in result["e2e"]["runs"]:
+            path_csv = Path(run["logdir"]) / "evaluator.csv"
+            if not path_csv.exists():
+                continue
+            with open(path_csv, newline="", encoding="utf-8") as f:
+                rows = list(csv.DictReader(f))
+            ax.plot([float(r["wall_clock_s"]) for r in rows], [float(r["return"]) for r in rows],
+                    color=colors[run["precision"]], marker=".", label=f"{run['precision']} seed {run['seed']}")
+        ax.axhline(result["e2e"]["target_return"], color="k", linestyle=":", linewidth=1)
+        ax.set_xlabel("wall clock (s)")
+        ax.set_ylabel("eval return")
+        ax.set_title("D4PG cartpole:balance, 2 actors")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    a = result["actor"]
+    tp, up = a["throughput"], a["update"]
+    m = result["machine"]
+    lines = [
+        "# ActorQ distributed benchmark (`python -m bench.actorq`)",
+        "",
+        f"Machine: {m['cpu']}, {m['cores']} logical cores; load average {m['load_start'][0]:.1f} at start, "
+        f"{m['load_end'][0]:.1f} at end (shared machine: absolute numbers are noisy, ratios are measured "
+        "side by side). Raw data: `actorq.json`; chart: `actorq.png`.",
+        "",
+        "## One actor, D4PG policy 2048x3 on cartpole:balance (Ray actor pinned to one thread)",
+        "",
+        "| | fp32 | int8 | int8 vs fp32 | target |",
+        "|---|---:|---:|---:|---:|",
+        f"| env steps/s | {tp['fp32']['steps_per_s']:.0f} | {tp['int8']['steps_per_s']:.0f} | "
+        f"**{a['throughput_ratio_int8_vs_fp32']:.2f}x** | >= 4x |",
+        f"| policy us/step | {tp['fp32']['policy_us']:.0f} | {tp['int8']['policy_us']:.0f} | | |",
+        f"| env us/step | {tp['fp32']['env_us']:.0f} | {tp['int8']['env_us']:.0f} | | |",
+        f"| pull ms/update | {up['fp32']['pull_ms']:.2f} | {up['int8']['pull_ms']:.2f} | | |",
+        f"| deserialize ms/update | {up['fp32']['deserialize_ms']:.2f} | {up['int8']['deserialize_ms']:.2f} | | |",
+        f"| load ms/update | {up['fp32']['load_ms']:.2f} | {up['int8']['load_ms']:.2f} | | |",
+        f"| pull+deserialize+load ms | {up['fp32']['total_ms']:.2f} | {up['int8']['total_ms']:.2f} | "
+        f"**{a['update_ratio_fp32_vs_int8']:.2f}x cheaper** | >= 5x |",
+        f"| payload bytes | {up['fp32']['payload_bytes']:,} | {up['int8']['payload_bytes']:,} | "
+        f"{a['payload_ratio_fp32_vs_int8']:.2f}x smaller | |",
+        f"| quantize+encode ms/version (once, quantizer) | {up['fp32']['quantize_ms_per_version']:.1f} | "
+        f"{up['int8']['quantize_ms_per_version']:.1f} | | |",
+        f"| backend (auto) | {up['fp32']['backend']} | {up['int8']['backend']} | | |",
+        "",
+    ]
+    e = result.get("e2e")
+    if e:
+        lines += [
+            f"## End to end: time to eval return >= {e['target_return']:.0f} (D4PG, 2 actors, policy 256x3)",
+            "",
+            "| precision | seed | time to target (s) | actor steps to target | best return | actor steps/s | "
+            "learner steps/s | ms/update |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in e["runs"]:
+            lines.append(f"| {r['precision']} | {r['seed']} | {_num(r['time_to_target_s'])} | "
+                         f"{_num(r['actor_steps_to_target'])} | {_num(r['best_eval_return'])} | "
+                         f"{_num(r['actor_steps_per_s'])} | {_num(r['learner_steps_per_s'])} | "
+                         f"{_num(r['update_ms'])} |")
+        ratio = e["time_ratio_fp32_vs_int8"]
+        lines += ["", f"Time-to-target ratio fp32/int8 (median over seeds): "
+                      f"**{'n/a' if ratio is None else f'{ratio:.2f}x'}**. With a 256x3 policy an int8 step "
+                      "is not much cheaper than an fp32 one, and with the samples-per-insert limiter the learner "
+                      "sets the pace on 2 cores, so this ratio is expected near 1: the int8 gain shows where "
+                      "actors are the bottleneck (large policies, many actors per learner).", ""]
+    return "\n".join(lines) + "\n"
+
+
+def _num(v: Any) -> str:
+    if v is None:
+        return "—"
+    return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
+
+
+def machine_info() -> dict[str, Any]:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
+            "platform": platform.platform(), "load_start": list(os.getloadavg())}
+
+
+def run(quick: bool, out: Path, seeds: list[int], e2e: bool) -> dict[str, Any]:
+    from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
+
+    budget = QUICK if quick else FULL
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"machine": machine_info(), "quick": quick, "budget": dataclasses.asdict(budget)}
+    init_ray(None, num_cpus=8)
+    import ray  # pylint: disable=import-outside-toplevel
+
+    try:
+        print("actor throughput and update cost (2048x3 policy) ...", flush=True)
+        result["actor"] = bench_actor(budget, seeds[0])
+        a = result["actor"]
+        print(f"  env steps/s fp32 {a['throughput']['fp32']['steps_per_s']:.0f}, "
+              f"int8 {a['throughput']['int8']['steps_per_s']:.0f} -> {a['throughput_ratio_int8_vs_fp32']:.2f}x "
+              f"(target >= 4x)", flush=True)
+        print(f"  update ms fp32 {a['update']['fp32']['total_ms']:.1f}, int8 {a['update']['int8']['total_ms']:.1f}"
+              f" -> {a['update_ratio_fp32_vs_int8']:.2f}x (target >= 5x)", flush=True)
+        if e2e:
+            print("end to end, time to target return ...", flush=True)
+            result["e2e"] = bench_e2e(budget, seeds, out / "e2e-runs" if quick else Path("runs/bench/actorq-e2e"))
+            ratio = result["e2e"]["time_ratio_fp32_vs_int8"]
+            print(f"  time to target fp32/int8: {'n/a' if ratio is None else f'{ratio:.2f}x'}", flush=True)
+    finally:
+        ray.shutdown()
+    result["machine"]["load_end"] = list(os.getloadavg())
+    (out / "actorq.json").write_text(json.dumps(_jsonable(result), indent=1) + "\n", encoding="utf-8")
+    plot(result, out / "actorq.png")
+    (out / "actorq.md").write_text(markdown(result), encoding="utf-8")
+    print(f"wrote {out / 'actorq.json'}, {out / 'actorq.png'} and {out / 'actorq.md'}")
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.actorq", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="a few minutes; writes to runs/bench/actorq-quick")
+    parser.add_argument("--out", default=None, help="output directory (default: bench/results, or "
+                                                    "runs/bench/actorq-quick with --quick)")
+    parser.add_argument("--seeds", default="0", help="comma-separated seeds for the end-to-end runs")
+    parser.add_argument("--skip-e2e", action="store_true", help="only the actor throughput and update cost")
+    args = parser.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    if not seeds or min(seeds) < 0:
+        parser.error("--seeds needs at least one non-negative integer")
+    out = Path(args.out) if args.out else Path("runs/bench/actorq-quick" if args.quick else "bench/results")
+    run(args.quick, out, seeds, not args.skip_e2e)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
