@@ -370,16 +370,13 @@ class LearnerNode(NodeBase):
                     counter_future = self._counter.submit("increment", learner_steps=steps - reported)
                     reported = steps
                 if now - last_log[0] >= self._log_every_s:
-                    window = now - last_log[0]
-                    row = {"learner_steps": steps, "wall_clock_s": now - t_origin,
-                           "steps_per_s": (steps - last_log[1]) / window, "weights_version": self._version,
-                           "sample_wait_frac": min(1.0, (wait_s - last_log[2]) / window)}
-                    row.update({k: float(v) for k, v in metrics.items()
-                                if k in self.LOG_FIELDS and np.ndim(v) == 0})
-                    log.write(row)
+                    self._log_row(log, metrics, steps, now - t_origin, last_log, now, wait_s)
                     last_log = (now, steps, wait_s)
                 if self._checkpoint_every and steps % self._checkpoint_every == 0:
                     self.checkpoint()
+            if t_first is not None and self.steps() > last_log[1]:  # the last (partial) window
+                now = time.monotonic()
+                self._log_row(log, metrics, self.steps(), now - t_origin, last_log, now, wait_s)
             # Final weights for the final evaluation; final checkpoint.
             for fut in pending:
                 fut.result(timeout=10)
@@ -398,6 +395,14 @@ class LearnerNode(NodeBase):
                 "steps_per_s": trained / training_s if training_s > 0 else 0.0,
                 "step_s_mean": step_s / trained if trained else 0.0, "sample_wait_s": wait_s,
                 "weights_version": self._version, "resumed_from": self.resumed_from, "energy": energy}
+
+    def _log_row(self, log: Any, metrics: Mapping[str, Any], steps: int, wall_clock_s: float,
+                 last: tuple[float, int, float], now: float, wait_s: float) -> None:
+        window = max(now - last[0], 1e-9)
+        row = {"learner_steps": steps, "wall_clock_s": wall_clock_s, "steps_per_s": (steps - last[1]) / window,
+               "weights_version": self._version, "sample_wait_frac": min(1.0, (wait_s - last[2]) / window)}
+        row.update({k: float(v) for k, v in metrics.items() if k in self.LOG_FIELDS and np.ndim(v) == 0})
+        log.write(row)
 
     def sampler_is_prioritized(self) -> bool:
         return self._builder.table_config().get("sampler") == "prioritized"

@@ -12,12 +12,14 @@ import subprocess
 import sys
 import threading
 import time
+import types
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from launch import nodes
 from launch.actorq import run_program
 from launch.program import RunConfig
 from launch.ray_runner import RayRunner, init_ray
@@ -116,6 +118,37 @@ def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_pa
     assert actor_0["starts"] == 2 and actor_0["attempt"] == 2  # restarted by Ray, run() called again
     assert actor_0["times"]["updates"] >= 1  # the new process pulled the latest weights
     assert summary["actor_steps"] >= 3000 and summary["final_eval_return"] is not None
+
+
+class FailingLearner(nodes.LearnerNode):
+    """A learner whose training step fails after a few updates (a bug, NaN weights, an OOM...)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        inner = self._learner
+
+        class Failing:
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+            def step(self, sample):
+                if inner.steps >= 20:
+                    raise RuntimeError("injected learner failure")
+                return inner.step(sample)
+
+        self._learner = Failing()
+
+
+def test_learner_failure_stops_the_run_with_an_error(ray_session, tmp_path):
+    node_classes = types.SimpleNamespace(
+        **{name: getattr(nodes, name) for name in ("Counter", "ReplayServer", "Quantizer", "ActorNode",
+                                                   "Evaluator")}, LearnerNode=FailingLearner)
+    config = _config(tmp_path, max_actor_steps=10_000_000)
+    summary, code = run_program(config, RayRunner(), node_classes=node_classes)
+    assert code == 1 and summary["status"] == "failed"
+    assert "learner failed" in summary["error"] and "injected learner failure" in summary["error"]
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+    assert summary["actor_steps"] < config.max_actor_steps
 
 
 def _processes_with(marker: str) -> list[int]:

@@ -43,7 +43,8 @@ def test_actorq_graph_has_every_node_with_its_placement(tmp_path):
     for name in ("actor_0", "actor_1", "actor_2", "evaluator"):
         node = program.node(name)
         assert node.num_cpus == 1 and dict(node.env_vars) == SINGLE_THREAD_ENV
-        assert node.env_vars["OMP_NUM_THREADS"] == "1" and "intra_op_parallelism_threads=1" in node.env_vars["XLA_FLAGS"]
+        assert node.env_vars["OMP_NUM_THREADS"] == "1"
+        assert "intra_op_parallelism_threads=1" in node.env_vars["XLA_FLAGS"]
     assert all(program.node(f"actor_{i}").max_restarts > 0 for i in range(3))
     # Blocked samplers must not block inserters: the replay server answers on several threads.
     assert program.node("replay").max_concurrency >= 3 + 2 + 1
@@ -228,12 +229,15 @@ def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
              "discount": np.full(n, 0.99, np.float32),
              "next_observation": np.zeros((n, 4), np.float32)}
     assert server.insert(batch) == n
-    meta = server.save(str(tmp_path / "replay.npz"))
-    sample = server.sample(8)
-    assert sample.data["observation"].shape == (8, 4)
-    restored = nodes.ReplayServer(table, seed=0)
-    restored._table.load_state_dict(ckpt.load_replay(tmp_path / "replay.npz", meta["sha256"]))  # pylint: disable=protected-access
-    assert restored.info()["size"] == n
+    assert server.sample(8).data["observation"].shape == (8, 4)
+    manifest = {"run_config": {"agent": "dqn", "task": "CartPole-v1"}, "agent_config": {}, "counts": {}}
+    directory = ckpt.write_checkpoint(tmp_path, step=3, learner_state={"w": np.ones(2, np.float32)},
+                                      save_replay_to=server.save, manifest=manifest)
+    assert ckpt.find_checkpoint(tmp_path) == directory
+    restored = nodes.ReplayServer(table, seed=0, resume=str(tmp_path))
+    info = restored.info()
+    assert (info["size"], info["inserts"], info["samples"]) == (n, n, 8)
+    assert restored.sample(4).data["observation"].shape == (4, 4)
 
 
 # ---------------------------------------------------------------------------------------------- CLI
