@@ -8,6 +8,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from quarl.qat import check_qat_bits
+
 
 @dataclasses.dataclass(frozen=True)
 class DQNConfig:
@@ -47,6 +49,9 @@ class DQNConfig:
     eval_epsilon: float = 0.0
     # Actor steps between weight pulls from the learner.
     actor_update_period: int = 100
+    # Quantization-aware training: None trains the Q-network in fp32; B in [2, 8] trains the online network
+    # (the one actors deploy) through the int-B arithmetic of the actors (quarl.qat). The target stays fp32.
+    qat_bits: int | None = None
 
     def __post_init__(self) -> None:
         hidden = self.hidden_sizes
@@ -79,6 +84,7 @@ class DQNConfig:
         for name in ("epsilon_start", "epsilon_end", "apex_epsilon", "eval_epsilon"):
             _in_range(self, name, 0.0, 1.0)
         _nonneg_float(self, "apex_alpha")
+        check_qat_bits(self.qat_bits)
 
     @property
     def error_buffer(self) -> float:

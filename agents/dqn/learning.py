@@ -50,14 +50,18 @@ def importance_weights(probabilities: jax.Array, exponent: float) -> jax.Array:
     return w / jnp.max(w)
 
 
-def make_loss(spec: PolicySpec, huber_loss_parameter: float):
+def make_loss(spec: PolicySpec, huber_loss_parameter: float, qat_bits: int | None = None):
+    """Double-DQN Huber loss. With `qat_bits` the online network (what actors deploy) runs through the
+    int-B actor arithmetic (quarl.qat: fake-quantized weights, straight-through gradients); the target
+    network only ever serves the learner, so it stays fp32."""
+    online_apply = q_apply_fn(spec, qat_bits)
     apply = q_apply_fn(spec)
 
     def loss_fn(params, target_params, batch, weights):
         obs, next_obs = batch["observation"], batch["next_observation"]
         batch_size = obs.shape[0]
         # One forward pass of the online net over s and s' (half the dispatches of two passes).
-        q_online = apply(params, jnp.concatenate([obs, next_obs], axis=0))
+        q_online = online_apply(params, jnp.concatenate([obs, next_obs], axis=0))
         q_tm1, q_t_selector = q_online[:batch_size], q_online[batch_size:]
         q_t_value = apply(target_params, next_obs)
         target = double_q_targets(q_t_value, jax.lax.stop_gradient(q_t_selector), batch["reward"],
@@ -90,7 +94,7 @@ class DQNLearner:
         )
         self._steps = 0
         self._update = jax.jit(functools.partial(
-            _update, loss_fn=make_loss(spec, config.huber_loss_parameter), optimizer=self._optimizer,
+            _update, loss_fn=make_loss(spec, config.huber_loss_parameter, config.qat_bits), optimizer=self._optimizer,
             target_update_period=config.target_update_period,
             is_exponent=config.importance_sampling_exponent if config.prioritized_replay else None))
 

@@ -18,9 +18,10 @@ def make_q_spec(obs_dim: int, num_actions: int, hidden_sizes: Sequence[int]) -> 
     return mlp_q_network(obs_dim, tuple(hidden_sizes), num_actions)
 
 
-def make_q_network(spec: PolicySpec) -> hk.Transformed:
-    """The spec as a pure (init, apply) pair; `apply(params, obs[B, obs_dim]) -> q[B, num_actions]`."""
-    return hk.without_apply_rng(hk.transform(lambda obs: haiku_forward(spec)(obs)))
+def make_q_network(spec: PolicySpec, qat_bits: int | None = None) -> hk.Transformed:
+    """The spec as a pure (init, apply) pair; `apply(params, obs[B, obs_dim]) -> q[B, num_actions]`.
+    `qat_bits` computes it as an int-B actor does (quantization-aware training, same params)."""
+    return hk.without_apply_rng(hk.transform(lambda obs: haiku_forward(spec, qat_bits=qat_bits)(obs)))
 
 
 def init_params(spec: PolicySpec, key: jax.Array) -> hk.Params:
@@ -28,5 +29,5 @@ def init_params(spec: PolicySpec, key: jax.Array) -> hk.Params:
     return make_q_network(spec).init(key, np.zeros((1, spec.input_dim), np.float32))
 
 
-def q_apply_fn(spec: PolicySpec) -> Callable[[hk.Params, jax.Array], jax.Array]:
-    return make_q_network(spec).apply
+def q_apply_fn(spec: PolicySpec, qat_bits: int | None = None) -> Callable[[hk.Params, jax.Array], jax.Array]:
+    return make_q_network(spec, qat_bits).apply
