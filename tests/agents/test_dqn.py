@@ -271,3 +271,81 @@ def test_fleet_epsilons_follow_the_apex_ladder():
     assert builder.actor_epsilon(0, 1)(0) == pytest.approx(1.0)  # lone actor: linear schedule from 1.0
     assert builder.actor_epsilon(0, 1)(10**9) == pytest.approx(0.05)
     assert builder.actor_epsilon(3, 4)(0) == pytest.approx(0.4 ** 8)
+
+
+# ---------------------------------------------------------------------------------------------- with replay
+
+
+def _cartpole_spec():
+    from quarl.envs import environment_spec, make_environment
+    return environment_spec(make_environment("CartPole-v1", 0))
+
+
+def test_prioritized_table_priorities_follow_the_learner_td_errors():
+    """Learner priorities written back to a real prioritized table change what gets sampled."""
+    # The limiter admits all 64 items (the warm-up) and then 64 x 64 sampled items (tolerance 1.0).
+    config = DQNConfig(hidden_sizes=(32,), batch_size=16, min_replay_size=64, prioritized_replay=True,
+                       samples_per_insert_tolerance=1.0)
+    builder = Builder(config)
+    env_spec = _cartpole_spec()
+    table = builder.make_table(env_spec, seed=0)
+    assert table.sampler == "prioritized"
+    rng = np.random.default_rng(0)
+    n = 64
+    table.insert({"observation": rng.normal(size=(n, 4)).astype(np.float32),
+                  "action": rng.integers(0, 2, n).astype(np.int32),
+                  "reward": np.where(np.arange(n) < 4, 100.0, 0.0).astype(np.float32),  # 4 surprising items
+                  "discount": np.zeros(n, np.float32),
+                  "next_observation": rng.normal(size=(n, 4)).astype(np.float32)})
+    learner = builder.make_learner(env_spec, seed=0)
+    # Cover every item once (priorities start at 1.0), writing back |TD| as the runner does.
+    sample = table.sample(16, timeout=5.0)
+    for _ in range(20):
+        metrics = learner.step(sample)
+        table.update_priorities(sample.keys, metrics["priorities"])
+        sample = table.sample(16, timeout=5.0)
+    keys = np.concatenate([table.sample(16, timeout=5.0).keys for _ in range(50)])
+    surprising = np.mean(keys < 4)
+    assert surprising > 0.3  # 4 of 64 items (6%) under uniform sampling
+
+
+def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
+    """Default config, int8 ONNX actors (a fixed backend: `auto` chooses by timing, which would make the run
+    depend on the machine). Stops at the first evaluation averaging >= 150 (a random policy scores ~20)."""
+    from launch.experiment import evaluate, run_experiment
+    from quarl.envs import make_environment
+    from quarl.quantization import quantize_params
+
+    builder = Builder(DQNConfig())
+    env_spec = _cartpole_spec()
+    untrained = builder.make_actor(env_spec, quantize_params(builder.make_learner(env_spec, 0).policy_params(),
+                                                             "int8"), seed=0, evaluation=True, backend="onnx")
+    untrained_return = float(np.mean(evaluate(untrained, make_environment("CartPole-v1", 123), 5)))
+    summary = run_experiment(builder, "CartPole-v1", precision="int8", backend="onnx", max_actor_steps=20_000,
+                             seed=0, logdir=tmp_path, eval_every=2500, eval_episodes=5, progress=False,
+                             energy=False, on_eval=lambda row: row["return"] >= 150.0)
+    assert summary["precision"] == "int8" and summary["backend"] == "onnx"
+    assert summary["best_eval_return"] >= 150.0, summary["best_eval_return"]
+    assert summary["best_eval_return"] > untrained_return + 100.0, (summary["best_eval_return"], untrained_return)
+    assert summary["weight_updates"] == summary["actor_steps"] // builder.config.actor_update_period
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("precision", ["int8", "fp32"])
+def test_dqn_solves_cartpole(tmp_path, precision):
+    """Full CartPole target (average evaluation return >= 475) within 50k env steps."""
+    from launch.experiment import run_experiment
+    summary = run_experiment(Builder(DQNConfig()), "CartPole-v1", precision=precision, backend="onnx",
+                             max_actor_steps=50_000, seed=1, logdir=tmp_path, eval_every=2500, eval_episodes=10,
+                             progress=False, energy=False, on_eval=lambda row: row["return"] >= 475.0)
+    assert summary["best_eval_return"] >= 475.0, summary["best_eval_return"]
+
+
+def test_run_experiment_with_prioritized_replay_updates_priorities(tmp_path):
+    from launch.experiment import run_experiment
+    builder = Builder(DQNConfig(hidden_sizes=(32, 32), min_replay_size=200, prioritized_replay=True))
+    summary = run_experiment(builder, "CartPole-v1", precision="int4", backend="jax", max_actor_steps=600,
+                             seed=0, logdir=tmp_path, eval_episodes=1, progress=False, energy=False)
+    assert summary["table"]["sampler"] == "prioritized" and summary["precision"] == "int4"
+    assert summary["learner_steps"] >= 350  # ~one update per insert after the 200-item warm-up
+    assert summary["table"]["samples"] == summary["learner_steps"] * 64
