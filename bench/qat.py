@@ -1,0 +1,305 @@
+"""Quantization-aware training vs post-training quantization at low bit widths (DQN, CartPole-v1).
+
+    python -m bench.qat [--quick] [--out DIR] [--seeds N] [--steps N] [--bits 2,3,4]
+
+For each training seed:
+
+* PTQ arm: train DQN in fp32 (fp32 actors) with `launch.experiment.run_experiment`; keep the checkpoint with
+  the best fp32 selection return; quantize it to int<B> (`quantize_params`) and evaluate it deployed.
+* QAT arm, for each B: train with `DQNConfig(qat_bits=B)` and int<B> actors (the learner optimises the
+  network the actors run); keep the checkpoint with the best int<B> selection return; evaluate it deployed.
+* "PTQ, best int<B> checkpoint" (a stronger PTQ baseline, reported alongside): the fp32 run's checkpoint
+  with the best int<B> selection return. It uses the fp32 run's whole history to pick what quantizes well,
+  which ordinary PTQ does not.
+
+Why checkpoint selection: DQN on CartPole is famously unstable late in training (the final network of a run
+can be far worse than its best), which would make the comparison mostly noise. Every arm is selected the same
+way: `SELECT_EPISODES` greedy episodes on fixed selection seeds at the arm's deployed precision, at every
+evaluation point. Reported returns come from other, disjoint test seeds (`TEST_SEED_BASE`), the same
+episodes for every arm and bit width (`quarl.evaluation.evaluate_seeds`), so the selection does not bias
+them. Every deployed evaluation runs the jax runtime (AQT W<B>A8, the numerics QAT trains with).
+
+Verdict per bit width: QAT "beats" PTQ when its mean return exceeds PTQ's by more than two standard errors of
+the difference of per-seed means (a crude test with few seeds; the per-seed means are in the JSON).
+
+Defaults: the full run (3 seeds, 40k env steps per run, bits 2,3,4) writes bench/results/qat.{json,md,png}
+(committed); --quick (1 seed, 8k steps, bits 2 and 4) writes to runs/bench/qat-quick.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import platform
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+TASK = "CartPole-v1"
+HIDDEN = (64, 64)
+SELECT_SEED_BASE, SELECT_EPISODES = 50_000, 5
+TEST_SEED_BASE = 100_000
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    seeds: int
+    steps: int
+    eval_every: int
+    test_episodes: int
+    bits: tuple[int, ...]
+    out: Path
+    quick: bool
+
+
+def parse_args(argv: Sequence[str] | None) -> Plan:
+    from launch.cli import OneLineArgumentParser  # pylint: disable=import-outside-toplevel
+
+    parser = OneLineArgumentParser(prog="python -m bench.qat", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 seed, 8k steps, bits 2,4 (a smoke run)")
+    parser.add_argument("--out", default=None, help="output directory (default bench/results, or "
+                        "runs/bench/qat-quick with --quick)")
+    parser.add_argument("--seeds", type=int, default=None, help="training seeds per arm")
+    parser.add_argument("--steps", type=int, default=None, help="env steps per training run")
+    parser.add_argument("--episodes", type=int, default=None, help="test episodes per policy")
+    parser.add_argument("--bits", default=None, help="comma-separated weight bit widths in [2, 8]")
+    args = parser.parse_args(argv)
+    quick = bool(args.quick)
+    seeds = args.seeds if args.seeds is not None else (1 if quick else 3)
+    steps = args.steps if args.steps is not None else (8_000 if quick else 40_000)
+    episodes = args.episodes if args.episodes is not None else (5 if quick else 20)
+    for flag, value in (("--seeds", seeds), ("--steps", steps), ("--episodes", episodes)):
+        if value <= 0:
+            parser.error(f"{flag} must be a positive integer, got {value}")
+    try:
+        bits = tuple(sorted({int(b) for b in (args.bits or ("2,4" if quick else "2,3,4")).split(",")}))
+    except ValueError:
+        parser.error(f"--bits must be comma-separated integers, got {args.bits!r}")
+    if not bits or not all(2 <= b <= 8 for b in bits):
+        parser.error(f"--bits must be in [2, 8], got {args.bits!r}")
+    out = Path(args.out) if args.out else Path("runs/bench/qat-quick" if quick else "bench/results")
+    return Plan(seeds, steps, max(1000, steps // 16), episodes, bits, out, quick)
+
+
+def _capture_learner(builder: Any) -> dict[str, Any]:
+    """run_experiment builds the learner inside; keep a handle so evaluations can snapshot its params."""
+    holder: dict[str, Any] = {}
+    make = builder.make_learner
+
+    def make_learner(env_spec: Any, seed: int) -> Any:
+        holder["learner"] = make(env_spec, seed)
+        return holder["learner"]
+
+    builder.make_learner = make_learner
+    return holder
+
+
+_POLICIES: dict[tuple[Any, str], Any] = {}  # one compiled greedy policy per (spec, precision); weights swap
+
+
+def _returns(spec: Any, params: dict, precision: str, seeds: Sequence[int]) -> np.ndarray:
+    """Greedy undiscounted returns of `params` deployed at `precision` (jax runtime), one episode per seed."""
+    from quarl.envs import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.evaluation import evaluate_seeds, make_greedy_policy  # pylint: disable=import-outside-toplevel
+    from quarl.quantization import quantize_params  # pylint: disable=import-outside-toplevel
+
+    qparams = quantize_params(params, precision)
+    policy = _POLICIES.get((spec, precision))
+    if policy is None:
+        action_spec = environment_spec(make_environment(TASK, 0)).action_spec
+        policy = _POLICIES[(spec, precision)] = make_greedy_policy(spec, qparams, action_spec, backend="jax")
+    else:
+        policy.executor.update(qparams)
+    return evaluate_seeds(TASK, policy, list(seeds)).returns
+
+
+def train(plan: Plan, seed: int, qat_bits: int | None, select_precisions: Sequence[str]) -> dict[str, Any]:
+    """One training run; returns the best checkpoint (by selection return) for each of `select_precisions`."""
+    from agents.dqn import Builder, DQNConfig  # pylint: disable=import-outside-toplevel
+    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+
+    builder = Builder(DQNConfig(hidden_sizes=HIDDEN, qat_bits=qat_bits))
+    holder = _capture_learner(builder)
+    select_seeds = range(SELECT_SEED_BASE, SELECT_SEED_BASE + SELECT_EPISODES)
+    best: dict[str, dict[str, Any]] = {p: {"return": -np.inf} for p in select_precisions}
+    spec_box: dict[str, Any] = {}
+
+    def on_eval(row: dict[str, Any]) -> None:
+        learner = holder["learner"]
+        params = learner.policy_params()
+        spec = spec_box.setdefault("spec", learner.spec)
+        for precision in select_precisions:
+            score = float(np.mean(_returns(spec, params, precision, select_seeds)))
+            if score > best[precision]["return"]:
+                best[precision] = {"return": score, "actor_steps": int(row["actor_steps"]), "params": params}
+
+    t0 = time.perf_counter()
+    with tempfile.TemporaryDirectory() as logdir:
+        summary = run_experiment(builder, TASK, precision="fp32" if qat_bits is None else f"int{qat_bits}",
+                                 backend="jax", max_actor_steps=plan.steps, seed=seed, logdir=logdir,
+                                 eval_every=plan.eval_every, eval_episodes=1, progress=False, energy=False,
+                                 on_eval=on_eval)
+    return {"spec": spec_box["spec"], "best": best, "wall_s": time.perf_counter() - t0,
+            "learner_steps": summary["learner_steps"], "actor_steps": summary["actor_steps"]}
+
+
+def _stats(returns_by_seed: list[np.ndarray]) -> dict[str, Any]:
+    flat = np.concatenate(returns_by_seed)
+    seed_means = [float(np.mean(r)) for r in returns_by_seed]
+    return {"mean": float(np.mean(flat)), "std": float(np.std(flat)), "seed_means": seed_means,
+            "episodes": int(flat.size)}
+
+
+def _verdict(qat: dict[str, Any], ptq: dict[str, Any]) -> dict[str, Any]:
+    diff = qat["mean"] - ptq["mean"]
+    n = len(qat["seed_means"])
+    se = float(np.sqrt(np.var(qat["seed_means"], ddof=1) / n + np.var(ptq["seed_means"], ddof=1) / n)) \
+        if n > 1 else float("nan")
+    beats = bool(diff > 2 * se) if n > 1 else None  # one seed: no spread to judge against
+    return {"qat_minus_ptq": diff, "se": se, "qat_beats_ptq": beats}
+
+
+def run(plan: Plan) -> dict[str, Any]:
+    test_seeds = range(TEST_SEED_BASE, TEST_SEED_BASE + plan.test_episodes)
+    int_precisions = [f"int{b}" for b in plan.bits]
+    fp32_rows: list[dict[str, Any]] = []
+    ptq: dict[str, list[np.ndarray]] = {p: [] for p in int_precisions}
+    ptq_best: dict[str, list[np.ndarray]] = {p: [] for p in int_precisions}
+    qat: dict[str, list[np.ndarray]] = {p: [] for p in int_precisions}
+    fp32_returns: list[np.ndarray] = []
+    runs: list[dict[str, Any]] = []
+    start = time.perf_counter()
+    for seed in range(plan.seeds):
+        res = train(plan, seed, None, ["fp32", *int_precisions])
+        best_fp32 = res["best"]["fp32"]
+        fp32_returns.append(_returns(res["spec"], best_fp32["params"], "fp32", test_seeds))
+        row = {"arm": "fp32", "seed": seed, "wall_s": round(res["wall_s"], 1),
+               "selected_at_step": best_fp32["actor_steps"], "fp32_test_mean": float(fp32_returns[-1].mean())}
+        for p in int_precisions:
+            ptq[p].append(_returns(res["spec"], best_fp32["params"], p, test_seeds))
+            cand = res["best"][p]
+            ptq_best[p].append(_returns(res["spec"], cand["params"], p, test_seeds))
+            row[f"ptq_{p}_test_mean"] = float(ptq[p][-1].mean())
+            row[f"ptq_best_{p}_selected_at_step"] = cand["actor_steps"]
+            row[f"ptq_best_{p}_test_mean"] = float(ptq_best[p][-1].mean())
+        runs.append(row)
+        print(f"[bench.qat] fp32 seed {seed}: {json.dumps(row)}", flush=True)
+        for b, p in zip(plan.bits, int_precisions):
+            res = train(plan, seed, b, [p])
+            qat[p].append(_returns(res["spec"], res["best"][p]["params"], p, test_seeds))
+            row = {"arm": f"qat{b}", "seed": seed, "wall_s": round(res["wall_s"], 1),
+                   "selected_at_step": res["best"][p]["actor_steps"], f"{p}_test_mean": float(qat[p][-1].mean())}
+            runs.append(row)
+            print(f"[bench.qat] qat int{b} seed {seed}: {json.dumps(row)}", flush=True)
+    table = []
+    for b, p in zip(plan.bits, int_precisions):
+        q, pt, pb = _stats(qat[p]), _stats(ptq[p]), _stats(ptq_best[p])
+        table.append({"bits": b, "ptq": pt, "ptq_best_checkpoint": pb, "qat": q, **_verdict(q, pt),
+                      "qat_beats_best_checkpoint_ptq": _verdict(q, pb)["qat_beats_ptq"]})
+    return {
+        "task": TASK, "agent": "dqn", "hidden": list(HIDDEN), "quick": plan.quick, "seeds": plan.seeds,
+        "steps_per_run": plan.steps, "eval_every": plan.eval_every, "select_episodes": SELECT_EPISODES,
+        "test_episodes": plan.test_episodes, "test_seeds": [TEST_SEED_BASE, TEST_SEED_BASE + plan.test_episodes],
+        "backend": "jax", "fp32": _stats(fp32_returns), "table": table, "runs": runs,
+        "wall_clock_s": round(time.perf_counter() - start, 1), "machine": machine_info(),
+    }
+
+
+def machine_info() -> dict[str, Any]:
+    import jax  # pylint: disable=import-outside-toplevel
+    from importlib.metadata import version  # pylint: disable=import-outside-toplevel
+
+    info = {"python": platform.python_version(), "platform": platform.platform(), "jax": jax.__version__}
+    try:
+        info["aqtp"] = version("aqtp")
+    except Exception:  # noqa: BLE001 - a missing dist-info only loses one informational field
+        info["aqtp"] = None
+    try:
+        import os  # pylint: disable=import-outside-toplevel
+        info["load_average"] = list(os.getloadavg())
+    except OSError:
+        info["load_average"] = None
+    return info
+
+
+_VERDICT = {True: "**yes**", False: "no", None: "n/a (1 seed)"}
+
+
+def _fmt(s: dict[str, Any]) -> str:
+    return f"{s['mean']:.1f} ± {s['std']:.1f}"
+
+
+def write_markdown(path: Path, result: dict[str, Any]) -> str:
+    lines = [
+        "# QAT vs PTQ: DQN on CartPole-v1",
+        "",
+        f"`python -m bench.qat{' --quick' if result['quick'] else ''}`: {result['seeds']} training seed(s) per "
+        f"arm, {result['steps_per_run']} env steps per run, Q-network {result['hidden']} (ReLU). Returns are "
+        f"mean ± std over seeds x {result['test_episodes']} seeded test episodes (max 500), deployed on the "
+        f"jax runtime (AQT, W<B>A8). fp32 policy (PTQ source): {_fmt(result['fp32'])}.",
+        "",
+        "| bits | PTQ return | PTQ, best int-B checkpoint | QAT return | QAT - PTQ (± 2 SE) | QAT beats PTQ |",
+        "|---:|---:|---:|---:|---:|:---:|",
+    ]
+    for row in result["table"]:
+        lines.append(f"| {row['bits']} | {_fmt(row['ptq'])} | {_fmt(row['ptq_best_checkpoint'])} | "
+                     f"{_fmt(row['qat'])} | {row['qat_minus_ptq']:+.1f} (± {2 * row['se']:.1f}) | "
+                     f"{_VERDICT[row['qat_beats_ptq']]} |")
+    lines += [
+        "",
+        "PTQ: the fp32 run's checkpoint with the best fp32 selection return, quantized. PTQ, best int-B "
+        "checkpoint: the fp32 run's checkpoint with the best int-B selection return (a stronger baseline). "
+        "QAT: trained with `qat_bits=B` and int-B actors, checkpoint with the best int-B selection return. "
+        f"Selection uses {result['select_episodes']} episodes on seeds disjoint from the test seeds.",
+        "",
+        f"Per-seed means and run times: [`qat.json`](qat.json). Total wall clock {result['wall_clock_s']:.0f} s "
+        f"on a shared machine (load average {result['machine'].get('load_average')}).",
+        "",
+    ]
+    text = "\n".join(lines)
+    path.write_text(text)
+    return text
+
+
+def plot(path: Path, result: dict[str, Any]) -> None:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    rows = result["table"]
+    x = np.arange(len(rows))
+    width = 0.27
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (key, label) in enumerate((("ptq", "PTQ"), ("ptq_best_checkpoint", "PTQ (best int-B ckpt)"),
+                                      ("qat", "QAT"))):
+        ax.bar(x + (i - 1) * width, [r[key]["mean"] for r in rows], width,
+               yerr=[r[key]["std"] for r in rows], capsize=3, label=label)
+    ax.axhline(result["fp32"]["mean"], color="k", ls="--", lw=1, label="fp32 policy")
+    ax.set_xticks(x, [f"int{r['bits']}" for r in rows])
+    ax.set_ylabel("test return (CartPole-v1, max 500)")
+    ax.set_title(f"DQN: QAT vs PTQ ({result['seeds']} seeds x {result['test_episodes']} episodes)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from quarl.logs import write_json_atomic  # pylint: disable=import-outside-toplevel
+
+    plan = parse_args(argv)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    result = run(plan)
+    write_json_atomic(plan.out / "qat.json", result)
+    print(write_markdown(plan.out / "qat.md", result))
+    plot(plan.out / "qat.png", result)
+    print(f"[bench.qat] wrote {plan.out}/qat.json, qat.md, qat.png", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
