@@ -185,7 +185,17 @@ class _Interrupted(Exception):
         self.signum = signum
 
 
+_SIGNALS_RECEIVED: list[int] = []
+
+
+def _defer_signal(signum: int, _frame: Any) -> None:
+    _SIGNALS_RECEIVED.append(signum)
+
+
 def _raise_interrupt(signum: int, _frame: Any) -> None:
+    # Recorded as well as raised: raised inside Ray's C extension, the exception can come out wrapped (as a
+    # SystemError), and the run must still count as interrupted.
+    _SIGNALS_RECEIVED.append(signum)
     raise _Interrupted(signum)
 
 
@@ -219,12 +229,18 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
     stats: dict[str, Any] = {}
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     in_main = _in_main_thread()
-    if in_main:
+    _SIGNALS_RECEIVED.clear()
+    if in_main:  # no exception may land inside ray.init (half-started Ray crashes at exit): defer
         for s in previous:
-            signal.signal(s, _raise_interrupt)
+            signal.signal(s, _defer_signal)
     try:
         try:
             launch = runner.launch(program)
+            if in_main:  # ray.init installs its own SIGTERM handler; ours must win
+                for s in previous:
+                    signal.signal(s, _raise_interrupt)
+            if _SIGNALS_RECEIVED:
+                raise _Interrupted(_SIGNALS_RECEIVED[-1])
             launch.wait_ready()
             if on_launch is not None:
                 on_launch(launch)
@@ -248,7 +264,10 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
         except _Interrupted as e:
             status, signum = "interrupted", e.signum
         except Exception as e:  # pylint: disable=broad-except
-            status, error = "failed", f"{type(e).__name__}: {e}"
+            if _SIGNALS_RECEIVED:
+                status, signum = "interrupted", _SIGNALS_RECEIVED[-1]
+            else:
+                status, error = "failed", f"{type(e).__name__}: {_first_line(e)}"
         if in_main:  # the shutdown below is bounded; a second Ctrl-C must not cut it short
             for s in previous:
                 signal.signal(s, signal.SIG_IGN)
@@ -259,6 +278,8 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
     finally:
         if launch is not None:
             launch.shutdown()
+        else:
+            runner.close()
         if in_main:
             for s, handler in previous.items():
                 signal.signal(s, handler)
@@ -359,13 +380,22 @@ def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str],
     collect("learner", 120.0 if graceful else 4.0)
     tell("evaluator", "stop", graceful)
     collect("evaluator", 600.0 if graceful else 1.0)
+    if not futures:  # stopped before anything ran (e.g. Ctrl-C during start-up): nothing to collect
+        return results, {}
+    # Services in parallel: energy reports, final counters, table and quantizer statistics.
+    calls = {(name, "energy"): h[name].submit("energy") for name in ("counter", "replay", "quantizer")}
+    calls.update({("counts", "get"): h["counter"].submit("get"), ("replay", "info"): h["replay"].submit("info"),
+                  ("quantizer", "stats"): h["quantizer"].submit("stats")})
     stats: dict[str, Any] = {}
-    for key, node, method in (("counts", "counter", "get"), ("replay", "replay", "info"),
-                              ("quantizer", "quantizer", "stats")):
+    for (name, method), future in calls.items():
         try:
-            stats[key] = h[node].submit(method).result(timeout=remaining(2.0))
+            value = future.result(timeout=remaining(3.0))
         except Exception:  # pylint: disable=broad-except
-            stats[key] = {}
+            value = None
+        if method == "energy":
+            results[name] = {"energy": value}
+        else:
+            stats[name] = value or {}
     try:  # releases calls still blocked on the rate limiter (e.g. a prefetch that lost its learner)
         h["replay"].submit("close").result(timeout=remaining(2.0))
     except Exception:  # pylint: disable=broad-except

@@ -97,3 +97,6 @@ class LocalRunner:
 
     def launch(self, program: Program) -> LocalLaunch:
         return LocalLaunch(program)
+
+    def close(self) -> None:
+        """Nothing outlives a local launch."""

@@ -45,6 +45,15 @@ class NodeBase:
     def ping(self) -> bool:
         return True
 
+    def _track_energy(self, logdir: str | None, name: str) -> None:
+        """Service nodes (no run()) measure from construction until `energy()` is called."""
+        self._energy_tracker = _energy_tracker(logdir, name) if logdir else None
+
+    def energy(self) -> dict[str, Any] | None:
+        """Stops this node's energy tracker and returns its report (None when nothing was measured)."""
+        tracker, self._energy_tracker = getattr(self, "_energy_tracker", None), None
+        return _stop_energy(tracker)
+
 
 def _wait(future: Any, stop: threading.Event, poll_s: float = POLL_S) -> tuple[bool, Any]:
     """Waits for `future` until it finishes or `stop` is set: (finished, result). Errors propagate."""
@@ -97,7 +106,8 @@ class Counter(NodeBase):
 
     `wall_clock_s` is seconds since the run started (continued across `--resume`)."""
 
-    def __init__(self, resume: str | None = None):
+    def __init__(self, resume: str | None = None, logdir: str | None = None):
+        self._track_energy(logdir, "counter")
         self._lock = threading.Lock()
         self._counts: collections.Counter = collections.Counter()
         elapsed = 0.0
@@ -137,7 +147,8 @@ class ReplayServer(NodeBase):
     `insert` waits while actors are too far ahead, `sample` while the learner is). Calls block until done or
     until `close()`, which makes every waiting and later call raise `quarl.replay.TableClosed`."""
 
-    def __init__(self, table: Mapping[str, Any], seed: int | None = None, resume: str | None = None):
+    def __init__(self, table: Mapping[str, Any], seed: int | None = None, resume: str | None = None,
+                 logdir: str | None = None):
         from quarl.replay import SampleToInsertRatio, Table  # pylint: disable=import-outside-toplevel
 
         tc = table["config"]
@@ -150,6 +161,7 @@ class ReplayServer(NodeBase):
             manifest = ckpt.read_manifest(directory, verify=False)
             state = ckpt.load_replay(directory / ckpt.REPLAY_FILE, manifest["checksums"][ckpt.REPLAY_FILE])
             self._table.load_state_dict(state)
+        self._track_energy(logdir, "replay")
 
     def insert(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> int:
         return self._table.insert(batch, priorities)
@@ -185,7 +197,7 @@ class Quantizer(NodeBase):
     first request for a version, under a lock, so N actors asking at once share one quantization and versions
     no one asked for cost nothing."""
 
-    def __init__(self, policy_spec: Mapping[str, Any], precision: str):
+    def __init__(self, policy_spec: Mapping[str, Any], precision: str, logdir: str | None = None):
         from quarl.policy import PolicySpec  # pylint: disable=import-outside-toplevel
         from quarl.quantization import parse_precision  # pylint: disable=import-outside-toplevel
 
@@ -199,6 +211,7 @@ class Quantizer(NodeBase):
         self._versions_quantized: list[int] = []
         self._payload_nbytes = 0
         self._fp32_nbytes = 0
+        self._track_energy(logdir, "quantizer")
 
     def publish(self, version: int, params: Mapping[str, Any]) -> int:
         """Stores `params` as weights version `version` (older versions than the latest are ignored)."""

@@ -260,15 +260,16 @@ def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program
     builder, env_spec = spec.builder(), spec.env_spec()
     logdir = os.path.abspath(config.logdir)
     program = Program("actorq")
-    counter = program.add(Node("counter", nc.Counter, {"resume": config.resume}, max_concurrency=8))
+    counter = program.add(Node("counter", nc.Counter, {"resume": config.resume, "logdir": logdir},
+                               max_concurrency=8))
     replay = program.add(Node(
         "replay", nc.ReplayServer,
         {"table": table_spec(builder, env_spec), "seed": derive_seed(config.seed, REPLAY_STREAM),
-         "resume": config.resume},
+         "resume": config.resume, "logdir": logdir},
         max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4)))
     quantizer = program.add(Node(
         "quantizer", nc.Quantizer,
-        {"policy_spec": builder.policy_spec(env_spec).to_dict(), "precision": config.precision},
+        {"policy_spec": builder.policy_spec(env_spec).to_dict(), "precision": config.precision, "logdir": logdir},
         max_concurrency=max(4, config.num_actors + 3)))
     program.add(Node(
         "learner", nc.LearnerNode,

@@ -21,10 +21,12 @@ import math
 import os
 import secrets
 import sys
+import time
 from typing import Any
 
 from launch.program import CallFuture, NodeHandle, Program, resolve_handles
 
+_SLICE_S = 0.2  # longest uninterruptible wait in the driver
 _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
@@ -44,10 +46,28 @@ class RayFuture(CallFuture):
         import ray  # pylint: disable=import-outside-toplevel
         from ray.exceptions import GetTimeoutError  # pylint: disable=import-outside-toplevel
 
-        try:
-            return ray.get(self.ref, timeout=timeout)
-        except GetTimeoutError:
-            raise TimeoutError(f"no result within {timeout} s") from None
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:  # in slices, see _wait_all
+            left = _SLICE_S if deadline is None else deadline - time.monotonic()
+            try:
+                return ray.get(self.ref, timeout=max(0.0, min(_SLICE_S, left)))
+            except GetTimeoutError:
+                if deadline is not None and time.monotonic() >= deadline:
+                    raise TimeoutError(f"no result within {timeout} s") from None
+
+
+def _wait_all(refs: list, timeout: float | None) -> None:
+    """Waits for `refs` in short slices: a long ray.get/ray.wait blocks in C++, where Python signal handlers
+    (Ctrl-C) do not run until it returns. TimeoutError after `timeout` seconds."""
+    import ray  # pylint: disable=import-outside-toplevel
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pending = list(refs)
+    while pending:
+        slice_s = _SLICE_S if deadline is None else min(_SLICE_S, deadline - time.monotonic())
+        if slice_s <= 0:
+            raise TimeoutError(f"no result within {timeout} s")
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=slice_s)
 
 
 class RayNodeHandle(NodeHandle):
@@ -173,7 +193,8 @@ class RayLaunch:
         import ray  # pylint: disable=import-outside-toplevel
 
         refs = [a.__ray_ready__.remote() for a in self._actors.values()]
-        ray.get(refs, timeout=timeout)
+        _wait_all(refs, timeout)
+        ray.get(refs)
 
     def run(self, name: str) -> RayFuture:
         return self.handles[name].submit("run")
@@ -207,7 +228,16 @@ class RayRunner:
 
     def __init__(self, address: str | None = None):
         self.address = address
+        self._started = False
 
     def launch(self, program: Program) -> RayLaunch:
-        started = init_ray(self.address, num_cpus=program.num_cpus)
-        return RayLaunch(program, owns_cluster=started)
+        self._started = init_ray(self.address, num_cpus=program.num_cpus)
+        return RayLaunch(program, owns_cluster=self._started)
+
+    def close(self) -> None:
+        """Stops a Ray this runner started even if `launch` never returned (e.g. Ctrl-C during start-up)."""
+        import ray  # pylint: disable=import-outside-toplevel
+
+        if self._started and ray.is_initialized():
+            ray.shutdown()
+        self._started = False
