@@ -1,0 +1,286 @@
+"""Learning benchmark: full-size single-process runs, fp32 actors vs int8 actors, same seeds, side by side.
+
+    python -m bench.learning [--rows dqn|d4pg|all] [--tasks CartPole-v1,...] [--seeds 0,1,2]
+                             [--precisions fp32,int8] [--full-curves] [--quick] [--out DIR]
+
+Every run is `launch.experiment.run_experiment` (the learner is fp32 either way; only the actors' weights
+and arithmetic change with the precision). A run stops at its first evaluation that reaches the row's target
+(unless --full-curves), so "steps/seconds to target" are comparable across precisions; seeds and precisions
+are interleaved so that load from other processes on a shared machine hits both alike.
+
+Writes DIR/learning_<rows>.csv (one line per run), DIR/learning_<rows>_curves.csv (every evaluation),
+DIR/learning_<rows>.md (summary table) and DIR/learning_<rows>.png (curves); per-run logs go under
+runs/bench/learning/. The full run writes to bench/results; --quick (CartPole only, one seed, small budget)
+writes to runs/bench/learning-quick so it never overwrites committed results.
+
+Other agents add their rows with `register_rows(name, rows)` (or a module `bench.learning_<name>` that
+defines `ROWS`, imported on demand for `--rows <name>`), then `main(["--rows", name])` or `run_rows(...)`.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import importlib
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+REPO = Path(__file__).resolve().parents[1]
+RESULTS = REPO / "bench" / "results"
+RUNS = REPO / "runs" / "bench"
+
+
+@dataclasses.dataclass(frozen=True)
+class LearningRow:
+    """One benchmark task: an agent, its config overrides, a budget and the return that counts as solved."""
+
+    agent: str
+    task: str
+    target: float
+    max_actor_steps: int
+    eval_every: int
+    eval_episodes: int = 10
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    note: str = ""
+
+
+# DQN on gym classic control with the default DQNConfig (no per-task tuning). Targets: CartPole-v1's
+# "solved" 475, Acrobot-v1 -100 and MountainCar-v0 -130 (returns averaged over the evaluation episodes).
+DQN_ROWS: tuple[LearningRow, ...] = (
+    LearningRow("dqn", "CartPole-v1", 475.0, 50_000, 2_500),
+    LearningRow("dqn", "Acrobot-v1", -100.0, 100_000, 2_500),
+    LearningRow("dqn", "MountainCar-v0", -130.0, 150_000, 5_000),
+)
+QUICK_ROWS: tuple[LearningRow, ...] = (LearningRow("dqn", "CartPole-v1", 150.0, 15_000, 2_500, 5),)
+
+_ROW_SETS: dict[str, tuple[LearningRow, ...]] = {"dqn": DQN_ROWS}
+
+
+def register_rows(name: str, rows: Sequence[LearningRow]) -> None:
+    """Makes `rows` runnable as `--rows <name>` (and part of `--rows all`)."""
+    if not name.isidentifier():
+        raise ValueError(f"row set name must be an identifier, got {name!r}")
+    if not rows or not all(isinstance(r, LearningRow) for r in rows):
+        raise ValueError("rows must be a non-empty sequence of LearningRow")
+    _ROW_SETS[name] = tuple(rows)
+
+
+def row_set(name: str) -> tuple[LearningRow, ...]:
+    """Registered rows, or `bench.learning_<name>.ROWS` imported on demand."""
+    if name not in _ROW_SETS:
+        try:
+            module = importlib.import_module(f"bench.learning_{name}")
+        except ModuleNotFoundError:
+            raise ValueError(f"unknown row set {name!r}; known: {', '.join(sorted(_ROW_SETS))}") from None
+        register_rows(name, module.ROWS)
+    return _ROW_SETS[name]
+
+
+def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_at_target: bool = True,
+            backend: str = "auto") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One training run; returns its result line and its evaluation curve."""
+    import agents  # pylint: disable=import-outside-toplevel
+    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+
+    reached: dict[str, Any] = {}
+
+    def on_eval(ev: dict[str, Any]) -> bool:
+        if not reached and ev["return"] >= row.target:
+            reached.update(ev)
+        return stop_at_target and bool(reached)
+
+    builder = agents.get_builder(row.agent, **dict(row.overrides))
+    s = run_experiment(builder, row.task, precision=precision, backend=backend,
+                       max_actor_steps=row.max_actor_steps, seed=seed, logdir=logdir, eval_every=row.eval_every,
+                       eval_episodes=row.eval_episodes, progress=False, energy=False, on_eval=on_eval)
+    rt = s["runtime"]
+    result = {
+        "agent": row.agent, "task": row.task, "precision": s["precision"], "backend": s["backend"], "seed": seed,
+        "target": row.target, "solved": bool(reached),
+        "steps_to_target": reached.get("actor_steps"), "train_s_to_target": reached.get("train_clock_s"),
+        "final_return": s["final_eval_return"], "best_return": s["best_eval_return"],
+        "actor_steps": s["actor_steps"], "learner_steps": s["learner_steps"], "train_s": s["train_clock_s"],
+        "env_steps_per_s": round(s["actor_steps"] / max(s["train_clock_s"], 1e-9), 1),
+        "payload_bytes": s["payload_bytes"], "payload_bytes_fp32": s["payload_bytes_fp32"],
+        "pull_ms_per_update": rt["pull_ms_per_update"], "load_ms_per_update": rt["load_ms_per_update"],
+        "inference_us_per_step": rt["inference_us_per_step"], "logdir": str(logdir),
+    }
+    with open(logdir / "evaluator.csv", newline="", encoding="utf-8") as f:
+        curve = [{"agent": row.agent, "task": row.task, "precision": s["precision"], "seed": seed,
+                  "actor_steps": int(r["actor_steps"]), "train_clock_s": float(r["train_clock_s"]),
+                  "return": float(r["return"])} for r in csv.DictReader(f)]
+    return result, curve
+
+
+def run_rows(rows: Sequence[LearningRow], *, name: str, seeds: Sequence[int], precisions: Sequence[str],
+             outdir: Path, runs_dir: Path, stop_at_target: bool = True, backend: str = "auto",
+             command: str = "") -> list[dict]:
+    """Runs every (row, seed, precision), interleaved, and writes the CSVs, the table and the plot."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    results, curves = [], []
+    for seed in seeds:
+        for row in rows:
+            for precision in precisions:
+                logdir = runs_dir / f"{stamp}-{name}" / f"{row.agent}_{row.task.replace(':', '-')}_{precision}_s{seed}"
+                result, curve = run_one(row, precision, seed, logdir=logdir, stop_at_target=stop_at_target,
+                                        backend=backend)
+                results.append(result)
+                curves.extend(curve)
+                print(f"{row.task:16s} {precision:5s} seed {seed}: solved={result['solved']!s:5s} "
+                      f"steps={result['steps_to_target']} train_s={result['train_s_to_target']} "
+                      f"best={result['best_return']:.1f} ({result['env_steps_per_s']:.0f} env steps/s)",
+                      flush=True)
+    outdir.mkdir(parents=True, exist_ok=True)
+    _write_csv(outdir / f"learning_{name}.csv", results)
+    _write_csv(outdir / f"learning_{name}_curves.csv", curves)
+    (outdir / f"learning_{name}.md").write_text(markdown_table(results, rows, name, command), encoding="utf-8")
+    plot_curves(curves, rows, outdir / f"learning_{name}.png")
+    return results
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def _fmt(v: float | None, digits: int = 0) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def markdown_table(results: list[dict], rows: Sequence[LearningRow], name: str, command: str = "") -> str:
+    """Per task and precision: seeds solved, median steps and train-seconds to target, returns, payload size;
+    then, per task, the int8/fp32 ratios of those medians."""
+    command = command or f"python -m bench.learning --rows {name}"
+    lines = [
+        f"# Learning benchmark: {name}",
+        "",
+        f"`{command}`, {time.strftime('%Y-%m-%d')}. Single-process runs (`launch.experiment`): fp32 learner, "
+        "actors at the listed precision pulling weights as encoded payloads. A run stops at its first evaluation "
+        "(mean over the row's evaluation episodes, greedy actor at the deployed precision) reaching the target. "
+        "Medians over seeds that reached it; train seconds exclude evaluation time. Shared 2-core machine: "
+        "seconds are inflated and noisy, steps are not.",
+        "",
+        "| task | precision | target | solved | median steps to target | median train s to target | "
+        "final return (mean) | best return (mean) | payload KB | fp32 payload / this |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        by_prec: dict[str, list[dict]] = {}
+        for r in results:
+            if r["agent"] == row.agent and r["task"] == row.task:
+                by_prec.setdefault(r["precision"], []).append(r)
+        for prec, rs in by_prec.items():
+            solved = [r for r in rs if r["solved"]]
+            lines.append(
+                f"| {row.task} | {prec} | {row.target:g} | {len(solved)}/{len(rs)} | "
+                f"{_fmt(_median([r['steps_to_target'] for r in solved]))} | "
+                f"{_fmt(_median([r['train_s_to_target'] for r in solved]), 1)} | "
+                f"{_fmt(statistics.mean(r['final_return'] for r in rs), 1)} | "
+                f"{_fmt(statistics.mean(r['best_return'] for r in rs), 1)} | "
+                f"{rs[0]['payload_bytes'] / 1024:.1f} | {rs[0]['payload_bytes_fp32'] / rs[0]['payload_bytes']:.2f}x |")
+    ratios = []
+    for row in rows:
+        med: dict[str, tuple[float | None, float | None]] = {}
+        for prec in ("fp32", "int8"):
+            solved = [r for r in results if r["agent"] == row.agent and r["task"] == row.task
+                      and r["precision"] == prec and r["solved"]]
+            med[prec] = (_median([r["steps_to_target"] for r in solved]),
+                         _median([r["train_s_to_target"] for r in solved]))
+        if all(v is not None for pair in med.values() for v in pair):
+            ratios.append(f"| {row.task} | {med['int8'][0] / med['fp32'][0]:.2f} | {med['int8'][1] / med['fp32'][1]:.2f} |")
+    if ratios:
+        lines += ["", "int8 actors relative to fp32 actors (median over solved seeds; < 1: int8 got there sooner):", "",
+                  "| task | steps to target, int8 / fp32 | train s to target, int8 / fp32 |", "|---|---:|---:|",
+                  *ratios]
+    lines += ["", "Per-run lines: `learning_" + name + ".csv`; every evaluation: `learning_" + name + "_curves.csv`; "
+              "curves: `learning_" + name + ".png`.", ""]
+    return "\n".join(lines)
+
+
+def plot_curves(curves: list[dict], rows: Sequence[LearningRow], path: Path) -> None:
+    """One panel per task: every seed's evaluation curve, coloured by precision, with the target line."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    fig, axes = plt.subplots(1, len(rows), figsize=(5 * len(rows), 3.8), squeeze=False)
+    colors = {"fp32": "tab:blue", "int8": "tab:orange"}
+    for ax, row in zip(axes[0], rows):
+        mine = [c for c in curves if c["agent"] == row.agent and c["task"] == row.task]
+        runs = sorted({(c["precision"], c["seed"]) for c in mine})
+        labelled = set()
+        for prec, seed in runs:
+            pts = [(c["actor_steps"], c["return"]) for c in mine if c["precision"] == prec and c["seed"] == seed]
+            color = colors.get(prec)
+            ax.plot(*zip(*pts), color=color, alpha=0.8, lw=1.3, marker=".", ms=3,
+                    label=prec if prec not in labelled else None)
+            labelled.add(prec)
+        ax.axhline(row.target, color="grey", ls="--", lw=1, label=f"target {row.target:g}")
+        ax.set_title(f"{row.agent.upper()} {row.task}")
+        ax.set_xlabel("actor steps")
+        ax.set_ylabel("evaluation return")
+        ax.legend(fontsize=8, loc="lower right")
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.learning", description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", default="dqn", help="row set: dqn, d4pg, ... or all")
+    p.add_argument("--tasks", default=None, help="comma-separated subset of the row set's tasks")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--precisions", default="fp32,int8")
+    p.add_argument("--backend", default="auto")
+    p.add_argument("--full-curves", action="store_true", help="run every budget to the end (no stop at target)")
+    p.add_argument("--quick", action="store_true", help="CartPole only, seed 0, small budget (a smoke run)")
+    p.add_argument("--out", default=None)
+    args = p.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
+        if args.quick:
+            name, rows, seeds = "quick", QUICK_ROWS, seeds[:1]
+        elif args.rows == "all":
+            name = "all"
+            rows = tuple(r for n in sorted(set(_ROW_SETS) | {"d4pg"}) for r in _try_row_set(n))
+        else:
+            name, rows = args.rows, row_set(args.rows)
+        if args.tasks:
+            wanted = {t.strip() for t in args.tasks.split(",")}
+            unknown = wanted - {r.task for r in rows}
+            if unknown:
+                raise ValueError(f"tasks {sorted(unknown)} are not in row set {name!r}")
+            rows = tuple(r for r in rows if r.task in wanted)
+        if not seeds or min(seeds) < 0 or not precisions:
+            raise ValueError("need at least one non-negative seed and one precision")
+    except ValueError as e:
+        sys.stderr.write(f"bench.learning: error: {e}\n")
+        return 2
+    outdir = Path(args.out) if args.out else (RUNS / "learning-quick" if args.quick else RESULTS)
+    run_rows(rows, name=name, seeds=seeds, precisions=precisions, outdir=outdir, runs_dir=RUNS / "learning",
+             stop_at_target=not args.full_curves, backend=args.backend,
+             command=" ".join(["python -m bench.learning", *(argv if argv is not None else sys.argv[1:])]))
+    print(f"wrote {outdir}/learning_{name}.{{csv,md,png}}")
+    return 0
+
+
+def _try_row_set(name: str) -> tuple[LearningRow, ...]:
+    try:
+        return row_set(name)
+    except ValueError:
+        return ()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
