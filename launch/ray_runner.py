@@ -193,7 +193,11 @@ class RayLaunch:
         import ray  # pylint: disable=import-outside-toplevel
 
         refs = [a.__ray_ready__.remote() for a in self._actors.values()]
-        _wait_all(refs, timeout)
+        try:
+            _wait_all(refs, timeout)
+        except TimeoutError:
+            raise TimeoutError(f"nodes not up after {timeout:.0f} s: does the cluster have "
+                               f"{self.program.num_cpus:g} CPUs free?") from None
         ray.get(refs)
 
     def run(self, name: str) -> RayFuture:
