@@ -349,7 +349,8 @@ def markdown(result: dict[str, Any]) -> str:
         ratio = e["time_ratio_fp32_vs_int8"]
         int8_rate = _median([r["actor_steps_per_s"] for r in e["runs"] if r["precision"] == "int8"])
         fp32_rate = _median([r["actor_steps_per_s"] for r in e["runs"] if r["precision"] == "fp32"])
-        lines += ["", f"Time-to-target ratio fp32/int8 (median over seeds {[r for r in e['per_seed_ratios']]}): "
+        per_seed = ", ".join(f"{r:.2f}" for r in e["per_seed_ratios"])
+        lines += ["", f"Time-to-target ratio fp32/int8 (median over seeds; per seed: {per_seed}): "
                       f"**{'n/a' if ratio is None else f'{ratio:.2f}x'}**; actor steps/s (all actors, median) "
                       f"int8 {int8_rate:.0f} vs fp32 {fp32_rate:.0f}. Both runs share the learner settings, so "
                       "the samples-per-insert limiter ties actor speed to learner speed: on a 2-core machine the "

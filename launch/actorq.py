@@ -472,7 +472,8 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
         "actor_steps": actor_steps,
         "learner_steps": learner_steps,
         "episodes": int(counts.get("episodes", 0)),
-        "actor_steps_per_s": round(actor_steps / run_s, 2) if run_s > 0 else 0.0,
+        # All actors together, each over its own acting loop (start-up and resumed time excluded).
+        "actor_steps_per_s": round(sum(float(a.get("steps_per_s", 0.0)) for a in actors), 2),
         "learner_steps_per_s": round(learner.get("steps_per_s", 0.0), 2) if isinstance(learner, Mapping) else None,
         "payload": {"precision": config.precision, "bytes": payload_bytes, "fp32_bytes": fp32_bytes,
                     "compression": round(fp32_bytes / payload_bytes, 3) if payload_bytes else None,

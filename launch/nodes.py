@@ -536,6 +536,10 @@ class _PolicyClient:
         return None
 
 
+class _StoppedEarly(Exception):
+    """Stopped before the first weights arrived."""
+
+
 class ActorNode(NodeBase):
     """One acting process: environment + quantized policy + n-step adder; see the module docstring."""
 
@@ -578,7 +582,7 @@ class ActorNode(NodeBase):
         try:
             payload = client.first(self._stop)
             if payload is None:
-                return {"actor_steps": 0, "stopped_before_start": True}
+                raise _StoppedEarly
             t0 = time.perf_counter()
             actor = self._builder.make_actor(self._env_spec, payload.params, seed=derive_seed(self._seed, attempt),
                                              actor_id=self._id, evaluation=False, backend=self._backend,
@@ -634,13 +638,17 @@ class ActorNode(NodeBase):
                 self._counter.call("increment", actor_steps=unreported_steps, episodes=unreported_episodes,
                                    **{f"{name}_steps": unreported_steps})
             elapsed = time.monotonic() - t_run
-            return {"actor_id": self._id, "attempt": attempt, "actor_steps": steps, "episodes": episodes,
-                    "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
-                    "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,
-                    "times": times.summary(), "energy": _stop_energy(tracker)}
+            result = {"actor_id": self._id, "attempt": attempt, "actor_steps": steps, "episodes": episodes,
+                      "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
+                      "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,
+                      "times": times.summary()}
+        except _StoppedEarly:
+            result = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0, "times": times.summary()}
         finally:
             log.close()
             env.close()
+            energy = _stop_energy(tracker)
+        return {**result, "energy": energy}
 
     def _insert(self, batch: Mapping[str, np.ndarray]) -> bool:
         """One batched insert; blocks while the rate limiter holds actors back. False if stopped meanwhile."""
@@ -711,8 +719,9 @@ class Evaluator(NodeBase):
         finally:
             log.close()
             env.close()
+            energy = _stop_energy(tracker)
         final = self._results[-1] if self._results else None
-        return {"evaluations": len(self._results), "final": final, "energy": _stop_energy(tracker)}
+        return {"evaluations": len(self._results), "final": final, "energy": energy}
 
     def _evaluate(self, client: _PolicyClient, actor: Any, env: Any, totals: Mapping[str, float], log: Any,
                   final: bool) -> Any:
