@@ -196,7 +196,8 @@ def markdown_table(results: list[dict], rows: Sequence[LearningRow], name: str, 
             med[prec] = (_median([r["steps_to_target"] for r in solved]),
                          _median([r["train_s_to_target"] for r in solved]))
         if all(v is not None for pair in med.values() for v in pair):
-            ratios.append(f"| {row.task} | {med['int8'][0] / med['fp32'][0]:.2f} | {med['int8'][1] / med['fp32'][1]:.2f} |")
+            (s8, t8), (s32, t32) = med["int8"], med["fp32"]
+            ratios.append(f"| {row.task} | {s8 / s32:.2f} | {t8 / t32:.2f} |")
     if ratios:
         lines += ["", "int8 actors relative to fp32 actors (median over solved seeds; < 1: int8 got there sooner):", "",
                   "| task | steps to target, int8 / fp32 | train s to target, int8 / fp32 |", "|---|---:|---:|",

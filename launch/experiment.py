@@ -217,8 +217,19 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         times.evaluation_s += time.perf_counter() - t
         return bool(on_eval(row)) if on_eval is not None else False
 
-    def learn() -> None:
+    last_metrics: dict[str, Any] = {}
+
+    def log_learner() -> None:
         nonlocal learner_window
+        now = time.perf_counter()
+        rate = (learner.steps - learner_window[1]) / max(now - learner_window[0], 1e-9)
+        row = {"learner_steps": learner.steps, "actor_steps": times.env_steps, "wall_clock_s": round(now - start, 3),
+               "steps_per_s": round(rate, 2)}
+        row.update({k: float(v) for k, v in last_metrics.items() if k != "priorities"})
+        learner_log.write(row)
+        learner_window = (now, learner.steps)
+
+    def learn() -> None:
         while table.can_sample(batch_size):
             t = time.perf_counter()
             sample = table.sample(batch_size, timeout=0.0)
@@ -232,15 +243,9 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
             times.sample_s += t1 - t
             times.learner_s += t2 - t1
             times.learner_steps += 1
+            last_metrics.update(metrics)
             if learner.steps % LEARNER_LOG_EVERY == 0:
-                now = time.perf_counter()
-                row = {"learner_steps": learner.steps, "actor_steps": times.env_steps,
-                       "wall_clock_s": round(now - start, 3),
-                       "steps_per_s": round((learner.steps - learner_window[1]) / max(now - learner_window[0],
-                                                                                        1e-9), 2)}
-                row.update({k: float(v) for k, v in metrics.items() if k != "priorities"})
-                learner_log.write(row)
-                learner_window = (now, learner.steps)
+                log_learner()
 
     timestep = env.reset()
     adder.add_first(timestep)
@@ -270,7 +275,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
                     actor_log.write({"actor_steps": step, "episodes": episodes,
                                      "wall_clock_s": round(time.perf_counter() - start, 3),
                                      "episode_return": episode_return, "episode_length": episode_steps,
-                                     "epsilon": round(float(getattr(actor, "epsilon", math.nan)), 5),
+                                     "exploration": _exploration(actor),
                                      "learner_steps": learner.steps})
                     episode_return, episode_steps = 0.0, 0
                     timestep = env.reset()
@@ -288,12 +293,12 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
                     stop = run_evaluation(step)
                     bar.set_postfix(eval_return=f"{evals[-1]['return']:.1f}", learner_steps=learner.steps,
                                     refresh=False)
-                if step % 100 == 0 or step == max_actor_steps:
+                if step % 100 == 0 or step == max_actor_steps or stop:
                     bar.update(step - bar.n)
                 if stop:
-                    if step != max_actor_steps:
-                        bar.update(step - bar.n)
                     break
+        if last_metrics and learner.steps % LEARNER_LOG_EVERY:
+            log_learner()  # the final state, whatever the log period
     finally:
         for log in (evaluator_log, learner_log, actor_log):
             log.close()
@@ -336,6 +341,15 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         summary["final_eval_return_fp32"] = evals[-1]["return_fp32"]
     write_json_atomic(logdir / "summary.json", summary)
     return summary
+
+
+def _exploration(actor: Any) -> float:
+    """The actor's current exploration setting: epsilon (DQN) or Gaussian sigma (D4PG); NaN if neither."""
+    for name in ("epsilon", "sigma"):
+        value = getattr(actor, name, None)
+        if isinstance(value, (int, float, np.floating)):
+            return round(float(value), 5)
+    return math.nan
 
 
 def _make_table(builder: Any, env_spec: Any, seed: int) -> Any:

@@ -94,7 +94,8 @@ class DQNLearner:
         )
         self._steps = 0
         self._update = jax.jit(functools.partial(
-            _update, loss_fn=make_loss(spec, config.huber_loss_parameter, config.qat_bits), optimizer=self._optimizer,
+            _update, loss_fn=make_loss(spec, config.huber_loss_parameter, config.qat_bits),
+            optimizer=self._optimizer,
             target_update_period=config.target_update_period,
             is_exponent=config.importance_sampling_exponent if config.prioritized_replay else None))
 

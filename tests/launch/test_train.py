@@ -56,7 +56,10 @@ def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
     episodes = _read_csv(logdir / "actor.csv")
     assert len(episodes) == summary["episodes"] > 0
     assert sum(int(r["episode_length"]) for r in episodes) <= 1200
-    assert (logdir / "learner.csv").exists()
+    learner_rows = _read_csv(logdir / "learner.csv")
+    assert int(learner_rows[-1]["learner_steps"]) == summary["learner_steps"]  # a final row, whatever the period
+    assert all(float(r["loss"]) >= 0 for r in learner_rows)
+    assert {r["exploration"] for r in episodes} and float(episodes[-1]["exploration"]) < 1.0  # epsilon decayed
 
 
 def _argv(logdir: Path, flags: list[str]) -> list[str]:
