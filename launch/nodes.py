@@ -350,6 +350,7 @@ class LearnerNode(NodeBase):
         last_log = (time.monotonic(), start_steps, 0.0)
         pending: collections.deque = collections.deque()  # priority updates in flight
         publish_future = counter_future = None
+        last_report = 0.0
         try:
             while not self._stop.is_set():
                 if errors:
@@ -379,9 +380,9 @@ class LearnerNode(NodeBase):
                     if publish_future is not None:
                         publish_future.result()  # surfaces a rejected (non-finite) publication
                     publish_future = self._publish(wait=False)
-                if steps != reported and (counter_future is None or counter_future.done()):
+                if now - last_report >= POLL_S and (counter_future is None or counter_future.done()):
                     counter_future = self._counter.submit("increment", learner_steps=steps - reported)
-                    reported = steps
+                    reported, last_report = steps, now
                 if now - last_log[0] >= self._log_every_s:
                     self._log_row(log, metrics, steps, now - t_origin, last_log, now, wait_s)
                     last_log = (now, steps, wait_s)
