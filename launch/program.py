@@ -198,10 +198,6 @@ class RunConfig:
     log_every_s: float = 1.0  # learner.csv cadence (seconds)
     target_return: float | None = None  # end the run at the first evaluation that reaches it
 
-    @property
-    def actor_update_period(self) -> int:
-        return int(self.overrides.get("actor_update_period", 0)) or 0
-
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}
