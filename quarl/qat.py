@@ -64,7 +64,7 @@ def check_qat_bits(value: Any, field: str = "qat_bits") -> int | None:
     return int(value)
 
 
-def _sign_of_residual(a, h, s):
+def _sign_of_residual(a: Any, h: Any, s: Any) -> Any:
     """Exact sign(a - h * s) for float32 arrays, without float64 (disabled in JAX by default).
 
     Preconditions: `h` has at most 12 significant bits (a small integer or half-integer), `s` > 0 is a
@@ -84,7 +84,7 @@ def _sign_of_residual(a, h, s):
     return jnp.where(d > p2, 1, jnp.where(d < p2, -1, 0))
 
 
-def weight_codes(w, bits: int):
+def weight_codes(w: Any, bits: int) -> tuple[Any, Any]:
     """`quarl.quantization.quantize(w, bits, symmetric=True, axis=-1)` in jnp: (int8 codes [in, out],
     float32 scale [1, out]), bit-identical to the NumPy reference. No gradient (codes are integers)."""
     import jax
@@ -118,7 +118,7 @@ def weight_codes(w, bits: int):
     return codes, scale.astype(jnp.float32)
 
 
-def fake_quantize_weight(w, bits: int):
+def fake_quantize_weight(w: Any, bits: int) -> Any:
     """The float32 weights an int-`bits` actor effectively multiplies by: codes * scale (no gradient)."""
     import jax.numpy as jnp
 
@@ -137,7 +137,7 @@ def make_qat_dense(bits: int) -> Callable:
     from aqt.jax.v2 import aqt_tensor
     from aqt.jax.v2 import config as aqt_config
 
-    def dense(x, w):
+    def dense(x: Any, w: Any) -> Any:
         x = jnp.asarray(x, jnp.float32)
         w = jnp.asarray(w, jnp.float32)
         if w.ndim != 2 or x.shape[-1] != w.shape[0]:
@@ -169,7 +169,7 @@ def qat_linear(bits: int) -> type:
     class QATLinear(hk.Linear):
         """hk.Linear with the deployed int-B matmul (W fake-quantized per output channel, A8, STE)."""
 
-        def __call__(self, inputs, *, precision=None):
+        def __call__(self, inputs: Any, *, precision: Any = None) -> Any:
             del precision  # the arithmetic is fixed by the deployment, not by a matmul precision flag
             inputs = jnp.asarray(inputs)
             if not inputs.shape:
