@@ -248,7 +248,7 @@ def bench_e2e(budget: Budget, seeds: list[int], logroot: Path) -> dict[str, Any]
     runs = []
     for i, seed in enumerate(seeds):
         for precision in (("int8", "fp32") if i % 2 == 0 else ("fp32", "int8")):
-            logdir = logroot / f"{precision}-seed{seed}"
+            logdir = _fresh(logroot / f"{precision}-seed{seed}")
             config = RunConfig(agent="d4pg", task=TASK, precision=precision, num_actors=2,
                                max_actor_steps=budget.e2e_max_steps, seed=seed, logdir=str(logdir),
                                overrides=overrides, backend="auto", eval_every=2_000, eval_episodes=2,
@@ -283,7 +283,7 @@ def bench_peers(budget: Budget, logroot: Path) -> dict[str, Any]:
     for name, peer in PEERS.items():
         config = RunConfig(agent="d4pg", task=TASK, precision="int8", num_actors=2,
                            max_actor_steps=budget.peer_steps,
-                           seed=0, logdir=str(logroot / name), overrides=dict(peer["overrides"]), backend="auto",
+                           seed=0, logdir=str(_fresh(logroot / name)), overrides=dict(peer["overrides"]), backend="auto",
                            eval_every=budget.peer_steps, eval_episodes=1)
         summary, _ = run_program(config, RayRunner())
         out[name] = {"ours": {"learner_steps_per_s": summary["learner_steps_per_s"],
@@ -295,6 +295,14 @@ def bench_peers(budget: Budget, logroot: Path) -> dict[str, Any]:
         print(f"  {name}: learner {summary['learner_steps_per_s']} steps/s, actors "
               f"{out[name]['ours']['actor_steps_per_s_each']} env steps/s", flush=True)
     return out
+
+
+def _fresh(logdir: Path) -> Path:
+    """An empty run directory (the bench owns these; logs append, so a previous run's rows must go)."""
+    import shutil  # pylint: disable=import-outside-toplevel
+
+    shutil.rmtree(logdir, ignore_errors=True)
+    return logdir
 
 
 def _jsonable(value: Any) -> Any:
