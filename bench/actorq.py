@@ -1,6 +1,6 @@
 """Distributed ActorQ, int8 vs fp32 actors, measured side by side on this machine.
 
-    python -m bench.actorq [--quick] [--out DIR] [--seeds 0,1] [--skip-e2e]
+    python -m bench.actorq [--quick] [--out DIR] [--seeds 0,1,2] [--skip-e2e] [--skip-peers]
 
 1. Actor throughput: environment steps per second of one D4PG actor (the paper's 2048x3 policy) on
    cartpole:balance, in a Ray actor pinned to one thread exactly like a real ActorQ actor, with int8 and
@@ -489,12 +489,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a few minutes; writes to runs/bench/actorq-quick")
     parser.add_argument("--out", default=None, help="output directory (default: bench/results, or "
                                                     "runs/bench/actorq-quick with --quick)")
-    parser.add_argument("--seeds", default="0", help="comma-separated seeds for the end-to-end runs")
+    parser.add_argument("--seeds", default=None,
+                        help="comma-separated seeds for the end-to-end runs (default: 0,1,2; 0 with --quick)")
     parser.add_argument("--skip-e2e", action="store_true", help="no end-to-end time-to-target runs")
     parser.add_argument("--skip-peers", action="store_true", help="no runs at the legacy Acme settings")
     args = parser.parse_args(argv)
     try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+        text = args.seeds if args.seeds is not None else ("0" if args.quick else "0,1,2")
+        seeds = [int(s) for s in text.split(",") if s.strip()]
     except ValueError:
         parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
     if not seeds or min(seeds) < 0:
