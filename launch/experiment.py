@@ -41,6 +41,7 @@ class StageTimes:
     deserialize_s: float = 0.0  # decode_payload (the actor side)
     load_s: float = 0.0  # actor.update (the executor swapping in the new weights)
     evaluation_s: float = 0.0
+    actor_build_s: float = 0.0
     env_steps: int = 0
     learner_steps: int = 0
     updates: int = 0
@@ -183,7 +184,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     qparams = channel.pull(count=False)
     t0 = time.perf_counter()
     actor = builder.make_actor(env_spec, qparams, seed=seed, actor_id=0, evaluation=False, backend=backend)
-    times.load_s += time.perf_counter() - t0
+    times.actor_build_s = time.perf_counter() - t0  # includes `auto` measuring backends; not an update
     eval_actor = builder.make_actor(env_spec, qparams, seed=seed + 1, actor_id=0, evaluation=True,
                                     backend=backend)
     fp32_channel = WeightChannel(learner, spec, "fp32", StageTimes())
