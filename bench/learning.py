@@ -113,7 +113,7 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
         "env_steps_per_s": round(s["actor_steps"] / max(s["train_clock_s"], 1e-9), 1),
         "payload_bytes": s["payload_bytes"], "payload_bytes_fp32": s["payload_bytes_fp32"],
         "pull_ms_per_update": rt["pull_ms_per_update"], "load_ms_per_update": rt["load_ms_per_update"],
-        "inference_us_per_step": rt["inference_us_per_step"], "logdir": str(logdir),
+        "inference_us_per_step": rt["inference_us_per_step"], "logdir": _relative(logdir),
     }
     with open(logdir / "evaluator.csv", newline="", encoding="utf-8") as f:
         curve = [{"agent": row.agent, "task": row.task, "precision": s["precision"], "seed": seed,
@@ -150,6 +150,14 @@ def run_rows(rows: Sequence[LearningRow], *, name: str, seeds: Sequence[int], pr
                                                 encoding="utf-8")
     plot_curves(curves, rows, outdir / f"learning_{name}.png")
     return results
+
+
+def _relative(path: Path) -> str:
+    """Paths inside the repository are recorded relative to it (results files travel between machines)."""
+    try:
+        return str(Path(path).resolve().relative_to(REPO))
+    except ValueError:
+        return str(path)
 
 
 def _write_csv(path: Path, rows: list[dict]) -> None:
