@@ -59,7 +59,8 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--num-actors", type=int, default=2)
     p.add_argument("--actor-update-period", type=int, default=None,
                    help="actor steps between weight pulls (default: the agent config's)")
-    p.add_argument("--max-actor-steps", type=int, default=None, help="environment steps over all actors")
+    p.add_argument("--max-actor-steps", type=int, default=None,
+                   help="environment steps over all actors (with --resume: including the steps before it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logdir", default=None, help="new directory for logs (default: runs/actorq/<run name>)")
     p.add_argument("--backend", default="auto", help="actor policy runtime: auto, jax or onnx")
