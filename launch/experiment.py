@@ -21,6 +21,7 @@ import numpy as np
 
 from quarl.envs import environment_spec, make_environment
 from quarl.logs import CSVLogger, write_json_atomic
+from quarl.policy_io import save_policy
 from quarl.payload import decode_payload, encode_payload
 from quarl.quantization import parse_precision, quantize_params
 
@@ -158,7 +159,8 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     Learner updates are dispatched asynchronously (JAX), so their compute overlaps acting and part of it shows
     up in the stage that next waits on the device (usually `pull_s`); `sync_learner=True` waits for every update
     so each stage's time is its own, at some cost in throughput.
-    Writes evaluator.csv, learner.csv, actor.csv and summary.json under `logdir`.
+    Writes evaluator.csv, learner.csv, actor.csv, summary.json and the final fp32 policy
+    (policy_fp32.qrlp + .json, see `quarl.policy_io`) under `logdir`.
     """
     _validate(max_actor_steps, seed, eval_every, eval_episodes, actor_update_period)
     prec = parse_precision(precision).name
@@ -340,6 +342,10 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     }
     if fp32_actor is not None:
         summary["final_eval_return_fp32"] = evals[-1]["return_fp32"]
+    # The trained fp32 policy, for offline analysis (`python -m launch.ptq --checkpoint LOGDIR`).
+    summary["policy_file"] = save_policy(
+        logdir, spec, learner.policy_params(), task=task, agent=summary["agent"], steps=int(learner.steps),
+        extra={"seed": seed, "precision": prec, "final_eval_return": returns[-1]}).name
     write_json_atomic(logdir / "summary.json", summary)
     return summary
 
