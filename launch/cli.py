@@ -213,8 +213,18 @@ class RunArgs:
     builder: Any
 
 
+def check_carbon_country() -> str:
+    """The energy trackers' grid country ($QUARL_CARBON_COUNTRY), checked before anything starts."""
+    from quarl.carbon import default_country  # pylint: disable=import-outside-toplevel
+    try:
+        return default_country()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
 def validate_common(args: argparse.Namespace) -> RunArgs:
     """Checks every common flag (raising UsageError) without writing anything."""
+    check_carbon_country()
     agent = check_agent(args.agent)
     precision = check_precision(args.precision)
     backend = check_backend(args.backend)

@@ -35,6 +35,11 @@ FALLBACK_WATTS_PER_THREAD = 4.0
 # World-average grid intensity (g CO2eq/kWh) when codecarbon's country data cannot be read
 # (codecarbon's carbon_intensity_per_source.json "world_average").
 FALLBACK_GRID_INTENSITY = 475.0
+# Where the run's electricity comes from, for the grid intensity (ISO 3166-1 alpha-3; default USA). An
+# environment variable rather than a flag so that every process of a distributed run (Ray workers inherit the
+# driver's environment) uses the same grid without threading it through each node.
+COUNTRY_ENV = "QUARL_CARBON_COUNTRY"
+DEFAULT_COUNTRY = "USA"
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _TDP_CACHE_VERSION = 1
 
@@ -99,6 +104,19 @@ def grid_intensity(country_iso_code: str) -> float:
         raise ValueError(f"unknown country ISO code {country_iso_code!r}: expected an ISO 3166-1 alpha-3 code "
                          f"such as USA, FRA or DEU")
     return float(Emissions._global_energy_mix_to_emissions_rate(mix[code]).kgs_per_kWh * 1000.0)  # pylint: disable=protected-access
+
+
+def default_country() -> str:
+    """The grid country for energy trackers: $QUARL_CARBON_COUNTRY if set, else USA (ValueError if unknown)."""
+    code = os.environ.get(COUNTRY_ENV, "").strip() or DEFAULT_COUNTRY
+    if not re.fullmatch(r"[A-Za-z]{3}", code):
+        raise ValueError(f"{COUNTRY_ENV} must be a 3-letter ISO 3166-1 alpha-3 code such as USA or FRA, got {code!r}")
+    try:
+        grid_intensity(code)
+    except ValueError:
+        raise ValueError(f"{COUNTRY_ENV}={code!r} is not a country codecarbon knows (ISO 3166-1 alpha-3, "
+                         "e.g. USA, FRA, DEU)") from None
+    return code.upper()
 
 
 def _process_cpu_seconds(process: psutil.Process) -> float:
@@ -228,12 +246,14 @@ class EnergyTracker:
     to `output_dir/energy-<name>.json`. `startup_s` is how long `start()` took.
     """
 
-    def __init__(self, name: str = "run", country_iso_code: str = "USA", output_dir: str | os.PathLike | None = None,
+    def __init__(self, name: str = "run", country_iso_code: str | None = None, output_dir: str | os.PathLike | None = None,
                  use_codecarbon: bool = True, cpu_power_w: float | None = None, *, node: str | None = None):
         if node is not None:  # the launchers name trackers after their node ("learner", "actor_3", ...)
             if name not in ("run", node):
                 raise ValueError(f"give the tracker one name: name={name!r} and node={node!r} differ")
             name = node
+        if country_iso_code is None:
+            country_iso_code = default_country()
         if not isinstance(name, str) or not _NAME_RE.match(name):
             raise ValueError(f"tracker name must match [A-Za-z0-9_.-]{{1,128}}, got {name!r}")
         if not isinstance(country_iso_code, str) or not re.fullmatch(r"[A-Za-z]{3}", country_iso_code):

@@ -143,3 +143,15 @@ def test_overrides_are_parsed_by_field_type():
     assert got == {"hidden_sizes": (64, 32), "prioritized_replay": True, "learning_rate": 3e-4, "n_step": 5}
     with pytest.raises(UsageError, match="prioritized_replay"):
         parse_overrides("dqn", ["prioritized_replay=maybe"])
+
+
+@pytest.mark.parametrize("country", ["XX", "ZZZ"])
+def test_unknown_carbon_country_is_one_line_exit_2(tmp_path, capsys, monkeypatch, country):
+    monkeypatch.setenv("QUARL_CARBON_COUNTRY", country)
+    logdir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(_argv(logdir, []))
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "QUARL_CARBON_COUNTRY" in err, err
+    assert not logdir.exists()

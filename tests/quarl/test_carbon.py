@@ -129,3 +129,16 @@ def test_tdp_cache_round_trip(monkeypatch):
     assert carbon._prime_tdp_cache()
     assert (hardware_cache._tdp.model, hardware_cache._tdp.tdp) == ("Test CPU 9000", 123.0)
     assert not carbon._prime_tdp_cache()  # already primed: leaves codecarbon's value alone
+
+
+def test_grid_country_comes_from_the_environment(monkeypatch):
+    monkeypatch.delenv(carbon.COUNTRY_ENV, raising=False)
+    assert carbon.EnergyTracker(use_codecarbon=False).country == "USA"
+    monkeypatch.setenv(carbon.COUNTRY_ENV, "fra")
+    tracker = carbon.EnergyTracker(use_codecarbon=False)
+    assert tracker.country == "FRA" and tracker.intensity < carbon.grid_intensity("USA")  # nuclear-heavy grid
+    assert carbon.EnergyTracker(country_iso_code="DEU", use_codecarbon=False).country == "DEU"  # explicit wins
+    for bad in ("US", "QQQ"):
+        monkeypatch.setenv(carbon.COUNTRY_ENV, bad)
+        with pytest.raises(ValueError, match="QUARL_CARBON_COUNTRY"):
+            carbon.default_country()
