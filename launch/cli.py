@@ -57,6 +57,13 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                         help="actor steps between weight pulls (default: the agent config's)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="agent config override, repeatable (e.g. --set batch_size=128)")
+    add_qat_argument(parser)
+
+
+def add_qat_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--qat-bits", type=int, default=None, metavar="B",
+                        help="quantization-aware training: the learner trains the policy through int-B fake "
+                             "quantization (2..8), for actors deployed at --precision intB")
 
 
 # ------------------------------------------------------------------------------------------------ checks
@@ -222,6 +229,21 @@ def check_carbon_country() -> str:
         raise UsageError(str(e)) from None
 
 
+def qat_overrides(qat_bits: int | None, precision: str) -> dict[str, Any]:
+    """`--qat-bits B` as a config override; QAT trains for int-B actors, so an intK --precision must match."""
+    if qat_bits is None:
+        return {}
+    from quarl.qat import check_qat_bits  # pylint: disable=import-outside-toplevel
+    try:
+        bits = check_qat_bits(qat_bits, "--qat-bits")
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    if precision.startswith("int") and precision != f"int{bits}":
+        raise UsageError(f"--qat-bits {bits} trains for int{bits} actors but --precision is {precision}: "
+                         f"pass --precision int{bits} (or fp32 to evaluate the trained weights unquantized)")
+    return {"qat_bits": bits}
+
+
 def validate_common(args: argparse.Namespace) -> RunArgs:
     """Checks every common flag (raising UsageError) without writing anything."""
     check_carbon_country()
@@ -235,6 +257,7 @@ def validate_common(args: argparse.Namespace) -> RunArgs:
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
     logdir = check_logdir(args.logdir)
     overrides = parse_overrides(agent, args.overrides)
+    overrides.update(qat_overrides(args.qat_bits, precision))
     builder = check_agent_task(agent, args.task, overrides)
     return RunArgs(agent, args.task, precision, backend, steps, seed, logdir, eval_every, eval_episodes, period,
                    overrides, builder)

@@ -101,6 +101,10 @@ def _argv(logdir: Path, flags: list[str]) -> list[str]:
     (["--task", "cartpole:balance"], "cannot run"),
     (["--agent", "d4pg"], "cannot run"),
     (["--no-such-flag", "1"], "unrecognized"),
+    (["--qat-bits", "9"], "--qat-bits"),
+    (["--qat-bits", "1"], "--qat-bits"),
+    (["--qat-bits", "4"], "--precision int4"),  # default precision int8: QAT must train for what is deployed
+    (["--qat-bits", "4", "--precision", "int3"], "--precision int4"),
 ])
 def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, flags, needle):
     logdir = tmp_path / "run"
@@ -155,3 +159,13 @@ def test_unknown_carbon_country_is_one_line_exit_2(tmp_path, capsys, monkeypatch
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "QUARL_CARBON_COUNTRY" in err, err
     assert not logdir.exists()
+
+
+def test_qat_bits_flag_trains_through_fake_quantization(tmp_path):
+    logdir = tmp_path / "run"
+    code = train.main(_argv(logdir, ["--qat-bits", "4", "--precision", "int4", "--steps", "400", "--backend", "onnx",
+                                     "--eval-episodes", "1", "--no-progress", *TINY]))
+    assert code in (0, None)
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["config"]["qat_bits"] == 4 and summary["precision"] == "int4"
+    assert summary["learner_steps"] > 0
