@@ -307,4 +307,7 @@ def _try_row_set(name: str) -> tuple[LearningRow, ...]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the importable `bench.learning`, not this `__main__` copy of it: row modules (bench.learning_<name>)
+    # build their rows from bench.learning.LearningRow, the class register_rows checks against.
+    from bench.learning import main as _main  # pylint: disable=import-self
+    sys.exit(_main())
