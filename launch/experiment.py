@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import inspect
 import math
 import time
 from pathlib import Path
@@ -174,7 +173,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     env_spec = environment_spec(env)
     spec = builder.policy_spec(env_spec)
     learner = builder.make_learner(env_spec, seed)
-    table = _make_table(builder, env_spec, seed)
+    table = builder.make_table(env_spec, seed=seed)
     adder = builder.make_adder()
     prioritized = getattr(table, "sampler", "uniform") == "prioritized"
     batch_size = int(config.batch_size)
@@ -357,14 +356,6 @@ def _exploration(actor: Any) -> float:
         if isinstance(value, (int, float, np.floating)):
             return round(float(value), 5)
     return math.nan
-
-
-def _make_table(builder: Any, env_spec: Any, seed: int) -> Any:
-    """The builder's table, seeded when the builder supports it (`make_table(env_spec, seed=...)`, an optional
-    extension of the contract), so that a whole run is reproducible from its seed."""
-    if "seed" in inspect.signature(builder.make_table).parameters:
-        return builder.make_table(env_spec, seed=seed)
-    return builder.make_table(env_spec)
 
 
 def _insert(table: Any, transitions: Any, learn: Callable[[], None]) -> None:

@@ -461,6 +461,17 @@ class Table:
         return self._keys[slots].copy(), probs, {c: v[slots] for c, v in self._data.items()}
 
 
+def table_from_config(signature: Signature, table_config: Mapping[str, Any], *, name: str = "replay",
+                      seed: int | None = None) -> "Table":
+    """A `Table` with a samples-per-insert limiter from an agent builder's `table_config()` dict (keys capacity,
+    sampler, priority_exponent, samples_per_insert, min_size_to_sample, error_buffer): the one place that turns an
+    agent's replay settings into a table, for the single-process runner and the replay server alike."""
+    limiter = SampleToInsertRatio(table_config["samples_per_insert"], table_config["min_size_to_sample"],
+                                  table_config["error_buffer"])
+    return Table(name, table_config["capacity"], signature, sampler=table_config["sampler"],
+                 priority_exponent=table_config["priority_exponent"], rate_limiter=limiter, seed=seed)
+
+
 class _WaitClock:
     """Accumulates the time one insert/sample call spends blocked into the table's counters."""
 

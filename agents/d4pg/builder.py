@@ -89,9 +89,7 @@ class Builder:
             "error_buffer": c.rate_limiter_error_buffer,
         }
 
-    def make_table(self, env_spec: Any) -> Any:
-        from quarl.replay import SampleToInsertRatio, Table  # pylint: disable=import-outside-toplevel
-        tc = self.table_config()
-        limiter = SampleToInsertRatio(tc["samples_per_insert"], tc["min_size_to_sample"], tc["error_buffer"])
-        return Table("replay", tc["capacity"], self.transition_signature(env_spec), sampler=tc["sampler"],
-                     priority_exponent=tc["priority_exponent"], rate_limiter=limiter)
+    def make_table(self, env_spec: Any, seed: int | None = None) -> Any:
+        """The replay table for this config; `seed` fixes its sampling RNG for reproducible runs."""
+        from quarl.replay import table_from_config  # pylint: disable=import-outside-toplevel
+        return table_from_config(self.transition_signature(env_spec), self.table_config(), seed=seed)
