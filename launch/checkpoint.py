@@ -7,7 +7,9 @@ Layout under the run's logdir:
     checkpoints/step_<N>/replay.npz    the replay table's `state_dict()` (items oldest first, priorities,
                                        insert/sample counters), NumPy's npz, loaded with allow_pickle=False
     checkpoints/step_<N>/manifest.json format version, run config, agent config, learner step, weights
-                                       version, run counters, SHA-256 of replay.npz and of the learner files
+                                       version, run counters, SHA-256 of replay.npz and of every learner file,
+                                       and a SHA-256 of the manifest itself (so an edited or bit-flipped
+                                       manifest is refused, not trusted)
     checkpoints/latest.json            {"step": N} (written last, atomically: a checkpoint is either complete
                                        and listed, or ignored)
 
@@ -17,7 +19,10 @@ steps, episodes, elapsed wall clock) and the weights version. What it does not: 
 streams and environment states (episodes restart), a DQN actor's epsilon-decay position, the replay sampler's
 RNG, energy counters (a resumed run measures its own), and items inserted after the checkpoint was taken.
 A checkpoint whose agent, task or agent config differs from the resuming run's is rejected with a
-ValueError naming the first mismatching field. Nothing here unpickles: orbax + npz + JSON only.
+ValueError naming the first mismatching field; a corrupted one (any file's bytes changed, a learner file
+missing or added, the manifest edited) with a `CheckpointError` naming the file. A checkpoint that fails
+half-way (e.g. the replay server died) leaves no directory behind, and latest.json keeps naming the last
+complete one. Nothing here unpickles: orbax + npz + JSON only.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: per-file learner checksums and a manifest checksum
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
 LATEST = "latest.json"
@@ -38,6 +43,8 @@ REPLAY_FILE = "replay.npz"
 LEARNER_DIR = "learner"
 KEEP = 2  # complete checkpoints kept; older ones are deleted once a newer one is listed
 _DATA_PREFIX = "data:"
+MANIFEST_DIGEST = "manifest_sha256"
+LEARNER_FILES = "learner_files"
 
 
 class CheckpointError(ValueError):
@@ -57,13 +64,15 @@ def _sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
-def _sha256_tree(root: Path) -> str:
-    """One digest over every file under `root` (relative names and contents, in sorted order)."""
-    h = hashlib.sha256()
-    for path in sorted(p for p in root.rglob("*") if p.is_file()):
-        h.update(str(path.relative_to(root)).encode())
-        h.update(_sha256_file(path).encode())
-    return h.hexdigest()
+def _file_digests(root: Path) -> dict[str, str]:
+    """SHA-256 of every file under `root`, by relative path (so a mismatch can name the file)."""
+    return {str(path.relative_to(root)): _sha256_file(path) for path in sorted(root.rglob("*")) if path.is_file()}
+
+
+def _manifest_digest(manifest: Mapping[str, Any]) -> str:
+    """SHA-256 of the manifest's canonical JSON, without its own digest field."""
+    body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST}
+    return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
@@ -172,16 +181,22 @@ def write_checkpoint(logdir: str | os.PathLike, *, step: int, learner_state: Any
     tmp = root / f"step_{int(step)}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
-    save_learner(tmp / LEARNER_DIR, learner_state)
-    replay_meta = dict(save_replay_to(str(tmp / REPLAY_FILE)))
-    body = dict(manifest)
-    body.update({
-        "format_version": FORMAT_VERSION,
-        "learner_steps": int(step),
-        "replay": replay_meta,
-        "checksums": {REPLAY_FILE: replay_meta["sha256"], LEARNER_DIR: _sha256_tree(tmp / LEARNER_DIR)},
-    })
-    _write_json_atomic(tmp / MANIFEST, body)
+    try:
+        # The replay first: it lives in another process, which is the part most likely to be gone.
+        replay_meta = dict(save_replay_to(str(tmp / REPLAY_FILE)))
+        save_learner(tmp / LEARNER_DIR, learner_state)
+        body = dict(manifest)
+        body.update({
+            "format_version": FORMAT_VERSION,
+            "learner_steps": int(step),
+            "replay": replay_meta,
+            "checksums": {REPLAY_FILE: replay_meta["sha256"], LEARNER_FILES: _file_digests(tmp / LEARNER_DIR)},
+        })
+        body[MANIFEST_DIGEST] = _manifest_digest(body)
+        _write_json_atomic(tmp / MANIFEST, body)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # never leave a half-written checkpoint behind
+        raise
     shutil.rmtree(final, ignore_errors=True)
     os.replace(tmp, final)
     _write_json_atomic(root / LATEST, {"step": int(step)})
@@ -209,18 +224,42 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 
 
 def read_manifest(checkpoint_dir: str | os.PathLike, *, verify: bool = True) -> dict:
-    """The manifest of a checkpoint; with `verify`, also checks the learner files against their checksum."""
+    """The manifest of a checkpoint, checked against its own checksum; with `verify`, also every learner file
+    and the replay snapshot against theirs (CheckpointError naming the first file that does not match)."""
     d = Path(checkpoint_dir)
     manifest = _read_json(d / MANIFEST, "checkpoint manifest")
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"checkpoint {str(d)!r} has format version {manifest.get('format_version')!r}, "
                               f"this code reads {FORMAT_VERSION}")
+    if manifest.get(MANIFEST_DIGEST) != _manifest_digest(manifest):
+        raise CheckpointError(f"checkpoint manifest {str(d / MANIFEST)!r} does not match its own checksum "
+                              f"(edited or corrupted)")
     for key in ("learner_steps", "run_config", "agent_config", "counts", "checksums"):
         if key not in manifest:
             raise CheckpointError(f"checkpoint manifest {str(d / MANIFEST)!r} lacks {key!r}")
-    if verify and _sha256_tree(d / LEARNER_DIR) != manifest["checksums"].get(LEARNER_DIR):
-        raise CheckpointError(f"learner files in {str(d)!r} do not match the manifest checksum")
+    checksums = manifest["checksums"]
+    if not (isinstance(checksums, dict) and isinstance(checksums.get(LEARNER_FILES), dict)):
+        raise CheckpointError(f"checkpoint manifest {str(d / MANIFEST)!r} has no per-file checksums")
+    if verify:
+        _verify_files(d / LEARNER_DIR, checksums[LEARNER_FILES])
+        replay = d / REPLAY_FILE
+        if not replay.is_file():
+            raise CheckpointError(f"checkpoint {str(d)!r} lacks its replay snapshot {REPLAY_FILE}")
+        if _sha256_file(replay) != checksums.get(REPLAY_FILE):
+            raise CheckpointError(f"replay snapshot {str(replay)!r} does not match its checksum in the manifest")
     return manifest
+
+
+def _verify_files(root: Path, expected: Mapping[str, str]) -> None:
+    actual = _file_digests(root) if root.is_dir() else {}
+    for name in sorted(set(expected) | set(actual)):
+        where = f"{str(root / name)!r}"
+        if name not in actual:
+            raise CheckpointError(f"learner checkpoint file {where} is missing")
+        if name not in expected:
+            raise CheckpointError(f"learner checkpoint file {where} is not listed in the manifest")
+        if actual[name] != expected[name]:
+            raise CheckpointError(f"learner checkpoint file {where} does not match its checksum in the manifest")
 
 
 def check_compatible(manifest: Mapping[str, Any], *, agent: str, task: str,

@@ -1,0 +1,281 @@
+"""Fault tolerance of the ActorQ program (issue #6).
+
+Default suite (no Ray, seconds): bad weight payloads reaching an actor node, corrupted checkpoints.
+Slow (`-m slow`, one local Ray for the module): the replay server or the learner SIGKILLed mid-run (the run
+stops with an error naming the node, every node process ends, and a checkpoint taken before the fault
+resumes the run), and the samples-per-insert rate limiter holding with a slow actor or a slow learner.
+
+Elsewhere: a killed actor is restarted (tests/launch/test_actorq.py), Ctrl-C (same file), bad CLI flags
+(tests/launch/test_program.py), payload decoding fuzz (tests/quarl/test_payload.py).
+"""
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import shutil
+import signal
+import struct
+import threading
+import time
+import types
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+from launch import checkpoint as ckpt
+from launch import nodes
+from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
+from launch.program import AgentSpec, RunConfig
+from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC
+
+TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+# ------------------------------------------------------------------------------------ bad payloads at an actor
+
+
+def _random_params(spec, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    params, width = {}, spec.input_dim
+    for layer in spec.linear_layers:
+        params[layer.name] = {"w": rng.normal(0, 0.3, (width, layer.out)).astype(np.float32),
+                              "b": rng.normal(0, 0.1, layer.out).astype(np.float32)}
+        width = layer.out
+    return params
+
+
+def _payload(spec, version: int, precision: str = "int8") -> bytes:
+    """A genuine payload, produced the way the run produces them (the Quantizer node)."""
+    q = nodes.Quantizer(spec.to_dict(), precision)
+    q.publish(version, _random_params(spec, seed=version))
+    return q.get_payload(-1)
+
+
+def _frame(body: bytes, fmt: int = FORMAT_VERSION) -> bytes:
+    """The documented header around `body`, with a valid checksum (so only the content is wrong)."""
+    return struct.pack("<4sHQ32s", MAGIC, fmt, len(body), hashlib.sha256(body).digest()) + body
+
+
+def _edit(data: bytes, mutate) -> bytes:
+    body = msgpack.unpackb(data[HEADER_SIZE:], raw=False)
+    mutate(body)
+    return _frame(msgpack.packb(body, use_bin_type=True))
+
+
+def _leaf(body: dict, path: list[str]) -> dict:
+    return next(e for e in body["leaves"] if e["path"] == path)
+
+
+def _set_scale(value: float):
+    def mutate(body: dict) -> None:
+        scale = _leaf(body, ["linear_0", "w"])["qtensor"]["scale"]
+        scale["data"] = np.full(scale["shape"], value, np.float32).tobytes()
+    return mutate
+
+
+class ScriptedQuantizer(nodes.NodeBase):
+    """Serves a fixed sequence of payload bytes, one per request, whatever version the actor has."""
+
+    def __init__(self, script: list[bytes]):
+        self.script = list(script)
+        self.served = 0
+
+    def get_payload(self, have_version: int = -1) -> bytes | None:
+        if self.served >= len(self.script):
+            return None
+        self.served += 1
+        return self.script[self.served - 1]
+
+
+class SinkReplay(nodes.NodeBase):
+    """Accepts every insert (no rate limiter): the actor is never held back."""
+
+    def __init__(self):
+        self.items = 0
+
+    def insert(self, batch, priorities=None) -> int:
+        n = len(next(iter(batch.values())))
+        self.items += n
+        return n
+
+
+def test_actor_rejects_bad_payloads_counts_them_and_keeps_its_last_good_policy(tmp_path):
+    """Truncated, bit-flipped, wrong format version, stale, wrong tree, NaN/inf scale, wrong precision and
+    wrong spec payloads: each is refused with a reason, counted and logged; the actor acts on throughout
+    with its last good weights and takes the next good version."""
+    agent = AgentSpec("dqn", "CartPole-v1", {**TINY_DQN, "actor_update_period": 10})
+    spec = agent.builder().policy_spec(agent.env_spec())
+    other_spec = AgentSpec("dqn", "CartPole-v1", {**TINY_DQN, "hidden_sizes": (8, 8)})
+    good1, good9 = _payload(spec, 1), _payload(spec, 9)
+    flipped = bytearray(_payload(spec, 2))
+    flipped[HEADER_SIZE + len(flipped) // 3] ^= 0x10
+    script = [
+        (good1[:-7], "truncated"),  # before any good policy: the actor waits for a valid one
+        (good1, None),
+        (bytes(flipped), "checksum mismatch"),
+        (_frame(_payload(spec, 3)[HEADER_SIZE:], fmt=FORMAT_VERSION + 1), "format version"),
+        (_payload(spec, 1), "stale payload"),
+        (_edit(_payload(spec, 4), lambda b: b["leaves"].remove(_leaf(b, ["linear_1", "b"]))),
+         "does not fit the policy"),
+        (_edit(_payload(spec, 5), _set_scale(np.nan)), "NaN or inf"),
+        (_edit(_payload(spec, 6), _set_scale(np.inf)), "NaN or inf"),
+        (_payload(spec, 7, precision="fp32"), "holds fp32 weights"),
+        (_payload(other_spec.builder().policy_spec(other_spec.env_spec()), 8), "another policy spec"),
+        (good9, None),
+    ]
+    pool = DaemonPool(8)
+    quantizer, replay, counter = ScriptedQuantizer([p for p, _ in script]), SinkReplay(), nodes.Counter()
+    actor = nodes.ActorNode(agent, actor_id=0, num_actors=1, seed=0, precision="int8", backend="onnx",
+                            replay=LocalNodeHandle(replay, pool), counter=LocalNodeHandle(counter, pool),
+                            quantizer=LocalNodeHandle(quantizer, pool), logdir=str(tmp_path),
+                            max_actor_steps=300, insert_batch=16)
+    try:
+        result = actor.run()
+    finally:
+        pool.shutdown()
+    expected = [reason for _, reason in script if reason]
+    assert quantizer.served == len(script)  # every scripted payload reached the actor
+    assert result["payloads_rejected"] == len(expected)
+    assert result["weights_version"] == 9 and result["first_weights_version"] == 1
+    assert result["times"]["updates"] == 2  # only the two good payloads were loaded
+    assert result["actor_steps"] >= 300 and replay.items >= 300 - 16  # it kept acting throughout
+    events = (tmp_path / "events.log").read_text().splitlines()
+    rejections = [line for line in events if "actor_0: rejected a weight payload" in line]
+    assert len(rejections) == len(expected)
+    for line, reason in zip(rejections, expected):
+        assert reason in line, (reason, line)
+    # Between the two good versions every logged episode ran with version 1, never with a rejected one.
+    versions = {int(r["weights_version"]) for r in _read_csv(tmp_path / "actor_0.csv")}
+    assert versions <= {1, 9} and 1 in versions
+
+
+def test_policy_client_refuses_a_payload_the_executor_cannot_load_without_changing_version():
+    agent = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
+    spec = agent.builder().policy_spec(agent.env_spec())
+    quantizer = ScriptedQuantizer([_payload(spec, 3)])
+    client = nodes._PolicyClient(LocalNodeHandle(quantizer, None), nodes.ActorTimes(),  # pylint: disable=protected-access
+                                 spec=spec, precision="int8")
+
+    def refuse(payload) -> None:
+        raise ValueError("linear_1/w has shape (16, 2), expected (16, 16)")
+
+    assert client.fetch(apply=refuse) is None
+    assert (client.version, client.rejected) == (-1, 1)
+    assert "does not fit the policy" in client.last_rejection and "linear_1/w" in client.last_rejection
+
+
+# ------------------------------------------------------------------------------------ corrupted checkpoints
+
+
+def _checkpoint(tmp_path: Path) -> Path:
+    """A real checkpoint (orbax learner state, npz replay, manifest) of a small state."""
+    state = {"params": {"w": np.arange(12, dtype=np.float32).reshape(3, 4), "b": np.ones(4, np.float32)},
+             "opt": {"mu": np.zeros((3, 4), np.float32)}, "steps": np.asarray(7, np.int64)}
+    replay = {"format_version": 1, "inserts": 3, "samples": 2, "deletes": 0, "keys": np.arange(3),
+              "priorities": np.ones(3), "data": {"observation": np.ones((3, 2), np.float32)}}
+    manifest = {"run_config": {"agent": "dqn", "task": "CartPole-v1"}, "agent_config": {"batch_size": 32},
+                "counts": {"actor_steps": 100, "learner_steps": 7}}
+    return ckpt.write_checkpoint(tmp_path, step=7, learner_state=state,
+                                 save_replay_to=lambda p: ckpt.save_replay(p, replay), manifest=manifest)
+
+
+def test_intact_checkpoint_verifies(tmp_path):
+    directory = _checkpoint(tmp_path)
+    assert ckpt.find_checkpoint(tmp_path) == directory
+    manifest = ckpt.read_manifest(directory)
+    assert manifest["learner_steps"] == 7 and manifest["checksums"][ckpt.LEARNER_FILES]
+
+
+def test_a_flipped_byte_in_any_learner_file_is_rejected_naming_the_file(tmp_path):
+    directory = _checkpoint(tmp_path)
+    files = sorted(p for p in (directory / ckpt.LEARNER_DIR).rglob("*") if p.is_file())
+    assert len(files) >= 2  # orbax writes data and metadata files
+    for path in files:
+        original = path.read_bytes()
+        corrupted = bytearray(original)
+        corrupted[len(corrupted) // 2] ^= 0x01
+        path.write_bytes(bytes(corrupted))
+        with pytest.raises(ckpt.CheckpointError, match="does not match its checksum") as info:
+            ckpt.read_manifest(directory)
+        assert str(path.relative_to(directory / ckpt.LEARNER_DIR)) in str(info.value)
+        path.write_bytes(original)
+    ckpt.read_manifest(directory)  # restored: accepted again
+
+
+def test_missing_or_extra_learner_files_and_a_corrupted_replay_snapshot_are_rejected(tmp_path):
+    directory = _checkpoint(tmp_path)
+    learner = directory / ckpt.LEARNER_DIR
+    victim = sorted(p for p in learner.rglob("*") if p.is_file())[0]
+    saved = victim.read_bytes()
+    victim.unlink()
+    with pytest.raises(ckpt.CheckpointError, match="is missing"):
+        ckpt.read_manifest(directory)
+    victim.write_bytes(saved)
+    (learner / "extra.bin").write_bytes(b"x")
+    with pytest.raises(ckpt.CheckpointError, match="not listed in the manifest"):
+        ckpt.read_manifest(directory)
+    (learner / "extra.bin").unlink()
+    replay = directory / ckpt.REPLAY_FILE
+    data = bytearray(replay.read_bytes())
+    data[-20] ^= 0x04
+    replay.write_bytes(bytes(data))
+    with pytest.raises(ckpt.CheckpointError, match="replay snapshot .* does not match its checksum"):
+        ckpt.read_manifest(directory)
+
+
+def test_every_single_bit_flip_in_the_manifest_is_rejected(tmp_path):
+    """Flipping any one bit of manifest.json either breaks the JSON or changes its content; both are refused
+    (the manifest carries a checksum of itself), so no edited manifest is ever trusted."""
+    directory = _checkpoint(tmp_path)
+    path = directory / ckpt.MANIFEST
+    original = path.read_bytes()
+    rng = np.random.default_rng(0)
+    for position in range(len(original)):
+        corrupted = bytearray(original)
+        corrupted[position] ^= 1 << int(rng.integers(8))
+        path.write_bytes(bytes(corrupted))
+        with pytest.raises(ckpt.CheckpointError):
+            ckpt.read_manifest(directory, verify=False)
+    path.write_bytes(original)
+    ckpt.read_manifest(directory)
+    # A plausible edit (another learner step) with valid JSON is named as such.
+    manifest = json.loads(original)
+    manifest["learner_steps"] = 8
+    path.write_text(json.dumps(manifest))
+    with pytest.raises(ckpt.CheckpointError, match="does not match its own checksum"):
+        ckpt.read_manifest(directory, verify=False)
+
+
+def test_a_corrupted_checkpoint_index_is_rejected(tmp_path):
+    _checkpoint(tmp_path)
+    latest = tmp_path / ckpt.CHECKPOINT_DIR / ckpt.LATEST
+    latest.write_text('{"step": 8}')
+    with pytest.raises(ckpt.CheckpointError, match="step 8"):
+        ckpt.find_checkpoint(tmp_path)
+    latest.write_text('{"step": 7')
+    with pytest.raises(ckpt.CheckpointError, match="cannot read checkpoint index"):
+        ckpt.find_checkpoint(tmp_path)
+
+
+def test_a_checkpoint_that_fails_half_way_leaves_nothing_and_the_previous_one_stays_latest(tmp_path):
+    directory = _checkpoint(tmp_path)
+
+    def replay_gone(path: str) -> dict:
+        raise RuntimeError("replay server ('replay') died")
+
+    with pytest.raises(RuntimeError, match="replay server"):
+        ckpt.write_checkpoint(tmp_path, step=9, learner_state={"w": np.ones(2, np.float32)},
+                              save_replay_to=replay_gone, manifest={"run_config": {}, "agent_config": {},
+                                                                    "counts": {}})
+    root = tmp_path / ckpt.CHECKPOINT_DIR
+    assert sorted(p.name for p in root.iterdir()) == [ckpt.LATEST, directory.name]
+    assert ckpt.find_checkpoint(tmp_path) == directory
