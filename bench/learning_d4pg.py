@@ -69,8 +69,10 @@ def _read(path: Path) -> list[dict[str, Any]]:
         return [_typed(r) for r in csv.DictReader(f)]
 
 
-def merge(dirs: Sequence[Path], outdir: Path, commands: Sequence[str], machine: str = "") -> list[dict]:
-    """Combines the learning_d4pg CSVs of several invocations into one set of result files."""
+def merge(dirs: Sequence[Path], outdir: Path, commands: Sequence[str], machine: str = "",
+          notes: str = "") -> list[dict]:
+    """Combines the learning_d4pg CSVs of several invocations into one set of result files; `notes`
+    (markdown) is appended to the table (what the numbers mean, what is missing)."""
     results: list[dict] = []
     curves: list[dict] = []
     for d in dirs:
@@ -84,7 +86,8 @@ def merge(dirs: Sequence[Path], outdir: Path, commands: Sequence[str], machine: 
     outdir.mkdir(parents=True, exist_ok=True)
     _write_csv(outdir / "learning_d4pg.csv", results)
     _write_csv(outdir / "learning_d4pg_curves.csv", curves)
-    (outdir / "learning_d4pg.md").write_text(markdown_table(results, rows, "d4pg", "`; `".join(commands), machine),
+    table = markdown_table(results, rows, "d4pg", "`; `".join(commands), machine)
+    (outdir / "learning_d4pg.md").write_text(table + ("\n" + notes.strip() + "\n" if notes.strip() else ""),
                                              encoding="utf-8")
     plot_curves(curves, rows, outdir / "learning_d4pg.png")
     return results
@@ -96,12 +99,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("dirs", nargs="+", help="output folders of `bench.learning --rows d4pg --out DIR` runs")
     p.add_argument("--command", action="append", default=[], help="the command each folder came from")
     p.add_argument("--machine", default="", help="machine and load, for the table's preamble")
+    p.add_argument("--notes", default=None, help="a markdown file appended to the table")
     p.add_argument("--out", default=str(RESULTS))
     args = p.parse_args(argv)
     try:
+        notes = Path(args.notes).read_text(encoding="utf-8") if args.notes else ""
         merge([Path(d) for d in args.dirs], Path(args.out), args.command or ["python -m bench.learning --rows d4pg"],
-              args.machine or f"{os.cpu_count()} logical cores")
-    except ValueError as e:
+              args.machine or f"{os.cpu_count()} logical cores", notes)
+    except (OSError, ValueError) as e:
         sys.stderr.write(f"bench.learning_d4pg: error: {e}\n")
         return 2
     print(f"wrote {args.out}/learning_d4pg.{{csv,md,png}}")
