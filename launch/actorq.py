@@ -10,7 +10,15 @@ one prints one line on stderr and exits 2 with nothing written. Ctrl-C stops eve
 flushes logs, writes summary.json and a checkpoint, and exits 130.
 
 Writes to --logdir: learner.csv, evaluator.csv (actor_steps, wall_clock_s, return), actor_<i>.csv,
-tb/<node>/ (TensorBoard), checkpoints/ (see launch.checkpoint for what --resume restores) and summary.json.
+replay.csv (the table's insert/sample counters over time), tb/<node>/ (TensorBoard), checkpoints/ (see
+launch.checkpoint for what --resume restores), policy_fp32.qrlp + .json (the final fp32 learner policy, what
+`launch.ptq --checkpoint LOGDIR` reads), events.log (restarts, rejected payloads, lost nodes, how the run
+ended) and summary.json.
+
+Faults: an actor whose process dies is restarted (up to 3 times) and pulls the latest weights; if the
+learner, the replay server, the counter, the quantizer or the evaluator dies, the run stops within seconds
+with exit code 1 and an error naming the lost node, and every node process is ended. Resume such a run
+from its last checkpoint with --resume LOGDIR (use --checkpoint-every to have one).
 """
 from __future__ import annotations
 
@@ -22,7 +30,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 from launch.cli import (OneLineArgumentParser, UsageError, check_agent, check_backend, check_logdir,
                         check_positive, check_precision, check_seed, fail, parse_overrides)
@@ -30,6 +38,9 @@ from launch.cli import (OneLineArgumentParser, UsageError, check_agent, check_ba
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 POLL_S = 0.5
 STOP_GRACE_S = 6.0  # after Ctrl-C: how long nodes get to flush and checkpoint before they are killed
+LOST_GRACE_S = 3.0  # after a node died: no checkpoint is possible without it; flush logs and stop
+REPLAY_LOG_FIELDS = ["wall_clock_s", "actor_steps", "learner_steps", "size", "inserts", "samples",
+                     "samples_per_insert", "rate_limiter_diff", "insert_blocked_calls", "sample_blocked_calls"]
 
 DEFAULT_TASKS = {"d4pg": "cartpole:balance", "dqn": "CartPole-v1"}
 # The default job (`make run`): a couple of minutes at most on 2 cores, and it learns. D4PG: small networks, a
@@ -216,7 +227,8 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
     """Builds and runs the ActorQ program; returns (summary, exit code). Writes summary.json.
 
     `on_launch(launch)` is called once every node is up (tests use it to inject faults)."""
-    from launch.program import actor_names, build_actorq_program  # pylint: disable=import-outside-toplevel
+    from launch.nodes import log_event  # pylint: disable=import-outside-toplevel
+    from launch.program import NodeLost, actor_names, build_actorq_program  # pylint: disable=import-outside-toplevel
     from launch.progress import ProgressView, Snapshot  # pylint: disable=import-outside-toplevel
 
     t_start = time.monotonic()
@@ -225,6 +237,8 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
     actors = list(actor_names(program))
     status, error = "completed", None
     signum = None
+    lost: dict[str, str] = {}
+    replay_log = _ReplayLog(config.logdir, config.log_every_s)
     launch = None
     futures: dict[str, Any] = {}
     results: dict[str, Any] = {}
@@ -251,7 +265,9 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
             title = f"ActorQ {config.agent} · {config.task} · actors {config.precision} x{config.num_actors}"
             with ProgressView(progress, title) as view:
                 while True:
-                    snap = _poll(launch, config)
+                    if _SIGNALS_RECEIVED:  # a signal whose exception some library code swallowed
+                        raise _Interrupted(_SIGNALS_RECEIVED[-1])
+                    snap = _poll(launch, config, replay_log)
                     view.update(snap)
                     error = _check_workers(futures, actors)
                     if error:
@@ -265,6 +281,8 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
                     time.sleep(POLL_S)
         except _Interrupted as e:
             status, signum = "interrupted", e.signum
+        except NodeLost as e:  # a service the driver polls died
+            status, error = "failed", _lost_message(e)
         except Exception as e:  # pylint: disable=broad-except
             if _SIGNALS_RECEIVED:
                 status, signum = "interrupted", _SIGNALS_RECEIVED[-1]
@@ -273,11 +291,22 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
         if in_main:  # the shutdown below is bounded; a second Ctrl-C must not cut it short
             for s in previous:
                 signal.signal(s, signal.SIG_IGN)
+        if launch is not None and status == "failed":
+            # Whatever surfaced first (an actor's insert, the learner's sample, the driver's poll), name
+            # the node that is gone: that is what the user has to know.
+            lost = _lost_nodes(launch, futures)
+            if lost:
+                error = "; ".join(lost[name] for name in lost) + "; the run cannot continue"
         if launch is not None:
-            results, stats = _stop_nodes(launch, futures, actors, graceful=status == "completed")
+            grace = LOST_GRACE_S if lost else STOP_GRACE_S
+            results, stats = _stop_nodes(launch, futures, actors, graceful=status == "completed", grace_s=grace,
+                                         skip=set(lost))
+            if stats.get("counts") and stats.get("replay"):
+                replay_log.write(stats["counts"], stats["replay"], force=True)
             if status == "completed" and "failed" in results.get("learner", {}):
                 status, error = "failed", results["learner"]["failed"]
     finally:
+        replay_log.close()
         if launch is not None:
             launch.shutdown()
         else:
@@ -286,12 +315,20 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
             for s, handler in previous.items():
                 signal.signal(s, handler)
     summary = make_summary(config, status, error, results, stats, time.monotonic() - t_start)
+    summary["lost_nodes"] = sorted(lost)
     from quarl.logs import write_json_atomic  # pylint: disable=import-outside-toplevel
 
     write_json_atomic(Path(config.logdir) / "summary.json", summary)
     code = EXIT_OK if status == "completed" else EXIT_FAILED
     if status == "interrupted":
         code = 128 + (signum or signal.SIGINT)
+        log_event(config.logdir, "driver", f"interrupted by {signal.Signals(signum or signal.SIGINT).name}; "
+                                           f"nodes stopped, exit code {code}")
+    elif status == "failed":
+        log_event(config.logdir, "driver", f"run failed: {error}; nodes stopped, exit code {code}")
+    else:
+        log_event(config.logdir, "driver", f"run completed: {summary['actor_steps']} actor steps, "
+                                           f"{summary['learner_steps']} learner steps")
     return summary, code
 
 
@@ -301,12 +338,43 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def _poll(launch: Any, config: Any) -> Any:
+class _ReplayLog:
+    """replay.csv: the table's counters as the driver polls them, every `every_s` seconds, so the rate
+    limiter's behaviour over a run (samples per insert, who was held back) can be checked afterwards."""
+
+    def __init__(self, logdir: str, every_s: float):
+        self._path = Path(logdir) / "replay.csv"
+        self._every_s = float(every_s)
+        self._last = -math.inf
+        self._log: Any = None
+
+    def write(self, counts: Mapping[str, Any], info: Mapping[str, Any], force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self._every_s:
+            return
+        if self._log is None:
+            from quarl.logs import CSVLogger  # pylint: disable=import-outside-toplevel
+
+            self._log = CSVLogger(self._path, REPLAY_LOG_FIELDS)
+        self._last = now
+        row = {"wall_clock_s": float(counts["wall_clock_s"]), "actor_steps": int(counts["actor_steps"]),
+               "learner_steps": int(counts["learner_steps"])}
+        row.update({k: info[k] for k in REPLAY_LOG_FIELDS if k in info and k not in row})
+        self._log.write(row)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+
+def _poll(launch: Any, config: Any, replay_log: _ReplayLog | None = None) -> Any:
     from launch.progress import Snapshot  # pylint: disable=import-outside-toplevel
 
     h = launch.handles
     counts = h["counter"].call("get")
     info = h["replay"].call("info")
+    if replay_log is not None:
+        replay_log.write(counts, info)
     evals = h["evaluator"].call("results")
     last = evals[-1] if evals else None
     return Snapshot(actor_steps=int(counts["actor_steps"]), max_actor_steps=config.max_actor_steps,
@@ -318,10 +386,16 @@ def _poll(launch: Any, config: Any) -> Any:
 def _check_workers(futures: Mapping[str, Any], actors: Sequence[str]) -> str | None:
     """A failure that ends the run: the learner or evaluator stopped (they only stop when told to), or
     every actor failed. One actor failing for good (restarts exhausted) is reported but not fatal."""
+    from launch.program import NodeLost  # pylint: disable=import-outside-toplevel
+
     for name in ("learner", "evaluator"):
         if futures[name].done():
             try:
                 futures[name].result(timeout=0)
+            except _Interrupted:
+                raise
+            except NodeLost as e:
+                return _lost_message(e)
             except Exception as e:  # pylint: disable=broad-except
                 return f"{name} failed: {type(e).__name__}: {_first_line(e)}"
             return f"{name} stopped unexpectedly"
@@ -330,11 +404,53 @@ def _check_workers(futures: Mapping[str, Any], actors: Sequence[str]) -> str | N
         if futures[name].done():
             try:
                 futures[name].result(timeout=0)
+            except _Interrupted:
+                raise
             except Exception:  # pylint: disable=broad-except
                 failed.append(name)
     if failed and len(failed) == len(actors):
         return f"every actor failed ({', '.join(failed)})"
     return None
+
+
+def _lost_nodes(launch: Any, futures: Mapping[str, Any], timeout_s: float = 2.0) -> dict[str, str]:
+    """Nodes whose process is gone, with the message that says so: services that do not answer a ping
+    (in parallel, `timeout_s` at most) and workers whose `run()` ended in `NodeLost` for themselves."""
+    from launch.program import NodeLost  # pylint: disable=import-outside-toplevel
+
+    lost: dict[str, str] = {}
+    pings: dict[str, Any] = {}
+    for name in launch.program.names(kind="service"):
+        try:
+            pings[name] = launch.handles[name].submit("ping")
+        except NodeLost as e:
+            lost[name] = _lost_message(e)
+    deadline = time.monotonic() + timeout_s
+    for name, future in pings.items():
+        try:
+            future.result(timeout=max(0.1, deadline - time.monotonic()))
+        except NodeLost as e:
+            lost[name] = _lost_message(e)
+        except Exception:  # pylint: disable=broad-except
+            pass  # slow or busy is not gone
+    for name, future in futures.items():
+        if future.done():
+            try:
+                future.result(timeout=0)
+            except NodeLost as e:
+                if getattr(e, "node", None) == name:
+                    lost[name] = _lost_message(e)
+            except Exception:  # pylint: disable=broad-except
+                pass
+    return lost
+
+
+def _lost_message(e: BaseException) -> str:
+    """The one-line message of a `NodeLost`, also when it reached us inside Ray's error wrapper (which is
+    an instance of the cause's class, with Ray's traceback as its text)."""
+    from launch.program import NodeLost  # pylint: disable=import-outside-toplevel
+
+    return str(NodeLost(getattr(e, "node", "?"), getattr(e, "detail", "")))
 
 
 def _first_line(e: BaseException) -> str:
@@ -344,15 +460,17 @@ def _first_line(e: BaseException) -> str:
     return lines[-1] if lines else type(e).__name__
 
 
-def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str],
-                graceful: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str], graceful: bool,
+                grace_s: float = STOP_GRACE_S, skip: set[str] | frozenset = frozenset()
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stops workers in dependency order and collects their results (bounded in time).
 
-    Actors first (no more data), then the learner (final publish + checkpoint), then the evaluator (one last
-    evaluation of the final weights when `graceful`), then the replay table is closed to release blocked
-    calls. After Ctrl-C every wait is bounded so that the whole stop takes well under 10 s."""
+    Actors first (no more data), then the learner (final policy, publish, checkpoint), then the evaluator
+    (one last evaluation of the final weights when `graceful`), then the replay table is closed to release
+    blocked calls. Unless `graceful`, every wait together is bounded by `grace_s`, so that the whole stop
+    takes well under 10 s. Nodes in `skip` (lost ones) are not called."""
     h = launch.handles
-    deadline = time.monotonic() + (3600.0 if graceful else STOP_GRACE_S)
+    deadline = time.monotonic() + (3600.0 if graceful else grace_s)
     results: dict[str, Any] = {}
 
     def remaining(cap: float) -> float:
@@ -369,6 +487,8 @@ def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str],
             results[name] = {"failed": f"{type(e).__name__}: {_first_line(e)}"}
 
     def tell(name: str, method: str, *args: Any) -> None:
+        if name in skip:
+            return
         try:
             h[name].submit(method, *args)
         except Exception:  # pylint: disable=broad-except
@@ -385,23 +505,32 @@ def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str],
     if not futures:  # stopped before anything ran (e.g. Ctrl-C during start-up): nothing to collect
         return results, {}
     # Services in parallel: energy reports, final counters, table and quantizer statistics.
-    calls = {(name, "energy"): h[name].submit("energy") for name in ("counter", "replay", "quantizer")}
-    calls.update({("counts", "get"): h["counter"].submit("get"), ("replay", "info"): h["replay"].submit("info"),
-                  ("quantizer", "stats"): h["quantizer"].submit("stats")})
+    wanted = [(name, "energy") for name in ("counter", "replay", "quantizer")]
+    wanted += [("counter", "get"), ("replay", "info"), ("quantizer", "stats")]
+    calls: dict[tuple[str, str], Any] = {}
+    for name, method in wanted:
+        if name not in skip:
+            try:
+                calls[(name, method)] = h[name].submit(method)
+            except Exception:  # pylint: disable=broad-except
+                pass
     stats: dict[str, Any] = {}
     for (name, method), future in calls.items():
         try:
             value = future.result(timeout=remaining(3.0))
         except Exception:  # pylint: disable=broad-except
             value = None
+        if (name, method) == ("counter", "get"):
+            name = "counts"
         if method == "energy":
             results[name] = {"energy": value}
         else:
             stats[name] = value or {}
-    try:  # releases calls still blocked on the rate limiter (e.g. a prefetch that lost its learner)
-        h["replay"].submit("close").result(timeout=remaining(2.0))
-    except Exception:  # pylint: disable=broad-except
-        pass
+    if "replay" not in skip:
+        try:  # releases calls still blocked on the rate limiter (e.g. a prefetch that lost its learner)
+            h["replay"].submit("close").result(timeout=remaining(2.0))
+        except Exception:  # pylint: disable=broad-except
+            pass
     return results, stats
 
 
@@ -419,7 +548,7 @@ def _sum_energy(parts: Mapping[str, Any]) -> dict[str, Any]:
         return sum(values) if values else None
 
     methods = sorted({str(v["method"]) for v in nodes.values() if v.get("method")})
-    return {"nodes": nodes, "total_kwh": total("energy_kwh"), "total_emissions_kg": total("emissions_kg"),
+    return {"nodes": nodes, "total_kwh": total("energy_kwh"), "total_emissions_kg": total("emissions_kg_co2eq"),
             "method": "; ".join(methods) if methods else None}
 
 
@@ -482,6 +611,8 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
         "payload_bytes": payload_bytes,
         "payload_bytes_fp32": fp32_bytes,
         "runtime": breakdown,
+        # Weight payloads actors refused (corrupted, stale, wrong spec/precision) and kept their policy.
+        "payloads_rejected": int(sum(int(a.get("payloads_rejected") or 0) for a in actors)),
         "actors": actors,
         "learner": learner,
         "replay": {k: v for k, v in stats.get("replay", {}).items() if isinstance(v, (int, float, str))},
@@ -540,5 +671,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     return code
 
 
+def _exit_now(code: int) -> NoReturn:
+    """Ends the CLI at once, without Python's interpreter teardown.
+
+    Why: by now every file of the run is closed (CSV rows flushed, TensorBoard writers closed, checkpoint and
+    summary.json fsynced) and Ray is shut down; what is left is tearing down native thread pools that the
+    local runner loads in this very process (tensorstore's, through orbax's checkpointer; XLA's; onnxruntime's)
+    and finalising hundreds of modules: seconds on a loaded machine, and a hang when a native pool waits on
+    a thread that finalisation has already frozen."""
+    import logging  # pylint: disable=import-outside-toplevel
+
+    if "ray" in sys.modules:
+        try:
+            sys.modules["ray"].shutdown()  # a joined (not owned) cluster: disconnect cleanly
+        except Exception:  # pylint: disable=broad-except
+            pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # pylint: disable=broad-except
+            pass
+    logging.shutdown()
+    os._exit(code)  # pylint: disable=protected-access
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    _exit_now(main())

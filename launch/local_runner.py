@@ -3,13 +3,20 @@
 Same program description and node code as on Ray, without processes or serialisation, so a run can be
 stepped through in a debugger and tests can inspect node objects directly. What it does not model: node
 restarts (a crashed worker's `run()` just fails), per-process thread pinning and resource requests.
+
+Every thread it starts is a daemon thread, including the pool that serves `submit` calls: a node call can
+block for as long as the call it serves (a replay insert held back by the rate limiter), and Python joins
+non-daemon threads (concurrent.futures' pool workers among them) at exit, so one call left blocked would
+hang the process after the run has ended. `shutdown` still stops workers and waits for them (bounded).
 """
 from __future__ import annotations
 
 import concurrent.futures
 import os
+import queue
 import threading
-from typing import Any
+import time
+from typing import Any, Callable
 
 from launch.program import CallFuture, NodeHandle, Program, resolve_handles
 
@@ -28,10 +35,68 @@ class ThreadFuture(CallFuture):
             raise TimeoutError(f"no result within {timeout} s") from None
 
 
+class DaemonPool:
+    """A minimal thread pool of daemon threads (see the module docstring for why not ThreadPoolExecutor).
+
+    Threads are started on demand, up to `max_workers`, when no idle one can take a new call."""
+
+    def __init__(self, max_workers: int, thread_name_prefix: str = "pool"):
+        if max_workers < 1:
+            raise ValueError(f"max_workers must be >= 1, got {max_workers}")
+        self._max_workers = int(max_workers)
+        self._prefix = thread_name_prefix
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._idle = threading.Semaphore(0)
+        self._lock = threading.Lock()
+        self._threads: list[threading.Thread] = []
+        self._shutdown = False
+
+    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._lock:
+            if self._shutdown:
+                raise RuntimeError("cannot submit a call after the pool was shut down")
+            self._queue.put((future, fn, args, kwargs))
+            if not self._idle.acquire(blocking=False) and len(self._threads) < self._max_workers:
+                thread = threading.Thread(target=self._work, name=f"{self._prefix}_{len(self._threads)}",
+                                          daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        return future
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            future, fn, args, kwargs = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as e:  # pylint: disable=broad-except
+                    future.set_exception(e)
+            del item, future, fn, args, kwargs
+            self._idle.release()
+
+    def shutdown(self, cancel_futures: bool = True) -> None:
+        """No new calls; queued ones are cancelled; idle threads end (busy ones end with their call)."""
+        with self._lock:
+            self._shutdown = True
+            while cancel_futures:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+            for _ in self._threads:
+                self._queue.put(None)
+
+
 class LocalNodeHandle(NodeHandle):
     """Direct method calls; `submit` runs the call on the launch's thread pool."""
 
-    def __init__(self, obj: Any, pool: concurrent.futures.ThreadPoolExecutor):
+    def __init__(self, obj: Any, pool: DaemonPool | None):
         self.obj = obj
         self._pool = pool
 
@@ -49,7 +114,7 @@ class LocalLaunch:
         self.program = program
         # Enough threads for every blocking call the nodes may have in flight at once.
         workers = 4 + sum(n.max_concurrency for n in program.nodes)
-        self._pool = concurrent.futures.ThreadPoolExecutor(workers, thread_name_prefix="node-call")
+        self._pool = DaemonPool(workers, thread_name_prefix="node-call")
         self.handles: dict[str, LocalNodeHandle] = {}
         self._threads: list[threading.Thread] = []
         for node in program.nodes:
@@ -87,9 +152,10 @@ class LocalLaunch:
                     self.handles[node.name].obj.stop()
                 except Exception:  # pylint: disable=broad-except
                     pass
+        deadline = time.monotonic() + 5.0  # shared: the workers were all told to stop at once
         for thread in self._threads:
-            thread.join(timeout=5.0)
-        self._pool.shutdown(wait=False, cancel_futures=True)
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
+        self._pool.shutdown(cancel_futures=True)
 
 
 class LocalRunner:

@@ -15,16 +15,20 @@
 
 Nodes talk only through `NodeHandle.call/submit` (see `launch.program`) with plain values: NumPy arrays,
 dicts, and `bytes` for weight payloads (msgpack with a checksum, `quarl.payload`).
+
+What went wrong, and what was done about it (an actor restarted, a payload rejected, the final policy saved,
+a node lost) is appended to `<logdir>/events.log`, one line per event, by whichever process saw it.
 """
 from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import os
 import queue
 import threading
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -33,6 +37,28 @@ from launch.program import AgentSpec, NodeHandle, derive_seed
 
 POLL_S = 0.25  # how long a blocked wait lasts before a node re-checks its stop flag
 ACTOR_ENV_STREAM, EVAL_ENV_STREAM = 10, 11
+EVENTS_FILE = "events.log"
+_log = logging.getLogger("launch.nodes")
+
+
+def log_event(logdir: str | os.PathLike | None, node: str, message: str, level: int = logging.INFO) -> None:
+    """Appends `<UTC time> <node>: <message>` to the run's events.log, and to Python logging at `level`
+    (WARNING for faults, which then also reach the node's stderr: Ray's worker log, or the terminal with the
+    local runner). One O_APPEND write per line, so lines from several processes never interleave. Never
+    raises: losing an event line must not take a node down."""
+    line = " ".join(f"{time.strftime('%Y-%m-%dT%H:%M:%S', time.gmtime())}Z {node}: {message}".split())
+    _log.log(level, "%s", line)
+    if not logdir:
+        return
+    try:
+        os.makedirs(logdir, exist_ok=True)
+        fd = os.open(os.path.join(logdir, EVENTS_FILE), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            os.write(fd, (line + "\n").encode("utf-8", "replace"))
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
 
 
 class NodeBase:
@@ -299,7 +325,9 @@ class LearnerNode(NodeBase):
                  log_every_s: float = 1.0):
         self._spec = spec
         self._builder = spec.builder()
-        self._learner = self._builder.make_learner(spec.env_spec(), seed)
+        env_spec = spec.env_spec()
+        self._policy_spec = self._builder.policy_spec(env_spec)
+        self._learner = self._builder.make_learner(env_spec, seed)
         self._replay, self._counter, self._quantizer = replay, counter, quantizer
         self._logdir = logdir
         self._publish_period = max(1, int(publish_period))
@@ -351,6 +379,7 @@ class LearnerNode(NodeBase):
         pending: collections.deque = collections.deque()  # priority updates in flight
         publish_future = counter_future = None
         last_report = 0.0
+        policy_file: str | None = None
         try:
             while not self._stop.is_set():
                 if errors:
@@ -397,8 +426,18 @@ class LearnerNode(NodeBase):
             if counter_future is not None:
                 counter_future.result(timeout=10)
             self._counter.call("increment", learner_steps=self.steps() - reported)
+            policy_file = self.save_policy()  # first: the cheapest and most useful thing to have after Ctrl-C
             self._publish(wait=True)
             self.checkpoint()
+        except BaseException as e:
+            if policy_file is None:  # the learner itself may be fine (a lost replay server): keep its policy
+                try:
+                    policy_file = self.save_policy()
+                except Exception:  # pylint: disable=broad-except
+                    pass  # e.g. non-finite weights: the original error is the one to report
+            log_event(self._logdir, "learner", f"stopped by an error: {type(e).__name__}: "
+                                               f"{str(e).splitlines()[0] if str(e) else ''}", logging.WARNING)
+            raise
         finally:
             self._stop.set()
             log.close()
@@ -408,7 +447,24 @@ class LearnerNode(NodeBase):
         return {"learner_steps": self.steps(), "steps_this_run": trained, "training_s": training_s,
                 "steps_per_s": trained / training_s if training_s > 0 else 0.0,
                 "step_s_mean": step_s / trained if trained else 0.0, "sample_wait_s": wait_s,
-                "weights_version": self._version, "resumed_from": self.resumed_from, "energy": energy}
+                "weights_version": self._version, "resumed_from": self.resumed_from, "policy_file": policy_file,
+                "energy": energy}
+
+    def save_policy(self) -> str:
+        """The current fp32 policy as `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint
+        LOGDIR` reads (see quarl.policy_io). Returns the file's path."""
+        from quarl.policy_io import save_policy  # pylint: disable=import-outside-toplevel
+
+        with self._lock:
+            params = self._learner.policy_params()
+            steps = int(self._learner.steps)
+        run = self._run_config
+        extra = {"source": "launch.actorq", "seed": run.get("seed"), "actor_precision": run.get("precision"),
+                 "num_actors": run.get("num_actors")}
+        path = save_policy(self._logdir, self._policy_spec, params, task=self._spec.task, agent=self._spec.agent,
+                           steps=steps, extra=extra)
+        log_event(self._logdir, "learner", f"saved the fp32 policy at learner step {steps} to {path.name}")
+        return str(path)
 
     def _log_row(self, log: Any, metrics: Mapping[str, Any], steps: int, wall_clock_s: float,
                  last: tuple[float, int, float], now: float, wait_s: float) -> None:
@@ -502,15 +558,31 @@ class ActorTimes:
 
 
 class _PolicyClient:
-    """An actor's side of the weight channel: fetch only when the version changed, timing each stage."""
+    """An actor's side of the weight channel: fetch only when the version changed, timing each stage, and
+    refuse anything that is not a usable policy.
 
-    def __init__(self, quantizer: NodeHandle, times: ActorTimes):
+    A payload is accepted only if it decodes (checksum, format version, structure, finite values: see
+    `quarl.payload`), is newer than the current version, has the expected precision and policy spec, and
+    `apply` (building or updating the policy executor) accepts its tree. Anything else is rejected: counted,
+    logged (once per distinct payload: the quantizer serves the same bytes again at every pull until a newer
+    version exists), and the caller keeps acting with its last good policy."""
+
+    def __init__(self, quantizer: NodeHandle, times: ActorTimes, *, spec: Any = None, precision: str | None = None,
+                 logdir: str | None = None, node: str = "actor"):
         self._quantizer = quantizer
         self._times = times
+        self._spec = None if spec is None else spec.to_dict()
+        self._precision = precision
+        self._logdir, self._node = logdir, node
         self.version = -1
+        self.rejected = 0
+        self.last_rejection: str | None = None
+        self._last_rejected_digest = b""
 
-    def fetch(self, stop: threading.Event | None = None) -> Any:
-        """The newest payload if it is newer than ours (decoded), else None."""
+    def fetch(self, stop: threading.Event | None = None,
+              apply: Callable[[Any], Any] | None = None) -> Any:
+        """The newest payload if it is newer than ours and valid (decoded, and `apply(payload)` done), else
+        None (nothing new, or rejected)."""
         from quarl.payload import decode_payload  # pylint: disable=import-outside-toplevel
 
         t0 = time.perf_counter()
@@ -520,21 +592,65 @@ class _PolicyClient:
         self._times.pulls += 1
         if data is None:
             return None
-        payload = decode_payload(data)
-        self._times.deserialize_s += time.perf_counter() - t1
+        try:
+            payload = decode_payload(data)
+            self._check(payload)
+        except ValueError as e:  # PayloadError is a ValueError
+            self._times.deserialize_s += time.perf_counter() - t1
+            self._reject(str(e), data)
+            return None
+        t2 = time.perf_counter()
+        self._times.deserialize_s += t2 - t1
+        if apply is not None:
+            try:
+                apply(payload)
+            except ValueError as e:  # the tree does not fit the spec/executor (quarl.runtimes validates it)
+                self._times.load_s += time.perf_counter() - t2
+                self._reject(f"payload version {payload.version} does not fit the policy: {e}", data)
+                return None
+            self._times.load_s += time.perf_counter() - t2
         self._times.payload_bytes += len(data)
         self._times.updates += 1
         self.version = payload.version
         return payload
 
-    def first(self, stop: threading.Event) -> Any:
-        """Waits for the first published weights (the learner publishes version 0 when it starts)."""
+    def _check(self, payload: Any) -> None:
+        if payload.version <= self.version:
+            raise ValueError(f"stale payload: version {payload.version} is not newer than the current "
+                             f"version {self.version}")
+        if self._precision is not None and payload.precision != self._precision:
+            raise ValueError(f"payload version {payload.version} holds {payload.precision} weights, this actor "
+                             f"runs {self._precision}")
+        if self._spec is not None and payload.spec is not None and payload.spec.to_dict() != self._spec:
+            raise ValueError(f"payload version {payload.version} is for another policy spec")
+
+    def _reject(self, reason: str, data: bytes) -> None:
+        import hashlib  # pylint: disable=import-outside-toplevel
+
+        self.rejected += 1
+        first_line = str(reason).splitlines()[0] if str(reason) else "invalid payload"
+        self.last_rejection = first_line
+        digest = hashlib.sha256(data).digest()
+        if digest != self._last_rejected_digest:
+            self._last_rejected_digest = digest
+            log_event(self._logdir, self._node, f"rejected a weight payload ({first_line}); keeps acting with "
+                                                f"weights version {self.version}", logging.WARNING)
+
+    def first(self, stop: threading.Event, apply: Callable[[Any], Any] | None = None) -> Any:
+        """Waits for the first valid published weights (the learner publishes version 0 when it starts)."""
         while not stop.is_set():
-            payload = self.fetch()
+            payload = self.fetch(apply=apply)
             if payload is not None:
                 return payload
             stop.wait(0.05)
         return None
+
+
+def _precision_name(precision: str) -> str:
+    """The canonical precision name payloads carry ("8" -> "int8")."""
+    from quarl.quantization import parse_precision  # pylint: disable=import-outside-toplevel
+
+    return parse_precision(precision).name
 
 
 class _StoppedEarly(Exception):
@@ -566,9 +682,14 @@ class ActorNode(NodeBase):
     def stop(self) -> None:
         self._stop.set()
 
+    def _make_environment(self, seed: int) -> Any:
+        """The actor's environment (a separate method so tests can wrap it, e.g. to make an actor slow)."""
+        from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+
+        return make_environment(self._spec.task, seed)
+
     def run(self) -> dict[str, Any]:
         from quarl.adders import TransitionBuffer  # pylint: disable=import-outside-toplevel
-        from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
 
         name = f"actor_{self._id}"
         start = self._counter.call("increment", **{f"{name}_starts": 1})
@@ -577,18 +698,26 @@ class ActorNode(NodeBase):
         tracker = _energy_tracker(self._logdir, name)
         log = _logger(self._logdir, name, self.LOG_FIELDS, "total_actor_steps")
         times = self.times = ActorTimes()
-        client = _PolicyClient(self._quantizer, times)
-        env = make_environment(self._spec.task, derive_seed(self._seed, ACTOR_ENV_STREAM, attempt))
+        client = _PolicyClient(
+            self._quantizer, times, spec=self._builder.policy_spec(self._env_spec),
+            precision=_precision_name(self._precision), logdir=self._logdir, node=name)
+        env = self._make_environment(derive_seed(self._seed, ACTOR_ENV_STREAM, attempt))
         update_period = int(self._builder.config.actor_update_period)
+        built: list[Any] = []
+        first_version = None
         try:
-            payload = client.first(self._stop)
+            payload = client.first(self._stop, apply=lambda p: built.append(self._builder.make_actor(
+                self._env_spec, p.params, seed=derive_seed(self._seed, attempt), actor_id=self._id,
+                evaluation=False, backend=self._backend, num_actors=self._num_actors)))
             if payload is None:
                 raise _StoppedEarly
-            t0 = time.perf_counter()
-            actor = self._builder.make_actor(self._env_spec, payload.params, seed=derive_seed(self._seed, attempt),
-                                             actor_id=self._id, evaluation=False, backend=self._backend,
-                                             num_actors=self._num_actors)
-            times.load_s += time.perf_counter() - t0
+            actor = built[-1]
+            first_version = client.version
+            if attempt > 1:
+                log_event(self._logdir, name, f"restarted (start #{attempt}: the previous process died); acting "
+                                              f"again with the latest weights, version {first_version}, after "
+                                              f"{int(start.get(f'{name}_steps', 0))} steps of its own so far",
+                          logging.WARNING)
             adder = self._builder.make_adder()
             buffer = TransitionBuffer(self._insert_batch, self._builder.transition_signature(self._env_spec))
             steps = episodes = 0
@@ -630,11 +759,7 @@ class ActorNode(NodeBase):
                     adder.add_first(timestep)
                     ep_return, ep_len, ep_start = 0.0, 0, now
                 if steps % update_period == 0:
-                    payload = client.fetch()
-                    if payload is not None:
-                        t0 = time.perf_counter()
-                        actor.update(payload.params)
-                        times.load_s += time.perf_counter() - t0
+                    client.fetch(apply=lambda p: actor.update(p.params))
             if unreported_steps or unreported_episodes:
                 self._counter.call("increment", actor_steps=unreported_steps, episodes=unreported_episodes,
                                    **{f"{name}_steps": unreported_steps})
@@ -649,7 +774,8 @@ class ActorNode(NodeBase):
             log.close()
             env.close()
             energy = _stop_energy(tracker)
-        return {**result, "energy": energy}
+        return {**result, "first_weights_version": first_version, "payloads_rejected": client.rejected,
+                "last_payload_rejection": client.last_rejection, "energy": energy}
 
     def _insert(self, batch: Mapping[str, np.ndarray]) -> bool:
         """One batched insert; blocks while the rate limiter holds actors back. False if stopped meanwhile."""
@@ -676,7 +802,7 @@ class Evaluator(NodeBase):
                  counter: NodeHandle, logdir: str, eval_every: int, episodes: int):
         self._spec = spec
         self._seed = int(seed)
-        self._backend = backend
+        self._precision, self._backend = precision, backend
         self._quantizer, self._counter = quantizer, counter
         self._logdir = logdir
         self._eval_every = int(eval_every)
@@ -702,7 +828,9 @@ class Evaluator(NodeBase):
         tracker = _energy_tracker(self._logdir, "evaluator")
         log = _logger(self._logdir, "evaluator", self.LOG_FIELDS, "actor_steps")
         times = ActorTimes()
-        client = _PolicyClient(self._quantizer, times)
+        client = _PolicyClient(self._quantizer, times, spec=self._builder.policy_spec(self._env_spec),
+                               precision=_precision_name(self._precision), logdir=self._logdir,
+                               node="evaluator")
         env = make_environment(self._spec.task, derive_seed(self._seed, EVAL_ENV_STREAM))
         actor = None
         try:
@@ -726,13 +854,15 @@ class Evaluator(NodeBase):
 
     def _evaluate(self, client: _PolicyClient, actor: Any, env: Any, totals: Mapping[str, float], log: Any,
                   final: bool) -> Any:
-        payload = client.fetch()
-        if payload is not None:
+        def apply(payload: Any) -> None:
+            nonlocal actor
             if actor is None:
                 actor = self._builder.make_actor(self._env_spec, payload.params, seed=self._seed, actor_id=0,
                                                  evaluation=True, backend=self._backend)
             else:
                 actor.update(payload.params)
+
+        client.fetch(apply=apply)
         if actor is None:
             return None
         returns = []

@@ -42,6 +42,32 @@ class Handle:
     name: str
 
 
+# What each service/worker is called in messages ("replay server ('replay') died ..."); actors are "actor_<i>".
+NODE_ROLES: dict[str, str] = {"replay": "replay server", "counter": "counter", "quantizer": "quantizer",
+                              "learner": "learner", "evaluator": "evaluator"}
+
+
+def describe_node(name: str) -> str:
+    """A node's name as messages show it: its role and its name, e.g. "replay server ('replay')"."""
+    role = NODE_ROLES.get(name, "actor" if name.startswith("actor_") else "node")
+    return f"{role} ({name!r})"
+
+
+class NodeLost(RuntimeError):
+    """A call went to a node whose process is gone for good (killed, crashed, out of memory).
+
+    Runners raise it in place of their own "actor died" errors, so node code and the supervisor can say which
+    node is gone without knowing about Ray; the local runner never raises it (it has no processes)."""
+
+    def __init__(self, node: str, detail: str = ""):
+        self.node, self.detail = str(node), str(detail)
+        super().__init__(f"{describe_node(self.node)} died: its process exited or was killed"
+                         + (f" ({self.detail})" if self.detail else ""))
+
+    def __reduce__(self) -> tuple:  # crosses process boundaries inside Ray's error wrapper
+        return (NodeLost, (self.node, self.detail))
+
+
 class CallFuture(abc.ABC):
     """A call in flight (a Ray ObjectRef or a thread's future behind one interface)."""
 

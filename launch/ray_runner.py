@@ -24,17 +24,22 @@ import sys
 import time
 from typing import Any
 
-from launch.program import CallFuture, NodeHandle, Program, resolve_handles
+from launch.program import CallFuture, NodeHandle, NodeLost, Program, resolve_handles
 
 _SLICE_S = 0.2  # longest uninterruptible wait in the driver
 _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
 class RayFuture(CallFuture):
-    """An ObjectRef behind the runner-neutral future interface."""
+    """An ObjectRef behind the runner-neutral future interface.
 
-    def __init__(self, ref: Any):
+    A call to a node whose process died for good raises `launch.program.NodeLost` naming the node (Ray's
+    ActorDiedError says "an actor", not which one). A node that is restarting (ActorUnavailableError) is
+    not lost: that error passes through unchanged."""
+
+    def __init__(self, ref: Any, node: str = ""):
         self.ref = ref
+        self.node = node
 
     def done(self) -> bool:
         import ray  # pylint: disable=import-outside-toplevel
@@ -46,6 +51,8 @@ class RayFuture(CallFuture):
         import ray  # pylint: disable=import-outside-toplevel
         from ray.exceptions import GetTimeoutError  # pylint: disable=import-outside-toplevel
 
+        from ray.exceptions import ActorUnavailableError, RayActorError  # pylint: disable=import-outside-toplevel
+
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:  # in slices, see _wait_all
             left = _SLICE_S if deadline is None else deadline - time.monotonic()
@@ -54,6 +61,12 @@ class RayFuture(CallFuture):
             except GetTimeoutError:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise TimeoutError(f"no result within {timeout} s") from None
+            except ActorUnavailableError:
+                raise
+            except RayActorError as e:
+                if not self.node:
+                    raise
+                raise NodeLost(self.node, type(e).__name__) from None
 
 
 def _wait_all(refs: list, timeout: float | None) -> None:
@@ -93,7 +106,11 @@ class RayNodeHandle(NodeHandle):
         return self._actor
 
     def submit(self, method: str, *args: Any, **kwargs: Any) -> RayFuture:
-        return RayFuture(getattr(self.actor, method).remote(*args, **kwargs))
+        try:
+            actor = self.actor
+        except ValueError as e:  # ray.get_actor: no live actor of that name (it died and was cleaned up)
+            raise NodeLost(self.name, f"no live actor: {e}") from None
+        return RayFuture(getattr(actor, method).remote(*args, **kwargs), self.name)
 
 
 def _prepare_local_auth() -> None:
