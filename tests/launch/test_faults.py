@@ -279,3 +279,200 @@ def test_a_checkpoint_that_fails_half_way_leaves_nothing_and_the_previous_one_st
     root = tmp_path / ckpt.CHECKPOINT_DIR
     assert sorted(p.name for p in root.iterdir()) == [ckpt.LATEST, directory.name]
     assert ckpt.find_checkpoint(tmp_path) == directory
+
+
+# ------------------------------------------------------------------------------------ lost nodes on Ray (slow)
+
+
+@pytest.fixture(scope="module")
+def ray_session():
+    from launch.ray_runner import init_ray
+
+    saved = dict(os.environ)
+    init_ray(None, num_cpus=8)
+    import ray
+
+    yield ray
+    ray.shutdown()
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def _config(logdir: Path, **kw) -> RunConfig:
+    base = dict(agent="dqn", task="CartPole-v1", precision="int8", num_actors=2, max_actor_steps=10_000_000,
+                seed=0, logdir=str(logdir), overrides=dict(TINY_DQN), backend="onnx", eval_every=1_000_000,
+                eval_episodes=1, publish_period=5, insert_batch=32)
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def _kill_when(launch, node: str, ready, record: dict) -> None:
+    """From a side thread: note every node's pid, then SIGKILL `node`'s process once `ready(launch)`."""
+    def killer() -> None:
+        record["pids"] = {name: launch.pid(name) for name in launch.handles}
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline:
+            if ready(launch):
+                os.kill(record["pids"][node], signal.SIGKILL)
+                record["t_kill"] = time.monotonic()
+                return
+            time.sleep(0.2)
+
+    threading.Thread(target=killer, daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _assert_all_gone(pids, deadline: float) -> None:
+    """No node process of the run is left (polling until `deadline`, a monotonic time)."""
+    left = [p for p in pids if _alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = [p for p in left if _alive(p)]
+    assert not left, f"node processes left behind: {left}"
+
+
+STOP_WITHIN_S = 10.0  # issue #6: every other node exits within 10 s of the fault
+
+
+@pytest.mark.slow
+def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes_the_run(ray_session, tmp_path):
+    from launch.actorq import run_program
+    from launch.ray_runner import RayRunner
+
+    config = _config(tmp_path, checkpoint_every=50)
+    record: dict = {}
+
+    def ready(launch) -> bool:
+        return (tmp_path / "checkpoints" / "latest.json").exists() and \
+            launch.handles["counter"].call("get")["learner_steps"] >= 80
+
+    summary, code = run_program(config, RayRunner(), on_launch=lambda launch: _kill_when(launch, "replay", ready,
+                                                                                          record))
+    returned = time.monotonic()
+    assert "t_kill" in record, "the run never reached its first checkpoint"
+    assert code == 1 and summary["status"] == "failed"
+    assert "replay server ('replay') died" in summary["error"], summary["error"]
+    assert summary["lost_nodes"] == ["replay"]
+    assert returned - record["t_kill"] <= STOP_WITHIN_S, returned - record["t_kill"]
+    _assert_all_gone(record["pids"].values(), record["t_kill"] + STOP_WITHIN_S)
+    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
+    events = (tmp_path / "events.log").read_text()
+    assert "driver: run failed: replay server ('replay') died" in events
+    # The fault left no half-written checkpoint; the last complete one resumes the run.
+    root = tmp_path / "checkpoints"
+    assert not list(root.glob("*.partial"))
+    directory = ckpt.find_checkpoint(tmp_path)
+    manifest = ckpt.read_manifest(directory)
+    resumed = _config(tmp_path, resume=str(directory), max_actor_steps=int(manifest["counts"]["actor_steps"]) + 600)
+    summary2, code2 = run_program(resumed, RayRunner())
+    assert code2 == 0 and summary2["status"] == "completed", summary2["error"]
+    assert summary2["learner"]["resumed_from"] == manifest["learner_steps"]
+    assert summary2["learner_steps"] > manifest["learner_steps"]
+    assert summary2["replay"]["inserts"] >= manifest["replay"]["items"] + 600 - 2 * config.insert_batch
+
+
+@pytest.mark.slow
+def test_killed_learner_stops_the_run_naming_it_with_no_process_left(ray_session, tmp_path):
+    from launch.actorq import run_program
+    from launch.ray_runner import RayRunner
+
+    record: dict = {}
+
+    def ready(launch) -> bool:
+        return launch.handles["counter"].call("get")["learner_steps"] >= 30
+
+    summary, code = run_program(_config(tmp_path), RayRunner(),
+                                on_launch=lambda launch: _kill_when(launch, "learner", ready, record))
+    returned = time.monotonic()
+    assert "t_kill" in record, "the learner never reached 30 steps"
+    assert code == 1 and summary["status"] == "failed"
+    assert "learner ('learner') died" in summary["error"], summary["error"]
+    assert summary["lost_nodes"] == ["learner"]
+    assert returned - record["t_kill"] <= STOP_WITHIN_S, returned - record["t_kill"]
+    _assert_all_gone(record["pids"].values(), record["t_kill"] + STOP_WITHIN_S)
+    assert "driver: run failed: learner ('learner') died" in (tmp_path / "events.log").read_text()
+    # The actors (held back by the rate limiter once nothing samples) stopped when told and reported.
+    assert len(summary["actors"]) == 2 and all("failed" not in a for a in summary["actors"]), summary["actors"]
+
+
+# ------------------------------------------------------------------------------------ rate limiter (slow)
+
+
+class _SlowEnv:
+    """An environment whose every step takes `sleep_s` longer (a slow simulator)."""
+
+    def __init__(self, env, sleep_s: float):
+        self._env, self._sleep_s = env, sleep_s
+
+    def step(self, action):
+        time.sleep(self._sleep_s)
+        return self._env.step(action)
+
+    def __getattr__(self, name):
+        return getattr(self._env, name)
+
+
+class SlowActor(nodes.ActorNode):
+    def _make_environment(self, seed: int):
+        return _SlowEnv(super()._make_environment(seed), 0.004)
+
+
+class SlowLearner(nodes.LearnerNode):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        inner = self._learner
+
+        class Slow:
+            def __getattr__(self, name):
+                return getattr(inner, name)
+
+            def step(self, sample):
+                time.sleep(0.02)
+                return inner.step(sample)
+
+        self._learner = Slow()
+
+
+def _node_classes(**replace):
+    names = ("Counter", "ReplayServer", "Quantizer", "LearnerNode", "ActorNode", "Evaluator")
+    return types.SimpleNamespace(**{n: replace.get(n, getattr(nodes, n)) for n in names})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("slow_side", ["actor", "learner"])
+def test_rate_limiter_keeps_samples_per_insert_within_its_error_buffer(tmp_path, slow_side):
+    """A slow actor with a fast learner, and a fast actor with a slow learner: at every logged point after the
+    warm-up (replay.csv) and at the end (summary.json), inserts x samples_per_insert - samples stays within
+    samples_per_insert x min_size +- error_buffer, and the limiter really held back the faster side."""
+    from launch.actorq import run_program
+
+    replace = {"ActorNode": SlowActor} if slow_side == "actor" else {"LearnerNode": SlowLearner}
+    config = _config(tmp_path, num_actors=1 if slow_side == "actor" else 2, max_actor_steps=1500,
+                     log_every_s=0.2)
+    summary, code = run_program(config, LocalRunner(), node_classes=_node_classes(**replace))
+    assert code == 0, summary["error"]
+    table = AgentSpec("dqn", "CartPole-v1", TINY_DQN).builder().table_config()
+    spi, min_size, buffer = table["samples_per_insert"], table["min_size_to_sample"], table["error_buffer"]
+    low, high = spi * min_size - buffer, spi * min_size + buffer
+    rows = [r for r in _read_csv(tmp_path / "replay.csv") if int(r["inserts"]) >= min_size]
+    assert len(rows) >= 5
+    for row in rows:
+        assert low <= float(row["rate_limiter_diff"]) <= high, row
+        assert float(row["rate_limiter_diff"]) == int(row["inserts"]) * spi - int(row["samples"])
+    final = summary["replay"]
+    assert low <= final["rate_limiter_diff"] <= high
+    assert final["inserts"] >= 1500 - 2 * config.insert_batch
+    assert abs(final["samples_per_insert"] - spi) <= (spi * min_size + buffer) / final["inserts"]
+    first, last = rows[0], rows[-1]
+    if slow_side == "actor":  # the learner waited for data, again and again after the warm-up
+        assert int(last["sample_blocked_calls"]) > int(first["sample_blocked_calls"])
+    else:  # the actors waited for the learner
+        assert int(last["insert_blocked_calls"]) > int(first["insert_blocked_calls"])
