@@ -164,7 +164,8 @@ def _check_resume(path: str, agent: str, task: str, agent_config: Any) -> str:
 
 
 def _run_dir_of(resume: str) -> Path:
-    """The run directory a --resume path belongs to (resume may name the run, checkpoints/ or a step)."""
+    """The run directory a --resume path belongs to (resume may name the run, checkpoints/ or a step).
+    Only called with a path `_check_resume` accepted, so expanding it cannot fail."""
     p = Path(resume).expanduser().absolute()
     if p.name.startswith("step_"):
         p = p.parent
@@ -179,7 +180,10 @@ def _choose_logdir(logdir: str | None, resume: str | None, agent: str, task: str
     if logdir is None:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         logdir = os.path.join("runs", "actorq", f"{agent}-{task.replace(':', '-')}-{precision}-{stamp}")
-    p = Path(logdir).expanduser()
+    try:
+        p = Path(logdir).expanduser()
+    except RuntimeError as e:  # an unknown ~user
+        raise UsageError(f"--logdir {logdir!r} is not a usable path: {e}") from None
     if resume is not None and p.absolute() == _run_dir_of(resume):
         if not os.access(p, os.W_OK | os.X_OK):  # continuing a run in its own directory: append to its logs
             raise UsageError(f"--logdir {logdir!r} is not writable")

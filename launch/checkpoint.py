@@ -209,17 +209,22 @@ def write_checkpoint(logdir: str | os.PathLike, *, step: int, learner_state: Any
 def find_checkpoint(path: str | os.PathLike) -> Path:
     """The checkpoint to resume from: `path` itself (a step_<N> directory), or the latest one listed under
     `path` (a run's logdir or its checkpoints/ directory). CheckpointError when there is none."""
-    p = Path(path).expanduser()
-    if (p / MANIFEST).is_file():
-        return p
-    for root in (p / CHECKPOINT_DIR, p):
-        latest = root / LATEST
-        if latest.is_file():
-            step = _read_json(latest, "checkpoint index").get("step")
-            candidate = root / f"step_{step}"
-            if (candidate / MANIFEST).is_file():
-                return candidate
-            raise CheckpointError(f"{str(latest)!r} lists step {step}, but {str(candidate)!r} is incomplete")
+    try:
+        p = Path(path).expanduser()
+        if (p / MANIFEST).is_file():
+            return p
+        for root in (p / CHECKPOINT_DIR, p):
+            latest = root / LATEST
+            if latest.is_file():
+                step = _read_json(latest, "checkpoint index").get("step")
+                candidate = root / f"step_{step}"
+                if (candidate / MANIFEST).is_file():
+                    return candidate
+                raise CheckpointError(f"{str(latest)!r} lists step {step}, but {str(candidate)!r} is incomplete")
+    except (OSError, ValueError, RuntimeError) as e:  # NUL in the path, unknown ~user, name too long, ...
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"cannot look for a checkpoint in {str(path)!r}: {e}") from None
     raise CheckpointError(f"no checkpoint in {str(p)!r} (expected {CHECKPOINT_DIR}/{LATEST} or {MANIFEST})")
 
 

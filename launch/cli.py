@@ -10,6 +10,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import tempfile
 import types
 import typing
 from pathlib import Path
@@ -105,23 +106,46 @@ def check_seed(value: int) -> int:
 
 
 def check_logdir(path: str) -> Path:
-    """The directory must be new or empty of run files, and creatable/writable by us. Nothing is created."""
-    p = Path(path).expanduser()
-    if p.exists():
+    """The directory must be new or empty of run files, and creatable/writable by us. Nothing is left behind
+    (writability is probed with a temporary directory that is removed at once, see `_can_create_in`)."""
+    if not path or "\x00" in path:
+        raise UsageError(f"--logdir must be a non-empty path without NUL characters, got {path!r}")
+    try:
+        p = Path(path).expanduser()
+        exists = p.exists()
+    except (OSError, ValueError, RuntimeError) as e:  # e.g. an unknown ~user, an over-long name
+        raise UsageError(f"--logdir {path!r} is not a usable path: {e}") from None
+    if exists:
         if not p.is_dir():
             raise UsageError(f"--logdir {path!r} exists and is not a directory")
         taken = [f for f in RUN_FILES if (p / f).exists()]
         if taken:
             raise UsageError(f"--logdir {path!r} already holds a run ({', '.join(taken)}); choose a new directory")
-        if not os.access(p, os.W_OK | os.X_OK):
+        if not _can_create_in(p):
             raise UsageError(f"--logdir {path!r} is not writable")
         return p
     parent = p.absolute().parent
     while not parent.exists():
         parent = parent.parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+    if not parent.is_dir() or not _can_create_in(parent):
         raise UsageError(f"--logdir {path!r} cannot be created: {str(parent)!r} is not a writable directory")
     return p
+
+
+def _can_create_in(directory: Path) -> bool:
+    """Whether we can create entries in `directory`, found out by trying (and removing the probe at once):
+    permission bits say nothing for root, read-only mounts, /proc-like file systems or ACLs."""
+    if not os.access(directory, os.W_OK | os.X_OK):
+        return False
+    try:
+        probe = tempfile.mkdtemp(prefix=".quarl-logdir-probe-", dir=directory)
+    except OSError:
+        return False
+    try:
+        os.rmdir(probe)
+    except OSError:
+        pass
+    return True
 
 
 def parse_overrides(agent: str, items: Sequence[str]) -> dict[str, Any]:

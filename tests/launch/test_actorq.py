@@ -23,6 +23,7 @@ from launch import nodes
 from launch.actorq import run_program
 from launch.program import RunConfig
 from launch.ray_runner import RayRunner, init_ray
+from quarl.policy_io import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
@@ -91,6 +92,14 @@ def test_tiny_distributed_dqn_run_writes_every_log_and_a_sane_summary(ray_sessio
     energy = summary["energy"]
     assert set(energy["nodes"]) >= {"learner", "actor_0", "actor_1", "evaluator"}
     assert energy["total_kwh"] > 0 and energy["method"]
+    assert energy["total_emissions_kg"] > 0  # was always None (read the wrong key)
+    assert energy["total_emissions_kg"] == pytest.approx(
+        sum(n["emissions_kg_co2eq"] for n in energy["nodes"].values()))
+    # The learner's final fp32 policy is in the logdir, as launch.ptq --checkpoint LOGDIR expects it.
+    policy = load_policy(tmp_path)
+    assert policy.steps == summary["learner_steps"] and (policy.agent, policy.task) == ("dqn", "CartPole-v1")
+    assert policy.meta["extra"]["actor_precision"] == "int8"
+    assert summary["payloads_rejected"] == 0 and summary["lost_nodes"] == []
 
 
 def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_path):
@@ -104,6 +113,7 @@ def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_pa
             while time.monotonic() < deadline:
                 if launch.handles["counter"].call("get").get("actor_0_steps", 0) >= 300:
                     pid = launch.pid("actor_0")
+                    killed["version"] = launch.handles["quantizer"].call("latest_version")
                     os.kill(pid, signal.SIGKILL)
                     killed["pid"] = pid
                     return
@@ -116,8 +126,11 @@ def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_pa
     assert code == 0 and summary["status"] == "completed", summary["error"]
     actor_0 = summary["actors"][0]
     assert actor_0["starts"] == 2 and actor_0["attempt"] == 2  # restarted by Ray, run() called again
-    assert actor_0["times"]["updates"] >= 1  # the new process pulled the latest weights
+    assert actor_0["times"]["updates"] >= 1  # the new process pulled weights...
+    assert actor_0["first_weights_version"] >= killed["version"] > 0  # ...the latest ones, not version 0
     assert summary["actor_steps"] >= 3000 and summary["final_eval_return"] is not None
+    restarts = [line for line in (tmp_path / "events.log").read_text().splitlines() if "actor_0: restarted" in line]
+    assert len(restarts) == 1 and f"version {actor_0['first_weights_version']}," in restarts[0]
 
 
 class FailingLearner(nodes.LearnerNode):

@@ -20,6 +20,7 @@ from launch.program import (SINGLE_THREAD_ENV, AgentSpec, Handle, Node, Program,
                             build_actorq_program, derive_seed)
 from quarl.payload import decode_payload
 from quarl.policy import layer_norm_mlp_policy
+from quarl.policy_io import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
@@ -207,6 +208,19 @@ def test_local_runner_runs_the_program_and_resumes_from_its_checkpoint(tmp_path)
     assert summary["runtime"]["updates"] <= payload["payloads_served"] <= payload["requests"]
     assert summary["runtime"]["pulls"] >= summary["runtime"]["updates"] >= 2  # first weights + refreshes
 
+    # Energy: the run's total is the sum of what every node measured (emissions included).
+    energy = summary["energy"]
+    assert energy["total_kwh"] > 0 and energy["total_emissions_kg"] > 0
+    assert energy["total_emissions_kg"] == pytest.approx(
+        sum(n["emissions_kg_co2eq"] for n in energy["nodes"].values()))
+    # The final learner policy, for launch.ptq --checkpoint RUN_DIR.
+    policy = load_policy(tmp_path / "run")
+    assert policy.steps == summary["learner_steps"] and (policy.agent, policy.task) == ("dqn", "CartPole-v1")
+    assert summary["learner"]["policy_file"] == str(tmp_path / "run" / "policy_fp32.qrlp")
+    assert "learner: saved the fp32 policy" in (tmp_path / "run" / "events.log").read_text()
+    replay_rows = _read_csv(tmp_path / "run" / "replay.csv")
+    assert replay_rows and int(replay_rows[-1]["inserts"]) == summary["replay"]["inserts"]
+
     steps_before = summary["learner_steps"]
     resumed = tiny_config(tmp_path / "run", max_actor_steps=900, resume=str(tmp_path / "run"))
     summary2, code2 = run_program(resumed, LocalRunner())
@@ -215,6 +229,28 @@ def test_local_runner_runs_the_program_and_resumes_from_its_checkpoint(tmp_path)
     assert summary2["learner_steps"] > steps_before and summary2["actor_steps"] >= 900
     # The replay came back: the table holds the first run's items plus the new ones.
     assert summary2["replay"]["inserts"] >= summary["replay"]["inserts"] + 300 - 2 * config.insert_batch
+    assert load_policy(tmp_path / "run").steps == summary2["learner_steps"]  # the resumed run's policy
+
+
+def test_local_runner_cli_exits_once_the_summary_is_out(tmp_path):
+    """`python -m launch.actorq --runner local` used to hang after printing its summary (threads left
+    behind). The run itself may take long on a loaded machine; the exit after summary.json may not."""
+    logdir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "launch.actorq", "--runner", "local", "--agent", "dqn", "--max-actor-steps", "300",
+           "--num-actors", "1", "--logdir", str(logdir), "--no-progress", "--backend", "onnx", "--eval-every", "300",
+           "--eval-episodes", "1", "--set", "hidden_sizes=16,16", "--set", "min_replay_size=100"]
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=600)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        written = (logdir / "summary.json").exists()
+        pytest.fail(f"no exit within 600 s (summary.json written: {written}); stderr: {err[-1500:]}")
+    assert proc.returncode == 0, err[-2000:]
+    assert "logs:" in out  # the summary table was printed before exiting
+    assert json.loads((logdir / "summary.json").read_text())["status"] == "completed"
+    assert (logdir / "policy_fp32.qrlp").is_file()
 
 
 def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
@@ -255,6 +291,21 @@ _BAD_FLAGS = [
     ["--agent", "dqn", "--resume", "{tmp}/no_checkpoint_here"],
     ["--agent", "dqn", "--logdir", "{tmp}/a_file/sub"],
     ["--agent", "d4pg", "--task", "CartPole-v1"],
+    # issue #6: the parts the list above did not cover
+    ["--agent", "dqn", "--max-actor-steps", "0"],
+    ["--agent", "dqn", "--publish-period", "0"],
+    ["--agent", "dqn", "--eval-every", "-5"],
+    ["--agent", "dqn", "--checkpoint-every", "-1"],
+    ["--agent", "dqn", "--seed", "-1"],
+    ["--agent", "dqn", "--target-return", "nan"],
+    ["--agent", "dqn", "--num-actors", "two"],
+    ["--agent", "dqn", "--no-such-flag"],
+    ["--agent", "dqn", "--ray-address", " "],
+    ["--agent", "dqn", "--precision", ""],
+    ["--agent", "dqn", "--set", "hidden_sizes="],
+    ["--agent", "dqn", "--logdir", "/proc/quarl_no_such_dir/run"],  # unwritable even for root
+    ["--agent", "dqn", "--logdir", "{tmp}/read_only/run"],
+    ["--agent", "dqn", "--resume", "{tmp}/corrupted_run"],
 ]
 
 
@@ -263,7 +314,18 @@ def test_bad_flags_exit_2_with_one_line_before_ray_starts(tmp_path):
     whether `ray` was ever imported, which is a timing-independent proof that Ray was not started."""
     (tmp_path / "a_file").write_text("x")
     (tmp_path / "no_checkpoint_here").mkdir()
-    cases = [[a.replace("{tmp}", str(tmp_path)) for a in argv] for argv in _BAD_FLAGS]
+    (tmp_path / "read_only").mkdir(mode=0o500)  # not writable (for root, only /proc above is)
+    corrupted = ckpt.write_checkpoint(
+        tmp_path / "corrupted_run", step=3, learner_state={"w": np.ones(4, np.float32)},
+        save_replay_to=lambda p: ckpt.save_replay(p, {"format_version": 1, "inserts": 0, "samples": 0,
+                                                      "deletes": 0, "keys": np.zeros(0, np.int64),
+                                                      "priorities": np.zeros(0), "data": {}}),
+        manifest={"run_config": {"agent": "dqn", "task": "CartPole-v1"}, "agent_config": {}, "counts": {}})
+    victim = sorted(p for p in (corrupted / ckpt.LEARNER_DIR).rglob("*") if p.is_file())[-1]
+    victim.write_bytes(victim.read_bytes()[:-1] + bytes([victim.read_bytes()[-1] ^ 0x01]))
+    # Root may write into a 0o500 directory (only /proc-like places stop it): that case would start a run.
+    flags = [f for f in _BAD_FLAGS if not (os.geteuid() == 0 and "{tmp}/read_only/run" in f)]
+    cases = [[a.replace("{tmp}", str(tmp_path)) for a in argv] for argv in flags]
     cases = [c if "--logdir" in c else c + ["--logdir", str(tmp_path / f"never_{i}")] for i, c in enumerate(cases)]
     script = """
 import contextlib, io, json, sys
@@ -289,6 +351,15 @@ print(json.dumps({"results": out, "ray_imported": "ray" in sys.modules}))
         lines = result["stderr"].strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("launch.actorq: error:"), (argv, result["stderr"])
     assert not any(p.name.startswith("never_") for p in tmp_path.iterdir())  # nothing written
-    messages = [r["stderr"] for r in report["results"]]
-    assert "nope" in messages[0] and "--num-actors" in messages[3] and "--actor-update-period" in messages[5]
-    assert "no checkpoint" in messages[8]
+    assert not list((tmp_path / "read_only").iterdir()) and not Path("/proc/quarl_no_such_dir").exists()
+    messages = dict(zip((" ".join(c) for c in flags), (r["stderr"] for r in report["results"])))
+    message = {" ".join(c[2:4]): messages[" ".join(c)] for c in flags if len(c) >= 4}
+    assert "nope" in messages["--agent nope"] and "--num-actors" in message["--num-actors 0"]
+    assert "--actor-update-period" in message["--actor-update-period 0"]
+    assert "no checkpoint" in message["--resume {tmp}/no_checkpoint_here"]
+    assert "--max-actor-steps" in message["--max-actor-steps 0"] and "--seed" in message["--seed -1"]
+    assert "cannot be created" in message["--logdir /proc/quarl_no_such_dir/run"]
+    if "--logdir {tmp}/read_only/run" in message:
+        assert "cannot be created" in message["--logdir {tmp}/read_only/run"]
+    assert "does not match its checksum" in message["--resume {tmp}/corrupted_run"]
+    assert victim.name in message["--resume {tmp}/corrupted_run"]  # names the corrupted file
