@@ -206,6 +206,8 @@ def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path):
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["learner_steps"] >= 0
     assert (logdir / "checkpoints" / "latest.json").exists()
+    assert load_policy(logdir).steps == summary["learner_steps"]  # the final policy was saved on the way out
+    assert "driver: interrupted by SIGINT" in (logdir / "events.log").read_text()
     assert "status" in out  # the summary table was printed
     leftover = _processes_with(marker)
     deadline = time.monotonic() + 10
