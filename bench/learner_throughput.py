@@ -68,7 +68,9 @@ def busiest_processes(count: int = 4) -> list[str]:
 
 def _busiest(machine: dict[str, Any]) -> str:
     procs = machine.get("busiest_processes") or []
-    return ("busiest processes at the start (%CPU, command): " + "; ".join(f"`{p}`" for p in procs) + ".") if procs else ""
+    if not procs:
+        return ""
+    return "busiest processes at the start (%CPU, command): " + "; ".join(f"`{p}`" for p in procs) + "."
 
 
 def _batches(rng: np.random.Generator, count: int, batch_size: int) -> dict[str, np.ndarray]:
@@ -98,10 +100,10 @@ def measure(policy: Sequence[int], critic: Sequence[int], batch_size: int, *, st
     import jax  # pylint: disable=import-outside-toplevel
     import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
-    from agents.d4pg.config import D4PGConfig  # pylint: disable=import-outside-toplevel
-    from agents.d4pg.learning import (D4PGLearner, TrainingState, make_optimizer,  # pylint: disable=import-outside-toplevel
-                                      make_update_fn)
-    from agents.d4pg.networks import make_networks  # pylint: disable=import-outside-toplevel
+    # pylint: disable=import-outside-toplevel
+    from agents.d4pg.config import D4PGConfig
+    from agents.d4pg.learning import D4PGLearner, TrainingState, make_optimizer, make_update_fn
+    from agents.d4pg.networks import make_networks
 
     config = D4PGConfig(policy_layer_sizes=tuple(policy), critic_layer_sizes=tuple(critic), batch_size=batch_size,
                         vmin=-10.0, vmax=110.0)
