@@ -309,7 +309,11 @@ def _config(logdir: Path, **kw) -> RunConfig:
 def _kill_when(launch, node: str, ready, record: dict) -> None:
     """From a side thread: note every node's pid, then SIGKILL `node`'s process once `ready(launch)`."""
     def killer() -> None:
+        import psutil
+
         record["pids"] = {name: launch.pid(name) for name in launch.handles}
+        record["children"] = [c.pid for pid in record["pids"].values()
+                              for c in psutil.Process(pid).children(recursive=True)]
         deadline = time.monotonic() + 300
         while time.monotonic() < deadline:
             if ready(launch):
@@ -363,7 +367,7 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
     assert summary["lost_nodes"] == ["replay"]
     print(f"run returned {returned - record['t_kill']:.1f} s after the kill")
     assert returned - record["t_kill"] <= STOP_WITHIN_S, returned - record["t_kill"]
-    _assert_all_gone(record["pids"].values(), record["t_kill"] + STOP_WITHIN_S)
+    _assert_all_gone([*record["pids"].values(), *record["children"]], record["t_kill"] + STOP_WITHIN_S)
     assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
     events = (tmp_path / "events.log").read_text()
     assert "driver: run failed: replay server ('replay') died" in events
@@ -372,7 +376,16 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
     assert not list(root.glob("*.partial"))
     directory = ckpt.find_checkpoint(tmp_path)
     manifest = ckpt.read_manifest(directory)
-    resumed = _config(tmp_path, resume=str(directory), max_actor_steps=int(manifest["counts"]["actor_steps"]) + 600)
+    # `--resume RUN_DIR`, through the CLI's own validation (same agent config, same run directory).
+    from launch.actorq import build_parser, validate
+
+    sets = [f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in TINY_DQN.items()]
+    argv = ["--agent", "dqn", "--task", "CartPole-v1", "--num-actors", "2", "--backend", "onnx",
+            "--max-actor-steps", str(int(manifest["counts"]["actor_steps"]) + 600), "--eval-every", "1000000",
+            "--eval-episodes", "1", "--publish-period", "5", "--insert-batch", "32", "--resume", str(tmp_path),
+            *[a for item in sets for a in ("--set", item)]]
+    resumed = validate(build_parser().parse_args(argv)).config
+    assert resumed.resume == str(directory) and Path(resumed.logdir).absolute() == tmp_path.absolute()
     summary2, code2 = run_program(resumed, RayRunner())
     assert code2 == 0 and summary2["status"] == "completed", summary2["error"]
     assert summary2["learner"]["resumed_from"] == manifest["learner_steps"]
@@ -399,7 +412,7 @@ def test_killed_learner_stops_the_run_naming_it_with_no_process_left(ray_session
     assert summary["lost_nodes"] == ["learner"]
     print(f"run returned {returned - record['t_kill']:.1f} s after the kill")
     assert returned - record["t_kill"] <= STOP_WITHIN_S, returned - record["t_kill"]
-    _assert_all_gone(record["pids"].values(), record["t_kill"] + STOP_WITHIN_S)
+    _assert_all_gone([*record["pids"].values(), *record["children"]], record["t_kill"] + STOP_WITHIN_S)
     assert "driver: run failed: learner ('learner') died" in (tmp_path / "events.log").read_text()
     # The actors (held back by the rate limiter once nothing samples) stopped when told and reported.
     assert len(summary["actors"]) == 2 and all("failed" not in a for a in summary["actors"]), summary["actors"]
