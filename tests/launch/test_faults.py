@@ -162,8 +162,8 @@ def test_policy_client_refuses_a_payload_the_executor_cannot_load_without_changi
     agent = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
     spec = agent.builder().policy_spec(agent.env_spec())
     quantizer = ScriptedQuantizer([_payload(spec, 3)])
-    client = nodes._PolicyClient(LocalNodeHandle(quantizer, None), nodes.ActorTimes(),  # pylint: disable=protected-access
-                                 spec=spec, precision="int8")
+    client_cls = nodes._PolicyClient  # pylint: disable=protected-access
+    client = client_cls(LocalNodeHandle(quantizer, None), nodes.ActorTimes(), spec=spec, precision="int8")
 
     def refuse(payload) -> None:
         raise ValueError("linear_1/w has shape (16, 2), expected (16, 16)")

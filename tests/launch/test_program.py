@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -239,14 +240,22 @@ def test_local_runner_cli_exits_once_the_summary_is_out(tmp_path):
     cmd = [sys.executable, "-m", "launch.actorq", "--runner", "local", "--agent", "dqn", "--max-actor-steps", "300",
            "--num-actors", "1", "--logdir", str(logdir), "--no-progress", "--backend", "onnx", "--eval-every", "300",
            "--eval-episodes", "1", "--set", "hidden_sizes=16,16", "--set", "min_replay_size=100"]
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        out, err = proc.communicate(timeout=600)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        written = (logdir / "summary.json").exists()
-        pytest.fail(f"no exit within 600 s (summary.json written: {written}); stderr: {err[-1500:]}")
+    out_path, err_path = tmp_path / "stdout.txt", tmp_path / "stderr.txt"
+    with open(out_path, "w", encoding="utf-8") as out_f, open(err_path, "w", encoding="utf-8") as err_f:
+        proc = subprocess.Popen(cmd, cwd=REPO, stdout=out_f, stderr=err_f, text=True)
+        try:
+            deadline = time.monotonic() + 600  # the run: slow on a loaded machine, but finite
+            while proc.poll() is None and not (logdir / "summary.json").exists() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert (logdir / "summary.json").exists(), err_path.read_text()[-2000:]
+            proc.wait(timeout=120)  # after the summary: printing it and exiting, never an endless wait
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running 120 s after writing summary.json; stderr: {err_path.read_text()[-1500:]}")
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    out, err = out_path.read_text(), err_path.read_text()
     assert proc.returncode == 0, err[-2000:]
     assert "logs:" in out  # the summary table was printed before exiting
     assert json.loads((logdir / "summary.json").read_text())["status"] == "completed"
