@@ -150,19 +150,24 @@ class D4PGLearner:
             critic_opt_state=optimizer.init(critic_params),
             steps=jnp.zeros((), jnp.int32),
         )
+        self._steps = 0  # host copy of state.steps: reading the device counter would sync every step
         self._treedef = jax.tree_util.tree_structure(self._state)
         self._update = jax.jit(make_update_fn(networks, config, optimizer), donate_argnums=0)
 
     @property
     def steps(self) -> int:
         """Number of SGD steps taken (also drives the periodic target update)."""
-        return int(self._state.steps)
+        return self._steps
 
-    def step(self, sample: Any) -> dict[str, float]:
-        """One SGD step on a `quarl.replay.Sample` (or a plain mapping of columns); returns scalar metrics."""
+    def step(self, sample: Any) -> dict[str, Any]:
+        """One SGD step on a `quarl.replay.Sample` (or a plain mapping of columns).
+
+        Returns the scalar metrics as 0-d device arrays, not floats: reading them back would make the host wait
+        for every update, so callers convert (`float(v)`) only when they log."""
         batch = self._batch(getattr(sample, "data", sample))
         self._state, metrics = self._update(self._state, batch)
-        return {k: float(v) for k, v in jax.device_get(metrics).items()}
+        self._steps += 1
+        return dict(metrics)
 
     def policy_params(self) -> dict:
         """fp32 haiku tree of the online policy (NumPy), ready for `quarl.quantization.quantize_params`."""
@@ -206,6 +211,7 @@ class D4PGLearner:
         if steps < 0:
             raise ValueError(f"D4PG learner state: steps must be >= 0, got {steps}")
         self._state = TrainingState(**fields, steps=jnp.asarray(steps, jnp.int32))
+        self._steps = steps
 
     @staticmethod
     def _match(template: Any, value: Any, name: str) -> Any:

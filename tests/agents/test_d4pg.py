@@ -182,7 +182,7 @@ def test_learner_state_round_trip_and_validation():
     b.restore(a.get_state())
     assert b.steps == 4
     batch = _batch(rng, 32)
-    assert a.step(batch) == b.step(batch)
+    assert jax.device_get(a.step(batch)) == jax.device_get(b.step(batch))
     jax.tree_util.tree_map(np.testing.assert_array_equal, a.policy_params(), b.policy_params())
     # Checkpointers may hand lists back as {"0": ..., "1": ...}.
     state = a.get_state()
