@@ -1,0 +1,49 @@
+"""bench.learning's D4PG rows: the row module loads and the merge of separate invocations rebuilds the table."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from bench import learning_d4pg
+
+RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+
+
+def _split_by_task(src: Path, dst: Path) -> list[Path]:
+    """The committed results, written back as one invocation folder per task (as separate runs would be)."""
+    dirs = []
+    for name in ("learning_d4pg.csv", "learning_d4pg_curves.csv"):
+        with open(src / name, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        for task in sorted({r["task"] for r in rows}):
+            d = dst / task.replace(":", "-")
+            d.mkdir(parents=True, exist_ok=True)
+            with open(d / name, "w", newline="", encoding="utf-8") as f:
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(r for r in rows if r["task"] == task)
+            if d not in dirs:
+                dirs.append(d)
+    return dirs
+
+
+def test_d4pg_rows_are_registered_with_the_issue_targets():
+    rows = {r.task: r for r in learning_d4pg.ROWS}
+    assert rows["cartpole:balance"].agent == rows["walker:stand"].agent == "d4pg"
+    assert rows["cartpole:balance"].target >= 950 and rows["walker:stand"].target >= 900
+
+
+def test_merge_of_separate_invocations_rebuilds_the_committed_table(tmp_path):
+    dirs = _split_by_task(RESULTS, tmp_path / "runs")
+    merged = learning_d4pg.merge(dirs, tmp_path / "out", ["test"])
+    committed = list(csv.DictReader(open(RESULTS / "learning_d4pg.csv", newline="", encoding="utf-8")))
+    assert len(merged) == len(committed)
+    assert {(r["task"], r["precision"], int(r["seed"])) for r in committed} == \
+        {(r["task"], r["precision"], r["seed"]) for r in merged}
+    table = (tmp_path / "out" / "learning_d4pg.md").read_text(encoding="utf-8")
+    assert "| walker:stand | int8 | 900 | 3/3 |" in table and (tmp_path / "out" / "learning_d4pg.png").stat().st_size
+    with pytest.raises(ValueError, match="no learning_d4pg.csv"):
+        learning_d4pg.merge([tmp_path], tmp_path / "out2", ["test"])
+    assert learning_d4pg.main(["merge", str(tmp_path / "nothing_here"), "--out", str(tmp_path / "o")]) == 2
