@@ -173,6 +173,27 @@ def test_policy_client_refuses_a_payload_the_executor_cannot_load_without_changi
     assert "does not fit the policy" in client.last_rejection and "linear_1/w" in client.last_rejection
 
 
+@pytest.mark.parametrize("backend", ["onnx", "jax"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_non_finite_observation_reaching_an_int8_actor_is_a_clear_error(backend, bad):
+    """What an actor node's policy call does with a NaN/inf observation from a broken environment: a
+    ValueError saying so (the check lives in quarl.runtimes' executor base class), never an action computed
+    from garbage int8 codes."""
+    from quarl.payload import decode_payload
+
+    agent = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
+    builder, env_spec = agent.builder(), agent.env_spec()
+    qparams = decode_payload(_payload(builder.policy_spec(env_spec), 1)).params
+    assert qparams.precision == "int8"
+    actor = builder.make_actor(env_spec, qparams, seed=0, actor_id=0, evaluation=True, backend=backend)
+    obs = np.array([0.01, -0.02, 0.03, bad], np.float32)
+    with pytest.raises(ValueError, match="NaN or inf"):  # the int8 executor itself
+        actor.q_values(obs)
+    with pytest.raises(ValueError, match="NaN or inf|finite"):  # greedy or exploring, never an action
+        actor.select_action(obs)
+    assert actor.select_action(np.zeros(4, np.float32)) in (0, 1)  # finite input still acts
+
+
 # ------------------------------------------------------------------------------------ corrupted checkpoints
 
 
