@@ -19,6 +19,7 @@ import jax
 import numpy as np
 
 from quarl.envs import environment_spec, make_environment
+from quarl.carbon import start_tracking, stop_tracking
 from quarl.logs import CSVLogger, write_json_atomic
 from quarl.policy_io import save_policy
 from quarl.payload import decode_payload, encode_payload
@@ -124,26 +125,6 @@ def _progress(total: int, enabled: bool) -> Iterator[Any]:
         bar.close()
 
 
-def _energy_tracker(logdir: Path) -> Any:
-    """quarl.carbon's tracker if it can run here; energy is a nice-to-have, never a reason to fail a run."""
-    try:
-        from quarl.carbon import EnergyTracker  # pylint: disable=import-outside-toplevel
-        return EnergyTracker(name="run", output_dir=logdir).start()
-    except Exception:  # pylint: disable=broad-except
-        return None
-
-
-def _stop_energy(tracker: Any) -> dict[str, Any] | None:
-    if tracker is None:
-        return None
-    try:
-        result = tracker.stop()
-    except Exception:  # pylint: disable=broad-except
-        return None
-    result = result.to_dict() if hasattr(result, "to_dict") else result
-    return _jsonable(result) if isinstance(result, dict) else None
-
-
 def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend: str = "auto",
                    max_actor_steps: int, seed: int = 0, logdir: str | Path, eval_every: int | None = None,
                    eval_episodes: int = 10, actor_update_period: int | None = None, eval_fp32: bool = False,
@@ -197,7 +178,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     evaluator_log = CSVLogger(logdir / "evaluator.csv")
     learner_log = CSVLogger(logdir / "learner.csv")
     actor_log = CSVLogger(logdir / "actor.csv")
-    tracker = _energy_tracker(logdir) if energy else None
+    tracker = start_tracking(logdir, "run") if energy else None
     evals: list[dict[str, Any]] = []
     start = time.perf_counter()
     learner_window = (start, 0)  # (time, learner steps) at the previous learner.csv row
@@ -304,7 +285,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     finally:
         for log in (evaluator_log, learner_log, actor_log):
             log.close()
-        energy_result = _stop_energy(tracker)
+        energy_result = stop_tracking(tracker)
         env.close()
         eval_env.close()
 

@@ -34,6 +34,7 @@ import numpy as np
 
 from launch import checkpoint as ckpt
 from launch.program import AgentSpec, NodeHandle, derive_seed
+from quarl.carbon import start_tracking, stop_tracking
 
 POLL_S = 0.25  # how long a blocked wait lasts before a node re-checks its stop flag
 ACTOR_ENV_STREAM, EVAL_ENV_STREAM = 10, 11
@@ -78,7 +79,7 @@ class NodeBase:
     def energy(self) -> dict[str, Any] | None:
         """Stops this node's energy tracker and returns its report (None when nothing was measured)."""
         tracker, self._energy_tracker = getattr(self, "_energy_tracker", None), None
-        return _stop_energy(tracker)
+        return stop_tracking(tracker)
 
 
 def _wait(future: Any, stop: threading.Event, poll_s: float = POLL_S) -> tuple[bool, Any]:
@@ -92,27 +93,8 @@ def _wait(future: Any, stop: threading.Event, poll_s: float = POLL_S) -> tuple[b
 
 
 def _energy_tracker(logdir: str, node: str) -> Any:
-    """quarl.carbon's per-node tracker; energy is reported when it can be measured, never a reason to fail."""
-    try:
-        from quarl.carbon import EnergyTracker  # pylint: disable=import-outside-toplevel
-
-        tracker = EnergyTracker(output_dir=os.path.join(logdir, "energy"), node=node)
-        tracker.start()
-        return tracker
-    except Exception:  # pylint: disable=broad-except
-        return None
-
-
-def _stop_energy(tracker: Any) -> dict[str, Any] | None:
-    if tracker is None:
-        return None
-    try:
-        result = tracker.stop()
-    except Exception:  # pylint: disable=broad-except
-        return None
-    if dataclasses.is_dataclass(result):
-        result = dataclasses.asdict(result)
-    return dict(result) if isinstance(result, Mapping) else None
+    """The node's energy tracker, reports under LOGDIR/energy (None where tracking cannot run)."""
+    return start_tracking(os.path.join(logdir, "energy"), node)
 
 
 def _logger(logdir: str, name: str, fieldnames: list[str], step_key: str) -> Any:
@@ -175,13 +157,10 @@ class ReplayServer(NodeBase):
 
     def __init__(self, table: Mapping[str, Any], seed: int | None = None, resume: str | None = None,
                  logdir: str | None = None):
-        from quarl.replay import SampleToInsertRatio, Table  # pylint: disable=import-outside-toplevel
+        from quarl.replay import table_from_config  # pylint: disable=import-outside-toplevel
 
-        tc = table["config"]
-        limiter = SampleToInsertRatio(tc["samples_per_insert"], tc["min_size_to_sample"], tc["error_buffer"])
         signature = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in table["signature"].items()}
-        self._table = Table("replay", tc["capacity"], signature, sampler=tc["sampler"],
-                            priority_exponent=tc["priority_exponent"], rate_limiter=limiter, seed=seed)
+        self._table = table_from_config(signature, table["config"], seed=seed)
         if resume:
             directory = ckpt.find_checkpoint(resume)
             manifest = ckpt.read_manifest(directory, verify=False)
@@ -441,7 +420,7 @@ class LearnerNode(NodeBase):
         finally:
             self._stop.set()
             log.close()
-            energy = _stop_energy(tracker)
+            energy = stop_tracking(tracker)
         trained = self.steps() - start_steps
         training_s = time.monotonic() - t_first if t_first is not None else 0.0
         return {"learner_steps": self.steps(), "steps_this_run": trained, "training_s": training_s,
@@ -773,7 +752,7 @@ class ActorNode(NodeBase):
         finally:
             log.close()
             env.close()
-            energy = _stop_energy(tracker)
+            energy = stop_tracking(tracker)
         return {**result, "first_weights_version": first_version, "payloads_rejected": client.rejected,
                 "last_payload_rejection": client.last_rejection, "energy": energy}
 
@@ -848,7 +827,7 @@ class Evaluator(NodeBase):
         finally:
             log.close()
             env.close()
-            energy = _stop_energy(tracker)
+            energy = stop_tracking(tracker)
         final = self._results[-1] if self._results else None
         return {"evaluations": len(self._results), "final": final, "energy": energy}
 

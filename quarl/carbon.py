@@ -371,3 +371,26 @@ class EnergyTracker:
     def __exit__(self, *exc: Any) -> None:
         if self._t0 is not None:
             self.stop()
+
+
+def start_tracking(output_dir: str | os.PathLike, node: str) -> "EnergyTracker | None":
+    """A started tracker for `node` writing under `output_dir`, or None if tracking cannot run here.
+
+    For the runners: energy is reported, never a reason to fail a training run (the CLIs check the grid country
+    before anything starts, so a None here means the tracker itself could not start)."""
+    try:
+        return EnergyTracker(output_dir=output_dir, node=node).start()
+    except Exception:  # pylint: disable=broad-except
+        logging.getLogger(__name__).warning("energy tracking unavailable for %s", node, exc_info=True)
+        return None
+
+
+def stop_tracking(tracker: "EnergyTracker | None") -> dict[str, Any] | None:
+    """Stops a tracker from `start_tracking`; its report as a JSON-able dict, or None (no tracker or it failed)."""
+    if tracker is None:
+        return None
+    try:
+        return tracker.stop().to_dict()
+    except Exception:  # pylint: disable=broad-except
+        logging.getLogger(__name__).warning("energy tracker %s failed to stop", tracker.name, exc_info=True)
+        return None
