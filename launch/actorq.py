@@ -32,8 +32,9 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
-from launch.cli import (OneLineArgumentParser, UsageError, check_agent, check_backend, check_logdir,
-                        check_positive, check_precision, check_seed, fail, parse_overrides)
+from launch.cli import (OneLineArgumentParser, UsageError, add_qat_argument, check_agent, check_backend,
+                        check_carbon_country, check_logdir, check_positive, check_precision, check_seed, fail,
+                        parse_overrides, qat_overrides)
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 POLL_S = 0.5
@@ -92,6 +93,7 @@ def build_parser() -> OneLineArgumentParser:
                    help="agent config override, repeatable (e.g. --set batch_size=128)")
     p.add_argument("--full-size", action="store_true",
                    help="use the agent's full default config instead of the quick laptop preset")
+    add_qat_argument(p)
     p.add_argument("--no-progress", action="store_true", help="no live progress view")
     return p
 
@@ -124,8 +126,10 @@ def validate(args: argparse.Namespace) -> Invocation:
         raise UsageError(f"--target-return must be a finite number, got {args.target_return}")
     if args.checkpoint_every < 0:
         raise UsageError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
+    check_carbon_country()
     overrides = {} if args.full_size else dict(QUICK_OVERRIDES[agent])
     overrides.update(parse_overrides(agent, args.overrides))
+    overrides.update(qat_overrides(args.qat_bits, precision))
     if period is not None:
         overrides["actor_update_period"] = period
     config_obj = _check_agent_task(agent, task, overrides)

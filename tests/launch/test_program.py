@@ -290,6 +290,8 @@ def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
 
 _BAD_FLAGS = [
     ["--agent", "nope"],
+    ["--agent", "dqn", "--qat-bits", "9"],
+    ["--agent", "dqn", "--qat-bits", "4"],  # precision defaults to int8: QAT must train for what is deployed
     ["--agent", "dqn", "--task", "NoSuchTask-v0"],
     ["--agent", "dqn", "--precision", "int99"],
     ["--agent", "dqn", "--num-actors", "0"],
@@ -372,3 +374,20 @@ print(json.dumps({"results": out, "ray_imported": "ray" in sys.modules}))
         assert "cannot be created" in message["--logdir {tmp}/read_only/run"]
     assert "does not match its checksum" in message["--resume {tmp}/corrupted_run"]
     assert victim.name in message["--resume {tmp}/corrupted_run"]  # names the corrupted file
+
+
+def test_unknown_carbon_country_is_a_usage_error_before_ray_starts(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "launch.actorq", "--no-progress", "--logdir", str(tmp_path / "run")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "QUARL_CARBON_COUNTRY": "ZZZ"})
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "QUARL_CARBON_COUNTRY" in lines[0], proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_qat_bits_reaches_the_agent_config(tmp_path):
+    from launch.actorq import build_parser, validate
+    inv = validate(build_parser().parse_args(["--agent", "dqn", "--precision", "int4", "--qat-bits", "4",
+                                              "--logdir", str(tmp_path / "run")]))
+    assert inv.config.overrides["qat_bits"] == 4
