@@ -27,7 +27,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,6 +34,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.machine import machine_info
 
 TASK = "cartpole:balance"
 PAPER_POLICY = (2048, 2048, 2048)
@@ -435,17 +436,6 @@ def _num(v: Any) -> str:
     if v is None:
         return "—"
     return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
-
-
-def machine_info() -> dict[str, Any]:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "load_start": list(os.getloadavg())}
 
 
 def run(quick: bool, out: Path, seeds: list[int], e2e: bool, peers: bool = True) -> dict[str, Any]:

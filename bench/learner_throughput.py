@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -35,23 +34,20 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bench.machine import machine_info as base_machine_info
+
 REPO = Path(__file__).resolve().parents[1]
 OBS_DIM, ACT_DIM = 24, 6  # walker:stand / walker:walk
 
 
 def machine_info() -> dict[str, Any]:
-    """CPU, software and load at the start (the load matters: this box is usually shared)."""
+    """bench.machine's record plus JAX's version, backend and XLA flags, and the busiest processes."""
     import jax  # pylint: disable=import-outside-toplevel
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "jax": jax.__version__, "jax_backend": jax.default_backend(),
-            "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": list(os.getloadavg()),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "busiest_processes": busiest_processes()}
+    info = base_machine_info()
+    info.update({"jax": jax.__version__, "jax_backend": jax.default_backend(),
+                 "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": info.pop("load_start"),
+                 "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "busiest_processes": busiest_processes()})
+    return info
 
 
 def busiest_processes(count: int = 4) -> list[str]:

@@ -22,25 +22,13 @@ import pytest
 from launch import nodes
 from launch.actorq import run_program
 from launch.program import RunConfig
-from launch.ray_runner import RayRunner, init_ray
+from launch.ray_runner import RayRunner
 from quarl.policy_io import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
 TINY_D4PG = {"policy_layer_sizes": (32, 32), "critic_layer_sizes": (32, 32), "num_atoms": 11, "batch_size": 32,
              "min_replay_size": 200, "samples_per_insert": 4.0, "n_step": 3}
-
-
-@pytest.fixture(scope="module")
-def ray_session():
-    saved = dict(os.environ)
-    init_ray(None, num_cpus=8)
-    import ray
-
-    yield ray
-    ray.shutdown()
-    os.environ.clear()
-    os.environ.update(saved)
 
 
 def _config(tmp_path: Path, **kw) -> RunConfig:

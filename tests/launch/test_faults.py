@@ -305,20 +305,6 @@ def test_a_checkpoint_that_fails_half_way_leaves_nothing_and_the_previous_one_st
 # ------------------------------------------------------------------------------------ lost nodes on Ray (slow)
 
 
-@pytest.fixture(scope="module")
-def ray_session():
-    from launch.ray_runner import init_ray
-
-    saved = dict(os.environ)
-    init_ray(None, num_cpus=8)
-    import ray
-
-    yield ray
-    ray.shutdown()
-    os.environ.clear()
-    os.environ.update(saved)
-
-
 def _config(logdir: Path, **kw) -> RunConfig:
     base = dict(agent="dqn", task="CartPole-v1", precision="int8", num_actors=2, max_actor_steps=10_000_000,
                 seed=0, logdir=str(logdir), overrides=dict(TINY_DQN), backend="onnx", eval_every=1_000_000,
