@@ -22,6 +22,7 @@ import os
 import secrets
 import sys
 import time
+import warnings
 from typing import Any
 
 from launch.program import CallFuture, NodeHandle, NodeLost, Program, resolve_handles
@@ -161,7 +162,11 @@ def init_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
     cpus = max(int(math.ceil(num_cpus or 0)), os.cpu_count() or 1)
     # RAY_ADDRESS would make a plain init() try to connect; the caller asked for a local cluster.
     os.environ.pop("RAY_ADDRESS", None)
-    ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **common)
+    with warnings.catch_warnings():
+        # Ray starts its services with fork + exec (subprocess), which is safe with JAX's threads; Python still
+        # warns about any fork in a multithreaded process, and the user cannot act on it.
+        warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
+        ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **common)
     return True
 
 
