@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from launch import train
@@ -169,3 +170,27 @@ def test_qat_bits_flag_trains_through_fake_quantization(tmp_path):
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["config"]["qat_bits"] == 4 and summary["precision"] == "int4"
     assert summary["learner_steps"] > 0
+
+
+D4PG_TINY = ["--set", "policy_layer_sizes=16,16", "--set", "critic_layer_sizes=16,16", "--set", "num_atoms=11",
+             "--set", "batch_size=16", "--set", "min_replay_size=64", "--set", "samples_per_insert=4"]
+
+
+@pytest.mark.parametrize("agent,task,tiny", [("dqn", "CartPole-v1", TINY), ("d4pg", "cartpole:balance", D4PG_TINY)])
+def test_both_agents_train_through_the_cli_at_every_precision(tmp_path, agent, task, tiny):
+    """A few hundred steps each: the learner updates and the actors pull and run payloads at each precision."""
+    fp32_bytes = None
+    for precision in ("fp32", "bf16", "fp16", "int8", "int4", "int2"):
+        logdir = tmp_path / precision
+        code = train.main(["--agent", agent, "--task", task, "--precision", precision, "--steps", "400",
+                           "--eval-every", "400", "--eval-episodes", "1", "--actor-update-period", "50",
+                           "--logdir", str(logdir), "--no-progress", *tiny])
+        assert code in (0, None), precision
+        summary = json.loads((logdir / "summary.json").read_text())
+        assert summary["precision"] == precision and summary["learner_steps"] > 0, summary
+        assert summary["weight_updates"] == 400 // 50 and np.isfinite(summary["final_eval_return"])
+        fp32_bytes = fp32_bytes or summary["payload_bytes"]
+        if precision.startswith("int"):
+            # Integer weights, fp32 biases/LayerNorm and headers: smaller, by how much depends on the net's size
+            # (the >= 3.9x of large policies is tested in tests/quarl/test_payload.py).
+            assert summary["payload_bytes"] < fp32_bytes, (precision, summary["payload_bytes"], fp32_bytes)
