@@ -21,22 +21,11 @@ import pytest
 
 from launch import nodes
 from launch.actorq import run_program
-from launch.program import RunConfig
 from launch.ray_runner import RayRunner
 from quarl.policy_io import load_policy
+from tests.launch.tiny import TINY_D4PG, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
-TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
-TINY_D4PG = {"policy_layer_sizes": (32, 32), "critic_layer_sizes": (32, 32), "num_atoms": 11, "batch_size": 32,
-             "min_replay_size": 200, "samples_per_insert": 4.0, "n_step": 3}
-
-
-def _config(tmp_path: Path, **kw) -> RunConfig:
-    base = dict(agent="dqn", task="CartPole-v1", precision="int8", num_actors=2, max_actor_steps=600, seed=0,
-                logdir=str(tmp_path), overrides=dict(TINY_DQN), backend="onnx", eval_every=300, eval_episodes=1,
-                publish_period=5, insert_batch=32)
-    base.update(kw)
-    return RunConfig(**base)
 
 
 def _csv_rows(path: Path) -> list[dict[str, str]]:
@@ -47,7 +36,7 @@ def _csv_rows(path: Path) -> list[dict[str, str]]:
 
 
 def test_tiny_distributed_dqn_run_writes_every_log_and_a_sane_summary(ray_session, tmp_path):
-    config = _config(tmp_path)
+    config = tiny_config(tmp_path)
     summary, code = run_program(config, RayRunner())
     assert code == 0 and summary["status"] == "completed", summary["error"]
     assert summary["actor_steps"] >= 600 and summary["learner_steps"] > 0
@@ -91,7 +80,7 @@ def test_tiny_distributed_dqn_run_writes_every_log_and_a_sane_summary(ray_sessio
 
 
 def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_path):
-    config = _config(tmp_path, agent="d4pg", task="cartpole:balance", overrides=dict(TINY_D4PG),
+    config = tiny_config(tmp_path, agent="d4pg", task="cartpole:balance", overrides=dict(TINY_D4PG),
                      max_actor_steps=3000, eval_every=3000)
     killed: dict[str, int] = {}
 
@@ -144,7 +133,7 @@ def test_learner_failure_stops_the_run_with_an_error(ray_session, tmp_path):
     node_classes = types.SimpleNamespace(
         **{name: getattr(nodes, name) for name in ("Counter", "ReplayServer", "Quantizer", "ActorNode",
                                                    "Evaluator")}, LearnerNode=FailingLearner)
-    config = _config(tmp_path, max_actor_steps=10_000_000)
+    config = tiny_config(tmp_path, max_actor_steps=10_000_000)
     summary, code = run_program(config, RayRunner(), node_classes=node_classes)
     assert code == 1 and summary["status"] == "failed"
     assert "learner failed" in summary["error"] and "injected learner failure" in summary["error"]

@@ -31,8 +31,8 @@ from launch import nodes
 from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
 from launch.program import AgentSpec, RunConfig
 from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC
+from tests.launch.tiny import TINY_DQN, tiny_config
 
-TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
 
 
 def _read_csv(path: Path) -> list[dict[str, str]]:
@@ -306,11 +306,8 @@ def test_a_checkpoint_that_fails_half_way_leaves_nothing_and_the_previous_one_st
 
 
 def _config(logdir: Path, **kw) -> RunConfig:
-    base = dict(agent="dqn", task="CartPole-v1", precision="int8", num_actors=2, max_actor_steps=10_000_000,
-                seed=0, logdir=str(logdir), overrides=dict(TINY_DQN), backend="onnx", eval_every=1_000_000,
-                eval_episodes=1, publish_period=5, insert_batch=32)
-    base.update(kw)
-    return RunConfig(**base)
+    """A run that goes on until a fault ends it: no step budget, no evaluations."""
+    return tiny_config(logdir, **{"max_actor_steps": 10_000_000, "eval_every": 1_000_000, **kw})
 
 
 def _kill_when(launch, node: str, ready, record: dict) -> None:

@@ -17,22 +17,14 @@ from launch import checkpoint as ckpt
 from launch import nodes
 from launch.actorq import run_program
 from launch.local_runner import LocalNodeHandle, LocalRunner
-from launch.program import (SINGLE_THREAD_ENV, AgentSpec, Handle, Node, Program, RunConfig,
+from launch.program import (SINGLE_THREAD_ENV, AgentSpec, Handle, Node, Program,
                             build_actorq_program, derive_seed)
 from quarl.payload import decode_payload
 from quarl.policy import layer_norm_mlp_policy
 from quarl.policy_io import load_policy
+from tests.launch.tiny import TINY_DQN, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
-TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
-
-
-def tiny_config(logdir: Path, **kw) -> RunConfig:
-    base = dict(agent="dqn", task="CartPole-v1", precision="int8", num_actors=2, max_actor_steps=600,
-                seed=0, logdir=str(logdir), overrides=dict(TINY_DQN), backend="onnx", eval_every=300,
-                eval_episodes=1, publish_period=5, insert_batch=32)
-    base.update(kw)
-    return RunConfig(**base)
 
 
 # ---------------------------------------------------------------------------------------------- program
