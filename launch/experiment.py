@@ -290,7 +290,8 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         eval_env.close()
 
     wall = time.perf_counter() - start
-    fp32_bytes = len(encode_payload(quantize_params(learner.policy_params(), "fp32"), version=channel.version,
+    final_params = learner.policy_params()  # one device-to-host copy, for the fp32 size and the saved policy
+    fp32_bytes = len(encode_payload(quantize_params(final_params, "fp32"), version=channel.version,
                                     spec=spec))
     returns = [row["return"] for row in evals]
     summary = {
@@ -324,7 +325,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         summary["final_eval_return_fp32"] = evals[-1]["return_fp32"]
     # The trained fp32 policy, for offline analysis (`python -m launch.ptq --checkpoint LOGDIR`).
     summary["policy_file"] = save_policy(
-        logdir, spec, learner.policy_params(), task=task, agent=summary["agent"], steps=int(learner.steps),
+        logdir, spec, final_params, task=task, agent=summary["agent"], steps=int(learner.steps),
         extra={"seed": seed, "precision": prec, "final_eval_return": returns[-1]}).name
     write_json_atomic(logdir / "summary.json", summary)
     return summary
