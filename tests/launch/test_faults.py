@@ -350,6 +350,20 @@ def _assert_all_gone(pids, deadline: float) -> None:
 STOP_WITHIN_S = 10.0  # issue #6: every other node exits within 10 s of the fault
 
 
+def _assert_run_failed_naming(summary: dict, code: int, record: dict, returned: float, logdir: Path, node: str,
+                              message: str) -> None:
+    """After killing `node`: exit 1 naming it, within STOP_WITHIN_S of the kill, no node process left, and the
+    failure in summary.json and events.log."""
+    assert code == 1 and summary["status"] == "failed"
+    assert message in summary["error"], summary["error"]
+    assert summary["lost_nodes"] == [node]
+    print(f"run returned {returned - record['t_kill']:.1f} s after the kill")
+    assert returned - record["t_kill"] <= STOP_WITHIN_S, returned - record["t_kill"]
+    _assert_all_gone([*record["pids"].values(), *record["children"]], record["t_kill"] + STOP_WITHIN_S)
+    assert json.loads((logdir / "summary.json").read_text())["status"] == "failed"
+    assert f"driver: run failed: {message}" in (logdir / "events.log").read_text()
+
+
 @pytest.mark.slow
 def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes_the_run(ray_session, tmp_path):
     from launch.actorq import run_program
@@ -366,15 +380,7 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
                                                                                           record))
     returned = time.monotonic()
     assert "t_kill" in record, "the run never reached its first checkpoint"
-    assert code == 1 and summary["status"] == "failed"
-    assert "replay server ('replay') died" in summary["error"], summary["error"]
-    assert summary["lost_nodes"] == ["replay"]
-    print(f"run returned {returned - record['t_kill']:.1f} s after the kill")
-    assert returned - record["t_kill"] <= STOP_WITHIN_S, returned - record["t_kill"]
-    _assert_all_gone([*record["pids"].values(), *record["children"]], record["t_kill"] + STOP_WITHIN_S)
-    assert json.loads((tmp_path / "summary.json").read_text())["status"] == "failed"
-    events = (tmp_path / "events.log").read_text()
-    assert "driver: run failed: replay server ('replay') died" in events
+    _assert_run_failed_naming(summary, code, record, returned, tmp_path, "replay", "replay server ('replay') died")
     # The fault left no half-written checkpoint; the last complete one resumes the run.
     root = tmp_path / "checkpoints"
     assert not list(root.glob("*.partial"))
@@ -411,13 +417,7 @@ def test_killed_learner_stops_the_run_naming_it_with_no_process_left(ray_session
                                 on_launch=lambda launch: _kill_when(launch, "learner", ready, record))
     returned = time.monotonic()
     assert "t_kill" in record, "the learner never reached 30 steps"
-    assert code == 1 and summary["status"] == "failed"
-    assert "learner ('learner') died" in summary["error"], summary["error"]
-    assert summary["lost_nodes"] == ["learner"]
-    print(f"run returned {returned - record['t_kill']:.1f} s after the kill")
-    assert returned - record["t_kill"] <= STOP_WITHIN_S, returned - record["t_kill"]
-    _assert_all_gone([*record["pids"].values(), *record["children"]], record["t_kill"] + STOP_WITHIN_S)
-    assert "driver: run failed: learner ('learner') died" in (tmp_path / "events.log").read_text()
+    _assert_run_failed_naming(summary, code, record, returned, tmp_path, "learner", "learner ('learner') died")
     # The actors (held back by the rate limiter once nothing samples) stopped when told and reported.
     assert len(summary["actors"]) == 2 and all("failed" not in a for a in summary["actors"]), summary["actors"]
 
