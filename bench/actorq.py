@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.machine import machine_info
+from bench.machine import add_allow_busy, finish, machine_info, refuse_if_busy
 
 TASK = "cartpole:balance"
 PAPER_POLICY = (2048, 2048, 2048)
@@ -438,12 +438,13 @@ def _num(v: Any) -> str:
     return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
 
 
-def run(quick: bool, out: Path, seeds: list[int], e2e: bool, peers: bool = True) -> dict[str, Any]:
+def run(quick: bool, out: Path, seeds: list[int], e2e: bool, peers: bool = True,
+        allow_busy: bool = False) -> dict[str, Any]:
     from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
 
     budget = QUICK if quick else FULL
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"machine": machine_info(), "quick": quick, "budget": dataclasses.asdict(budget)}
+    result: dict[str, Any] = {"machine": machine_info(allow_busy), "quick": quick, "budget": dataclasses.asdict(budget)}
     init_ray(None, num_cpus=8)
     import ray  # pylint: disable=import-outside-toplevel
 
@@ -466,7 +467,7 @@ def run(quick: bool, out: Path, seeds: list[int], e2e: bool, peers: bool = True)
             result["peers"] = bench_peers(budget, out / "peer-runs" if quick else Path("runs/bench/actorq-peers"))
     finally:
         ray.shutdown()
-    result["machine"]["load_end"] = list(os.getloadavg())
+    finish(result["machine"])
     (out / "actorq.json").write_text(json.dumps(_jsonable(result), indent=1) + "\n", encoding="utf-8")
     plot(result, out / "actorq.png")
     (out / "actorq.md").write_text(markdown(result), encoding="utf-8")
@@ -483,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated seeds for the end-to-end runs (default: 0,1,2; 0 with --quick)")
     parser.add_argument("--skip-e2e", action="store_true", help="no end-to-end time-to-target runs")
     parser.add_argument("--skip-peers", action="store_true", help="no runs at the legacy Acme settings")
+    add_allow_busy(parser)
     args = parser.parse_args(argv)
     try:
         text = args.seeds if args.seeds is not None else ("0" if args.quick else "0,1,2")
@@ -492,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     if not seeds or min(seeds) < 0:
         parser.error("--seeds needs at least one non-negative integer")
     out = Path(args.out) if args.out else Path("runs/bench/actorq-quick" if args.quick else "bench/results")
-    run(args.quick, out, seeds, not args.skip_e2e, not args.skip_peers)
+    refuse_if_busy(parser, args.allow_busy)
+    run(args.quick, out, seeds, not args.skip_e2e, not args.skip_peers, args.allow_busy)
     return 0
 
 

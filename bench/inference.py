@@ -31,6 +31,8 @@ from typing import Any
 
 import numpy as np
 
+from bench.machine import add_allow_busy, refuse_if_busy
+
 VARIANTS: tuple[tuple[str, str], ...] = (
     ("jax", "fp32"), ("jax", "fp16"), ("jax", "bf16"), ("jax", "int8"),
     ("onnx", "fp32"), ("onnx", "int8"), ("auto", "fp32"), ("auto", "int8"),
@@ -329,7 +331,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="under a minute: fewer calls, fewer shapes")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default: bench/results, or runs/bench/inference-quick with --quick)")
+    add_allow_busy(parser)
     args = parser.parse_args(argv)
+    refuse_if_busy(parser, args.allow_busy)
     os.environ.setdefault("XLA_FLAGS", SINGLE_THREAD_XLA)
     out = args.out or Path("runs/bench/inference-quick" if args.quick else "bench/results")
     if out.exists() and not out.is_dir():

@@ -34,16 +34,17 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bench.machine import add_allow_busy, refuse_if_busy
 from bench.machine import machine_info as base_machine_info
 
 REPO = Path(__file__).resolve().parents[1]
 OBS_DIM, ACT_DIM = 24, 6  # walker:stand / walker:walk
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(allow_busy: bool = False) -> dict[str, Any]:
     """bench.machine's record plus JAX's version, backend and XLA flags, and the busiest processes."""
     import jax  # pylint: disable=import-outside-toplevel
-    info = base_machine_info()
+    info = base_machine_info(allow_busy)
     info.update({"jax": jax.__version__, "jax_backend": jax.default_backend(),
                  "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": info.pop("load_start"),
                  "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "busiest_processes": busiest_processes()})
@@ -237,10 +238,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="few steps, one round per mode (a smoke run)")
     p.add_argument("--no-paper", action="store_true", help="skip the 2048x3 policy")
     p.add_argument("--out", default=None)
+    add_allow_busy(p)
     args = p.parse_args(argv)
+    refuse_if_busy(p, args.allow_busy)
     outdir = Path(args.out) if args.out else (REPO / "runs" / "bench" / "learner-throughput-quick" if args.quick
                                               else REPO / "bench" / "results")
-    result: dict[str, Any] = {"machine": machine_info(), "quick": args.quick, "configs": []}
+    result: dict[str, Any] = {"machine": machine_info(args.allow_busy), "quick": args.quick, "configs": []}
     modes = ("scan", "loop", "learner.step")
     plan = [((256, 256, 256), (256, 256, 256), 256, (10, 2) if args.quick else (50, 5))]
     if not args.no_paper:

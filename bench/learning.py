@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from bench.machine import add_allow_busy, refuse_if_busy
+
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 RUNS = REPO / "runs" / "bench"
@@ -269,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--full-curves", action="store_true", help="run every budget to the end (no stop at target)")
     p.add_argument("--quick", action="store_true", help="CartPole only, seed 0, small budget (a smoke run)")
     p.add_argument("--out", default=None)
+    add_allow_busy(p)
     args = p.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
@@ -291,6 +294,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         sys.stderr.write(f"bench.learning: error: {e}\n")
         return 2
+    refuse_if_busy(p, args.allow_busy)
     outdir = Path(args.out) if args.out else (RUNS / "learning-quick" if args.quick else RESULTS)
     run_rows(rows, name=name, seeds=seeds, precisions=precisions, outdir=outdir, runs_dir=RUNS / "learning",
              stop_at_target=not args.full_curves, backend=args.backend,

@@ -1,9 +1,22 @@
-"""What machine a benchmark ran on, recorded with its results (these boxes are shared, so the load matters)."""
+"""What machine a benchmark ran on, recorded with its results, and the busy-machine guard every benchmark runs.
+
+These boxes are shared: a benchmark started while other jobs keep every core busy measures the other jobs as
+much as the code. So each benchmark refuses to start when the 1-minute load average is above the number of
+cores (unless told `--allow-busy`), and every result records the load average at its start and end.
+"""
 from __future__ import annotations
 
+import argparse
 import os
 import platform
-from typing import Any
+from typing import Any, NoReturn, Sequence
+
+ALLOW_BUSY_HELP = ("start even when the 1-minute load average exceeds the number of cores (the load at start "
+                   "and end is recorded with the results either way)")
+
+
+class BusyMachineError(RuntimeError):
+    """The machine is too busy for a timing to mean anything (and --allow-busy was not given)."""
 
 
 def cpu_model() -> str:
@@ -16,7 +29,65 @@ def cpu_model() -> str:
         return cpu
 
 
-def machine_info() -> dict[str, Any]:
-    """CPU, core count, Python, platform and the load average (1, 5, 15 min) when called."""
+def load_average() -> list[float] | None:
+    """The 1, 5 and 15-minute load averages, or None where the OS has none."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return None
+
+
+def check_load(allow_busy: bool = False, *, load: Sequence[float] | None = None,
+               cores: int | None = None) -> list[float] | None:
+    """The load average now; raises BusyMachineError when its 1-minute value exceeds the core count.
+
+    `load` and `cores` default to this machine's (tests pass fakes). Without a load average (not Linux/BSD)
+    nothing can be checked and None is returned.
+    """
+    load = load_average() if load is None else [float(x) for x in load]
+    cores = (os.cpu_count() or 1) if cores is None else int(cores)
+    if load and load[0] > cores and not allow_busy:
+        raise BusyMachineError(f"the 1-minute load average is {load[0]:.1f} on {cores} cores: other jobs would be "
+                               "timed too; wait until the machine is quiet or pass --allow-busy")
+    return load
+
+
+def add_allow_busy(parser: argparse.ArgumentParser) -> None:
+    """Adds the `--allow-busy` flag every benchmark takes."""
+    parser.add_argument("--allow-busy", action="store_true", help=ALLOW_BUSY_HELP)
+
+
+def refuse_if_busy(parser: argparse.ArgumentParser, allow_busy: bool) -> list[float] | None:
+    """`check_load` for a CLI: a busy machine ends the program with one line on stderr and exit code 2."""
+    try:
+        return check_load(allow_busy)
+    except BusyMachineError as err:
+        _exit(parser, str(err))
+
+
+def _exit(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def machine_info(allow_busy: bool = False) -> dict[str, Any]:
+    """CPU, core count, Python, platform, the load average (1, 5, 15 min) now and whether --allow-busy was given.
+
+    Pair with `finish` at the end, which adds `load_end`."""
     return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "load_start": list(os.getloadavg())}
+            "platform": platform.platform(), "load_start": load_average(), "allow_busy": bool(allow_busy)}
+
+
+def finish(machine: dict[str, Any]) -> dict[str, Any]:
+    """Records the load average at the end of the benchmark into `machine` (returned)."""
+    machine["load_end"] = load_average()
+    return machine
+
+
+def describe_load(machine: dict[str, Any]) -> str:
+    """One phrase for a report: the 1-minute load average at start and end, and the core count."""
+    def one(key: str) -> str:
+        value = machine.get(key)
+        return "n/a" if not value else f"{value[0]:.1f}"
+    busy = " (started with --allow-busy)" if machine.get("allow_busy") else ""
+    return (f"load average {one('load_start')} at the start and {one('load_end')} at the end on "
+            f"{machine.get('cores', '?')} cores{busy}")

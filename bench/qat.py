@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import platform
 import sys
 import tempfile
 import time
@@ -38,6 +37,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+
+from bench.machine import describe_load, finish
+from bench.machine import machine_info as base_machine_info
 
 TASK = "CartPole-v1"
 HIDDEN = (64, 64)
@@ -54,9 +56,11 @@ class Plan:
     bits: tuple[int, ...]
     out: Path
     quick: bool
+    allow_busy: bool = False
 
 
 def parse_args(argv: Sequence[str] | None) -> Plan:
+    from bench.machine import add_allow_busy, refuse_if_busy  # pylint: disable=import-outside-toplevel
     from launch.cli import OneLineArgumentParser  # pylint: disable=import-outside-toplevel
 
     parser = OneLineArgumentParser(prog="python -m bench.qat", description=__doc__.split("\n")[0])
@@ -67,6 +71,7 @@ def parse_args(argv: Sequence[str] | None) -> Plan:
     parser.add_argument("--steps", type=int, default=None, help="env steps per training run")
     parser.add_argument("--episodes", type=int, default=None, help="test episodes per policy")
     parser.add_argument("--bits", default=None, help="comma-separated weight bit widths in [2, 8]")
+    add_allow_busy(parser)
     args = parser.parse_args(argv)
     quick = bool(args.quick)
     seeds = args.seeds if args.seeds is not None else (1 if quick else 3)
@@ -82,7 +87,8 @@ def parse_args(argv: Sequence[str] | None) -> Plan:
     if not bits or not all(2 <= b <= 8 for b in bits):
         parser.error(f"--bits must be in [2, 8], got {args.bits!r}")
     out = Path(args.out) if args.out else Path("runs/bench/qat-quick" if quick else "bench/results")
-    return Plan(seeds, steps, max(1000, steps // 16), episodes, bits, out, quick)
+    refuse_if_busy(parser, args.allow_busy)
+    return Plan(seeds, steps, max(1000, steps // 16), episodes, bits, out, quick, args.allow_busy)
 
 
 def _capture_learner(builder: Any) -> dict[str, Any]:
@@ -172,6 +178,7 @@ def run(plan: Plan) -> dict[str, Any]:
     qat: dict[str, list[np.ndarray]] = {p: [] for p in int_precisions}
     fp32_returns: list[np.ndarray] = []
     runs: list[dict[str, Any]] = []
+    machine = machine_info(plan.allow_busy)
     start = time.perf_counter()
     for seed in range(plan.seeds):
         res = train(plan, seed, None, ["fp32", *int_precisions])
@@ -205,30 +212,21 @@ def run(plan: Plan) -> dict[str, Any]:
         "steps_per_run": plan.steps, "eval_every": plan.eval_every, "select_episodes": SELECT_EPISODES,
         "test_episodes": plan.test_episodes, "test_seeds": [TEST_SEED_BASE, TEST_SEED_BASE + plan.test_episodes],
         "backend": "jax", "fp32": _stats(fp32_returns), "table": table, "runs": runs,
-        "wall_clock_s": round(time.perf_counter() - start, 1), "machine": machine_info(),
+        "wall_clock_s": round(time.perf_counter() - start, 1), "machine": finish(machine),
     }
 
 
-def machine_info() -> dict[str, Any]:
+def machine_info(allow_busy: bool = False) -> dict[str, Any]:
+    """bench.machine's record (load at start; `finish` adds the end) plus the JAX and AQT versions."""
     import jax  # pylint: disable=import-outside-toplevel
     from importlib.metadata import version  # pylint: disable=import-outside-toplevel
 
-    info = {"python": platform.python_version(), "platform": platform.platform(), "jax": jax.__version__}
+    info = {**base_machine_info(allow_busy), "jax": jax.__version__}
     try:
         info["aqtp"] = version("aqtp")
     except Exception:  # noqa: BLE001 - a missing dist-info only loses one informational field
         info["aqtp"] = None
-    try:
-        import os  # pylint: disable=import-outside-toplevel
-        info["load_average"] = list(os.getloadavg())
-    except OSError:
-        info["load_average"] = None
     return info
-
-
-def _load(result: dict[str, Any]) -> str:
-    load = result["machine"].get("load_average")
-    return "n/a" if not load else " / ".join(f"{x:.1f}" for x in load) + " over 1 / 5 / 15 min"
 
 
 _VERDICT = {True: "**yes**", False: "no", None: "n/a (1 seed)"}
@@ -268,7 +266,7 @@ def write_markdown(path: Path, result: dict[str, Any]) -> str:
         f"Selection uses {result['select_episodes']} episodes on seeds disjoint from the test seeds.",
         "",
         f"Per-seed means and run times: [`qat.json`](qat.json). Total wall clock {result['wall_clock_s']:.0f} s "
-        f"on a shared 2-core machine (load average {_load(result)}); per-run learner/actor speed is "
+        f"on a shared machine ({describe_load(result['machine'])}); per-run learner/actor speed is "
         "therefore not a QAT cost measurement.",
         "",
     ]

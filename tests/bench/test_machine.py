@@ -1,0 +1,53 @@
+"""bench.machine: the busy-machine guard every benchmark runs before it starts, and the load it records."""
+from __future__ import annotations
+
+import argparse
+import os
+
+import pytest
+
+from bench import machine
+
+
+def test_check_load_refuses_above_the_core_count_unless_allowed():
+    assert machine.check_load(load=[1.9, 3.0, 3.0], cores=2) == [1.9, 3.0, 3.0]  # 5/15-min values do not count
+    assert machine.check_load(load=[2.0, 0.0, 0.0], cores=2) == [2.0, 0.0, 0.0]  # "above", not "at"
+    with pytest.raises(machine.BusyMachineError, match=r"load average is 9\.5 on 2 cores.*--allow-busy"):
+        machine.check_load(load=[9.5, 1.0, 1.0], cores=2)
+    assert machine.check_load(True, load=[9.5, 1.0, 1.0], cores=2) == [9.5, 1.0, 1.0]
+    assert machine.check_load(load=[9.5, 1.0, 1.0], cores=16) == [9.5, 1.0, 1.0]
+
+
+def test_cli_guard_exits_2_with_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(os, "getloadavg", lambda: (64.0, 64.0, 64.0))
+    parser = argparse.ArgumentParser(prog="bench.x")
+    machine.add_allow_busy(parser)
+    with pytest.raises(SystemExit) as info:
+        machine.refuse_if_busy(parser, parser.parse_args([]).allow_busy)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("bench.x: error: the 1-minute load average is 64.0")
+    assert machine.refuse_if_busy(parser, parser.parse_args(["--allow-busy"]).allow_busy) == [64.0, 64.0, 64.0]
+
+
+def test_machine_record_has_the_load_at_start_and_end(monkeypatch):
+    loads = iter([(0.5, 0.4, 0.3), (3.25, 1.0, 0.5)])
+    monkeypatch.setattr(os, "getloadavg", lambda: next(loads))
+    info = machine.machine_info(allow_busy=True)
+    assert info["load_start"] == [0.5, 0.4, 0.3] and info["allow_busy"] is True and info["cores"] == os.cpu_count()
+    assert machine.finish(info)["load_end"] == [3.25, 1.0, 0.5]
+    assert "0.5 at the start and 3.2 at the end" in machine.describe_load(info)
+    assert "--allow-busy" in machine.describe_load(info)
+
+
+@pytest.mark.parametrize("module", ["bench.actorq", "bench.inference", "bench.learner_throughput",
+                                    "bench.learning", "bench.qat"])
+def test_every_benchmark_refuses_a_busy_machine_before_it_starts(module, monkeypatch, tmp_path, capsys):
+    import importlib
+
+    monkeypatch.setattr(os, "getloadavg", lambda: (1000.0, 1000.0, 1000.0))
+    main = importlib.import_module(module).main
+    with pytest.raises(SystemExit) as info:
+        main(["--quick", "--out", str(tmp_path / "out")])
+    assert info.value.code == 2 and "--allow-busy" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()  # nothing ran, nothing was written
