@@ -8,7 +8,10 @@ The body is msgpack (bin type for raw bytes, never pickle): a map with `precisio
 `version` (the learner step the weights come from), `spec` (`PolicySpec.to_dict()` or nil) and `leaves`,
 a list of `{"path": [keys...], "array": A}` or `{"path": [...], "qtensor": {"values": A, "scale": A,
 "zero_point": A or nil (symmetric), "bits", "axis", "symmetric"}}` where
-`A = {"dtype": name, "shape": [...], "data": bytes}`.
+`A = {"dtype": name, "shape": [...], "data": bytes}`. QTensor `values` of fewer than 8 bits are bit-packed
+(format version 2): `data` holds the codes in C order, `bits` bits each, low-bit first (`quarl.bitpack`),
+signed codes offset by 2^(bits-1); `dtype` names the decoded dtype (int8 / uint8). An int4 policy thus costs
+half a byte per weight, not a byte; version-1 payloads (one byte per code) are refused with a clear error.
 
 Why this shape: actors may run on other hosts and must be able to refuse anything that is not a valid
 policy (a corrupted, truncated, stale-format or hostile payload) with a clear error instead of acting on
@@ -28,6 +31,7 @@ import ml_dtypes
 import msgpack
 import numpy as np
 
+from quarl.bitpack import MAX_PACKED_BITS, pack_bits, packed_nbytes, signed_offset, unpack_bits
 from quarl.policy import PolicySpec
 from quarl.quantization import (
     QTensor,
@@ -42,7 +46,7 @@ from quarl.quantization import (
 )
 
 MAGIC = b"QRLP"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: sub-byte QTensor codes are bit-packed
 _HEADER = struct.Struct("<4sHQ32s")  # magic, format version, body length, sha256(body)
 HEADER_SIZE = _HEADER.size
 _MAX_NDIM = 8
@@ -97,13 +101,34 @@ def _encode_array(value: Any, where: str, *, floats_only: bool = False) -> dict:
     return {"dtype": name, "shape": list(arr.shape), "data": data}
 
 
+def _packs(bits: int) -> bool:
+    """Codes narrower than a byte travel bit-packed; 8- and 16-bit codes are already their storage dtype."""
+    return bits <= MAX_PACKED_BITS
+
+
+def _encode_values(q: QTensor, where: str) -> dict:
+    if not _packs(q.bits):
+        return _encode_array(q.values, where)
+    arr = np.asarray(q.values)
+    name = _wire_name(arr, where)
+    expected = storage_dtype(q.bits, q.symmetric)
+    if arr.dtype != expected:  # the decoder would rebuild a different dtype
+        raise ValueError(f"{where}: dtype {arr.dtype} does not match bits={q.bits} symmetric={q.symmetric}")
+    lo, hi = qrange(q.bits, q.symmetric)
+    if arr.size and (int(arr.min()) < lo or int(arr.max()) > hi):
+        raise ValueError(f"{where} outside the {q.bits}-bit code range [{lo}, {hi}]")
+    offset = signed_offset(q.bits) if q.symmetric else 0
+    data = pack_bits(arr.astype(np.int16) + offset, q.bits).tobytes()
+    return {"dtype": name, "shape": list(arr.shape), "data": data}
+
+
 def _encode_leaf(path: tuple[str, ...], leaf: Any) -> dict:
     where = f"param {path_str(path)!r}"
     if isinstance(leaf, QTensor):
         if leaf.symmetric and np.any(np.asarray(leaf.zero_point) != 0):
             raise ValueError(f"{where}: symmetric QTensor with a non-zero zero point")
         q = {
-            "values": _encode_array(leaf.values, f"{where} values"),
+            "values": _encode_values(leaf, f"{where} values"),
             "scale": _encode_array(leaf.scale, f"{where} scale"),
             # Symmetric zero points are all 0 by definition: nil on the wire saves 4 bytes per channel.
             "zero_point": None if leaf.symmetric else _encode_array(leaf.zero_point, f"{where} zero_point"),
@@ -167,7 +192,8 @@ def _exact_keys(d: Any, required: set[str], what: str) -> None:
     _expect(set(d) == required, f"{what} has keys {_short(sorted(map(str, d)))}, expected {sorted(required)}")
 
 
-def _decode_array(d: Any, where: str) -> np.ndarray:
+def _decode_array(d: Any, where: str, *, packed_bits: int | None = None, signed: bool = False) -> np.ndarray:
+    """One array; with `packed_bits`, `data` holds bit-packed codes (offset by 2^(bits-1) when `signed`)."""
     _exact_keys(d, {"dtype", "shape", "data"}, where)
     name, shape, data = d["dtype"], d["shape"], d["data"]
     if not isinstance(name, str) or name not in DTYPES:
@@ -177,6 +203,19 @@ def _decode_array(d: Any, where: str) -> np.ndarray:
     _expect(isinstance(data, bytes), f"{where}: data is not raw bytes")
     dtype = DTYPES[name]
     count = math.prod(shape)  # Python ints: a hostile shape cannot overflow
+    if packed_bits is not None:
+        _expect(name in ("int8", "uint8"), f"{where}: packed {packed_bits}-bit codes cannot decode to {name}")
+        if packed_nbytes(count, packed_bits) != len(data):
+            raise PayloadError(f"{where}: shape {tuple(shape)} of packed {packed_bits}-bit codes needs "
+                               f"{packed_nbytes(count, packed_bits)} bytes, got {len(data)}")
+        try:
+            codes = unpack_bits(data, count, packed_bits)
+        except ValueError as e:
+            raise PayloadError(f"malformed payload: {where}: {e}") from None
+        offset = signed_offset(packed_bits) if signed else 0
+        arr = (codes.astype(np.int16) - offset).astype(dtype).reshape(shape)
+        arr.flags.writeable = False  # like the zero-copy views of every other array
+        return arr
     if count * dtype.itemsize != len(data):
         raise PayloadError(f"{where}: shape {tuple(shape)} of {name} needs {count * dtype.itemsize} bytes, "
                            f"got {len(data)}")
@@ -191,7 +230,8 @@ def _decode_qtensor(d: Any, where: str) -> QTensor:
     bits, axis, symmetric = d["bits"], d["axis"], d["symmetric"]
     _expect(_is_int(bits) and 2 <= bits <= 16, f"{where}: bad bits {_short(bits)}")
     _expect(isinstance(symmetric, bool), f"{where}: symmetric is not a bool")
-    values = _decode_array(d["values"], f"{where} values")
+    values = _decode_array(d["values"], f"{where} values", packed_bits=bits if _packs(bits) else None,
+                           signed=symmetric)
     scale = _decode_array(d["scale"], f"{where} scale")
     ndim = values.ndim
     if symmetric:
@@ -279,7 +319,8 @@ def decode_payload(data: bytes) -> Payload:
     if magic != MAGIC:
         raise PayloadError(f"not a weight payload: magic {magic!r}, expected {MAGIC!r}")
     if fmt != FORMAT_VERSION:
-        raise PayloadError(f"unsupported payload format version {fmt} (this build reads {FORMAT_VERSION})")
+        why = " (an older build's: sub-byte codes unpacked; re-publish with this build)" if fmt < FORMAT_VERSION else ""
+        raise PayloadError(f"unsupported payload format version {fmt}{why}; this build reads {FORMAT_VERSION}")
     body = memoryview(data)[HEADER_SIZE:]
     if len(body) != length:
         what = "truncated" if len(body) < length else "has trailing bytes"

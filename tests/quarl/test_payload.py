@@ -150,6 +150,67 @@ def test_int8_payload_of_256x3_mlp_is_close_to_the_ideal():
     assert fp32 / int8 >= 3.75
 
 
+def test_int4_payload_of_2048x3_policy_is_at_least_7x_smaller_than_fp32():
+    """The paper's D4PG policy size (walker: 24 observations, 6 actions). Packed nibbles make the weights
+    8x smaller; per-channel scales, fp32 biases/LayerNorm and framing keep the whole payload above 7x."""
+    spec = _d4pg_spec(24, [2048, 2048, 2048], 6)
+    params = _init(spec)
+    fp32 = fp32_payload_nbytes(params)
+    int4 = encode_payload(quantize_params(params, "int4"), version=1, spec=spec)
+    int8 = encode_payload(quantize_params(params, "int8"), version=1, spec=spec)
+    weights = sum(np.size(l) for p, l in tree_items(params) if p[-1] == "w")
+    assert fp32 / len(int4) >= 7.0
+    assert len(int8) - len(int4) >= weights // 2  # the saving is the packing: half a byte per weight
+    p = decode_payload(int4)  # and it decodes to the very codes that were quantized
+    for name in ("linear_0", "linear_1", "linear_2", "linear_3"):
+        np.testing.assert_array_equal(p.params.tree[name]["w"].values,
+                                      quantize_params(params, "int4").tree[name]["w"].values)
+
+
+@pytest.mark.parametrize("bits", [2, 3, 4, 5, 6, 7])
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("shape", [(1, 1), (3, 5), (7, 3), (4, 8)])  # odd counts leave padding bits
+def test_sub_byte_codes_pack_exactly(bits, symmetric, shape):
+    rng = np.random.default_rng(bits * 100 + shape[0])
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0, 0] = 3.0  # the extreme codes appear (the per-tensor maximum maps to the top code)
+    x[-1, -1] = -3.0
+    q = quantize(x, bits, symmetric=symmetric, axis=-1)
+    tree = {"l": {"w": q, "b": np.zeros(shape[1], np.float32)}}
+    data = encode_payload(QuantizedParams(tree, f"int{bits}", True), version=1)
+    body = _body(data)
+    values = _leaf(body, ["l", "w"])["qtensor"]["values"]
+    assert len(values["data"]) == -(-q.values.size * bits // 8)
+    out = decode_payload(data).params.tree["l"]["w"]
+    assert out.values.dtype == q.values.dtype and not out.values.flags.writeable
+    np.testing.assert_array_equal(out.values, q.values)
+
+
+def test_packed_codes_with_bad_length_or_padding_are_refused(small):
+    _, params = small
+    body = _body(encode_payload(quantize_params(params, "int3"), version=1))  # linear_0/w: 3x4 -> 36 bits
+    v = _leaf(body, ["linear_0", "w"])["qtensor"]["values"]
+    good = v["data"]
+    assert len(good) == 5
+    for data, match in ((good[:-1], "needs 5 bytes, got 4"), (good + b"\x00", "needs 5 bytes, got 6"),
+                        (good[:-1] + bytes([good[-1] | 0x80]), "padding")):
+        v["data"] = data
+        with pytest.raises(PayloadError, match=match):
+            decode_payload(_reframe(body))
+    v.update(data=good, dtype="float32")
+    with pytest.raises(PayloadError, match="cannot decode to float32"):
+        decode_payload(_reframe(body))
+
+
+def test_encode_refuses_codes_that_would_not_fit_their_bits():
+    q = quantize(np.ones((2, 3), np.float32), 4)
+    for values, match in ((np.full((2, 3), 8, np.int8), "code range"),  # would wrap to -8 -> wrong weight
+                          (np.full((2, 3), 1, np.int32), "does not match bits")):
+        bad = QTensor(values, q.scale, q.zero_point, 4, None, True)
+        with pytest.raises(ValueError, match=match):
+            encode_payload(QuantizedParams({"l": {"w": bad}}, "int4", False), version=1)
+
+
 # ------------------------------------------------------------------------------------------- bad payloads
 
 
@@ -178,8 +239,10 @@ def test_wrong_magic_and_format_version(small_payload):
     body = small_payload[HEADER_SIZE:]
     with pytest.raises(PayloadError, match="magic"):
         decode_payload(_frame(body, magic=b"PKL\x00"))
-    with pytest.raises(PayloadError, match="format version 2"):
+    with pytest.raises(PayloadError, match=f"format version {FORMAT_VERSION + 1}; this build reads"):
         decode_payload(_frame(body, fmt=FORMAT_VERSION + 1))
+    with pytest.raises(PayloadError, match="format version 1 .*older build"):
+        decode_payload(_frame(body, fmt=1))
     with pytest.raises(PayloadError, match="checksum"):
         decode_payload(small_payload[:HEADER_SIZE - 1] + bytes([small_payload[HEADER_SIZE - 1] ^ 1]) + body)
     with pytest.raises(PayloadError, match="bytes"):
@@ -237,7 +300,7 @@ def _mutations():
         ("huge dim", set_in(["linear_0", "b"], "shape", [2**62, 2**62], "array"), "needs"),
         ("data not bytes", set_in(["linear_0", "b"], "data", "abcd" * 4, "array"), "raw bytes"),
         ("bits mismatch", set_in(["linear_0", "w"], "bits", 16, "qtensor"), "does not match bits"),
-        ("bits narrower", set_in(["linear_0", "w"], "bits", 4, "qtensor"), "code range"),
+        ("bits narrower", set_in(["linear_0", "w"], "bits", 4, "qtensor"), "packed 4-bit codes needs 6 bytes"),
         ("symmetric zero point", set_in(["linear_0", "w"], "zero_point", {}, "qtensor"), "zero point"),
         ("bad axis", set_in(["linear_0", "w"], "axis", 5, "qtensor"), "bad axis"),
         ("bool bits", set_in(["linear_0", "w"], "bits", True, "qtensor"), "bad bits"),
@@ -275,9 +338,15 @@ def test_crafted_bodies_with_valid_checksum_are_refused(small_payload, name, mut
 
 def test_values_outside_code_range_are_refused(small):
     _, params = small
+    body = _body(encode_payload(quantize_params(params, "int8"), version=1))
+    v = _leaf(body, ["linear_0", "w"])["qtensor"]["values"]
+    v["data"] = np.full(v["shape"], -128, np.int8).tobytes()
+    with pytest.raises(PayloadError, match="code range"):
+        decode_payload(_reframe(body))
+    # int4: the packed nibble 0 stands for code -8, outside the symmetric range [-7, 7].
     body = _body(encode_payload(quantize_params(params, "int4"), version=1))
     v = _leaf(body, ["linear_0", "w"])["qtensor"]["values"]
-    v["data"] = np.full(v["shape"], 100, np.int8).tobytes()
+    v["data"] = bytes(len(v["data"]))
     with pytest.raises(PayloadError, match="code range"):
         decode_payload(_reframe(body))
 
