@@ -11,7 +11,7 @@ a list of `{"path": [keys...], "array": A}` or `{"path": [...], "qtensor": {"val
 `A = {"dtype": name, "shape": [...], "data": bytes}`. QTensor `values` of fewer than 8 bits are bit-packed
 (format version 2): `data` holds the codes in C order, `bits` bits each, low-bit first (`quarl.bitpack`),
 signed codes offset by 2^(bits-1); `dtype` names the decoded dtype (int8 / uint8). An int4 policy thus costs
-half a byte per weight, not a byte; version-1 payloads (one byte per code) are refused with a clear error.
+half a byte per weight, not a byte. Version-1 payloads (one byte per code, otherwise identical) still decode.
 
 Why this shape: actors may run on other hosts and must be able to refuse anything that is not a valid
 policy (a corrupted, truncated, stale-format or hostile payload) with a clear error instead of acting on
@@ -47,6 +47,8 @@ from quarl.quantization import (
 
 MAGIC = b"QRLP"
 FORMAT_VERSION = 2  # 2: sub-byte QTensor codes are bit-packed
+# Version 1 (one byte per code) is still read: saved policies (`policy_fp32.qrlp`) of older runs stay usable.
+READABLE_FORMATS = (1, 2)
 _HEADER = struct.Struct("<4sHQ32s")  # magic, format version, body length, sha256(body)
 HEADER_SIZE = _HEADER.size
 _MAX_NDIM = 8
@@ -225,12 +227,12 @@ def _decode_array(d: Any, where: str, *, packed_bits: int | None = None, signed:
     return arr
 
 
-def _decode_qtensor(d: Any, where: str) -> QTensor:
+def _decode_qtensor(d: Any, where: str, *, packed: bool = True) -> QTensor:
     _exact_keys(d, {"values", "scale", "zero_point", "bits", "axis", "symmetric"}, where)
     bits, axis, symmetric = d["bits"], d["axis"], d["symmetric"]
     _expect(_is_int(bits) and 2 <= bits <= 16, f"{where}: bad bits {_short(bits)}")
     _expect(isinstance(symmetric, bool), f"{where}: symmetric is not a bool")
-    values = _decode_array(d["values"], f"{where} values", packed_bits=bits if _packs(bits) else None,
+    values = _decode_array(d["values"], f"{where} values", packed_bits=bits if packed and _packs(bits) else None,
                            signed=symmetric)
     scale = _decode_array(d["scale"], f"{where} scale")
     ndim = values.ndim
@@ -264,7 +266,7 @@ def _insert(tree: dict, path: list, leaf: Any) -> None:
     node[path[-1]] = leaf
 
 
-def _decode_body(body: dict, nbytes: int) -> Payload:
+def _decode_body(body: dict, nbytes: int, packed: bool) -> Payload:
     _exact_keys(body, {"precision", "per_channel", "version", "spec", "leaves"}, "body")
     try:
         precision = parse_precision(body["precision"]) if isinstance(body["precision"], str) else None
@@ -291,7 +293,7 @@ def _decode_body(body: dict, nbytes: int) -> Payload:
                 f"leaf #{i} has a bad path {_short(path)}")
         where = f"param {_short(path_str(tuple(path)))}"
         if "qtensor" in entry:
-            leaf: Any = _decode_qtensor(entry["qtensor"], where)
+            leaf: Any = _decode_qtensor(entry["qtensor"], where, packed=packed)
             _expect(precision.is_int and leaf.bits == precision.bits,
                     f"{where}: {leaf.bits}-bit QTensor in a {precision.name} payload")
         elif "array" in entry:
@@ -318,9 +320,9 @@ def decode_payload(data: bytes) -> Payload:
     magic, fmt, length, digest = _HEADER.unpack_from(data)
     if magic != MAGIC:
         raise PayloadError(f"not a weight payload: magic {magic!r}, expected {MAGIC!r}")
-    if fmt != FORMAT_VERSION:
-        why = " (an older build's: sub-byte codes unpacked; re-publish with this build)" if fmt < FORMAT_VERSION else ""
-        raise PayloadError(f"unsupported payload format version {fmt}{why}; this build reads {FORMAT_VERSION}")
+    if fmt not in READABLE_FORMATS:
+        raise PayloadError(f"unsupported payload format version {fmt} (this build reads "
+                           f"{', '.join(map(str, READABLE_FORMATS))})")
     body = memoryview(data)[HEADER_SIZE:]
     if len(body) != length:
         what = "truncated" if len(body) < length else "has trailing bytes"
@@ -333,7 +335,7 @@ def decode_payload(data: bytes) -> Payload:
     except Exception as e:  # msgpack raises several unrelated types for bad input; all mean "malformed"
         raise PayloadError(f"malformed payload: body is not valid msgpack ({type(e).__name__}: {e})") from None
     try:
-        return _decode_body(obj, len(data))
+        return _decode_body(obj, len(data), packed=fmt >= 2)
     except PayloadError:
         raise
     except (TypeError, ValueError, KeyError, OverflowError) as e:  # defensive: a check we did not foresee

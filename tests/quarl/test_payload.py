@@ -186,6 +186,22 @@ def test_sub_byte_codes_pack_exactly(bits, symmetric, shape):
     np.testing.assert_array_equal(out.values, q.values)
 
 
+def test_format_version_1_payloads_with_one_byte_per_code_still_decode(small):
+    """Policies saved by older builds (format 1: sub-byte codes one per byte) stay readable."""
+    spec, params = small
+    qp = quantize_params(params, "int4")
+    body = _body(encode_payload(qp, version=3, spec=spec))
+    for path, leaf in tree_items(qp.tree):
+        if isinstance(leaf, QTensor):
+            _leaf(body, list(path))["qtensor"]["values"]["data"] = np.asarray(leaf.values).tobytes()
+    old = _frame(msgpack.packb(body, use_bin_type=True), fmt=1)
+    p = decode_payload(old)
+    assert p.version == 3 and p.spec == spec
+    _assert_same_tree(qp.tree, p.params.tree)
+    with pytest.raises(PayloadError, match="needs 6 bytes, got 12"):  # the same body read as format 2
+        decode_payload(_frame(msgpack.packb(body, use_bin_type=True), fmt=2))
+
+
 def test_packed_codes_with_bad_length_or_padding_are_refused(small):
     _, params = small
     body = _body(encode_payload(quantize_params(params, "int3"), version=1))  # linear_0/w: 3x4 -> 36 bits
@@ -239,10 +255,9 @@ def test_wrong_magic_and_format_version(small_payload):
     body = small_payload[HEADER_SIZE:]
     with pytest.raises(PayloadError, match="magic"):
         decode_payload(_frame(body, magic=b"PKL\x00"))
-    with pytest.raises(PayloadError, match=f"format version {FORMAT_VERSION + 1}; this build reads"):
-        decode_payload(_frame(body, fmt=FORMAT_VERSION + 1))
-    with pytest.raises(PayloadError, match="format version 1 .*older build"):
-        decode_payload(_frame(body, fmt=1))
+    for fmt in (0, FORMAT_VERSION + 1):
+        with pytest.raises(PayloadError, match=f"format version {fmt} \\(this build reads 1, 2\\)"):
+            decode_payload(_frame(body, fmt=fmt))
     with pytest.raises(PayloadError, match="checksum"):
         decode_payload(small_payload[:HEADER_SIZE - 1] + bytes([small_payload[HEADER_SIZE - 1] ^ 1]) + body)
     with pytest.raises(PayloadError, match="bytes"):
