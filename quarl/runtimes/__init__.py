@@ -12,6 +12,7 @@ precision's rounded weights (`ex.simulated`); see each backend module for which.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Mapping
 
 from quarl.policy import PolicySpec
@@ -19,6 +20,7 @@ from quarl.quantization import Precision, QuantizedParams, quantize_params
 from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
 from quarl.runtimes.base import PolicyExecutor, check_sizes, layer_widths
 from quarl.runtimes.jax_backend import JaxExecutor
+from quarl.runtimes.kernel_forms import KernelForm, candidates, forms, register_form, select_form
 from quarl.runtimes.onnx_backend import OnnxExecutor
 
 BACKENDS: dict[str, Callable[..., PolicyExecutor]] = {"jax": JaxExecutor, "onnx": OnnxExecutor}
@@ -26,16 +28,19 @@ BACKEND_NAMES = (*BACKENDS, "auto")
 
 __all__ = [
     "BACKENDS", "BACKEND_NAMES", "PolicyExecutor", "JaxExecutor", "OnnxExecutor", "make_executor",
-    "make_executor_from_params", "auto_decisions", "clear_auto_decisions", "cache_path",
+    "make_executor_from_params", "auto_decisions", "clear_auto_decisions", "cache_path", "KernelForm",
+    "candidates", "forms", "register_form", "select_form",
 ]
 
 
 def make_executor(spec: PolicySpec, qparams: QuantizedParams, backend: str = "auto", *, batch_size: int = 1,
-                  threads: int = 1) -> PolicyExecutor:
+                  threads: int = 1, kernel_form: str | None = None) -> PolicyExecutor:
     """An executor of `spec` with `qparams` on `backend` ("jax", "onnx" or "auto").
 
     `batch_size` is the batch the actor will call with (compiled/warmed at load; other batch sizes still
     work). `threads` is ONNX Runtime's intra-op thread count (XLA's pool is process-wide, see jax_backend).
+    `kernel_form` forces the ONNX integer kernel form to try first (see `quarl.runtimes.kernel_forms`; still
+    self-checked); None lets the CPU decide. The jax backend ignores it.
     Raises ValueError on an unknown backend, layer or precision, params that do not match the spec, or
     NaN/inf weights.
     """
@@ -47,15 +52,19 @@ def make_executor(spec: PolicySpec, qparams: QuantizedParams, backend: str = "au
     layer_widths(spec)
     name = str(backend).lower()
     if name == "auto":
-        return make_auto_executor(spec, qparams, BACKENDS, batch_size=batch_size, threads=threads)
+        factories = {**BACKENDS, "onnx": functools.partial(OnnxExecutor, kernel_form=kernel_form)}
+        return make_auto_executor(spec, qparams, factories, batch_size=batch_size, threads=threads,
+                                  kernel_form=kernel_form)
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: valid are {', '.join(BACKEND_NAMES)}")
+    if name == "onnx":
+        return OnnxExecutor(spec, qparams, batch_size=batch_size, threads=threads, kernel_form=kernel_form)
     return BACKENDS[name](spec, qparams, batch_size=batch_size, threads=threads)
 
 
 def make_executor_from_params(spec: PolicySpec, params: Mapping[str, Any], precision: str | Precision = "fp32",
                               backend: str = "auto", *, batch_size: int = 1, threads: int = 1,
-                              per_channel: bool = True) -> PolicyExecutor:
+                              per_channel: bool = True, kernel_form: str | None = None) -> PolicyExecutor:
     """Quantize a plain fp32 haiku tree to `precision` (per-channel by default), then `make_executor`."""
     return make_executor(spec, quantize_params(params, precision, per_channel=per_channel), backend,
-                         batch_size=batch_size, threads=threads)
+                         batch_size=batch_size, threads=threads, kernel_form=kernel_form)

@@ -25,7 +25,11 @@ import numpy as np
 
 from quarl.policy import PolicySpec
 from quarl.quantization import QuantizedParams
-from quarl.runtimes.base import PolicyExecutor, layer_widths
+from quarl.policy import Linear
+from quarl.quantization import parse_precision
+from quarl.runtimes.base import MAX_KERNEL_BITS, PolicyExecutor, layer_widths
+from quarl.runtimes.cpu import cpu_info
+from quarl.runtimes.kernel_forms import select_form
 
 CACHE_ENV = "QUARL_CACHE_DIR"
 CACHE_FILE = "auto_backend.json"
@@ -35,7 +39,6 @@ _MAX_CALLS = 40
 _MIN_CALLS = 5
 _WARMUP_CALLS = 3
 _ROUNDS = 6
-_CPU_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8", "amx_bf16", "fma")
 
 _lock = threading.Lock()
 _decisions: dict[str, dict[str, Any]] = {}
@@ -45,24 +48,6 @@ def cache_path() -> Path:
     base = os.environ.get(CACHE_ENV)
     root = Path(base) if base else Path.home() / ".cache" / "quarl"
     return root / CACHE_FILE
-
-
-def cpu_info() -> dict[str, Any]:
-    """CPU model, logical core count and the SIMD flags that decide which int8 kernels exist."""
-    model, flags = "", set()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                key, _, value = line.partition(":")
-                key = key.strip()
-                if key == "model name" and not model:
-                    model = value.strip()
-                elif key == "flags" and not flags:
-                    flags = set(value.split())
-    except OSError:
-        pass
-    return {"cpu_model": model or platform.processor() or "unknown", "cores": os.cpu_count() or 1,
-            "flags": [f for f in _CPU_FLAGS if f in flags]}
 
 
 @functools.lru_cache(maxsize=1)
@@ -76,10 +61,24 @@ def machine_fingerprint() -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def decision_key(spec: PolicySpec, precision: str, batch_size: int, threads: int) -> str:
+def onnx_kernel_form(spec: PolicySpec, precision: str, kernel_form: str | None = None) -> str:
+    """The (self-checked, cached) ONNX integer kernel form this CPU uses for `spec` at `precision`; "-" for
+    precisions without an integer kernel."""
+    prec = parse_precision(precision)
+    if not prec.is_int or prec.bits > MAX_KERNEL_BITS:
+        return "-"
+    shapes = [(k, n) for layer, k, n in layer_widths(spec) if isinstance(layer, Linear)]
+    return select_form(prec.bits, shapes, kernel_form)["form"]
+
+
+def decision_key(spec: PolicySpec, precision: str, batch_size: int, threads: int,
+                 kernel_form: str | None = None) -> str:
+    """Machine, layer widths, batch, precision, threads and the ONNX kernel form: the form is part of the
+    key because a forced (or, after a self-check refusal, a fallback) form changes the onnx timing."""
     layer_widths(spec)  # unknown layers fail here, before any measuring
     shape = "-".join(str(w) for w in (spec.input_dim, *(layer.out for layer in spec.linear_layers)))
-    return f"{machine_fingerprint()}|{shape}|b{batch_size}|{precision}|t{threads}"
+    form = onnx_kernel_form(spec, precision, kernel_form)
+    return f"{machine_fingerprint()}|{shape}|b{batch_size}|{precision}|t{threads}|k{form}"
 
 
 def auto_decisions() -> dict[str, dict[str, Any]]:
@@ -157,9 +156,9 @@ def _time_interleaved(executors: dict[str, PolicyExecutor], obs: np.ndarray) -> 
 
 
 def make_auto_executor(spec: PolicySpec, qparams: QuantizedParams, factories: dict[str, Callable[..., Any]], *,
-                       batch_size: int, threads: int) -> PolicyExecutor:
+                       batch_size: int, threads: int, kernel_form: str | None = None) -> PolicyExecutor:
     """Return a concrete executor of the fastest backend for this key, measuring on first use."""
-    key = decision_key(spec, str(qparams.precision), batch_size, threads)
+    key = decision_key(spec, str(qparams.precision), batch_size, threads, kernel_form)
     with _lock:
         entry = _decisions.get(key)
     if entry is None:

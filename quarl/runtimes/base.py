@@ -198,6 +198,9 @@ class PolicyExecutor(abc.ABC):
     backend: str = ""
     # Low float precisions this backend computes in natively (others are simulated in fp32).
     native_floats: tuple[str, ...] = ()
+    # The integer kernel form in use (None for float precisions) and how it was chosen/self-checked.
+    kernel_form: str | None = None
+    kernel_check: dict[str, Any] = {}
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, batch_size: int = 1, threads: int = 1):
         check_sizes(batch_size, threads)

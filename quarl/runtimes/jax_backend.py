@@ -112,6 +112,8 @@ class JaxExecutor(PolicyExecutor):
         params = jax.device_put(host)
         if self._jitted is None:
             self._jitted = jax.jit(_forward_fn(self.spec, lowered))
+            if any(d.kind == "int" for d in lowered.dense.values()):
+                self.kernel_form = "aqt_s8s8"  # XLA's s8 x s8 -> s32 dot: exact on every CPU
         self._params = params
 
     def _run(self, obs: np.ndarray) -> np.ndarray:

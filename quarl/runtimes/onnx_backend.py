@@ -1,11 +1,13 @@
 """The ONNX Runtime policy runtime: the spec built as an in-memory ONNX graph (no files), one CPU session.
 
 * fp32: MatMul + Add, LayerNormalization (opset 17), Relu / Elu / Tanh, TanhToSpec as Tanh -> Mul -> Add.
-* int2..int8: per Linear, DynamicQuantizeLinear on the activations (uint8, per-tensor scale and zero
-  point, computed each call) -> MatMulInteger with the int8 weight codes (per-output-channel, zero point 0)
-  -> Cast to float -> Mul by (activation scale x weight scale[out]) -> Add the fp32 bias. MLAS runs this as
-  a u8 x s8 -> s32 GEMM (VNNI where the CPU has it). Caveat from ORT's own docs: on AVX2 CPUs *without*
-  VNNI the u8 x s8 kernel can saturate int16 intermediate sums; this machine class has avx512_vnni.
+* int2..int8: per Linear, in the *kernel form* chosen for this CPU (`quarl.runtimes.kernel_forms`): usually
+  DynamicQuantizeLinear on the activations (uint8, per-tensor scale and zero point, computed each call) ->
+  MatMulInteger with the weight codes (`u8s8`: int8 codes; `u8u8`: codes + 128 as uint8 with zero point
+  128) -> Cast to float -> Mul by (activation scale x weight scale[out]) -> Add the fp32 bias. u8s8 is exact
+  and fastest with VNNI/AMX; on AVX2 without VNNI MLAS's u8 x s8 kernel saturates int16 pair sums, so
+  u8u8 is preferred there. The choice is confirmed by a self-check at construction (fallback: u8u8, then
+  the dequantized weights in fp32, logged).
 * fp16, bf16, int9..int16: simulated — the weights are rounded to that precision by the learner's
   quantizer, then widened and run in fp32 (`executor.simulated` is True). ORT's CPU provider has no fast
   fp16/bf16 GEMM (it would insert casts around fp32 kernels) nor an int16 one; failing instead would make
@@ -25,21 +27,21 @@ import numpy as np
 
 from quarl.policy import LAYER_NORM_EPS, Activation, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
+from quarl.runtimes.kernel_forms import Graph, KernelForm, get_form, select_form
 
 _OPSET = 17  # LayerNormalization
 _IR_VERSION = 8
 _INPUT, _OUTPUT = "obs", "output"
 
 
-def _initializers(spec: PolicySpec, lowered: LoweredParams) -> dict[str, np.ndarray]:
+def _initializers(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | None) -> dict[str, np.ndarray]:
     """Every weight-derived constant of the graph by name (the part `update()` rewrites)."""
     arrays: dict[str, np.ndarray] = {}
     for layer in spec.layers:
         if isinstance(layer, Linear):
             d = lowered.dense[layer.name]
             if d.kind == "int":
-                arrays[f"{layer.name}.codes"] = np.ascontiguousarray(d.w, np.int8)
-                arrays[f"{layer.name}.scale"] = np.ascontiguousarray(d.scale, np.float32)
+                arrays.update(form.initializers(layer.name, d))
             else:
                 arrays[f"{layer.name}.w"] = np.ascontiguousarray(d.w, np.float32)
             arrays[f"{layer.name}.b"] = np.ascontiguousarray(d.b, np.float32)
@@ -50,71 +52,73 @@ def _initializers(spec: PolicySpec, lowered: LoweredParams) -> dict[str, np.ndar
     return arrays
 
 
-def build_model(spec: PolicySpec, lowered: LoweredParams) -> Any:
-    """The ONNX ModelProto of `spec` with `lowered` weights as initializers; dynamic batch dimension."""
+def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | None = None) -> Any:
+    """The ONNX ModelProto of `spec` with `lowered` weights as initializers; dynamic batch dimension.
+    Int layers are emitted by `form` (required when there are any)."""
     from onnx import TensorProto, helper, numpy_helper
 
-    arrays = _initializers(spec, lowered)
-    inits = [numpy_helper.from_array(a, name) for name, a in arrays.items()]
-    nodes = []
-    counter = iter(range(1 << 30))
-
-    def emit(op: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> list[str]:
-        outs = [f"t{next(counter)}" for _ in range(n_out)]
-        nodes.append(helper.make_node(op, inputs, outs, **attrs))
-        return outs
-
-    def const(name: str, values: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(np.asarray(values, np.float32), name))
-        return name
-
+    if form is None and any(d.kind == "int" for d in lowered.dense.values()):
+        raise ValueError("int layers need a kernel form")
+    graph = Graph()
+    for name, arr in _initializers(spec, lowered, form).items():
+        graph.const(name, arr)
     x = _INPUT
     for i, layer in enumerate(spec.layers):
         if isinstance(layer, Linear):
             n = layer.name
             if lowered.dense[n].kind == "int":
-                xq, xs, xz = emit("DynamicQuantizeLinear", [x], 3)
-                (acc,) = emit("MatMulInteger", [xq, f"{n}.codes", xz])
-                (accf,) = emit("Cast", [acc], to=TensorProto.FLOAT)
-                (step,) = emit("Mul", [xs, f"{n}.scale"])
-                (x,) = emit("Mul", [accf, step])
+                x = form.emit(graph, x, n)
             else:
-                (x,) = emit("MatMul", [x, f"{n}.w"])
-            (x,) = emit("Add", [x, f"{n}.b"])
+                (x,) = graph.op("MatMul", [x, f"{n}.w"])
+            (x,) = graph.op("Add", [x, f"{n}.b"])
         elif isinstance(layer, LayerNorm):
-            (x,) = emit("LayerNormalization", [x, f"{layer.name}.scale", f"{layer.name}.offset"],
-                        axis=-1, epsilon=LAYER_NORM_EPS, stash_type=1)
+            (x,) = graph.op("LayerNormalization", [x, f"{layer.name}.scale", f"{layer.name}.offset"],
+                            axis=-1, epsilon=LAYER_NORM_EPS, stash_type=1)
         elif isinstance(layer, Activation):
             op = {"relu": "Relu", "elu": "Elu", "tanh": "Tanh"}[layer.fn]
-            (x,) = emit(op, [x], **({"alpha": 1.0} if op == "Elu" else {}))
+            (x,) = graph.op(op, [x], **({"alpha": 1.0} if op == "Elu" else {}))
         elif isinstance(layer, TanhToSpec):
             lo, hi = np.asarray(layer.minimum, np.float64), np.asarray(layer.maximum, np.float64)
             # lo + (t + 1) * (hi - lo) / 2 == t * half + mid
-            (x,) = emit("Tanh", [x])
-            (x,) = emit("Mul", [x, const(f"tanh_to_spec{i}.half", (hi - lo) / 2)])
-            (x,) = emit("Add", [x, const(f"tanh_to_spec{i}.mid", (hi + lo) / 2)])
-    if nodes:
-        nodes[-1].output[0] = _OUTPUT
+            (x,) = graph.op("Tanh", [x])
+            (x,) = graph.op("Mul", [x, graph.const(f"tanh_to_spec{i}.half", ((hi - lo) / 2).astype(np.float32))])
+            (x,) = graph.op("Add", [x, graph.const(f"tanh_to_spec{i}.mid", ((hi + lo) / 2).astype(np.float32))])
+    if graph.nodes:
+        graph.nodes[-1].output[0] = _OUTPUT
     else:
-        nodes.append(helper.make_node("Identity", [_INPUT], [_OUTPUT]))
-    graph = helper.make_graph(
-        nodes, "policy",
+        graph.nodes.append(helper.make_node("Identity", [_INPUT], [_OUTPUT]))
+    inits = [numpy_helper.from_array(a, name) for name, a in graph.inits.items()]
+    onnx_graph = helper.make_graph(
+        graph.nodes, "policy",
         [helper.make_tensor_value_info(_INPUT, TensorProto.FLOAT, ["batch", spec.input_dim])],
         [helper.make_tensor_value_info(_OUTPUT, TensorProto.FLOAT, ["batch", spec.output_dim])],
         initializer=inits,
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="quarl")
+    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="quarl")
     model.ir_version = _IR_VERSION
     return model
 
 
 class OnnxExecutor(PolicyExecutor):
-    """ONNX Runtime session with `threads` intra-op threads, one inter-op thread, sequential execution."""
+    """ONNX Runtime session with `threads` intra-op threads, one inter-op thread, sequential execution.
+
+    Int layers run in the kernel form chosen for this CPU and confirmed by a self-check (`kernel_forms`);
+    `kernel_form` forces a form to try first (it is still checked, and refused with a logged fallback when
+    it is not exact here). After construction `executor.kernel_form` names the form in use (None for float
+    precisions) and `executor.kernel_check` says how it was chosen (checks tried, fallback or not).
+    """
 
     backend = "onnx"
     native_floats = ()
 
-    def __init__(self, spec: PolicySpec, qparams: Any, *, batch_size: int = 1, threads: int = 1):
+    def __init__(self, spec: PolicySpec, qparams: Any, *, batch_size: int = 1, threads: int = 1,
+                 kernel_form: str | None = None):
+        if kernel_form is not None:
+            get_form(kernel_form)  # unknown names fail before any work
+        self._requested_form = kernel_form
+        self._form: KernelForm | None = None
+        self.kernel_form: str | None = None
+        self.kernel_check: dict[str, Any] = {}
         self._model: Any = None
         self._session: Any = None
         super().__init__(spec, qparams, batch_size=batch_size, threads=threads)
@@ -130,13 +134,24 @@ class OnnxExecutor(PolicyExecutor):
         so.log_severity_level = 3  # errors only: ORT warns about benign initializer/input overlaps
         return so
 
+    def _choose_form(self, lowered: LoweredParams) -> None:
+        shapes = [d.w.shape for d in lowered.dense.values() if d.kind == "int"]
+        if not shapes:
+            return
+        self.kernel_check = select_form(lowered.precision.bits, shapes, self._requested_form)
+        self._form = get_form(self.kernel_check["form"])
+        self.kernel_form = self._form.name
+        if not self._form.integer:
+            self.simulated = True
+
     def _load(self, lowered: LoweredParams) -> None:
         import onnxruntime as ort
 
         if self._model is None:
-            self._model = build_model(self.spec, lowered)
+            self._choose_form(lowered)
+            self._model = build_model(self.spec, lowered, self._form)
         else:
-            arrays = _initializers(self.spec, lowered)
+            arrays = _initializers(self.spec, lowered, self._form)
             for tensor in self._model.graph.initializer:
                 if tensor.name in arrays:
                     tensor.raw_data = arrays[tensor.name].tobytes()

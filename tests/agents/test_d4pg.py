@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import haiku as hk
 import jax
@@ -17,6 +18,7 @@ from agents.d4pg.networks import critic_mean, make_networks
 from quarl import policy as qpolicy
 from quarl.envs import environment_spec, make_environment
 from quarl.quantization import quantize_params
+from quarl.runtimes import make_executor
 
 SMALL = dict(policy_layer_sizes=(32, 32), critic_layer_sizes=(64, 64), num_atoms=21, vmin=-10.0, vmax=10.0,
              batch_size=32, min_replay_size=64, max_replay_size=10_000, samples_per_insert=8.0)
@@ -294,16 +296,23 @@ def test_actor_noise_clipping_evaluation_and_seeding(env_spec):
     np.testing.assert_allclose(sigmas, [0.15, 0.3, 0.6], rtol=1e-6)
 
 
-@pytest.mark.parametrize("backend", ["onnx", "jax"])
-def test_actor_runs_the_learners_policy_through_an_int8_runtime(env_spec, backend):
+@pytest.mark.parametrize("backend,form", [("onnx", None), ("onnx", "u8s8"), ("onnx", "u8u8"), ("jax", None)])
+def test_actor_runs_the_learners_policy_through_an_int8_runtime(env_spec, backend, form):
+    """Every ONNX kernel form (forced; a form the CPU's self-check refuses falls back to one that passes)."""
+    factory = functools.partial(make_executor, kernel_form=form)
     builder = Builder(D4PGConfig(**SMALL))
     learner = builder.make_learner(env_spec, seed=0)
     rng = np.random.default_rng(6)
     for _ in range(30):  # move the near-zero last layer so actions are not all ~0
         learner.step(_batch(rng, 32))
     params = learner.policy_params()
-    actor = builder.make_actor(env_spec, quantize_params(params, "int8"), seed=0, evaluation=True, backend=backend)
+    actor = builder.make_actor(env_spec, quantize_params(params, "int8"), seed=0, evaluation=True, backend=backend,
+                               executor_factory=factory)
     assert actor.backend == backend
+    if backend == "onnx":
+        check = actor._executor.kernel_check
+        assert check["checks"][-1]["ok"] and actor._executor.kernel_form == check["form"]
+        assert form is None or check["form"] == form or not check["checks"][0]["ok"]
     obs = rng.normal(size=(16, 5)).astype(np.float32)
     got = np.array([actor.select_action(o) for o in obs])
     want = qpolicy.reference_apply(builder.policy_spec(env_spec), params, obs)

@@ -18,10 +18,15 @@ from quarl.runtimes import (
     clear_auto_decisions,
     make_executor,
     make_executor_from_params,
+    select_form,
 )
 
 BACKENDS = ("jax", "onnx")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
+# ONNX int runs once per kernel form (None: the CPU's own choice). Each forced form must be within tolerance
+# on this CPU or be refused by the self-check and fall back (see `_check_form`), so the int tests mean
+# something on AVX2-only and on VNNI machines alike.
+FORMS = (None, "u8s8", "u8u8", "fp32")
 BATCH = 64
 # Max |error| over the batch as a fraction of the reference outputs' range, per precision, against the
 # fp32 reference. Low-float errors come from weight/activation rounding (bf16 has 8 mantissa bits);
@@ -66,14 +71,35 @@ def _rel_err(out: np.ndarray, ref: np.ndarray) -> float:
     return float(np.abs(out.astype(np.float64) - ref).max() / max(np.ptp(ref), 1e-12))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("precision", PRECISIONS)
-@pytest.mark.parametrize("net", sorted(SPECS))
-def test_matches_reference(cases, net, precision, backend):
+def _check_form(ex, form) -> None:
+    """The executor runs the forced form, or the self-check refused it and says which passing form replaced it."""
+    check = ex.kernel_check
+    assert check["checks"][-1]["ok"] and ex.kernel_form == check["form"]
+    if form is None or ex.kernel_form == form:
+        assert check["fallback"] == (form is not None and len(check["checks"]) > 1)
+    else:
+        assert check["fallback"] and check["checks"][0]["form"] == form and not check["checks"][0]["ok"]
+    assert ex.simulated == (ex.kernel_form == "fp32")
+
+
+def _int_cases(backends=BACKENDS):
+    """(backend, form) pairs: every form on onnx, the single AQT path on jax."""
+    return [pytest.param(b, f, id=f"{b}-{f or 'cpu'}") for b in backends for f in (FORMS if b == "onnx" else (None,))]
+
+
+_MATRIX = [pytest.param(net, p, b, f, id=f"{net}-{p}-{b}" + (f"-{f}" if f else ""))
+           for net in sorted(SPECS) for p in PRECISIONS for b in BACKENDS
+           for f in (FORMS if b == "onnx" and p.startswith("int") else (None,))]
+
+
+@pytest.mark.parametrize("net,precision,backend,form", _MATRIX)
+def test_matches_reference(cases, net, precision, backend, form):
     spec, params, _, obs = cases[net]
     qp = quantize_params(params, precision)
-    ex = make_executor(spec, qp, backend, batch_size=BATCH)
+    ex = make_executor(spec, qp, backend, batch_size=BATCH, kernel_form=form)
     assert (ex.backend, ex.precision) == (backend, precision)
+    if backend == "onnx" and precision.startswith("int"):
+        _check_form(ex, form)
     out = ex(obs)
     assert out.dtype == np.float32 and out.shape == (BATCH, spec.output_dim)
     ref = reference_apply(spec, params, obs)
@@ -101,11 +127,12 @@ def test_fp32_relative_tolerance(cases, backend):
     np.testing.assert_allclose(out, reference_apply(spec, params, obs), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("precision", ["fp32", "int8", "bf16"])
-def test_update_swaps_weights(cases, backend, precision):
+@pytest.mark.parametrize("backend,precision,form", [
+    pytest.param(b, p, f, id=f"{b}-{p}" + (f"-{f}" if f else ""))
+    for b in BACKENDS for p in ("fp32", "int8", "bf16") for f in (FORMS if b == "onnx" and p == "int8" else (None,))])
+def test_update_swaps_weights(cases, backend, precision, form):
     spec, params_a, params_b, obs = cases["d4pg"]
-    ex = make_executor(spec, quantize_params(params_a, precision), backend, batch_size=BATCH)
+    ex = make_executor(spec, quantize_params(params_a, precision), backend, batch_size=BATCH, kernel_form=form)
     before = ex(obs)
     ex.update(quantize_params(params_b, precision))
     after = ex(obs)
@@ -117,10 +144,12 @@ def test_update_swaps_weights(cases, backend, precision):
         ex.update(quantize_params(params_b, "int4" if precision != "int4" else "int8"))
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-def test_other_batch_sizes_and_writable_output(cases, backend):
+@pytest.mark.parametrize("backend,form", _int_cases())
+def test_other_batch_sizes_and_writable_output(cases, backend, form):
     spec, params, _, obs = cases["dqn"]
-    ex = make_executor(spec, quantize_params(params, "int8"), backend, batch_size=1)
+    ex = make_executor(spec, quantize_params(params, "int8"), backend, batch_size=1, kernel_form=form)
+    if backend == "onnx":
+        _check_form(ex, form)
     one = ex(obs[:1])
     many = ex(obs[:7])
     assert one.shape == (1, spec.output_dim) and many.shape == (7, spec.output_dim)
@@ -205,33 +234,41 @@ def test_simulated_precisions(cases, backend):
                                        atol=1e-5)
 
 
-def test_per_tensor_weights(cases):
+@pytest.mark.parametrize("backend,form", _int_cases())
+def test_per_tensor_weights(cases, backend, form):
     spec, params, _, obs = cases["dqn"]
     qp = quantize_params(params, "int8", per_channel=False)
     deq = reference_apply(spec, dequantize_params(qp), obs)
-    for backend in BACKENDS:
-        assert _rel_err(make_executor(spec, qp, backend, batch_size=BATCH)(obs), deq) < TOLERANCE["int8"]
+    ex = make_executor(spec, qp, backend, batch_size=BATCH, kernel_form=form)
+    if backend == "onnx":
+        _check_form(ex, form)
+    assert _rel_err(ex(obs), deq) < TOLERANCE["int8"]
 
 
-def test_auto_picks_a_backend_and_caches(cases, tmp_path, monkeypatch):
+@pytest.mark.parametrize("form", FORMS)
+def test_auto_picks_a_backend_and_caches(cases, tmp_path, monkeypatch, form):
     monkeypatch.setenv("QUARL_CACHE_DIR", str(tmp_path))
     clear_auto_decisions()
     spec, params, _, obs = cases["dqn"]
     qp = quantize_params(params, "int8")
-    ex = make_executor(spec, qp, "auto", batch_size=4)
+    ex = make_executor(spec, qp, "auto", batch_size=4, kernel_form=form)
     assert ex.backend in BACKENDS and ex.precision == "int8"
+    if ex.backend == "onnx":
+        _check_form(ex, form)
     assert _rel_err(ex(obs), reference_apply(spec, params, obs)) < TOLERANCE["int8"]
     (key, entry), = auto_decisions().items()
     assert entry["source"] == "measured" and entry["backend"] == ex.backend
     assert set(entry["us_per_call"]) == set(BACKENDS)
     assert entry["backend"] == min(entry["us_per_call"], key=entry["us_per_call"].get)
     assert "|b4|int8|t1" in key
+    # The key names the ONNX form the CPU settled on (a forced form, or what replaced a refused one).
+    assert key.endswith("|k" + select_form(8, [(8, 64), (64, 64), (64, 5)], form)["form"])
     stored = json.loads(cache_path().read_text())
     assert stored["decisions"][key]["backend"] == ex.backend
 
     # A new process (simulated by clearing the in-process table) reads the decision instead of measuring.
     clear_auto_decisions()
-    again = make_executor(spec, qp, "auto", batch_size=4)
+    again = make_executor(spec, qp, "auto", batch_size=4, kernel_form=form)
     assert again.backend == ex.backend and auto_decisions()[key]["source"] == "file"
 
     # A different batch size or precision is a different decision.

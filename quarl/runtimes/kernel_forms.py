@@ -1,0 +1,312 @@
+"""Integer kernel forms for the ONNX runtime: how one int Linear layer is written as ONNX ops, which CPUs
+prefer it, and a numerics self-check that confirms a form is exact on *this* CPU before it is used.
+
+Why forms: ORT's MLAS picks its int8 GEMM by CPUID. With VNNI/AMX its u8 x s8 kernel is exact and fastest;
+on AVX2 without VNNI the same graph runs `pmaddubsw`, whose int16 sums of two adjacent u8 x s8 products
+saturate once |codes| > 63 (0.05 relative error on a 2048-wide int8 layer). Storing the codes + 128 as uint8
+with zero point 128 (u8 x u8) is exact there. Which form is exact is a property of the CPU *and* the ORT
+build, so it is measured, not assumed: `select_form` tries the preferred forms in order and keeps the first
+whose outputs match an exact NumPy emulation of the same quantized graph.
+
+A form is registered once (`register_form`); the `onnx` backend emits whatever the selected form emits.
+Registered here: `u8s8` (codes as int8), `u8u8` (codes + 128 as uint8, zero point 128) and `fp32` (the
+dequantized weights through a float MatMul: exact, slow, the last resort).
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+from typing import Any, Callable
+
+import numpy as np
+
+from quarl.runtimes.base import DenseWeights
+from quarl.runtimes.cpu import VNNI_FLAGS, cpu_class, cpu_info
+
+log = logging.getLogger(__name__)
+
+# Max |form - exact emulation| as a fraction of max |emulation| for a form to pass. Float rounding and an
+# occasional one-code difference in the activation quantizer stay below 1e-4; int16 saturation gives ~5e-2.
+CHECK_TOLERANCE = 1e-3
+_CHECK_ROWS = (1, 8)  # batch sizes the self-check runs (DynamicQuantizeLinear is per tensor)
+# Layer widths are capped for the check: saturation is a per-pair property of the micro-kernel, which MLAS
+# uses for every width, and the cap keeps a 2048x3 policy's check at tens of milliseconds.
+_CHECK_MAX_WIDTH = 512
+FALLBACK_FORM = "fp32"
+
+
+class Graph:
+    """The small ONNX graph-building surface a form's `emit` sees: `op` adds a node, `const` an initializer."""
+
+    def __init__(self) -> None:
+        self.nodes: list[Any] = []
+        self.inits: dict[str, np.ndarray] = {}
+        self._n = 0
+
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> list[str]:
+        from onnx import helper
+
+        outs = []
+        for _ in range(n_out):
+            outs.append(f"t{self._n}")
+            self._n += 1
+        self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
+        return outs
+
+    def const(self, name: str, values: np.ndarray) -> str:
+        self.inits[name] = np.ascontiguousarray(values)
+        return name
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelForm:
+    """One way to run `x[B, in] float32 @ (codes[in, out] * scale[out])` in ONNX.
+
+    `initializers(name, dense)` returns the weight-derived arrays (rewritten on every update), named
+    `f"{name}.<something>"`; `emit(graph, x, name)` adds the ops and returns the float32 output tensor's name
+    (bias not included). `rank(cpu, bits)` orders the forms on a CPU (lower first; None: never chosen
+    automatically there). `reference(x, dense)` is the exact float64 result the form must reproduce.
+    """
+
+    name: str
+    doc: str
+    max_bits: int
+    initializers: Callable[[str, DenseWeights], dict[str, np.ndarray]]
+    emit: Callable[[Graph, str, str], str]
+    rank: Callable[[dict[str, Any], int], float | None]
+    reference: Callable[[np.ndarray, DenseWeights], np.ndarray]
+    integer: bool = True  # False: runs in float (the executor reports itself as simulated)
+
+
+def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
+    """ONNX DynamicQuantizeLinear in NumPy: uint8 codes, per-tensor scale and zero point."""
+    x = np.asarray(x, np.float32)
+    lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
+    scale = np.float32((np.float32(hi) - np.float32(lo)) / np.float32(255))
+    if scale == 0:
+        return np.zeros(x.shape, np.uint8), scale, np.uint8(0)
+    zp = np.uint8(np.clip(np.rint(np.float32(0) - np.float32(lo) / scale), 0, 255))
+    q = np.clip(np.rint(x / scale) + np.float64(zp), 0, 255).astype(np.uint8)
+    return q, scale, zp
+
+
+def exact_int_reference(x: np.ndarray, dense: DenseWeights) -> np.ndarray:
+    """DynamicQuantizeLinear(x) -> exact integer GEMM with the codes -> x scale x weight scale (float64)."""
+    q, xs, zp = dynamic_quantize(x)
+    acc = (q.astype(np.int64) - int(zp)) @ dense.w.astype(np.int64)
+    return acc.astype(np.float64) * (float(xs) * dense.scale.astype(np.float64))
+
+
+def _dequantized(dense: DenseWeights) -> np.ndarray:
+    return dense.w.astype(np.float32) * dense.scale.astype(np.float32)
+
+
+def _emit_integer(graph: Graph, x: str, codes: str, w_zero_point: str | None, scale: str) -> str:
+    xq, xs, xz = graph.op("DynamicQuantizeLinear", [x], 3)
+    (acc,) = graph.op("MatMulInteger", [xq, codes, xz] + ([w_zero_point] if w_zero_point else []))
+    from onnx import TensorProto
+
+    (accf,) = graph.op("Cast", [acc], to=TensorProto.FLOAT)
+    (step,) = graph.op("Mul", [xs, scale])
+    (y,) = graph.op("Mul", [accf, step])
+    return y
+
+
+def _vnni(cpu: dict[str, Any]) -> bool:
+    return bool(set(cpu["flags"]) & set(VNNI_FLAGS))
+
+
+U8S8 = KernelForm(
+    name="u8s8",
+    doc="uint8 activations x int8 codes (zero point 0); exact with VNNI/AMX, saturates on AVX2 for int8",
+    max_bits=8,
+    initializers=lambda n, d: {f"{n}.codes": np.ascontiguousarray(d.w, np.int8),
+                               f"{n}.scale": np.ascontiguousarray(d.scale, np.float32)},
+    emit=lambda g, x, n: _emit_integer(g, x, f"{n}.codes", None, f"{n}.scale"),
+    rank=lambda cpu, bits: 0 if _vnni(cpu) else 1,
+    reference=exact_int_reference,
+)
+
+U8U8 = KernelForm(
+    name="u8u8",
+    doc="uint8 activations x (codes + 128) as uint8 with zero point 128; exact without VNNI (AVX2, Arm)",
+    max_bits=8,
+    initializers=lambda n, d: {f"{n}.codes": (d.w.astype(np.int16) + 128).astype(np.uint8),
+                               f"{n}.scale": np.ascontiguousarray(d.scale, np.float32)},
+    emit=lambda g, x, n: _emit_integer(g, x, f"{n}.codes", g.const(f"{n}.codes_zp", np.uint8(128)),
+                                       f"{n}.scale"),
+    rank=lambda cpu, bits: 1 if _vnni(cpu) else 0,
+    reference=exact_int_reference,
+)
+
+FP32 = KernelForm(
+    name=FALLBACK_FORM,
+    doc="the dequantized weights through a float32 MatMul (no integer kernel): the last resort",
+    max_bits=16,
+    initializers=lambda n, d: {f"{n}.w": _dequantized(d)},
+    emit=lambda g, x, n: g.op("MatMul", [x, f"{n}.w"])[0],
+    rank=lambda cpu, bits: None,
+    reference=lambda x, d: np.asarray(x, np.float64) @ _dequantized(d).astype(np.float64),
+    integer=False,
+)
+
+_forms: dict[str, KernelForm] = {}
+_lock = threading.Lock()
+_checks: dict[tuple, dict[str, Any]] = {}
+
+
+def register_form(form: KernelForm, *, replace: bool = False) -> None:
+    """Make `form` selectable by name (and automatically, where its `rank` says so)."""
+    with _lock:
+        if form.name in _forms and not replace:
+            raise ValueError(f"kernel form {form.name!r} is already registered")
+        _forms[form.name] = form
+        _checks.clear()
+
+
+def unregister_form(name: str) -> None:
+    if name == FALLBACK_FORM:
+        raise ValueError(f"the fallback form {FALLBACK_FORM!r} cannot be unregistered")
+    with _lock:
+        _forms.pop(name, None)
+        _checks.clear()
+
+
+def forms() -> dict[str, KernelForm]:
+    with _lock:
+        return dict(_forms)
+
+
+def get_form(name: str) -> KernelForm:
+    with _lock:
+        form = _forms.get(name)
+    if form is None:
+        raise ValueError(f"unknown kernel form {name!r}: valid are {', '.join(sorted(forms()))}")
+    return form
+
+
+def candidates(bits: int, cpu: dict[str, Any] | None = None) -> list[str]:
+    """Forms to try for int`bits` weights on `cpu`, best first; always ends with the fp32 fallback."""
+    cpu = cpu_info() if cpu is None else cpu
+    ranked = []
+    for form in forms().values():
+        r = form.rank(cpu, bits) if form.max_bits >= bits else None
+        if r is not None:
+            ranked.append((r, form.name))
+    return [name for _, name in sorted(ranked)] + [FALLBACK_FORM]
+
+
+def _random_dense(bits: int, k: int, n: int, rng: np.random.Generator) -> DenseWeights:
+    """Codes over the whole int`bits` range with every column reaching +-max (as per-channel weights do)."""
+    limit = 2 ** (bits - 1) - 1
+    codes = rng.integers(-limit, limit + 1, size=(k, n)).astype(np.int8)
+    codes[rng.integers(0, k, size=n), np.arange(n)] = limit
+    codes[rng.integers(0, k, size=n), np.arange(n)] = -limit
+    scale = rng.uniform(0.5, 2.0, size=n).astype(np.float32) / max(limit, 1)
+    return DenseWeights("int", codes, np.zeros(n, np.float32), scale)
+
+
+def _check_graph(form: KernelForm, layers: list[DenseWeights]) -> Any:
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = Graph()
+    inputs, outputs = [], []
+    for i, dense in enumerate(layers):
+        for name, arr in form.initializers(f"l{i}", dense).items():
+            graph.const(name, arr)
+        y = form.emit(graph, f"x{i}", f"l{i}")
+        (out,) = graph.op("Identity", [y])
+        graph.nodes[-1].output[0] = f"y{i}"
+        k, n = dense.w.shape
+        inputs.append(helper.make_tensor_value_info(f"x{i}", TensorProto.FLOAT, ["batch", k]))
+        outputs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, ["batch", n]))
+    del out
+    inits = [numpy_helper.from_array(a, name) for name, a in graph.inits.items()]
+    model = helper.make_model(helper.make_graph(graph.nodes, "kernel_check", inputs, outputs, initializer=inits),
+                              opset_imports=[helper.make_opsetid("", 17)], producer_name="quarl")
+    model.ir_version = 8
+    return model
+
+
+def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int = 0) -> dict[str, Any]:
+    """Run form `name` on random int`bits` layers of these [in, out] shapes (each width capped at 512) through
+    ORT and compare with the form's exact reference on uniform inputs at batch 1 and 8.
+    Returns {"form", "ok", "max_rel_err", "tolerance"} (plus "error" when ORT refused the graph); cached
+    per process."""
+    import onnxruntime as ort
+
+    form = get_form(name)
+    shapes = sorted({(min(k, _CHECK_MAX_WIDTH), min(n, _CHECK_MAX_WIDTH)) for k, n in shapes})
+    key = (name, bits, tuple(shapes), seed)
+    with _lock:
+        cached = _checks.get(key)
+    if cached is not None:
+        return dict(cached)
+    rng = np.random.default_rng(seed)
+    layers = [_random_dense(bits, k, n, rng) for k, n in shapes]
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(_check_graph(form, layers).SerializeToString(), so,
+                                       providers=["CPUExecutionProvider"])
+        worst = 0.0
+        for rows in _CHECK_ROWS:
+            feeds = {f"x{i}": rng.uniform(-1, 1, (rows, d.w.shape[0])).astype(np.float32)
+                     for i, d in enumerate(layers)}
+            outs = session.run(None, feeds)
+            for i, d in enumerate(layers):
+                ref = form.reference(feeds[f"x{i}"], d)
+                err = float(np.abs(outs[i].astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+                worst = max(worst, err if np.isfinite(err) else np.inf)
+        result = {"form": name, "ok": bool(worst <= CHECK_TOLERANCE), "max_rel_err": worst,
+                  "tolerance": CHECK_TOLERANCE}
+    except Exception as e:  # pylint: disable=broad-except  # a form ORT cannot run here is refused, not fatal
+        result = {"form": name, "ok": False, "max_rel_err": None, "tolerance": CHECK_TOLERANCE,
+                  "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+    with _lock:
+        _checks[key] = result
+    return dict(result)
+
+
+_warned: set[tuple] = set()
+
+
+def select_form(bits: int, shapes: list[tuple[int, int]], requested: str | None = None) -> dict[str, Any]:
+    """The kernel form to use for int`bits` layers of `shapes` on this CPU, self-checked.
+
+    `requested` None tries `candidates(bits)` in order; a name tries that form first, then the others.
+    Returns {"form", "requested", "cpu_class", "checks": [each check tried], "fallback": bool}; `fallback`
+    is True when the requested (or most preferred) form was refused. A refusal is logged once per process.
+    """
+    order = candidates(bits)
+    if requested is not None:
+        if get_form(requested).max_bits < bits:
+            raise ValueError(f"kernel form {requested!r} takes at most int{get_form(requested).max_bits} "
+                             f"weights, not int{bits}")
+        order = [requested] + [n for n in order if n != requested]
+    checks = []
+    for name in order:
+        result = check_form(name, bits, shapes)
+        checks.append(result)
+        if result["ok"]:
+            break
+    else:  # not even fp32 passed: ORT itself is broken here, say so rather than act on garbage
+        raise RuntimeError(f"no kernel form passed the int{bits} self-check on this CPU: {checks}")
+    chosen = checks[-1]["form"]
+    info = {"form": chosen, "requested": requested or "auto", "cpu_class": cpu_class(), "checks": checks,
+            "fallback": len(checks) > 1}
+    if info["fallback"]:
+        key = (bits, tuple(sorted(set(shapes))), requested)
+        if key not in _warned:
+            _warned.add(key)
+            refused = ", ".join(f"{c['form']} (max rel err {c['max_rel_err']})" if c.get("error") is None
+                                else f"{c['form']} ({c['error']})" for c in checks[:-1])
+            log.warning("int%d kernel self-check refused %s on this CPU (%s); using %s", bits, refused,
+                        info["cpu_class"], chosen)
+    return info
+
+
+for _form in (U8S8, U8U8, FP32):
+    register_form(_form)
