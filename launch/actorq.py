@@ -548,16 +548,26 @@ def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str], 
 
 
 def _sum_energy(parts: Mapping[str, Any]) -> dict[str, Any]:
-    """Per-node energy reports (quarl.carbon) and their totals; totals are None when nothing was measured."""
+    """Per-node energy reports (quarl.carbon) and their totals via `quarl.carbon.combine` (attributed parts
+    add up; a RAPL package reading is counted once per host, never per node). Totals are None when nothing was
+    measured; emissions are None when any node's grid intensity was unavailable."""
+    from quarl.carbon import EnergyReport, combine  # pylint: disable=import-outside-toplevel
+
     nodes = {k: dict(v) for k, v in parts.items() if isinstance(v, Mapping)}
-
-    def total(key: str) -> float | None:
-        values = [float(v[key]) for v in nodes.values() if isinstance(v.get(key), (int, float))]
-        return sum(values) if values else None
-
-    methods = sorted({str(v["method"]) for v in nodes.values() if v.get("method")})
-    return {"nodes": nodes, "total_kwh": total("energy_kwh"), "total_emissions_kg": total("emissions_kg_co2eq"),
-            "method": "; ".join(methods) if methods else None}
+    reports = []
+    for value in nodes.values():
+        try:
+            reports.append(EnergyReport.from_dict(value))
+        except TypeError:  # a node report without the fields of an EnergyReport: not summed
+            continue
+    if not reports:
+        return {"nodes": nodes, "total_kwh": None, "total_emissions_kg": None, "method": None}
+    total = combine(reports)
+    methods = sorted({r.method for r in reports})
+    return {"nodes": nodes, "total_kwh": total.energy_kwh, "total_emissions_kg": total.emissions_kg_co2eq,
+            "measured_kwh": total.measured_kwh, "modelled_kwh": total.modelled_kwh,
+            "ram_model_share": total.ram_model_share, "package_kwh": total.package_kwh,
+            "method": "; ".join(methods)}
 
 
 def make_summary(config: Any, status: str, error: str | None, results: Mapping[str, Any],

@@ -3,11 +3,24 @@
 Why per process: QuaRL's claim is that quantized actors save energy, so every actor and the learner track
 their own consumption and the launcher adds the reports up (`combine`).
 
-Honesty about the numbers: codecarbon measures only where the hardware exposes counters (RAPL for CPUs,
-NVML for NVIDIA GPUs). Elsewhere (these sandboxes have no RAPL) it estimates CPU power as the CPU's TDP x
-the process's share of CPU time, and RAM power from a memory-size model. `EnergyReport.method` says, per
-component, which one was used, and an estimate is never called a measurement. If codecarbon cannot start,
-the tracker estimates CPU energy itself as process CPU time x `FALLBACK_WATTS_PER_THREAD` (and says so).
+Honesty about the numbers: each report says which parts were *measured* (hardware counters: RAPL for CPUs,
+NVML for NVIDIA GPUs) and which were *modelled*, with the kWh of each (`measured_kwh`, `modelled_kwh`) and the
+share of the total that codecarbon's RAM model contributes (`ram_model_share`: on machines without counters
+it is most of the figure, so energy ratios there are mostly run-time ratios).
+
+- CPU with RAPL: the package counter covers the whole CPU package (every process on it), so a per-process
+  report that copied it would count the package once per process when reports are summed. The tracker
+  samples the package counter itself and attributes to its process the share of each interval's package
+  energy equal to the process's share of the machine's busy CPU time; summing those shares never counts
+  the package twice. `package_kwh` keeps the whole-package reading of the span for reference; `combine`
+  reports it once per host (the longest span), never summed.
+- CPU without RAPL: codecarbon's model, TDP x the process's CPU time share. When codecarbon does not know
+  the CPU, its TDP is a default of 4 W per thread; the method line says "default", never "this CPU's TDP".
+- Grid intensity: codecarbon's offline figure for the country. Without codecarbon's data it is
+  "unavailable" (None, and no emissions), never a world average under the country's label.
+
+If codecarbon cannot start, the tracker still measures CPU energy with RAPL where readable, else models it
+as process CPU time x `FALLBACK_WATTS_PER_THREAD` (a default, and the method line says so).
 
 Startup cost: codecarbon spends ~1.5 s per process detecting the CPU model (a `cpuinfo` subprocess) and
 fuzzy-matching it against its TDP table. The result is cached in a small JSON file (keyed by the CPU model
@@ -20,33 +33,40 @@ import dataclasses
 import logging
 import os
 import re
+import socket
 import tempfile
+import threading
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 import psutil
 
 from quarl.logs import write_json_atomic
 
-# Watts per busy CPU thread for the fallback estimate: codecarbon's own default for CPUs it cannot match
-# (codecarbon.core.cpu.DEFAULT_POWER_PER_CORE, 4 W per thread).
+# Watts per busy CPU thread for the fallback model: codecarbon's own default for CPUs it cannot match
+# (codecarbon.core.cpu.DEFAULT_POWER_PER_CORE, 4 W per thread). A default, not any CPU's TDP.
 FALLBACK_WATTS_PER_THREAD = 4.0
-# World-average grid intensity (g CO2eq/kWh) when codecarbon's country data cannot be read
-# (codecarbon's carbon_intensity_per_source.json "world_average").
-FALLBACK_GRID_INTENSITY = 475.0
 # Where the run's electricity comes from, for the grid intensity (ISO 3166-1 alpha-3; default USA). An
 # environment variable rather than a flag so that every process of a distributed run (Ray workers inherit the
 # driver's environment) uses the same grid without threading it through each node.
 COUNTRY_ENV = "QUARL_CARBON_COUNTRY"
 DEFAULT_COUNTRY = "USA"
+UNAVAILABLE = "unavailable"
+# Linux powercap tree; package domains are its top-level intel-rapl:N entries (AMD CPUs use the same names).
+RAPL_ROOT = "/sys/class/powercap"
+RAPL_SAMPLE_S = 10.0  # well inside the shortest counter wrap (~60 s at 4 kW for a 262 kJ range)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
 _TDP_CACHE_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
 class EnergyReport:
-    """Energy and emissions of one tracked span (or a sum of spans, see `combine`)."""
+    """Energy and emissions of one tracked span (or a sum of spans, see `combine`).
+
+    `cpu_kwh` is this process's attributed CPU energy; `measured_kwh` + `modelled_kwh` = `energy_kwh`.
+    `emissions_kg_co2eq` and `grid_intensity_g_per_kwh` are None when the grid intensity is unavailable.
+    """
 
     name: str
     duration_s: float
@@ -54,28 +74,54 @@ class EnergyReport:
     cpu_kwh: float
     gpu_kwh: float
     ram_kwh: float
-    emissions_kg_co2eq: float
-    grid_intensity_g_per_kwh: float
+    emissions_kg_co2eq: float | None
+    grid_intensity_g_per_kwh: float | None
     country: str
     method: str
+    measured_kwh: float = 0.0
+    modelled_kwh: float = 0.0
+    package_kwh: float | None = None  # whole CPU package over the span (RAPL), for reference; never summed
+    host: str = ""
+
+    @property
+    def ram_model_share(self) -> float | None:
+        """Fraction of the energy that comes from the RAM power model (None for zero energy)."""
+        return self.ram_kwh / self.energy_kwh if self.energy_kwh > 0 else None
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "ram_model_share": self.ram_model_share}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "EnergyReport":
+        """Reads `to_dict`'s output back (unknown keys, e.g. ram_model_share, are derived and ignored)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in names})
+
+
+def _emissions(energy_kwh: float, intensity: float | None) -> float | None:
+    return None if intensity is None else energy_kwh * intensity / 1000.0
 
 
 def combine(reports: Iterable[EnergyReport], name: str = "total") -> EnergyReport:
     """Sums reports (e.g. learner + actors). `duration_s` is the sum of tracked durations (process-seconds,
-    not wall time); the grid intensity is the energy-weighted mean; distinct countries/methods are joined.
+    not wall time); the grid intensity is the energy-weighted mean (None if any report lacks one);
+    distinct countries/methods are joined. Attributed parts add up; the RAPL package reading does not (it
+    is the same package seen from each process): per host, the longest span's reading is kept, once.
     """
     reports = list(reports)
     if not reports:
         raise ValueError("combine needs at least one EnergyReport")
     energy = sum(r.energy_kwh for r in reports)
-    emissions = sum(r.emissions_kg_co2eq for r in reports)
-    if energy > 0:
-        intensity = emissions * 1000.0 / energy
+    if any(r.emissions_kg_co2eq is None or r.grid_intensity_g_per_kwh is None for r in reports):
+        emissions, intensity = None, None
     else:
-        intensity = sum(r.grid_intensity_g_per_kwh for r in reports) / len(reports)
+        emissions = sum(r.emissions_kg_co2eq for r in reports)  # type: ignore[misc]
+        intensity = (emissions * 1000.0 / energy if energy > 0
+                     else sum(r.grid_intensity_g_per_kwh for r in reports) / len(reports))  # type: ignore[misc]
+    packages: dict[str, tuple[float, float]] = {}  # host -> (duration, package kWh) of its longest span
+    for r in reports:
+        if r.package_kwh is not None and r.duration_s >= packages.get(r.host, (-1.0, 0.0))[0]:
+            packages[r.host] = (r.duration_s, r.package_kwh)
     return EnergyReport(
         name=name,
         duration_s=sum(r.duration_s for r in reports),
@@ -87,19 +133,26 @@ def combine(reports: Iterable[EnergyReport], name: str = "total") -> EnergyRepor
         grid_intensity_g_per_kwh=intensity,
         country=",".join(dict.fromkeys(r.country for r in reports)),
         method=" | ".join(dict.fromkeys(r.method for r in reports)),
+        measured_kwh=sum(r.measured_kwh for r in reports),
+        modelled_kwh=sum(r.modelled_kwh for r in reports),
+        package_kwh=sum(kwh for _, kwh in packages.values()) if packages else None,
+        host=",".join(dict.fromkeys(r.host for r in reports)),
     )
 
 
-def grid_intensity(country_iso_code: str) -> float:
-    """Grid carbon intensity (g CO2eq/kWh) codecarbon uses offline for a country (ISO 3166-1 alpha-3)."""
+def grid_intensity(country_iso_code: str) -> float | None:
+    """Grid carbon intensity (g CO2eq/kWh) codecarbon uses offline for a country (ISO 3166-1 alpha-3).
+
+    None when codecarbon's data cannot be read (unavailable, never a stand-in figure); ValueError for a
+    code codecarbon does not know."""
     code = country_iso_code.upper()
     try:
         from codecarbon.input import DataSource  # pylint: disable=import-outside-toplevel
         from codecarbon.core.emissions import Emissions  # pylint: disable=import-outside-toplevel
 
         mix = DataSource().get_global_energy_mix_data()
-    except Exception:  # codecarbon missing or broken: documented world average  # pylint: disable=broad-except
-        return FALLBACK_GRID_INTENSITY
+    except Exception:  # codecarbon missing or broken  # pylint: disable=broad-except
+        return None
     if code not in mix:
         raise ValueError(f"unknown country ISO code {country_iso_code!r}: expected an ISO 3166-1 alpha-3 code "
                          f"such as USA, FRA or DEU")
@@ -117,6 +170,84 @@ def default_country() -> str:
         raise ValueError(f"{COUNTRY_ENV}={code!r} is not a country codecarbon knows (ISO 3166-1 alpha-3, "
                          "e.g. USA, FRA, DEU)") from None
     return code.upper()
+
+
+def read_rapl_packages(root: str | os.PathLike | None = None) -> dict[str, tuple[int, int]]:
+    """The RAPL package counters readable here: {domain: (energy_uj, max_energy_range_uj)} ({} if none)."""
+    out = {}
+    for domain in sorted(Path(root or RAPL_ROOT).glob("intel-rapl:*")):
+        if domain.name.count(":") != 1:  # intel-rapl:0:0 etc. are sub-domains (core, dram) of a package
+            continue
+        try:
+            if not (domain / "name").read_text(encoding="utf-8").strip().startswith("package"):
+                continue
+            out[domain.name] = (int((domain / "energy_uj").read_text(encoding="utf-8")),
+                                int((domain / "max_energy_range_uj").read_text(encoding="utf-8")))
+        except (OSError, ValueError):  # unreadable (permissions) or malformed: not a usable counter
+            continue
+    return out
+
+
+def machine_busy_cpu_seconds() -> float:
+    """CPU seconds every process on this machine has spent busy (all cores), from /proc/stat via psutil."""
+    t = psutil.cpu_times()
+    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0)
+                 - getattr(t, "guest_nice", 0.0))
+
+
+class RaplAttribution:
+    """Samples the RAPL package counters and attributes to one process its CPU-time share of them.
+
+    Each interval: package energy dE (wrap-aware), this process's CPU seconds dp, the machine's busy CPU
+    seconds dm; the process is attributed dE x min(1, dp / dm). Sampled on a thread every `interval_s`
+    (so a counter cannot wrap unseen) and once more at `stop()`. The readers are parameters for tests.
+    """
+
+    def __init__(self, process_cpu: Callable[[], float], *, root: str | os.PathLike | None = None,
+                 machine_cpu: Callable[[], float] | None = None, interval_s: float = RAPL_SAMPLE_S):
+        self._root, self._process_cpu = root, process_cpu
+        self._machine_cpu = machine_cpu or machine_busy_cpu_seconds
+        self._last = read_rapl_packages(root)
+        if not self._last:
+            raise OSError("no readable RAPL package counter")
+        self._last_cpu = (process_cpu(), self._machine_cpu())
+        self.package_j = 0.0
+        self.attributed_j = 0.0
+        self._interval = interval_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> "RaplAttribution":
+        self._thread = threading.Thread(target=self._loop, name="rapl-sampler", daemon=True)
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self._interval):
+            self.sample()
+
+    def sample(self) -> None:
+        """Adds the energy since the previous sample (package total and this process's share)."""
+        with self._lock:
+            now = read_rapl_packages(self._root)
+            cpu = (self._process_cpu(), self._machine_cpu())
+            delta_uj = 0
+            for domain, (energy, wrap) in now.items():
+                if domain in self._last:
+                    before = self._last[domain][0]
+                    delta_uj += energy - before if energy >= before else energy + wrap - before
+            dp, dm = cpu[0] - self._last_cpu[0], cpu[1] - self._last_cpu[1]
+            share = min(1.0, max(0.0, dp) / dm) if dm > 0 else 0.0
+            self.package_j += delta_uj / 1e6
+            self.attributed_j += delta_uj / 1e6 * share
+            self._last, self._last_cpu = {**self._last, **now}, cpu
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self.sample()
 
 
 def _process_cpu_seconds(process: psutil.Process) -> float:
@@ -205,49 +336,95 @@ def _store_tdp_cache() -> None:
         return
 
 
-def _describe_methods(tracker: Any) -> str:
-    """Names, per component, how codecarbon got its numbers: measured (counters) or estimated (models)."""
-    parts = {"cpu": "cpu=not tracked", "gpu": "gpu=none detected", "ram": "ram=not tracked"}
+_DEFAULT_TDP_CACHE: dict[tuple[str, float], bool] = {}
+
+
+def _tdp_is_default(model: str | None, tdp: float | None) -> bool:
+    """Whether codecarbon's TDP is its default for a CPU it does not know (4 W per thread), not a table value.
+
+    codecarbon returns threads x 4 W for an unknown model; only that value needs the (slow, cached) table check."""
+    try:
+        from codecarbon.core.cpu import DEFAULT_POWER_PER_CORE, TDP  # pylint: disable=import-outside-toplevel
+    except ImportError:
+        return False
+    if tdp is None or not model:
+        return True
+    if abs(float(tdp) - (psutil.cpu_count() or 1) * DEFAULT_POWER_PER_CORE) > 1e-6:
+        return False
+    key = (model, float(tdp))
+    if key not in _DEFAULT_TDP_CACHE:
+        try:
+            _DEFAULT_TDP_CACHE[key] = TDP._get_cpu_power_from_registry(TDP.__new__(TDP), model) is None  # pylint: disable=protected-access
+        except Exception:  # pylint: disable=broad-except
+            _DEFAULT_TDP_CACHE[key] = True  # cannot confirm a table match: do not call it this CPU's TDP
+    return _DEFAULT_TDP_CACHE[key]
+
+
+def _codecarbon_components(tracker: Any) -> dict[str, tuple[str, str]]:
+    """Per component (cpu, gpu, ram): ("measured" | "modelled" | "none", how) from codecarbon's hardware."""
+    parts = {"cpu": ("none", "not tracked"), "gpu": ("none", "none detected"), "ram": ("none", "not tracked")}
     for hw in getattr(tracker, "_hardware", []):
         kind = type(hw).__name__
         if kind == "CPU":
             mode = getattr(hw, "_mode", "unknown")
             tdp = getattr(hw, "_tdp", None)
+            default = getattr(hw, "_is_generic_tdp", False) or _tdp_is_default(getattr(hw, "_model", None), tdp)
+            tdp_text = (f"TDP {tdp} W = codecarbon's default for a CPU it does not know "
+                        f"({FALLBACK_WATTS_PER_THREAD:g} W per thread), not this CPU's TDP" if default
+                        else f"TDP {tdp} W from codecarbon's CPU table")
             if mode == "intel_rapl":
-                parts["cpu"] = "cpu=measured: RAPL"
+                parts["cpu"] = ("measured", "RAPL (codecarbon)")
             elif mode == "windows_emi":
-                parts["cpu"] = "cpu=measured: Windows Energy Meter (RAPL)"
+                parts["cpu"] = ("measured", "Windows Energy Meter (RAPL)")
             elif mode == "intel_power_gadget":
-                parts["cpu"] = "cpu=measured: Intel Power Gadget"
+                parts["cpu"] = ("measured", "Intel Power Gadget")
             elif mode == "cpu_load":
-                parts["cpu"] = f"cpu=estimated: CPU TDP power model ({tdp} W) x process CPU time share"
+                parts["cpu"] = ("modelled", f"{tdp_text} x process CPU time share")
             elif mode == "constant":
-                parts["cpu"] = f"cpu=estimated: constant fraction of CPU TDP ({tdp} W)"
+                parts["cpu"] = ("modelled", f"constant fraction of the {tdp_text}")
             else:
-                parts["cpu"] = f"cpu=codecarbon mode {mode}"
+                parts["cpu"] = ("modelled", f"codecarbon mode {mode}")
         elif kind == "GPU":
-            parts["gpu"] = "gpu=measured: NVML/AMD SMI energy counters (whole device)"
+            parts["gpu"] = ("measured", "NVML/AMD SMI energy counters (whole device)")
         elif kind == "RAM":
             forced = getattr(hw, "_force_ram_power", None)
-            parts["ram"] = (f"ram=estimated: user constant {forced} W" if forced is not None
-                            else "ram=estimated: codecarbon RAM power model (process memory)")
+            parts["ram"] = ("modelled", f"user constant {forced} W" if forced is not None
+                            else "codecarbon RAM power model (process memory)")
         elif kind in ("AppleSiliconChip", "Raspberry"):
-            parts["cpu"] = f"cpu=measured: {kind} power interface"
-    return "; ".join(parts.values())
+            parts["cpu"] = ("measured", f"{kind} power interface")
+    return parts
+
+
+def _method_line(source: str, parts: dict[str, tuple[str, str]], kwh: dict[str, float], total: float,
+                 country: str, intensity: float | None) -> str:
+    """The report's method: what was measured, what modelled (with the RAM model's share), the grid source."""
+    def listed(kind: str) -> str:
+        names = [f"{c} ({how})" for c, (k, how) in parts.items() if k == kind]
+        return ", ".join(names) or "nothing"
+    ram_share = f"{100 * kwh['ram'] / total:.0f}%" if total > 0 and parts["ram"][0] == "modelled" else "0%"
+    grid = (f"{country} {intensity:.0f} g/kWh (codecarbon offline data)" if intensity is not None
+            else f"{UNAVAILABLE} (codecarbon's data could not be read; no emissions reported)")
+    untracked = [c for c, (k, _) in parts.items() if k == "none"]
+    return (f"{source}. measured: {listed('measured')}; modelled: {listed('modelled')}; RAM model share of the "
+            f"energy: {ram_share}" + (f"; not tracked: {', '.join(untracked)}" if untracked else "")
+            + f"; grid intensity: {grid}")
 
 
 class EnergyTracker:
     """Tracks the energy of this process from `start()` to `stop()` (or as a context manager).
 
-    `name` (or its alias `node`) labels the report and its file. `cpu_power_w` overrides the CPU TDP codecarbon looks up (its table can be far off for VMs); the
-    CPU energy is then still an estimate (TDP x CPU time share), and `method` says so.
+    `name` (or its alias `node`) labels the report and its file. `cpu_power_w` overrides the CPU TDP codecarbon
+    looks up (its table can be far off for VMs); the CPU energy is then still modelled (TDP x CPU time share),
+    and `method` says so. Where RAPL package counters are readable (`rapl_root`), CPU energy is measured and
+    attributed by CPU time (`RaplAttribution`) instead of codecarbon's per-process figure.
 
     `stop()` returns an `EnergyReport` (also kept in `.report`); with `output_dir`, it is also written
     to `output_dir/energy-<name>.json`. `startup_s` is how long `start()` took.
     """
 
     def __init__(self, name: str = "run", country_iso_code: str | None = None, output_dir: str | os.PathLike | None = None,
-                 use_codecarbon: bool = True, cpu_power_w: float | None = None, *, node: str | None = None):
+                 use_codecarbon: bool = True, cpu_power_w: float | None = None, *, node: str | None = None,
+                 rapl_root: str | os.PathLike | None = None, rapl_interval_s: float = RAPL_SAMPLE_S):
         if node is not None:  # the launchers name trackers after their node ("learner", "actor_3", ...)
             if name not in ("run", node):
                 raise ValueError(f"give the tracker one name: name={name!r} and node={node!r} differ")
@@ -260,16 +437,19 @@ class EnergyTracker:
             raise ValueError(f"country_iso_code must be a 3-letter ISO code, got {country_iso_code!r}")
         self.name = name
         self.country = country_iso_code.upper()
-        self.intensity = grid_intensity(self.country)  # validates the code against codecarbon's data
+        self.intensity = grid_intensity(self.country)  # validates the code; None when codecarbon's data is missing
         self.output_dir = None if output_dir is None else Path(output_dir)
         self.use_codecarbon = bool(use_codecarbon)
         if cpu_power_w is not None and not (isinstance(cpu_power_w, (int, float)) and 0 < cpu_power_w < 1e5):
             raise ValueError(f"cpu_power_w must be a positive number of watts, got {cpu_power_w!r}")
         self.cpu_power_w = cpu_power_w  # codecarbon's force_cpu_power: the CPU's known TDP, if you know it
+        self.rapl_root = rapl_root
+        self.rapl_interval_s = float(rapl_interval_s)
         self.report: EnergyReport | None = None
         self.startup_s = 0.0
         self.fallback_reason: str | None = None
         self._tracker: Any = None
+        self._rapl: RaplAttribution | None = None
         self._process = psutil.Process()
         self._t0: float | None = None
         self._cpu0 = 0.0
@@ -283,6 +463,11 @@ class EnergyTracker:
         self._cpu0 = _process_cpu_seconds(self._process)
         if self.output_dir is not None:
             self.output_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self._rapl = RaplAttribution(lambda: _process_cpu_seconds(self._process), root=self.rapl_root,
+                                         interval_s=self.rapl_interval_s).start()
+        except OSError:  # no readable package counter: CPU energy comes from a model
+            self._rapl = None
         if self.use_codecarbon:
             self._tracker = self._start_codecarbon()
         self.startup_s = time.perf_counter() - began
@@ -309,6 +494,9 @@ class EnergyTracker:
             if not primed:
                 _store_tdp_cache()
             return tracker
+        except ImportError:
+            self.fallback_reason = "codecarbon not installed"
+            return None
         except Exception as err:  # any codecarbon failure: fall back, and say why  # pylint: disable=broad-except
             self.fallback_reason = f"codecarbon failed to start ({type(err).__name__})"
             return None
@@ -317,6 +505,8 @@ class EnergyTracker:
         if self._t0 is None:
             raise ValueError(f"energy tracker {self.name!r} was not started")
         duration = time.perf_counter() - self._t0
+        if self._rapl is not None:
+            self._rapl.stop()
         report = None
         if self._tracker is not None:
             try:
@@ -326,44 +516,44 @@ class EnergyTracker:
                 self.fallback_reason = f"codecarbon failed to stop ({type(err).__name__})"
         if report is None:
             report = self._fallback_report(duration)
-        self._t0, self._tracker = None, None
+        self._t0, self._tracker, self._rapl = None, None, None
         self.report = report
         if self.output_dir is not None:
             write_json_atomic(self.output_dir / f"energy-{self.name}.json", report.to_dict())
         return report
 
-    def _report_from_codecarbon(self, data: Any) -> EnergyReport:
-        cpu, gpu, ram = float(data.cpu_energy), float(data.gpu_energy), float(data.ram_energy)
+    def _build(self, source: str, duration: float, parts: dict[str, tuple[str, str]],
+               kwh: dict[str, float]) -> EnergyReport:
+        """A report from per-component kWh, with RAPL's attributed CPU energy replacing any CPU figure."""
+        package_kwh = None
+        if self._rapl is not None:
+            kwh["cpu"] = self._rapl.attributed_j / 3.6e6
+            package_kwh = self._rapl.package_j / 3.6e6
+            parts["cpu"] = ("measured", "RAPL package counter, this process's share of the machine's busy CPU "
+                                        "time; the whole package is reported once per host, never summed")
+        total = sum(kwh.values())
+        measured = sum(kwh[c] for c, (k, _) in parts.items() if k == "measured")
         return EnergyReport(
-            name=self.name,
-            duration_s=float(data.duration),
-            energy_kwh=float(data.energy_consumed),
-            cpu_kwh=cpu,
-            gpu_kwh=gpu,
-            ram_kwh=ram,
-            emissions_kg_co2eq=float(data.emissions),
-            grid_intensity_g_per_kwh=self.intensity,
-            country=self.country,
-            method="codecarbon offline, process mode: " + _describe_methods(self._tracker),
-        )
+            name=self.name, duration_s=duration, energy_kwh=total, cpu_kwh=kwh["cpu"], gpu_kwh=kwh["gpu"],
+            ram_kwh=kwh["ram"], emissions_kg_co2eq=_emissions(total, self.intensity),
+            grid_intensity_g_per_kwh=self.intensity, country=self.country,
+            method=_method_line(source, parts, kwh, total, self.country, self.intensity),
+            measured_kwh=measured, modelled_kwh=total - measured, package_kwh=package_kwh,
+            host=socket.gethostname())
+
+    def _report_from_codecarbon(self, data: Any) -> EnergyReport:
+        kwh = {"cpu": float(data.cpu_energy), "gpu": float(data.gpu_energy), "ram": float(data.ram_energy)}
+        return self._build("codecarbon offline, process mode", float(data.duration),
+                           _codecarbon_components(self._tracker), kwh)
 
     def _fallback_report(self, duration: float) -> EnergyReport:
         cpu_s = max(0.0, _process_cpu_seconds(self._process) - self._cpu0)
-        cpu_kwh = cpu_s * FALLBACK_WATTS_PER_THREAD / 3.6e6
         reason = self.fallback_reason or "codecarbon disabled"
-        return EnergyReport(
-            name=self.name,
-            duration_s=duration,
-            energy_kwh=cpu_kwh,
-            cpu_kwh=cpu_kwh,
-            gpu_kwh=0.0,
-            ram_kwh=0.0,
-            emissions_kg_co2eq=cpu_kwh * self.intensity / 1000.0,
-            grid_intensity_g_per_kwh=self.intensity,
-            country=self.country,
-            method=(f"quarl fallback ({reason}): cpu=estimated: {FALLBACK_WATTS_PER_THREAD} W per busy thread "
-                    f"x process CPU time ({cpu_s:.3f} s); gpu=not tracked; ram=not tracked"),
-        )
+        parts = {"cpu": ("modelled", f"a default of {FALLBACK_WATTS_PER_THREAD:g} W per busy thread (not this "
+                                     f"CPU's TDP) x process CPU time ({cpu_s:.3f} s)"),
+                 "gpu": ("none", "not tracked"), "ram": ("none", "not tracked")}
+        kwh = {"cpu": cpu_s * FALLBACK_WATTS_PER_THREAD / 3.6e6, "gpu": 0.0, "ram": 0.0}
+        return self._build(f"quarl fallback ({reason})", duration, parts, kwh)
 
     def __enter__(self) -> "EnergyTracker":
         return self.start()

@@ -192,3 +192,23 @@ def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path):
         time.sleep(0.5)
         leftover = _processes_with(marker)
     assert not leftover, f"processes left behind: {leftover}"
+
+
+def test_summary_energy_counts_a_rapl_package_once_and_keeps_unavailable_emissions_unavailable():
+    from launch.actorq import _sum_energy
+    from quarl.carbon import EnergyReport
+
+    def node(name, cpu, package, intensity=400.0):
+        kwh = cpu + 0.002
+        return EnergyReport(name, 10.0, kwh, cpu, 0.0, 0.002, None if intensity is None else kwh * intensity / 1e3,
+                            intensity, "USA", "m", measured_kwh=cpu, modelled_kwh=0.002, package_kwh=package,
+                            host="h").to_dict()
+
+    total = _sum_energy({"learner": node("learner", 0.006, 0.01), "actor_0": node("actor_0", 0.003, 0.01),
+                         "counter": None})
+    assert total["total_kwh"] == pytest.approx(0.013) and total["package_kwh"] == pytest.approx(0.01)
+    assert total["measured_kwh"] == pytest.approx(0.009) and total["ram_model_share"] == pytest.approx(0.004 / 0.013)
+    assert total["total_emissions_kg"] == pytest.approx(0.013 * 0.4)
+    partial = _sum_energy({"learner": node("learner", 0.006, None), "actor_0": node("actor_0", 0.003, None, None)})
+    assert partial["total_emissions_kg"] is None and partial["package_kwh"] is None
+    assert _sum_energy({"learner": None})["total_kwh"] is None

@@ -1,7 +1,9 @@
 """Tests for quarl.carbon: energy/emissions reports from codecarbon and from the fallback estimate."""
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 import os
 import time
 from importlib import resources
@@ -38,9 +40,13 @@ def test_codecarbon_report_is_consistent(tmp_path):
     assert report.emissions_kg_co2eq == pytest.approx(
         report.energy_kwh * report.grid_intensity_g_per_kwh / 1000.0, rel=1e-6)
     assert report.duration_s >= 0.3
-    assert report.method.startswith("codecarbon offline") and "cpu=" in report.method
-    if not _has_rapl():
-        assert "cpu=measured" not in report.method and "cpu=estimated" in report.method
+    assert report.method.startswith("codecarbon offline") and "measured:" in report.method
+    assert report.measured_kwh + report.modelled_kwh == pytest.approx(report.energy_kwh, rel=1e-9)
+    assert report.ram_model_share == pytest.approx(report.ram_kwh / report.energy_kwh)
+    assert f"RAM model share of the energy: {100 * report.ram_model_share:.0f}%" in report.method
+    if not _has_rapl():  # no counters: everything is modelled, and said to be
+        assert report.measured_kwh == 0 and report.package_kwh is None
+        assert "measured: nothing" in report.method and "modelled: cpu (" in report.method
     saved = json.loads((tmp_path / "energy-busy.json").read_text())
     assert saved == report.to_dict()
 
@@ -62,7 +68,9 @@ def test_fallback_estimate_is_labelled_and_scales_with_cpu_time():
     assert 0.25 <= cpu_s <= 2.0
     assert report.energy_kwh == report.cpu_kwh and report.gpu_kwh == 0 and report.ram_kwh == 0
     assert report.emissions_kg_co2eq == pytest.approx(report.energy_kwh * report.grid_intensity_g_per_kwh / 1000)
-    assert "fallback" in report.method and "estimated" in report.method and "measured" not in report.method
+    assert "fallback" in report.method and "modelled: cpu (a default of 4 W per busy thread (not this CPU's TDP)" \
+        in report.method and "measured: nothing" in report.method
+    assert report.modelled_kwh == report.energy_kwh and report.ram_model_share == 0
 
 
 def test_codecarbon_start_failure_falls_back(monkeypatch):
@@ -90,6 +98,9 @@ def test_combine_sums_reports():
     assert total.emissions_kg_co2eq == pytest.approx(1.1)
     assert total.grid_intensity_g_per_kwh == pytest.approx(1.1 * 1000 / 7.0)
     assert total.country == "USA,FRA" and total.method == "m1 | m2"
+    missing = dataclasses.replace(b, emissions_kg_co2eq=None, grid_intensity_g_per_kwh=None)
+    partial = carbon.combine([a, missing])  # one report without a grid intensity: no emissions total at all
+    assert partial.emissions_kg_co2eq is None and partial.grid_intensity_g_per_kwh is None
     with pytest.raises(ValueError, match="at least one"):
         carbon.combine([])
 
@@ -142,3 +153,93 @@ def test_grid_country_comes_from_the_environment(monkeypatch):
         monkeypatch.setenv(carbon.COUNTRY_ENV, bad)
         with pytest.raises(ValueError, match="QUARL_CARBON_COUNTRY"):
             carbon.default_country()
+
+
+def _fake_rapl(root, packages: dict[str, int], max_uj: int = 1_000_000_000) -> None:
+    """A powercap tree: package domains intel-rapl:N plus a core sub-domain and a psys domain to be ignored."""
+    for i, (name, uj) in enumerate(packages.items()):
+        for domain, label, value in ((f"intel-rapl:{i}", name, uj), (f"intel-rapl:{i}:0", "core", uj // 2)):
+            d = root / domain
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "name").write_text(label + "\n")
+            (d / "energy_uj").write_text(f"{value}\n")
+            (d / "max_energy_range_uj").write_text(f"{max_uj}\n")
+    psys = root / f"intel-rapl:{len(packages)}"
+    psys.mkdir(exist_ok=True)
+    for f, v in (("name", "psys"), ("energy_uj", "5"), ("max_energy_range_uj", str(max_uj))):
+        (psys / f).write_text(v)
+
+
+def test_rapl_package_energy_is_split_by_cpu_time_and_survives_wraps(tmp_path):
+    _fake_rapl(tmp_path, {"package-0": 900_000_000})
+    assert carbon.read_rapl_packages(tmp_path) == {"intel-rapl:0": (900_000_000, 1_000_000_000)}
+    cpu = {"proc": 10.0, "machine": 100.0}
+    rapl = carbon.RaplAttribution(lambda: cpu["proc"], root=tmp_path, machine_cpu=lambda: cpu["machine"])
+    # interval 1: 60 J of package energy (the counter wraps at 1000 J), the process used 1 of 4 busy CPU-s
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("960000000")
+    cpu.update(proc=11.0, machine=104.0)
+    rapl.sample()
+    assert (rapl.package_j, rapl.attributed_j) == pytest.approx((60.0, 15.0))
+    (tmp_path / "intel-rapl:0" / "energy_uj").write_text("20000000")  # wrapped: 40 J + 20 J = 60 J
+    cpu.update(proc=13.0, machine=106.0)  # the process was all the busy CPU time
+    rapl.sample()
+    assert (rapl.package_j, rapl.attributed_j) == pytest.approx((120.0, 75.0))
+    cpu.update(proc=13.0, machine=106.0)
+    rapl.sample()  # no energy, no CPU time: nothing added (and no division by zero)
+    assert (rapl.package_j, rapl.attributed_j) == pytest.approx((120.0, 75.0))
+    with pytest.raises(OSError, match="RAPL"):
+        carbon.RaplAttribution(lambda: 0.0, root=tmp_path / "none")
+
+
+def test_rapl_tracker_reports_measured_cpu_and_combine_counts_the_package_once(tmp_path, monkeypatch):
+    _fake_rapl(tmp_path, {"package-0": 0})
+    busy = iter(float(x) for x in range(0, 10_000, 10))  # the machine: 10 busy CPU-s between readings
+    monkeypatch.setattr(carbon, "machine_busy_cpu_seconds", lambda: next(busy))
+    reports = []
+    for name in ("learner", "actor_0"):
+        tracker = carbon.EnergyTracker(name, use_codecarbon=False, rapl_root=tmp_path, rapl_interval_s=3600).start()
+        _busy(0.2)
+        (tmp_path / "intel-rapl:0" / "energy_uj").write_text("36000000000" if name == "learner" else "72000000000")
+        reports.append(tracker.stop())
+    for r in reports:  # 36 kJ = 0.01 kWh of package energy per span; the process got its CPU share of it
+        assert r.package_kwh == pytest.approx(0.01)
+        assert 0 < r.cpu_kwh < 0.01 * 0.2 and r.measured_kwh == r.cpu_kwh
+        assert "measured: cpu (RAPL package counter" in r.method and "modelled: nothing" in r.method
+    total = carbon.combine(reports)
+    assert total.cpu_kwh == pytest.approx(sum(r.cpu_kwh for r in reports))  # attributed shares add up
+    assert total.package_kwh == pytest.approx(0.01)  # the one package, once, not 0.02
+    assert carbon.EnergyReport.from_dict(reports[0].to_dict()) == reports[0]
+
+
+def test_codecarbon_default_tdp_is_named_a_default():
+    import psutil
+
+    class CPU:  # codecarbon's hardware object, as _codecarbon_components reads it
+        def __init__(self, model, tdp):
+            self._mode, self._model, self._tdp = "cpu_load", model, tdp
+
+    class Tracker:
+        def __init__(self, *hw):
+            self._hardware = hw
+
+    default = (psutil.cpu_count() or 1) * 4
+    text = carbon._codecarbon_components(Tracker(CPU("Quux Zorb 9 Unknown Processor", default)))["cpu"]
+    assert text[0] == "modelled" and "default for a CPU it does not know" in text[1] and "not this CPU's TDP" in text[1]
+    text = carbon._codecarbon_components(Tracker(CPU("Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz", 150)))["cpu"]
+    assert "from codecarbon's CPU table" in text[1] and "default" not in text[1]
+
+
+def test_missing_codecarbon_gives_unavailable_intensity_not_a_default(monkeypatch):
+    for mod in [m for m in sys.modules if m == "codecarbon" or m.startswith("codecarbon.")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.setitem(sys.modules, "codecarbon", None)  # import codecarbon -> ImportError
+    assert carbon.grid_intensity("FRA") is None
+    monkeypatch.setenv(carbon.COUNTRY_ENV, "FRA")
+    assert carbon.default_country() == "FRA"
+    with carbon.EnergyTracker("no_codecarbon") as tracker:
+        _busy(0.1)
+    report = tracker.report
+    assert report.emissions_kg_co2eq is None and report.grid_intensity_g_per_kwh is None
+    assert "quarl fallback (codecarbon not installed)" in report.method
+    assert "grid intensity: unavailable" in report.method and report.cpu_kwh > 0
+    assert json.loads(json.dumps(report.to_dict()))["emissions_kg_co2eq"] is None
