@@ -56,6 +56,9 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--actor-update-period", type=int, default=None,
                         help="actor steps between weight pulls (default: the agent config's)")
+    parser.add_argument("--envs-per-actor", type=int, default=1, metavar="K",
+                        help="environments each actor steps together, with one policy call per step on the "
+                             "batch of K observations (default 1, the paper's setting)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="agent config override, repeatable (e.g. --set batch_size=128)")
     add_qat_argument(parser)
@@ -242,6 +245,7 @@ class RunArgs:
     actor_update_period: int | None
     overrides: dict
     builder: Any
+    envs_per_actor: int = 1
 
 
 def check_carbon_country() -> str:
@@ -279,9 +283,10 @@ def validate_common(args: argparse.Namespace) -> RunArgs:
     eval_every = check_positive("--eval-every", args.eval_every, optional=True)
     eval_episodes = check_positive("--eval-episodes", args.eval_episodes)
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
+    envs_per_actor = check_positive("--envs-per-actor", args.envs_per_actor)
     logdir = check_logdir(args.logdir)
     overrides = parse_overrides(agent, args.overrides)
     overrides.update(qat_overrides(args.qat_bits, precision))
     builder = check_agent_task(agent, args.task, overrides)
     return RunArgs(agent, args.task, precision, backend, steps, seed, logdir, eval_every, eval_episodes, period,
-                   overrides, builder)
+                   overrides, builder, envs_per_actor)

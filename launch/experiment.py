@@ -18,7 +18,9 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
+from quarl.env_loop import VectorEnvLoop
 from quarl.envs import environment_spec, make_environment
+from quarl.vector_env import make_vector_environment
 from quarl.carbon import start_tracking, stop_tracking
 from quarl.logs import CSVLogger, write_json_atomic
 from quarl.policy_io import save_policy
@@ -129,7 +131,8 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
                    max_actor_steps: int, seed: int = 0, logdir: str | Path, eval_every: int | None = None,
                    eval_episodes: int = 10, actor_update_period: int | None = None, eval_fp32: bool = False,
                    progress: bool = True, energy: bool = True, sync_learner: bool = False,
-                   on_eval: Callable[[dict[str, Any]], bool | None] | None = None) -> dict[str, Any]:
+                   on_eval: Callable[[dict[str, Any]], bool | None] | None = None,
+                   envs_per_actor: int = 1) -> dict[str, Any]:
     """Trains `builder`'s agent on `task` for `max_actor_steps` env steps; returns (and writes) the summary.
 
     `eval_every` (actor steps; default max_actor_steps // 10) schedules greedy evaluations at the deployed
@@ -139,23 +142,29 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     Learner updates are dispatched asynchronously (JAX), so their compute overlaps acting and part of it shows
     up in the stage that next waits on the device (usually `pull_s`); `sync_learner=True` waits for every update
     so each stage's time is its own, at some cost in throughput.
+    `envs_per_actor` K > 1 makes the actor step K environments and run its policy once per step on the batch
+    of K observations (`quarl.env_loop`); every count (steps, evaluation and update periods) is in env steps,
+    so one loop iteration advances them by K.
     Writes evaluator.csv, learner.csv, actor.csv, summary.json and the final fp32 policy
     (policy_fp32.qrlp + .json, see `quarl.policy_io`) under `logdir`.
     """
     _validate(max_actor_steps, seed, eval_every, eval_episodes, actor_update_period)
+    if isinstance(envs_per_actor, bool) or not isinstance(envs_per_actor, (int, np.integer)) or envs_per_actor < 1:
+        raise ValueError(f"envs_per_actor must be a positive int, got {envs_per_actor!r}")
+    num_envs = int(envs_per_actor)
     prec = parse_precision(precision).name
     config = builder.config
     update_period = int(actor_update_period or config.actor_update_period)
     eval_every = int(eval_every or max(1, max_actor_steps // 10))
     seed = int(seed)
 
-    env = make_environment(task, seed)
+    env = make_vector_environment(task, seed, num_envs)
     eval_env = make_environment(task, seed + EVAL_SEED_OFFSET)
     env_spec = environment_spec(env)
     spec = builder.policy_spec(env_spec)
     learner = builder.make_learner(env_spec, seed)
     table = builder.make_table(env_spec, seed=seed)
-    adder = builder.make_adder()
+    loop = VectorEnvLoop(env, builder.make_adder)
     prioritized = getattr(table, "sampler", "uniform") == "prioritized"
     batch_size = int(config.batch_size)
 
@@ -165,7 +174,8 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     channel = WeightChannel(learner, spec, prec, times)
     qparams = channel.pull(count=False)
     t0 = time.perf_counter()
-    actor = builder.make_actor(env_spec, qparams, seed=seed, actor_id=0, evaluation=False, backend=backend)
+    actor = builder.make_actor(env_spec, qparams, seed=seed, actor_id=0, evaluation=False, backend=backend,
+                               batch_size=num_envs)
     times.actor_build_s = time.perf_counter() - t0  # includes `auto` measuring backends; not an update
     eval_actor = builder.make_actor(env_spec, qparams, seed=seed + 1, actor_id=0, evaluation=True,
                                     backend=backend)
@@ -230,41 +240,32 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
             if learner.steps % LEARNER_LOG_EVERY == 0:
                 log_learner()
 
-    timestep = env.reset()
-    adder.add_first(timestep)
-    episode_return, episode_steps, episodes = 0.0, 0, 0
+    times.env_step_s += loop.reset()
+    episodes = 0
+    step = 0
     try:
         with _progress(max_actor_steps, progress) as bar:
-            for step in range(1, max_actor_steps + 1):
+            while step < max_actor_steps:
+                out = loop.step(actor.select_actions)
+                prev, step = step, step + num_envs
                 t = time.perf_counter()
-                action = actor.select_action(timestep.observation)
-                t1 = time.perf_counter()
-                timestep = env.step(action)
-                t2 = time.perf_counter()
-                transitions = adder.add(action, timestep)
-                if transitions:
-                    _insert(table, transitions, learn)
-                t3 = time.perf_counter()
-                times.inference_s += t1 - t
-                times.env_step_s += t2 - t1
-                times.adder_insert_s += t3 - t2
+                if out.transitions:
+                    _insert(table, out.transitions, learn)
+                times.inference_s += out.policy_s
+                times.env_step_s += out.env_s
+                times.adder_insert_s += out.adder_s + time.perf_counter() - t
                 times.env_steps = step
-                episode_return += float(timestep.reward)
-                episode_steps += 1
                 learn()
 
-                if timestep.last():
+                for episode in out.episodes:
                     episodes += 1
                     actor_log.write({"actor_steps": step, "episodes": episodes,
                                      "wall_clock_s": round(time.perf_counter() - start, 3),
-                                     "episode_return": episode_return, "episode_length": episode_steps,
+                                     "episode_return": episode.episode_return, "episode_length": episode.length,
                                      "exploration": _exploration(actor),
                                      "learner_steps": learner.steps})
-                    episode_return, episode_steps = 0.0, 0
-                    timestep = env.reset()
-                    adder.add_first(timestep)
 
-                if step % update_period == 0:
+                if _crossed(prev, step, update_period):
                     qp = channel.pull()
                     t = time.perf_counter()
                     actor.update(qp)
@@ -272,12 +273,12 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
                     times.updates += 1
 
                 stop = False
-                if step % eval_every == 0 or step == max_actor_steps:
+                if _crossed(prev, step, eval_every) or step >= max_actor_steps:
                     stop = run_evaluation(step)
                     bar.set_postfix(eval_return=f"{evals[-1]['return']:.1f}", learner_steps=learner.steps,
                                     refresh=False)
-                if step % 100 == 0 or step == max_actor_steps or stop:
-                    bar.update(step - bar.n)
+                if _crossed(prev, step, 100) or step >= max_actor_steps or stop:
+                    bar.update(min(step, max_actor_steps) - bar.n)
                 if stop:
                     break
         if last_metrics and learner.steps % LEARNER_LOG_EVERY:
@@ -286,7 +287,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         for log in (evaluator_log, learner_log, actor_log):
             log.close()
         energy_result = stop_tracking(tracker)
-        env.close()
+        loop.close()
         eval_env.close()
 
     wall = time.perf_counter() - start
@@ -301,7 +302,8 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         "backend": actor.backend,
         "seed": seed,
         "config": _jsonable(dataclasses.asdict(config)),
-        "actor_steps": times.env_steps,
+        "actor_steps": times.env_steps,  # a multiple of envs_per_actor: the last step may pass max_actor_steps
+        "envs_per_actor": num_envs,
         "learner_steps": learner.steps,
         "episodes": episodes,
         "wall_clock_s": round(wall, 3),
@@ -329,6 +331,12 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         extra={"seed": seed, "precision": prec, "final_eval_return": returns[-1]}).name
     write_json_atomic(logdir / "summary.json", summary)
     return summary
+
+
+def _crossed(before: int, after: int, period: int) -> bool:
+    """Whether a multiple of `period` lies in (before, after]: periodic work keyed on env-step counts that
+    advance K at a time (with K=1, `after % period == 0`)."""
+    return after // period > before // period
 
 
 def _exploration(actor: Any) -> float:

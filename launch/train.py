@@ -1,7 +1,8 @@
 """Single-process training CLI:
 
     python -m launch.train --agent dqn --task CartPole-v1 --precision int8 --steps 50000 --seed 0 \
-        --logdir runs/dqn_cartpole [--eval-every K --eval-episodes E --actor-update-period P --set key=value]
+        --logdir runs/dqn_cartpole [--eval-every K --eval-episodes E --actor-update-period P --envs-per-actor K
+        --set key=value]
 
 Bad flags print one line on stderr and exit 2 before anything is written.
 """
@@ -34,7 +35,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                              max_actor_steps=run.steps, seed=run.seed, logdir=run.logdir,
                              eval_every=run.eval_every, eval_episodes=run.eval_episodes,
                              actor_update_period=run.actor_update_period, eval_fp32=args.eval_fp32,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, envs_per_actor=run.envs_per_actor)
     keys = ("agent", "task", "precision", "backend", "actor_steps", "learner_steps", "final_eval_return",
             "best_eval_return", "wall_clock_s")
     print(json.dumps({k: summary[k] for k in keys}))

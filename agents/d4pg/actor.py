@@ -23,7 +23,7 @@ class D4PGActor:
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, action_min: Sequence[float],
                  action_max: Sequence[float], sigma: float, seed: int, actor_id: int = 0,
                  evaluation: bool = False, backend: str = "auto",
-                 executor_factory: ExecutorFactory | None = None):
+                 executor_factory: ExecutorFactory | None = None, batch_size: int = 1):
         lo = np.asarray(action_min, np.float32).reshape(-1)
         hi = np.asarray(action_max, np.float32).reshape(-1)
         if lo.shape != (spec.output_dim,) or hi.shape != (spec.output_dim,):
@@ -38,7 +38,9 @@ class D4PGActor:
         if executor_factory is None:
             from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
             executor_factory = make_executor
-        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=1)
+        # batch_size: how many observations one call carries (K environments per actor); `auto` measures the
+        # runtimes at that batch.
+        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
         self._obs_dim = spec.input_dim
         self._low, self._high = lo, hi
         self._sigma = float(sigma)
@@ -73,6 +75,16 @@ class D4PGActor:
             action = action + self._rng.normal(0.0, self._sigma, action.shape).astype(np.float32)
         # Also clips evaluation actions: a low-precision tanh head may overshoot its bounds by a rounding step.
         return np.clip(action, self._low, self._high)
+
+    def select_actions(self, observations: np.ndarray) -> np.ndarray:
+        """`select_action` for a batch `[K, obs_dim]` in one policy call, independent noise per row."""
+        obs = np.asarray(observations, np.float32)
+        if obs.ndim != 2 or obs.shape[1] != self._obs_dim:
+            raise ValueError(f"observations must be [K, {self._obs_dim}], got shape {obs.shape}")
+        actions = np.asarray(self._executor(obs), np.float32)
+        if not self.evaluation and self._sigma > 0.0:
+            actions = actions + self._rng.normal(0.0, self._sigma, actions.shape).astype(np.float32)
+        return np.clip(actions, self._low, self._high)
 
     def update(self, qparams: QuantizedParams) -> None:
         """New policy weights (same spec); the executor swaps them in place."""

@@ -52,14 +52,15 @@ class Builder:
 
     def make_actor(self, env_spec: Any, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
                    evaluation: bool = False, backend: str = "auto", num_actors: int = 1,
-                   executor_factory: ExecutorFactory | None = None) -> D4PGActor:
+                   executor_factory: ExecutorFactory | None = None, batch_size: int = 1) -> D4PGActor:
         """`num_actors` (an extension of the contract, default 1) spreads sigma over the fleet; left at 1,
         every actor explores with `config.sigma` whatever its id (runners that only pass `actor_id`)."""
         lo, hi = self._action_bounds(env_spec)
         sigma = self.config.sigma if num_actors == 1 else self.sigma_for_actor(actor_id, num_actors)
         return D4PGActor(self.policy_spec(env_spec), qparams, action_min=lo, action_max=hi,
                          sigma=sigma, seed=seed, actor_id=actor_id,
-                         evaluation=evaluation, backend=backend, executor_factory=executor_factory)
+                         evaluation=evaluation, backend=backend, executor_factory=executor_factory,
+                        batch_size=batch_size)
 
     def make_adder(self) -> Any:
         from quarl.adders import NStepTransitionAdder  # pylint: disable=import-outside-toplevel

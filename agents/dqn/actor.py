@@ -41,7 +41,7 @@ class DQNActor:
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, num_actions: int,
                  schedule: EpsilonSchedule, eval_epsilon: float, seed: int, evaluation: bool = False,
-                 backend: str = "auto", executor_factory: ExecutorFactory | None = None):
+                 backend: str = "auto", executor_factory: ExecutorFactory | None = None, batch_size: int = 1):
         if num_actions != spec.output_dim:
             raise ValueError(f"num_actions ({num_actions}) does not match the Q-network output ({spec.output_dim})")
         if not 0.0 <= eval_epsilon <= 1.0:
@@ -49,7 +49,9 @@ class DQNActor:
         if executor_factory is None:
             from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
             executor_factory = make_executor
-        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=1)
+        # batch_size: how many observations one call carries (K environments per actor); `auto` measures the
+        # runtimes at that batch.
+        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
         self._num_actions = int(num_actions)
         self._obs_dim = spec.input_dim
         self._schedule = schedule
@@ -90,6 +92,27 @@ class DQNActor:
                 raise ValueError(f"observation must be {self._obs_dim} finite values, got {observation!r}")
             return np.int32(self._rng.integers(self._num_actions))
         return np.int32(np.argmax(self.q_values(observation)))
+
+    def select_actions(self, observations: np.ndarray) -> np.ndarray:
+        """`select_action` for a batch `[K, obs_dim]`: row i explores with the epsilon of this actor's step
+        count + i (the schedule counts env steps, whatever K), and the policy runs once, on the whole batch,
+        unless every row acts at random. With K=1 it draws the same random numbers as `select_action`."""
+        obs = np.asarray(observations, np.float32)
+        if obs.ndim != 2 or obs.shape[1] != self._obs_dim or not np.all(np.isfinite(obs)):
+            raise ValueError(f"observations must be [K, {self._obs_dim}] finite values, got shape {obs.shape}")
+        actions = np.empty(obs.shape[0], np.int32)
+        greedy = np.ones(obs.shape[0], bool)
+        for i in range(obs.shape[0]):
+            epsilon = self.epsilon
+            if not self.evaluation:
+                self._steps += 1
+            if epsilon > 0.0 and self._rng.random() < epsilon:
+                actions[i] = self._rng.integers(self._num_actions)
+                greedy[i] = False
+        if greedy.any():
+            q = np.asarray(self._executor(obs))
+            actions[greedy] = np.argmax(q[greedy], axis=1)
+        return actions
 
     def update(self, qparams: QuantizedParams) -> None:
         """New policy weights (same spec); the executor swaps them in place."""

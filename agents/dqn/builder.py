@@ -47,12 +47,13 @@ class Builder:
 
     def make_actor(self, env_spec: Any, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
                    evaluation: bool = False, backend: str = "auto", num_actors: int = 1,
-                   executor_factory: ExecutorFactory | None = None) -> DQNActor:
+                   executor_factory: ExecutorFactory | None = None, batch_size: int = 1) -> DQNActor:
         """`num_actors` (an extension of the contract, default 1) sizes the Ape-X epsilon ladder."""
         spec = self.policy_spec(env_spec)
         return DQNActor(spec, qparams, num_actions=env_spec.num_actions,
                         schedule=self.actor_epsilon(actor_id, num_actors), eval_epsilon=self.config.eval_epsilon,
-                        seed=seed, evaluation=evaluation, backend=backend, executor_factory=executor_factory)
+                        seed=seed, evaluation=evaluation, backend=backend, executor_factory=executor_factory,
+                        batch_size=batch_size)
 
     def make_adder(self) -> Any:
         from quarl.adders import NStepTransitionAdder  # pylint: disable=import-outside-toplevel

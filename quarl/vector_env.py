@@ -1,0 +1,84 @@
+"""K environments of one task stepped together, so an actor runs its policy once per step on a batch of K.
+
+The paper's actor steps one environment and calls its policy at batch 1; a vectorized actor
+(`--envs-per-actor K`) amortises one policy call over K environments. `VectorEnvironment` is the smallest
+interface that needs: `reset()` gives K FIRST timesteps, `step(actions[K])` K next timesteps, and
+`reset_one(i)` restarts environment i after its LAST step (auto-reset is left to the caller, who must
+close the episode in its n-step adder first). Every environment keeps the single-environment contract of
+`quarl.envs` (flat float32 observations, canonical actions, finite values).
+
+`make_vector_environment(task, seed, K)` builds K `quarl.envs.make_environment` instances, the first seeded
+with `seed` itself (so K=1 is exactly the single-environment actor) and the others with independent seeds.
+"""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import dm_env
+import numpy as np
+
+from quarl.envs import make_environment
+
+
+def env_seeds(seed: int, num_envs: int) -> list[int]:
+    """Seeds of K environments: `seed` first, then independent child seeds (never `seed + i`, which
+    would overlap the streams of runs with nearby seeds)."""
+    if isinstance(num_envs, bool) or not isinstance(num_envs, (int, np.integer)) or num_envs < 1:
+        raise ValueError(f"num_envs must be a positive int, got {num_envs!r}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+    children = [int(np.random.SeedSequence([int(seed), 1, i]).generate_state(1, np.uint32)[0] & 0x7FFFFFFF)
+                for i in range(1, int(num_envs))]
+    return [int(seed), *children]
+
+
+class VectorEnvironment:
+    """K dm_env environments with identical specs, stepped in lock-step (one thread, one after another)."""
+
+    def __init__(self, environments: Sequence[dm_env.Environment]):
+        envs = list(environments)
+        if not envs:
+            raise ValueError("a vector environment needs at least one environment")
+        first = envs[0]
+        for i, env in enumerate(envs[1:], start=1):
+            if env.observation_spec() != first.observation_spec() or env.action_spec() != first.action_spec():
+                raise ValueError(f"environment {i} has other specs than environment 0")
+        self._envs = envs
+
+    @property
+    def num_envs(self) -> int:
+        return len(self._envs)
+
+    def observation_spec(self) -> Any:
+        return self._envs[0].observation_spec()
+
+    def action_spec(self) -> Any:
+        return self._envs[0].action_spec()
+
+    @property
+    def environments(self) -> list[dm_env.Environment]:
+        """The K single environments (for per-environment inspection in tests)."""
+        return list(self._envs)
+
+    def reset(self) -> list[dm_env.TimeStep]:
+        """Starts a new episode in every environment."""
+        return [env.reset() for env in self._envs]
+
+    def reset_one(self, index: int) -> dm_env.TimeStep:
+        """Starts a new episode in environment `index` (after its LAST step)."""
+        return self._envs[index].reset()
+
+    def step(self, actions: Any) -> list[dm_env.TimeStep]:
+        """Steps environment i with `actions[i]`; `actions` has a leading axis of length K."""
+        if len(actions) != len(self._envs):
+            raise ValueError(f"got {len(actions)} actions for {len(self._envs)} environments")
+        return [env.step(action) for env, action in zip(self._envs, actions)]
+
+    def close(self) -> None:
+        for env in self._envs:
+            env.close()
+
+
+def make_vector_environment(task: str, seed: int, num_envs: int) -> VectorEnvironment:
+    """K environments of `task` (see `env_seeds` for their seeds); raises ValueError on a bad task or K."""
+    return VectorEnvironment([make_environment(task, s) for s in env_seeds(seed, num_envs)])

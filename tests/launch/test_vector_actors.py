@@ -1,0 +1,58 @@
+"""`--envs-per-actor K`: the single-process runner with a vectorized actor (flag validation, counts, learning)."""
+from __future__ import annotations
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from launch import train
+
+TINY = ["--set", "min_replay_size=300", "--set", "hidden_sizes=32,32", "--set", "epsilon_decay_steps=500"]
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "four"])
+def test_bad_envs_per_actor_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, value):
+    logdir = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(["--agent", "dqn", "--task", "CartPole-v1", "--steps", "100", "--logdir", str(logdir),
+                    "--envs-per-actor", value])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "--envs-per-actor" in err, err
+    assert not logdir.exists()
+
+
+def test_train_cli_with_four_envs_per_actor_counts_env_steps(tmp_path):
+    logdir = tmp_path / "run"
+    code = train.main(["--agent", "dqn", "--task", "CartPole-v1", "--precision", "int8", "--backend", "onnx",
+                       "--steps", "800", "--eval-every", "400", "--eval-episodes", "1", "--actor-update-period", "50",
+                       "--envs-per-actor", "4", "--logdir", str(logdir), "--no-progress", *TINY])
+    assert code in (0, None)
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["envs_per_actor"] == 4 and summary["actor_steps"] == 800
+    assert summary["weight_updates"] == 800 // 50  # periods count env steps, K per loop iteration
+    assert summary["learner_steps"] > 0 and summary["table"]["inserts"] == summary["table"]["size"]
+    with open(logdir / "evaluator.csv", newline="", encoding="utf-8") as f:
+        assert [int(r["actor_steps"]) for r in csv.DictReader(f)] == [400, 800]
+    with open(logdir / "actor.csv", newline="", encoding="utf-8") as f:
+        episodes = list(csv.DictReader(f))
+    # Four environments' episodes, each of its own length, together at most the 800 env steps taken.
+    assert len(episodes) == summary["episodes"] >= 4
+    assert sum(int(r["episode_length"]) for r in episodes) <= 800
+    # Transitions in replay: every env step except the <= n-1 still open per environment at the end.
+    assert 800 - 4 * 2 <= summary["table"]["inserts"] <= 800
+
+
+def test_dqn_learns_cartpole_with_four_envs_per_actor(tmp_path):
+    """K=4 int8 actor, default DQN config: stops at the first evaluation averaging >= 150 (random: ~20)."""
+    from agents.dqn import Builder, DQNConfig
+    from launch.experiment import run_experiment
+
+    summary = run_experiment(Builder(DQNConfig()), "CartPole-v1", precision="int8", backend="onnx",
+                             max_actor_steps=20_000, seed=0, logdir=tmp_path, eval_every=2500, eval_episodes=5,
+                             progress=False, energy=False, envs_per_actor=4,
+                             on_eval=lambda row: row["return"] >= 150.0)
+    assert summary["envs_per_actor"] == 4 and np.isfinite(summary["final_eval_return"])
+    assert summary["best_eval_return"] >= 150.0, summary["best_eval_return"]
