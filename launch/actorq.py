@@ -71,6 +71,9 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--num-actors", type=int, default=2)
     p.add_argument("--actor-update-period", type=int, default=None,
                    help="actor steps between weight pulls (default: the agent config's)")
+    p.add_argument("--envs-per-actor", type=int, default=1, metavar="K",
+                   help="environments each actor steps together, with one policy call per step on the batch "
+                        "of K observations (default 1, the paper's setting)")
     p.add_argument("--max-actor-steps", type=int, default=None,
                    help="environment steps over all actors (with --resume: including the steps before it)")
     p.add_argument("--seed", type=int, default=0)
@@ -116,6 +119,7 @@ def validate(args: argparse.Namespace) -> Invocation:
     backend = check_backend(args.backend)
     num_actors = check_positive("--num-actors", args.num_actors)
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
+    envs_per_actor = check_positive("--envs-per-actor", args.envs_per_actor)
     steps = check_positive("--max-actor-steps", args.max_actor_steps, optional=True) or DEFAULT_STEPS[agent]
     seed = check_seed(args.seed)
     eval_every = check_positive("--eval-every", args.eval_every, optional=True) or max(1, steps // 10)
@@ -144,7 +148,7 @@ def validate(args: argparse.Namespace) -> Invocation:
                        max_actor_steps=steps, seed=seed, logdir=str(logdir), overrides=overrides, backend=backend,
                        eval_every=eval_every, eval_episodes=eval_episodes, publish_period=publish_period,
                        insert_batch=insert_batch, checkpoint_every=args.checkpoint_every, resume=resume,
-                       target_return=args.target_return)
+                       target_return=args.target_return, envs_per_actor=envs_per_actor)
     return Invocation(config, args.runner, args.ray_address, not args.no_progress)
 
 

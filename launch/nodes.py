@@ -8,8 +8,9 @@
                   version, lazily (on the first request for that version), whatever the number of actors
     LearnerNode   fp32 learner: prefetches sampled batches, trains, publishes a new weights version every
                   `publish_period` steps, reports priorities, checkpoints
-    ActorNode     one environment, one quantized policy executor; pulls weights every actor_update_period
-                  steps (a pull with an unchanged version costs one small round trip and no payload), sends
+    ActorNode     K environments (`envs_per_actor`, default 1) and one quantized policy executor called once
+                  per step on the K observations; pulls weights every actor_update_period env steps (a pull
+                  with an unchanged version costs one small round trip and no payload), sends
                   n-step transitions in batches, and times every stage of its loop
     Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
 
@@ -644,7 +645,7 @@ class ActorNode(NodeBase):
 
     def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str,
                  backend: str, replay: NodeHandle, counter: NodeHandle, quantizer: NodeHandle, logdir: str,
-                 max_actor_steps: int, insert_batch: int = 64):
+                 max_actor_steps: int, insert_batch: int = 64, envs_per_actor: int = 1):
         self._spec = spec
         self._id, self._num_actors = int(actor_id), int(num_actors)
         self._seed = int(seed)
@@ -653,6 +654,7 @@ class ActorNode(NodeBase):
         self._logdir = logdir
         self._max_steps = int(max_actor_steps)
         self._insert_batch = int(insert_batch)
+        self._num_envs = int(envs_per_actor)
         self._stop = threading.Event()
         self._builder = spec.builder()
         self._env_spec = spec.env_spec()
@@ -662,13 +664,14 @@ class ActorNode(NodeBase):
         self._stop.set()
 
     def _make_environment(self, seed: int) -> Any:
-        """The actor's environment (a separate method so tests can wrap it, e.g. to make an actor slow)."""
-        from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+        """The actor's K environments (a separate method so tests can wrap it, e.g. to make an actor slow)."""
+        from quarl.vector_env import make_vector_environment  # pylint: disable=import-outside-toplevel
 
-        return make_environment(self._spec.task, seed)
+        return make_vector_environment(self._spec.task, seed, self._num_envs)
 
     def run(self) -> dict[str, Any]:
         from quarl.adders import TransitionBuffer  # pylint: disable=import-outside-toplevel
+        from quarl.env_loop import VectorEnvLoop  # pylint: disable=import-outside-toplevel
 
         name = f"actor_{self._id}"
         start = self._counter.call("increment", **{f"{name}_starts": 1})
@@ -687,7 +690,7 @@ class ActorNode(NodeBase):
         try:
             payload = client.first(self._stop, apply=lambda p: built.append(self._builder.make_actor(
                 self._env_spec, p.params, seed=derive_seed(self._seed, attempt), actor_id=self._id,
-                evaluation=False, backend=self._backend, num_actors=self._num_actors)))
+                evaluation=False, backend=self._backend, num_actors=self._num_actors, batch_size=self._num_envs)))
             if payload is None:
                 raise _StoppedEarly
             actor = built[-1]
@@ -697,28 +700,21 @@ class ActorNode(NodeBase):
                                               f"again with the latest weights, version {first_version}, after "
                                               f"{int(start.get(f'{name}_steps', 0))} steps of its own so far",
                           logging.WARNING)
-            adder = self._builder.make_adder()
+            loop = VectorEnvLoop(env, self._builder.make_adder)
             buffer = TransitionBuffer(self._insert_batch, self._builder.transition_signature(self._env_spec))
             steps = episodes = 0
             unreported_steps = unreported_episodes = 0
             total = int(start["actor_steps"])
             t_run = time.monotonic()
-            timestep = env.reset()
-            adder.add_first(timestep)
-            ep_return, ep_len, ep_start = 0.0, 0, time.monotonic()
+            times.env_step_s += loop.reset()
+            ep_start = [time.monotonic()] * self._num_envs
             while not self._stop.is_set() and total < self._max_steps:
-                t0 = time.perf_counter()
-                action = actor.select_action(timestep.observation)
-                t1 = time.perf_counter()
-                timestep = env.step(action)
-                t2 = time.perf_counter()
-                times.policy_s += t1 - t0
-                times.env_step_s += t2 - t1
-                steps += 1
-                unreported_steps += 1
-                ep_return += float(timestep.reward or 0.0)
-                ep_len += 1
-                for batch in buffer.extend(adder.add(action, timestep)):
+                out = loop.step(actor.select_actions)
+                times.policy_s += out.policy_s
+                times.env_step_s += out.env_s
+                prev, steps = steps, steps + self._num_envs
+                unreported_steps += self._num_envs
+                for batch in buffer.extend(out.transitions):
                     if not self._insert(batch):
                         break
                     totals = self._counter.call("increment", actor_steps=unreported_steps,
@@ -726,24 +722,25 @@ class ActorNode(NodeBase):
                                                 **{f"{name}_steps": unreported_steps})
                     unreported_steps = unreported_episodes = 0
                     total = int(totals["actor_steps"])
-                if timestep.last():
+                for episode in out.episodes:
                     episodes += 1
                     unreported_episodes += 1
                     now = time.monotonic()
                     log.write({"actor_steps": steps, "wall_clock_s": now - t_origin, "episode": episodes,
-                               "return": ep_return, "length": ep_len,
-                               "steps_per_s": ep_len / max(now - ep_start, 1e-9),
+                               "return": episode.episode_return, "length": episode.length,
+                               # the actor's env steps/s over this episode (its K environments step together)
+                               "steps_per_s": self._num_envs * episode.length
+                                              / max(now - ep_start[episode.env_index], 1e-9),
                                "weights_version": client.version, "total_actor_steps": total})
-                    timestep = env.reset()
-                    adder.add_first(timestep)
-                    ep_return, ep_len, ep_start = 0.0, 0, now
-                if steps % update_period == 0:
+                    ep_start[episode.env_index] = now
+                if steps // update_period > prev // update_period:
                     client.fetch(apply=lambda p: actor.update(p.params))
             if unreported_steps or unreported_episodes:
                 self._counter.call("increment", actor_steps=unreported_steps, episodes=unreported_episodes,
                                    **{f"{name}_steps": unreported_steps})
             elapsed = time.monotonic() - t_run
             result = {"actor_id": self._id, "attempt": attempt, "actor_steps": steps, "episodes": episodes,
+                      "envs_per_actor": self._num_envs,
                       "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
                       "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,
                       "times": times.summary()}

@@ -223,6 +223,7 @@ class RunConfig:
     resume: str | None = None
     log_every_s: float = 1.0  # learner.csv cadence (seconds)
     target_return: float | None = None  # end the run at the first evaluation that reaches it
+    envs_per_actor: int = 1  # environments each actor steps with one batched policy call (the paper: 1)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -306,7 +307,8 @@ def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program
             {"spec": spec, "actor_id": i, "num_actors": config.num_actors,
              "seed": derive_seed(config.seed, ACTOR_STREAM, i), "precision": config.precision,
              "backend": config.backend, "replay": replay, "counter": counter, "quantizer": quantizer,
-             "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch},
+             "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch,
+             "envs_per_actor": config.envs_per_actor},
             kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV))
     program.add(Node(
         "evaluator", nc.Evaluator,

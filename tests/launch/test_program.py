@@ -309,6 +309,7 @@ _BAD_FLAGS = [
     ["--agent", "dqn", "--logdir", "/proc/quarl_no_such_dir/run"],  # unwritable even for root
     ["--agent", "dqn", "--logdir", "{tmp}/read_only/run"],
     ["--agent", "dqn", "--resume", "{tmp}/corrupted_run"],
+    ["--agent", "dqn", "--envs-per-actor", "0"],
 ]
 
 

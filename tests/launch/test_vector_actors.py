@@ -56,3 +56,26 @@ def test_dqn_learns_cartpole_with_four_envs_per_actor(tmp_path):
                              on_eval=lambda row: row["return"] >= 150.0)
     assert summary["envs_per_actor"] == 4 and np.isfinite(summary["final_eval_return"])
     assert summary["best_eval_return"] >= 150.0, summary["best_eval_return"]
+
+
+def test_distributed_actors_step_k_envs_each(tmp_path):
+    """The ActorQ program (local runner) with 2 actors x 3 environments: every actor reports K, the counts are
+    env steps, each actor's episodes come from its own environments, and replay got a transition per env
+    step except the few still inside an open n-step window when the actors stopped."""
+    from launch.actorq import run_program
+    from launch.local_runner import LocalRunner
+    from tests.launch.tiny import tiny_config
+
+    config = tiny_config(tmp_path / "run", envs_per_actor=3)
+    summary, code = run_program(config, LocalRunner())
+    assert code == 0 and summary["status"] == "completed", summary["error"]
+    assert [a["envs_per_actor"] for a in summary["actors"]] == [3, 3]
+    assert all(a["actor_steps"] % 3 == 0 and a["actor_steps"] > 0 for a in summary["actors"])
+    assert summary["actor_steps"] >= config.max_actor_steps
+    for i in range(2):
+        with open(tmp_path / "run" / f"actor_{i}.csv", newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        assert rows and sum(int(r["length"]) for r in rows) <= summary["actors"][i]["actor_steps"]
+    # n-step 3 (TINY_DQN's default): at most 2 open transitions per env, plus the unsent partial insert batch.
+    steps = sum(a["actor_steps"] for a in summary["actors"])
+    assert steps - 2 * 3 * 2 - 2 * config.insert_batch <= summary["replay"]["inserts"] <= steps
