@@ -6,8 +6,9 @@
     ex.backend, ex.precision     # concrete backend ("jax" | "onnx") and precision name
 
 Backends: `jax` (XLA; fp32/fp16/bf16 native, int2..int8 via AQT v2 with an s8 x s8 dot), `onnx` (ONNX
-Runtime; fp32 native, int2..int8 via MatMulInteger) and `auto` (the one measured fastest here, see
-`quarl.runtimes.auto`). Precisions without a native kernel on a backend run simulated in fp32 with the
+Runtime; fp32 native, int2..int8 via MatMulInteger), `onnx-nbits` (as `onnx`, but int2..int4 via
+MatMulNBits on 4-bit packed weights) and `auto` (the one measured fastest here, see `quarl.runtimes.auto`;
+`onnx-nbits` is a candidate only for int2..int4, where it differs from `onnx`). Precisions without a native kernel on a backend run simulated in fp32 with the
 precision's rounded weights (`ex.simulated`); see each backend module for which.
 """
 from __future__ import annotations
@@ -16,26 +17,37 @@ import functools
 from typing import Any, Callable, Mapping
 
 from quarl.policy import PolicySpec
-from quarl.quantization import Precision, QuantizedParams, quantize_params
+from quarl.quantization import Precision, QuantizedParams, parse_precision, quantize_params
 from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
 from quarl.runtimes.base import PolicyExecutor, check_sizes, layer_widths
 from quarl.runtimes.jax_backend import JaxExecutor
 from quarl.runtimes.kernel_forms import KernelForm, candidates, forms, register_form, select_form
-from quarl.runtimes.onnx_backend import OnnxExecutor
+from quarl.runtimes.onnx_backend import OnnxExecutor, OnnxNBitsExecutor
+from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 
-BACKENDS: dict[str, Callable[..., PolicyExecutor]] = {"jax": JaxExecutor, "onnx": OnnxExecutor}
+BACKENDS: dict[str, Callable[..., PolicyExecutor]] = {"jax": JaxExecutor, "onnx": OnnxExecutor,
+                                                      "onnx-nbits": OnnxNBitsExecutor}
 BACKEND_NAMES = (*BACKENDS, "auto")
 
 __all__ = [
-    "BACKENDS", "BACKEND_NAMES", "PolicyExecutor", "JaxExecutor", "OnnxExecutor", "make_executor",
+    "BACKENDS", "BACKEND_NAMES", "PolicyExecutor", "JaxExecutor", "OnnxExecutor", "OnnxNBitsExecutor",
+    "auto_candidates", "make_executor",
     "make_executor_from_params", "auto_decisions", "clear_auto_decisions", "cache_path", "KernelForm",
     "candidates", "forms", "register_form", "select_form",
 ]
 
 
+def auto_candidates(precision: str | Precision) -> dict[str, Callable[..., PolicyExecutor]]:
+    """The backends `auto` measures for `precision`: all of them, except `onnx-nbits` where it would build
+    the very same graph as `onnx` (every precision but int2..int4)."""
+    prec = parse_precision(precision)
+    nbits = prec.is_int and prec.bits <= MAX_NBITS_PRECISION
+    return {name: make for name, make in BACKENDS.items() if nbits or name != "onnx-nbits"}
+
+
 def make_executor(spec: PolicySpec, qparams: QuantizedParams, backend: str = "auto", *, batch_size: int = 1,
                   threads: int = 1, kernel_form: str | None = None) -> PolicyExecutor:
-    """An executor of `spec` with `qparams` on `backend` ("jax", "onnx" or "auto").
+    """An executor of `spec` with `qparams` on `backend` ("jax", "onnx", "onnx-nbits" or "auto").
 
     `batch_size` is the batch the actor will call with (compiled/warmed at load; other batch sizes still
     work). `threads` is ONNX Runtime's intra-op thread count (XLA's pool is process-wide, see jax_backend).
@@ -52,13 +64,14 @@ def make_executor(spec: PolicySpec, qparams: QuantizedParams, backend: str = "au
     layer_widths(spec)
     name = str(backend).lower()
     if name == "auto":
-        factories = {**BACKENDS, "onnx": functools.partial(OnnxExecutor, kernel_form=kernel_form)}
+        factories = {**auto_candidates(qparams.precision),
+                     "onnx": functools.partial(OnnxExecutor, kernel_form=kernel_form)}
         return make_auto_executor(spec, qparams, factories, batch_size=batch_size, threads=threads,
                                   kernel_form=kernel_form)
     if name not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}: valid are {', '.join(BACKEND_NAMES)}")
-    if name == "onnx":
-        return OnnxExecutor(spec, qparams, batch_size=batch_size, threads=threads, kernel_form=kernel_form)
+    if name in ("onnx", "onnx-nbits"):
+        return BACKENDS[name](spec, qparams, batch_size=batch_size, threads=threads, kernel_form=kernel_form)
     return BACKENDS[name](spec, qparams, batch_size=batch_size, threads=threads)
 
 

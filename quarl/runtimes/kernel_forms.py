@@ -42,6 +42,9 @@ class Graph:
     def __init__(self) -> None:
         self.nodes: list[Any] = []
         self.inits: dict[str, np.ndarray] = {}
+        # [in, out] of each int layer by name, set before its `emit`: forms whose ops take the sizes as
+        # attributes (MatMulNBits' K and N) read them here.
+        self.shapes: dict[str, tuple[int, int]] = {}
         self._n = 0
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> list[str]:
@@ -57,6 +60,14 @@ class Graph:
     def const(self, name: str, values: np.ndarray) -> str:
         self.inits[name] = np.ascontiguousarray(values)
         return name
+
+
+def opset_imports(nodes: list[Any], opset: int) -> list[Any]:
+    """The default-domain opset plus version 1 of every other domain the nodes use (com.microsoft ops)."""
+    from onnx import helper
+
+    domains = sorted({n.domain for n in nodes if n.domain not in ("", "ai.onnx")})
+    return [helper.make_opsetid("", opset), *(helper.make_opsetid(d, 1) for d in domains)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,6 +226,7 @@ def _check_graph(form: KernelForm, layers: list[DenseWeights]) -> Any:
     for i, dense in enumerate(layers):
         for name, arr in form.initializers(f"l{i}", dense).items():
             graph.const(name, arr)
+        graph.shapes[f"l{i}"] = tuple(dense.w.shape)
         y = form.emit(graph, f"x{i}", f"l{i}")
         (out,) = graph.op("Identity", [y])
         graph.nodes[-1].output[0] = f"y{i}"
@@ -224,7 +236,7 @@ def _check_graph(form: KernelForm, layers: list[DenseWeights]) -> Any:
     del out
     inits = [numpy_helper.from_array(a, name) for name, a in graph.inits.items()]
     model = helper.make_model(helper.make_graph(graph.nodes, "kernel_check", inputs, outputs, initializer=inits),
-                              opset_imports=[helper.make_opsetid("", 17)], producer_name="quarl")
+                              opset_imports=opset_imports(graph.nodes, 17), producer_name="quarl")
     model.ir_version = 8
     return model
 

@@ -8,6 +8,9 @@
   and fastest with VNNI/AMX; on AVX2 without VNNI MLAS's u8 x s8 kernel saturates int16 pair sums, so
   u8u8 is preferred there. The choice is confirmed by a self-check at construction (fallback: u8u8, then
   the dequantized weights in fp32, logged).
+* int2..int4 on the `onnx-nbits` backend: the `nbits4` form (`quarl.runtimes.onnx_nbits`), MatMulNBits with
+  the codes packed 4 bits each and activations quantized to int8 per K-block inside the kernel. The plain
+  `onnx` backend runs those precisions through the int8 forms above; `auto` measures both.
 * fp16, bf16, int9..int16: simulated — the weights are rounded to that precision by the learner's
   quantizer, then widened and run in fp32 (`executor.simulated` is True). ORT's CPU provider has no fast
   fp16/bf16 GEMM (it would insert casts around fp32 kernels) nor an int16 one; failing instead would make
@@ -27,7 +30,9 @@ import numpy as np
 
 from quarl.policy import LAYER_NORM_EPS, Activation, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
-from quarl.runtimes.kernel_forms import Graph, KernelForm, get_form, select_form
+from quarl.runtimes.kernel_forms import Graph, KernelForm, get_form, opset_imports, select_form
+from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM
+from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 
 _OPSET = 17  # LayerNormalization
 _IR_VERSION = 8
@@ -67,6 +72,7 @@ def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | Non
         if isinstance(layer, Linear):
             n = layer.name
             if lowered.dense[n].kind == "int":
+                graph.shapes[n] = tuple(lowered.dense[n].w.shape)
                 x = form.emit(graph, x, n)
             else:
                 (x,) = graph.op("MatMul", [x, f"{n}.w"])
@@ -94,7 +100,7 @@ def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | Non
         [helper.make_tensor_value_info(_OUTPUT, TensorProto.FLOAT, ["batch", spec.output_dim])],
         initializer=inits,
     )
-    model = helper.make_model(onnx_graph, opset_imports=[helper.make_opsetid("", _OPSET)], producer_name="quarl")
+    model = helper.make_model(onnx_graph, opset_imports=opset_imports(graph.nodes, _OPSET), producer_name="quarl")
     model.ir_version = _IR_VERSION
     return model
 
@@ -161,3 +167,16 @@ class OnnxExecutor(PolicyExecutor):
 
     def _run(self, obs: np.ndarray) -> np.ndarray:
         return self._session.run([_OUTPUT], {_INPUT: obs})[0]
+
+
+class OnnxNBitsExecutor(OnnxExecutor):
+    """The `onnx-nbits` backend: int2..int4 weights on the `nbits4` form (MatMulNBits, 4-bit packed), still
+    self-checked (a refusal falls back to the int8 forms, logged); every other precision exactly as `onnx`."""
+
+    backend = "onnx-nbits"
+
+    def _choose_form(self, lowered: LoweredParams) -> None:
+        prec = lowered.precision
+        if self._requested_form is None and prec.is_int and prec.bits <= MAX_NBITS_PRECISION:
+            self._requested_form = NBITS_FORM
+        super()._choose_form(lowered)

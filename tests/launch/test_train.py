@@ -164,11 +164,12 @@ def test_unknown_carbon_country_is_one_line_exit_2(tmp_path, capsys, monkeypatch
 
 def test_qat_bits_flag_trains_through_fake_quantization(tmp_path):
     logdir = tmp_path / "run"
-    code = train.main(_argv(logdir, ["--qat-bits", "4", "--precision", "int4", "--steps", "400", "--backend", "onnx",
-                                     "--eval-episodes", "1", "--no-progress", *TINY]))
+    code = train.main(_argv(logdir, ["--qat-bits", "4", "--precision", "int4", "--steps", "400", "--backend",
+                                     "onnx-nbits", "--eval-episodes", "1", "--no-progress", *TINY]))
     assert code in (0, None)
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["config"]["qat_bits"] == 4 and summary["precision"] == "int4"
+    assert summary["backend"] == "onnx-nbits"  # the actors acted through MatMulNBits on packed int4 weights
     assert summary["learner_steps"] > 0
 
 

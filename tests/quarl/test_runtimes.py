@@ -21,7 +21,7 @@ from quarl.runtimes import (
     select_form,
 )
 
-BACKENDS = ("jax", "onnx")
+BACKENDS = ("jax", "onnx", "onnx-nbits")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
 # ONNX int runs once per kernel form (None: the CPU's own choice). Each forced form must be within tolerance
 # on this CPU or be refused by the self-check and fall back (see `_check_form`), so the int tests mean
@@ -227,7 +227,7 @@ def test_simulated_precisions(cases, backend):
     for precision in ("int12", "fp16", "bf16"):
         qp = quantize_params(params, precision)
         ex = make_executor(spec, qp, backend, batch_size=BATCH)
-        expected_sim = precision == "int12" or backend == "onnx"
+        expected_sim = precision == "int12" or backend.startswith("onnx")
         assert ex.simulated == expected_sim
         if expected_sim:
             np.testing.assert_allclose(ex(obs), reference_apply(spec, dequantize_params(qp), obs), rtol=1e-4,
@@ -258,7 +258,7 @@ def test_auto_picks_a_backend_and_caches(cases, tmp_path, monkeypatch, form):
     assert _rel_err(ex(obs), reference_apply(spec, params, obs)) < TOLERANCE["int8"]
     (key, entry), = auto_decisions().items()
     assert entry["source"] == "measured" and entry["backend"] == ex.backend
-    assert set(entry["us_per_call"]) == set(BACKENDS)
+    assert set(entry["us_per_call"]) == {"jax", "onnx"}  # onnx-nbits would build the same graph as onnx
     assert entry["backend"] == min(entry["us_per_call"], key=entry["us_per_call"].get)
     assert "|b4|int8|t1" in key
     # The key names the ONNX form the CPU settled on (a forced form, or what replaced a refused one).
@@ -274,6 +274,20 @@ def test_auto_picks_a_backend_and_caches(cases, tmp_path, monkeypatch, form):
     # A different batch size or precision is a different decision.
     make_executor(spec, quantize_params(params, "fp32"), "auto", batch_size=4)
     assert len(auto_decisions()) == 2
+
+
+def test_auto_measures_matmulnbits_for_int4_and_narrower(cases, tmp_path, monkeypatch):
+    """int2..int4: the onnx-nbits backend (MatMulNBits) is a third candidate, measured like the others."""
+    monkeypatch.setenv("QUARL_CACHE_DIR", str(tmp_path))
+    clear_auto_decisions()
+    spec, params, _, obs = cases["dqn"]
+    qp = quantize_params(params, "int4")
+    ex = make_executor(spec, qp, "auto", batch_size=4)
+    (key, entry), = auto_decisions().items()
+    assert "|b4|int4|t1" in key and set(entry["us_per_call"]) == set(BACKENDS)
+    assert entry["backend"] == ex.backend == min(entry["us_per_call"], key=entry["us_per_call"].get)
+    assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp), obs)) < TOLERANCE["int4"]
+    clear_auto_decisions()
 
 
 def test_auto_survives_a_corrupt_cache(cases, tmp_path, monkeypatch):
@@ -304,3 +318,38 @@ def test_int8_runs_integer_kernels(cases):
     int_dots = [line for line in hlo.splitlines() if "dot_general" in line and "xi8>" in line and "xi32>" in line]
     assert len(int_dots) == len(spec.linear_layers)
     assert all(str(leaf.dtype) in ("int8", "float32") for leaf in jax.tree.leaves(jax_ex._params))
+
+
+@pytest.mark.parametrize("precision", ["int4", "int3", "int2"])
+def test_int4_and_narrower_run_on_matmulnbits_with_packed_weights(cases, precision):
+    """onnx-nbits keeps int<=4 weights 4-bit in memory and multiplies them in MatMulNBits (bias fused)."""
+    spec, params, params_b, obs = cases["d4pg"]
+    qp = quantize_params(params, precision)
+    ex = make_executor(spec, qp, "onnx-nbits", batch_size=BATCH)
+    assert ex.kernel_form == "nbits4" and make_executor(spec, qp, "onnx").kernel_form != "nbits4"
+    # the self-check held MatMulNBits to an exact emulation of its block-wise int8 activations, first try
+    assert not ex.kernel_check["fallback"] and ex.kernel_check["checks"][0]["max_rel_err"] < 1e-4
+    ops = [n.op_type for n in ex._model.graph.node]
+    assert ops.count("MatMulNBits") == len(spec.linear_layers)
+    assert not {"MatMul", "MatMulInteger", "DynamicQuantizeLinear"} & set(ops)
+    weights = {t.name: t for t in ex._model.graph.initializer if t.name.endswith(".nbits")}
+    for layer in spec.linear_layers:
+        width_in, width_out = qp.tree[layer.name]["w"].values.shape
+        packed = weights[f"{layer.name}.nbits"]
+        block = max(16, min(128, 1 << (width_in - 1).bit_length()))
+        assert list(packed.dims) == [width_out, -(-width_in // block), block // 2]  # two codes a byte
+    assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp), obs)) < TOLERANCE["int4"]
+    qp_b = quantize_params(params_b, precision)  # update() repacks the new weights into the same graph
+    ex.update(qp_b)
+    assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp_b), obs)) < TOLERANCE["int4"]
+
+
+def test_matmulnbits_pads_inputs_that_are_not_a_block_multiple():
+    """K = 200 is one full 128-block plus a padded one; K = 5 is far below the 16 minimum."""
+    spec = mlp_q_network(200, [5, 150], 7)
+    params = _init(spec, 3)
+    obs = np.random.default_rng(3).normal(size=(9, 200)).astype(np.float32)
+    qp = quantize_params(params, "int4")
+    ex = make_executor(spec, qp, "onnx-nbits", batch_size=9)
+    assert ex.kernel_form == "nbits4"
+    assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp), obs)) < TOLERANCE["int4"]
