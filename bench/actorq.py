@@ -1,6 +1,6 @@
 """Distributed ActorQ, int8 vs fp32 actors, measured side by side on this machine.
 
-    python -m bench.actorq [--quick] [--out DIR] [--seeds 0,1,2] [--skip-e2e] [--skip-peers]
+    python -m bench.actorq [--quick] [--out DIR] [--seeds 0,1,2] [--skip-e2e] [--allow-busy]
 
 1. Actor throughput: environment steps per second of one D4PG actor (the paper's 2048x3 policy) on
    cartpole:balance, in a Ray actor pinned to one thread exactly like a real ActorQ actor, with int8 and
@@ -15,8 +15,7 @@
    network is the laptop preset of `launch.actorq` with a 256x3 policy; on a 2-core machine the learner, not
    the actors, bounds the pace, which the result states rather than hides.
 
-4. Peers: learner and per-actor throughput at the settings of the legacy Acme distributed D4PG runs measured
-   on this machine (64x64 nets with batch 32, and Acme's full-size defaults).
+Peers (legacy Acme D4PG, SB3 DQN) are measured beside this project in the same run by `bench.peers`.
 
 Targets are reported, never asserted: timings depend on the machine and its load. The full run writes
 bench/results/actorq.{json,png,md}; --quick (a few minutes) writes to runs/bench/actorq-quick.
@@ -49,22 +48,10 @@ class Budget:
     update_rounds: int
     e2e_target: float
     e2e_max_steps: int
-    peer_steps: int  # actor steps per peer-setting throughput run
 
 
-FULL = Budget(block_steps=500, rounds=8, update_rounds=8, e2e_target=800.0, e2e_max_steps=60_000,
-              peer_steps=12_000)
-QUICK = Budget(block_steps=200, rounds=3, update_rounds=3, e2e_target=500.0, e2e_max_steps=30_000,
-               peer_steps=4_000)
-
-# Legacy Acme distributed D4PG (Launchpad + Reverb) on this machine, cartpole:balance, 2 actors (docs/DESIGN):
-PEERS = {
-    "acme_64x64_batch32": {"overrides": {"policy_layer_sizes": (64, 64), "critic_layer_sizes": (64, 64),
-                                         "batch_size": 32},
-                           "acme": {"learner_steps_per_s": 65, "actor_steps_per_s_each": "115-130"}},
-    "acme_full_size": {"overrides": {},  # policy 256x3, critic 512-512-256, batch 256, 32 samples per insert
-                       "acme": {"learner_steps_per_s": 20, "actor_steps_per_s_each": "~100 (rate limited)"}},
-}
+FULL = Budget(block_steps=500, rounds=8, update_rounds=8, e2e_target=800.0, e2e_max_steps=60_000)
+QUICK = Budget(block_steps=200, rounds=3, update_rounds=3, e2e_target=500.0, e2e_max_steps=30_000)
 
 
 # --------------------------------------------------------------------------------------------- probe
@@ -274,30 +261,6 @@ def bench_e2e(budget: Budget, seeds: list[int], logroot: Path) -> dict[str, Any]
             "per_seed_ratios": ratios}
 
 
-def bench_peers(budget: Budget, logroot: Path) -> dict[str, Any]:
-    """Part 4: throughput at the settings of the legacy Acme runs we compare against (int8 actors)."""
-    from launch.actorq import run_program  # pylint: disable=import-outside-toplevel
-    from launch.program import RunConfig  # pylint: disable=import-outside-toplevel
-    from launch.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
-
-    out = {}
-    for name, peer in PEERS.items():
-        config = RunConfig(agent="d4pg", task=TASK, precision="int8", num_actors=2,
-                           max_actor_steps=budget.peer_steps,
-                           seed=0, logdir=str(_fresh(logroot / name)), overrides=dict(peer["overrides"]), backend="auto",
-                           eval_every=budget.peer_steps, eval_episodes=1)
-        summary, _ = run_program(config, RayRunner())
-        out[name] = {"ours": {"learner_steps_per_s": summary["learner_steps_per_s"],
-                              "actor_steps_per_s_each": [round(a.get("steps_per_s", 0.0), 1)
-                                                         for a in summary["actors"]],
-                              "actor_steps": summary["actor_steps"], "learner_steps": summary["learner_steps"],
-                              "status": summary["status"]},
-                     "acme": peer["acme"], "overrides": _jsonable(peer["overrides"])}
-        print(f"  {name}: learner {summary['learner_steps_per_s']} steps/s, actors "
-              f"{out[name]['ours']['actor_steps_per_s_each']} env steps/s", flush=True)
-    return out
-
-
 def _fresh(logdir: Path) -> Path:
     """An empty run directory (the bench owns these; logs append, so a previous run's rows must go)."""
     import shutil  # pylint: disable=import-outside-toplevel
@@ -416,19 +379,6 @@ def markdown(result: dict[str, Any]) -> str:
                       "and single-seed differences mostly reflect learning noise and machine load. The int8 gain "
                       "appears where actors are the bottleneck: large policies (table above) and many actors per "
                       "learner.", ""]
-    peers = result.get("peers")
-    if peers:
-        lines += ["## Against legacy Acme distributed D4PG (same machine, cartpole:balance, 2 actors)", "",
-                  "| setting | learner steps/s (ours) | learner steps/s (Acme) | env steps/s per actor (ours) | "
-                  "env steps/s per actor (Acme) |", "|---|---:|---:|---:|---:|"]
-        for name, p in peers.items():
-            ours = p["ours"]
-            lines.append(f"| {name} | {_num(ours['learner_steps_per_s'])} | {p['acme']['learner_steps_per_s']} | "
-                         f"{', '.join(f'{v:.0f}' for v in ours['actor_steps_per_s_each'])} | "
-                         f"{p['acme']['actor_steps_per_s_each']} |")
-        lines += ["", "Ours: int8 actors (auto backend), Reverb-style samples-per-insert limiting as configured "
-                      "(Acme defaults: 32 samples per insert), per-actor rates over each actor's acting loop "
-                      "including time blocked by the rate limiter.", ""]
     return "\n".join(lines) + "\n"
 
 
@@ -438,8 +388,7 @@ def _num(v: Any) -> str:
     return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
 
 
-def run(quick: bool, out: Path, seeds: list[int], e2e: bool, peers: bool = True,
-        allow_busy: bool = False) -> dict[str, Any]:
+def run(quick: bool, out: Path, seeds: list[int], e2e: bool, allow_busy: bool = False) -> dict[str, Any]:
     from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
 
     budget = QUICK if quick else FULL
@@ -462,9 +411,6 @@ def run(quick: bool, out: Path, seeds: list[int], e2e: bool, peers: bool = True,
             result["e2e"] = bench_e2e(budget, seeds, out / "e2e-runs" if quick else Path("runs/bench/actorq-e2e"))
             ratio = result["e2e"]["time_ratio_fp32_vs_int8"]
             print(f"  time to target fp32/int8: {'n/a' if ratio is None else f'{ratio:.2f}x'}", flush=True)
-        if peers:
-            print("throughput at the legacy Acme settings ...", flush=True)
-            result["peers"] = bench_peers(budget, out / "peer-runs" if quick else Path("runs/bench/actorq-peers"))
     finally:
         ray.shutdown()
     finish(result["machine"])
@@ -483,7 +429,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=None,
                         help="comma-separated seeds for the end-to-end runs (default: 0,1,2; 0 with --quick)")
     parser.add_argument("--skip-e2e", action="store_true", help="no end-to-end time-to-target runs")
-    parser.add_argument("--skip-peers", action="store_true", help="no runs at the legacy Acme settings")
     add_allow_busy(parser)
     args = parser.parse_args(argv)
     try:
@@ -495,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seeds needs at least one non-negative integer")
     out = Path(args.out) if args.out else Path("runs/bench/actorq-quick" if args.quick else "bench/results")
     refuse_if_busy(parser, args.allow_busy)
-    run(args.quick, out, seeds, not args.skip_e2e, not args.skip_peers, args.allow_busy)
+    run(args.quick, out, seeds, not args.skip_e2e, args.allow_busy)
     return 0
 
 

@@ -224,12 +224,51 @@ def markdown_table(results: list[dict], rows: Sequence[LearningRow], name: str, 
         lines += ["", "int8 actors relative to fp32 actors (median over solved seeds; < 1: int8 got there sooner):", "",
                   "| task | steps to target, int8 / fp32 | train s to target, int8 / fp32 |", "|---|---:|---:|",
                   *ratios]
+    lines += paired_steps(results, rows)
     tuned = [f"- {row.agent} {row.task}: " + ", ".join(f"{k}={v}" for k, v in row.overrides.items())
              + (f" ({row.note})" if row.note else "") for row in rows if row.overrides]
     lines += ["", "Configs are the agents' defaults" + (", except:" if tuned else "."), *([""] + tuned if tuned else [])]
     lines += ["", "Per-run lines: `learning_" + name + ".csv`; every evaluation: `learning_" + name + "_curves.csv`; "
               "curves: `learning_" + name + ".png`.", ""]
     return "\n".join(lines)
+
+
+def paired_test(diffs: Sequence[float]) -> float | None:
+    """Two-sided paired t-test p-value of per-seed differences (None below 2 pairs or with no spread)."""
+    if len(diffs) < 2 or statistics.pstdev(diffs) == 0:
+        return None
+    from scipy import stats  # pylint: disable=import-outside-toplevel
+
+    return float(stats.ttest_1samp(list(diffs), 0.0).pvalue)
+
+
+def paired_steps(results: list[dict], rows: Sequence[LearningRow]) -> list[str]:
+    """Per task, seed by seed: int8 minus fp32 steps to target, how many seeds went each way, paired t-test.
+
+    Medians alone hide direction: a ratio near 1 can come from int8 needing more steps on every seed."""
+    out = []
+    for row in rows:
+        by = {(r["precision"], int(r["seed"])): r for r in results if r["agent"] == row.agent and r["task"] == row.task}
+        seeds = sorted({s for p, s in by if (("fp32", s) in by and ("int8", s) in by)})
+        pairs = [(s, by[("fp32", s)], by[("int8", s)]) for s in seeds]
+        if not pairs:
+            continue
+        both = [(s, int(b["steps_to_target"]) - int(a["steps_to_target"])) for s, a, b in pairs
+                if a["solved"] and b["solved"]]
+        diffs = [d for _, d in both]
+        p = paired_test(diffs)
+        per_seed = ", ".join(f"seed {s}: {d:+,}" for s, d in both)
+        unsolved = len(pairs) - len(both)
+        out.append(f"| {row.task} | {len(both)} | {sum(d > 0 for d in diffs)} / {sum(d < 0 for d in diffs)} / "
+                   f"{sum(d == 0 for d in diffs)} | {f'{statistics.mean(diffs):+,.0f}' if diffs else '—'} | "
+                   f"{'—' if p is None else f'{p:.2f}'} | {per_seed or '—'}"
+                   + (f" ({unsolved} seed(s) unsolved at a precision, left out)" if unsolved else "") + " |")
+    if not out:
+        return []
+    return ["", "Paired by seed (seeds solved at both precisions): int8 minus fp32 env steps to target; seeds where "
+                "int8 needed more / fewer / the same steps; two-sided paired t-test over those seeds:", "",
+            "| task | seeds paired | int8 more / fewer / same | mean int8 - fp32 steps | paired p | per seed |",
+            "|---|---:|---:|---:|---:|---|", *out]
 
 
 def plot_curves(curves: list[dict], rows: Sequence[LearningRow], path: Path) -> None:

@@ -47,3 +47,22 @@ def test_merge_of_separate_invocations_rebuilds_the_committed_table(tmp_path):
     with pytest.raises(ValueError, match="no learning_d4pg.csv"):
         learning_d4pg.merge([tmp_path], tmp_path / "out2", ["test"])
     assert learning_d4pg.main(["merge", str(tmp_path / "nothing_here"), "--out", str(tmp_path / "o")]) == 2
+
+
+def test_paired_steps_states_direction_per_seed_and_a_paired_test():
+    from bench import learning
+
+    row = learning.LearningRow("dqn", "MountainCar-v0", -130.0, 150_000, 2_500)
+
+    def run(precision, seed, steps, solved=True):
+        return {"agent": "dqn", "task": row.task, "precision": precision, "seed": seed, "solved": solved,
+                "steps_to_target": steps if solved else None}
+
+    results = [run("fp32", 0, 30_000), run("int8", 0, 45_000), run("fp32", 1, 37_500), run("int8", 1, 47_500),
+               run("fp32", 2, 40_000), run("int8", 2, 47_500), run("fp32", 3, 20_000), run("int8", 3, 0, False)]
+    lines = learning.paired_steps(results, [row])
+    line = next(ln for ln in lines if ln.startswith("| MountainCar-v0"))
+    # int8 needed more steps on all 3 seeds solved at both precisions: said, with the paired p-value.
+    assert "| 3 | 3 / 0 / 0 | +10,833 | 0.04 |" in line and "seed 0: +15,000" in line
+    assert "1 seed(s) unsolved at a precision, left out" in line
+    assert learning.paired_test([5.0, 5.0]) is None and learning.paired_test([1.0]) is None

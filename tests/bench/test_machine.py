@@ -40,14 +40,15 @@ def test_machine_record_has_the_load_at_start_and_end(monkeypatch):
     assert "--allow-busy" in machine.describe_load(info)
 
 
-@pytest.mark.parametrize("module", ["bench.actorq", "bench.inference", "bench.learner_throughput",
-                                    "bench.learning", "bench.qat"])
-def test_every_benchmark_refuses_a_busy_machine_before_it_starts(module, monkeypatch, tmp_path, capsys):
+@pytest.mark.parametrize("module, extra", [("bench.actorq", []), ("bench.inference", []),
+                                           ("bench.learner_throughput", []), ("bench.learning", []),
+                                           ("bench.qat", []), ("bench.peers", ["--skip-acme", "--skip-sb3"])])
+def test_every_benchmark_refuses_a_busy_machine_before_it_starts(module, extra, monkeypatch, tmp_path, capsys):
     import importlib
 
     monkeypatch.setattr(os, "getloadavg", lambda: (1000.0, 1000.0, 1000.0))
     main = importlib.import_module(module).main
     with pytest.raises(SystemExit) as info:
-        main(["--quick", "--out", str(tmp_path / "out")])
+        main(["--quick", "--out", str(tmp_path / "out"), *extra])
     assert info.value.code == 2 and "--allow-busy" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing ran, nothing was written

@@ -1,0 +1,335 @@
+"""This project beside the systems its users would otherwise pick, measured in the same benchmark run.
+
+    python -m bench.peers [--quick] [--out DIR] [--seeds 0,1,2] [--skip-acme] [--skip-sb3] [--allow-busy]
+        [--acme-python VENV/bin/python] [--sb3-python VENV/bin/python] [--anchors DIR]
+
+Peers run as subprocesses of their own interpreters (built by the anchors' setup in `../shared/anchors/`:
+`acme_legacy/setup.sh` for Acme 0.4.0 + Launchpad + Reverb on Python 3.10, `sb3_dqn/README.md` for SB3 + rl-zoo3),
+one job at a time, alternating with ours, so every figure in the result was measured here in this run:
+
+1. D4PG, cartpole:balance, 2 actors: legacy Acme `DistributedD4PG` (`run_d4pg.py`, wall-clock budget) and this
+   project's distributed program (int8 and fp32 actors) at the same network sizes, batch size and samples per
+   insert. Ours runs the number of actor steps Acme reached, so both did the same work; reported: wall clock,
+   learner steps/s, env steps/s per actor, last evaluation return (Acme's figures parsed from its own log lines).
+2. DQN: Stable-Baselines3 with rl-zoo3's tuned hyperparameters (`sb3_dqn/run.py`) and this project
+   (`bench.learning`'s rows, int8 and fp32 actors), same task, step budget, evaluation cadence (10 greedy
+   episodes every 2,500 env steps) and target, per seed: env steps and wall clock (evaluation included, for
+   both) to the first evaluation at or above the target, and env steps/s.
+
+Interpreters come from the flags or $QUARL_ACME_PYTHON / $QUARL_SB3_PYTHON; a missing one is an error (exit 2)
+unless its part is skipped. The full run writes bench/results/peers.{json,md}; --quick writes to
+runs/bench/peers-quick.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+
+REPO = Path(__file__).resolve().parents[1]
+D4PG_TASK = "cartpole:balance"
+# Settings both systems run: (name, policy sizes, critic sizes, batch, samples per insert).
+D4PG_SETTINGS = {
+    "small": ((64, 64), (64, 64), 32, 8.0),
+    "acme_defaults": ((256, 256, 256), (512, 512, 256), 256, 32.0),
+}
+_ACME_LINE = re.compile(r"\[(Learner|Actor|Evaluator)\] (.*)$")
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+
+
+def parse_acme_log(text: str) -> dict[str, Any]:
+    """Acme's TerminalLogger lines ("[Learner] Key = value | ...") -> rates, counts and the last eval return."""
+    rows: dict[str, list[dict[str, float]]] = {"Learner": [], "Actor": [], "Evaluator": []}
+    for line in text.splitlines():
+        match = _ACME_LINE.search(line)
+        if not match:
+            continue
+        values = {}
+        for pair in match.group(2).split(" | "):
+            key, _, value = pair.partition(" = ")
+            try:
+                values[key.strip()] = float(value)
+            except ValueError:
+                continue
+        rows[match.group(1)].append(values)
+    learner, actor, evaluator = rows["Learner"], rows["Actor"], rows["Evaluator"]
+    timed = [r for r in learner if "Learner Steps" in r and "Learner Walltime" in r]
+    learner_rate = None
+    if len(timed) >= 2 and timed[-1]["Learner Walltime"] > timed[0]["Learner Walltime"]:
+        learner_rate = ((timed[-1]["Learner Steps"] - timed[0]["Learner Steps"])
+                        / (timed[-1]["Learner Walltime"] - timed[0]["Learner Walltime"]))
+    actor_rates = [r["Steps Per Second"] for r in actor if "Steps Per Second" in r]
+    returns = [r["Episode Return"] for r in evaluator if "Episode Return" in r]
+    return {
+        "learner_steps": int(max((r.get("Learner Steps", 0) for r in learner), default=0)),
+        "learner_steps_per_s": learner_rate,
+        "actor_steps": int(max((r.get("Actor Steps", 0) for r in actor), default=0)),
+        "actor_episodes": len(actor),
+        "actor_steps_per_s_each": statistics.median(actor_rates) if actor_rates else None,
+        "eval_returns": returns,
+        "last_eval_return": returns[-1] if returns else None,
+    }
+
+
+def parse_sb3_log(text: str, threshold: float) -> dict[str, Any]:
+    """sb3_dqn/run.py's output: eval rows "env_steps wall mean std updates" and the closing throughput line."""
+    evals = []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) == 5 and not line.startswith("#"):
+            try:
+                steps, wall, mean, std, updates = (float(x) for x in parts)
+            except ValueError:
+                continue
+            evals.append({"env_steps": int(steps), "wall_clock_s": wall, "return": mean, "updates": int(updates)})
+    hit = next((e for e in evals if e["return"] >= threshold), None)
+    rate = re.search(r"-> (\d+) env steps/s", text)
+    return {"evals": evals, "solved": hit is not None, "steps_to_target": hit and hit["env_steps"],
+            "wall_s_to_target": hit and hit["wall_clock_s"],
+            "env_steps_per_s": float(rate.group(1)) if rate else None,
+            "final_return": evals[-1]["return"] if evals else None,
+            "version": next((ln[2:] for ln in text.splitlines() if ln.startswith("# sb3 ")), None)}
+
+
+# ------------------------------------------------------------------------------------------------ running
+
+
+def first_wall_at(evaluator_csv: Path, target: float) -> float | None:
+    """Wall clock (evaluation included) of the first evaluation at or above `target` in our evaluator.csv."""
+    import csv  # pylint: disable=import-outside-toplevel
+
+    with open(evaluator_csv, newline="", encoding="utf-8") as f:
+        return next((float(r["wall_clock_s"]) for r in csv.DictReader(f) if float(r["return"]) >= target), None)
+
+
+
+def _peer_env() -> dict[str, str]:
+    """The peer's environment: ours minus what would make its interpreter import this project's packages."""
+    return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}
+
+
+def run_subprocess(cmd: Sequence[str], log: Path, timeout_s: float, cwd: Path) -> tuple[int | None, str, float]:
+    """Runs a peer in its own process group (Launchpad starts several); kills the group at the timeout."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(list(cmd), stdout=out, stderr=subprocess.STDOUT, cwd=cwd, env=_peer_env(),
+                                start_new_session=True)
+        try:
+            code: int | None = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            code = None
+        finally:
+            try:  # also ends stragglers of a process that exited on its own
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+    return code, log.read_text(encoding="utf-8", errors="replace"), time.perf_counter() - t0
+
+
+def acme_d4pg(python: str, anchors: Path, setting: str, seconds: float, logdir: Path) -> dict[str, Any]:
+    policy, critic, batch, spi = D4PG_SETTINGS[setting]
+    cmd = [python, str(anchors / "acme_legacy" / "run_d4pg.py"), "--policy", ",".join(map(str, policy)),
+           "--critic", ",".join(map(str, critic)), "--batch", str(batch), "--spi", str(spi), "--actors", "2",
+           "--seconds", str(int(seconds))]
+    code, text, wall = run_subprocess(cmd, logdir / f"acme-{setting}.log", seconds + 180, logdir)
+    return {"exit_code": code, "wall_clock_s": round(wall, 1), "budget_s": seconds, **parse_acme_log(text),
+            "log": str(logdir / f"acme-{setting}.log")}
+
+
+def ours_d4pg(setting: str, precision: str, actor_steps: int, seed: int, logdir: Path) -> dict[str, Any]:
+    from launch.actorq import run_program  # pylint: disable=import-outside-toplevel
+    from launch.program import RunConfig  # pylint: disable=import-outside-toplevel
+    from launch.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
+
+    policy, critic, batch, spi = D4PG_SETTINGS[setting]
+    overrides = {"policy_layer_sizes": policy, "critic_layer_sizes": critic, "batch_size": batch,
+                 "samples_per_insert": spi, "min_replay_size": 1000}
+    config = RunConfig(agent="d4pg", task=D4PG_TASK, precision=precision, num_actors=2,
+                       max_actor_steps=actor_steps, seed=seed, logdir=str(logdir), overrides=overrides,
+                       backend="auto", eval_every=max(1000, actor_steps // 4), eval_episodes=1)
+    t0 = time.perf_counter()
+    summary, code = run_program(config, RayRunner())
+    return {"exit_code": code, "wall_clock_s": round(time.perf_counter() - t0, 1),
+            "learner_steps": summary["learner_steps"], "learner_steps_per_s": summary["learner_steps_per_s"],
+            "actor_steps": summary["actor_steps"],
+            "actor_steps_per_s_each": statistics.median(float(a.get("steps_per_s", 0.0)) for a in summary["actors"])
+            if summary["actors"] else None,
+            "last_eval_return": summary["final_eval_return"], "logdir": str(logdir)}
+
+
+def bench_d4pg(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
+    from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
+
+    rows = []
+    settings = ["small"] if args.quick else list(D4PG_SETTINGS)
+    seconds = 90 if args.quick else 240
+    for setting in settings:
+        print(f"[bench.peers] Acme D4PG {setting}, {seconds:.0f} s ...", flush=True)
+        acme = acme_d4pg(args.acme_python, args.anchors, setting, seconds, out / "logs")
+        row = {"setting": setting, "acme": acme, "ours": {}}
+        print(f"  Acme: {json.dumps({k: v for k, v in acme.items() if k != 'eval_returns'})}", flush=True)
+        steps = acme["actor_steps"]
+        if steps <= 0:
+            row["note"] = "Acme logged no actor steps (see its log); ours not run"
+            rows.append(row)
+            continue
+        init_ray(None, num_cpus=8)
+        import ray  # pylint: disable=import-outside-toplevel
+        try:
+            for precision in ("int8", "fp32"):
+                ours = ours_d4pg(setting, precision, steps, 0, out / "runs" / f"d4pg-{setting}-{precision}")
+                row["ours"][precision] = ours
+                print(f"  ours {precision}: {json.dumps(ours)}", flush=True)
+        finally:
+            ray.shutdown()
+        rows.append(row)
+    return rows
+
+
+def bench_dqn(args: argparse.Namespace, out: Path, seeds: Sequence[int]) -> list[dict[str, Any]]:
+    from bench.learning import DQN_ROWS, QUICK_ROWS, run_one  # pylint: disable=import-outside-toplevel
+
+    rows = list(QUICK_ROWS) if args.quick else [r for r in DQN_ROWS if r.task in args.dqn_tasks]
+    results = []
+    for row in rows:
+        for i, seed in enumerate(seeds):
+            cmd = [args.sb3_python, str(args.anchors / "sb3_dqn" / "run.py"), "--env", row.task, "--seed", str(seed),
+                   "--steps", str(row.max_actor_steps), "--eval_every", str(row.eval_every),
+                   "--eval_episodes", str(row.eval_episodes), "--threshold", str(row.target),
+                   "--max_seconds", "3600"]
+            order = ["sb3", "int8", "fp32"] if i % 2 == 0 else ["fp32", "int8", "sb3"]
+            for system in order:
+                if system == "sb3":
+                    log = out / "logs" / f"sb3-{row.task}-seed{seed}.log"
+                    code, text, wall = run_subprocess(cmd, log, 4000, out)
+                    res = {"system": "sb3", **parse_sb3_log(text, row.target), "exit_code": code,
+                           "wall_clock_s": round(wall, 1), "log": str(log)}
+                    res.pop("evals")
+                else:
+                    logdir = out / "runs" / f"dqn-{row.task}-{system}-s{seed}"
+                    r, _ = run_one(row, system, seed, logdir=logdir)
+                    res = {"system": f"ours {system}", "solved": r["solved"], "steps_to_target": r["steps_to_target"],
+                           "wall_s_to_target": first_wall_at(logdir / "evaluator.csv", row.target),
+                           "env_steps_per_s": r["env_steps_per_s"], "final_return": r["final_return"]}
+                results.append({"task": row.task, "seed": seed, "target": row.target, **res})
+                print(f"[bench.peers] {row.task} seed {seed} {res['system']}: steps {res['steps_to_target']}, "
+                      f"{res['wall_s_to_target']} s to {row.target}", flush=True)
+    return results
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def _num(v: Any, fmt: str = "{:,.1f}") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    lines = ["# This project beside its peers, measured in one run", "",
+             f"`{result['command']}` ({describe_load(result['machine'])}; {result['machine']['cpu']}). Peers ran "
+             "as subprocesses one at a time, alternating with ours; nothing here is copied from elsewhere.", ""]
+    if result.get("d4pg"):
+        lines += [f"## D4PG, {D4PG_TASK}, 2 actors: legacy Acme (Launchpad + Reverb) vs this project", "",
+                  "Ours ran the actor steps Acme reached in its budget (same work). Acme's rates are parsed from its "
+                  "own log lines (learner: steps over learner wall time; actors: median episode steps/s).", "",
+                  "| setting | system | wall clock s | actor steps | learner steps/s | env steps/s per actor | "
+                  "last eval return |", "|---|---|---:|---:|---:|---:|---:|"]
+        for row in result["d4pg"]:
+            systems = [("Acme 0.4.0", row["acme"])] + [(f"ours {p}", v) for p, v in row["ours"].items()]
+            for name, v in systems:
+                lines.append(f"| {row['setting']} | {name} | {_num(v.get('wall_clock_s'))} | "
+                             f"{_num(v.get('actor_steps'), '{:,}')} | {_num(v.get('learner_steps_per_s'))} | "
+                             f"{_num(v.get('actor_steps_per_s_each'))} | {_num(v.get('last_eval_return'))} |")
+        lines += ["", "Settings: " + "; ".join(f"{k}: policy {p}, critic {c}, batch {b}, {s:g} samples per insert"
+                                               for k, (p, c, b, s) in D4PG_SETTINGS.items()) + ".", ""]
+    if result.get("dqn"):
+        lines += ["## DQN: Stable-Baselines3 (rl-zoo3 tuned) vs this project", "",
+                  "Same task, step budget, evaluation cadence and target; wall clock to target includes evaluation "
+                  "for both. Medians are over the seeds that reached the target (count shown).", "",
+                  "| task | system | seeds reaching target | median env steps to target | median s to target | "
+                  "median env steps/s | per seed (steps / s) |", "|---|---|---:|---:|---:|---:|---|"]
+        keys = list(dict.fromkeys((r["task"], r["system"]) for r in result["dqn"]))
+        for task, system in keys:
+            rs = [r for r in result["dqn"] if r["task"] == task and r["system"] == system]
+            ok = [r for r in rs if r["solved"]]
+            med = lambda k, xs: statistics.median([r[k] for r in xs]) if xs else None  # noqa: E731
+            rates = [r for r in rs if r["env_steps_per_s"] is not None]
+            per_seed = ", ".join(f"s{r['seed']}: " + (f"{r['steps_to_target']:,} / {r['wall_s_to_target']:.0f}"
+                                                      if r["solved"] else "not reached") for r in rs)
+            lines.append(f"| {task} | {system} | {len(ok)}/{len(rs)} | {_num(med('steps_to_target', ok), '{:,.0f}')} "
+                         f"| {_num(med('wall_s_to_target', ok))} | {_num(med('env_steps_per_s', rates), '{:,.0f}')} "
+                         f"| {per_seed} |")
+        sb3 = next((r.get("version") for r in result["dqn"] if r["system"] == "sb3" and r.get("version")), None)
+        lines += ["", f"SB3 run: {sb3}." if sb3 else "", ""]
+    return "\n".join(lines) + "\n"
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.peers", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="small settings only, short budgets (a smoke run)")
+    parser.add_argument("--out", default=None, help="output directory (default bench/results, or "
+                                                    "runs/bench/peers-quick with --quick)")
+    parser.add_argument("--seeds", default=None, help="DQN seeds (default 0,1,2; 0 with --quick)")
+    parser.add_argument("--dqn-tasks", default="CartPole-v1", help="comma-separated bench.learning DQN tasks")
+    parser.add_argument("--skip-acme", action="store_true", help="no D4PG comparison")
+    parser.add_argument("--skip-sb3", action="store_true", help="no DQN comparison")
+    parser.add_argument("--acme-python", default=os.environ.get("QUARL_ACME_PYTHON"),
+                        help="interpreter of the legacy Acme venv (acme_legacy/setup.sh); $QUARL_ACME_PYTHON")
+    parser.add_argument("--sb3-python", default=os.environ.get("QUARL_SB3_PYTHON"),
+                        help="interpreter of the SB3 venv (sb3_dqn/README.md); $QUARL_SB3_PYTHON")
+    parser.add_argument("--anchors", type=Path, default=REPO.parent / "shared" / "anchors",
+                        help="folder holding acme_legacy/ and sb3_dqn/ (default ../shared/anchors)")
+    add_allow_busy(parser)
+    args = parser.parse_args(argv)
+    try:
+        seeds = [int(s) for s in (args.seeds or ("0" if args.quick else "0,1,2")).split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    if not seeds or min(seeds) < 0:
+        parser.error("--seeds needs at least one non-negative integer")
+    args.dqn_tasks = [t.strip() for t in args.dqn_tasks.split(",") if t.strip()]
+    for skip, flag, python, script in ((args.skip_acme, "--acme-python", args.acme_python, "acme_legacy/run_d4pg.py"),
+                                       (args.skip_sb3, "--sb3-python", args.sb3_python, "sb3_dqn/run.py")):
+        if skip:
+            continue
+        if not python or not os.access(python, os.X_OK):
+            parser.exit(2, f"{parser.prog}: error: {flag} must name the peer's venv python (got {python!r}); build "
+                           f"it with {args.anchors}/{script.split('/')[0]}/, or pass --skip-{flag[2:6]}\n")
+        if not (args.anchors / script).is_file():
+            parser.exit(2, f"{parser.prog}: error: {args.anchors / script} not found; pass --anchors DIR\n")
+    refuse_if_busy(parser, args.allow_busy)
+    out = Path(args.out) if args.out else REPO / ("runs/bench/peers-quick" if args.quick else "bench/results")
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python -m bench.peers", *(argv if argv is not None else sys.argv[1:])])
+    result: dict[str, Any] = {"command": command, "machine": machine_info(args.allow_busy), "quick": args.quick}
+    work = out if args.quick else REPO / "runs" / "bench" / "peers"
+    if not args.skip_acme:
+        result["d4pg"] = bench_d4pg(args, work)
+    if not args.skip_sb3:
+        result["dqn"] = bench_dqn(args, work, seeds)
+    finish(result["machine"])
+    (out / "peers.json").write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
+    (out / "peers.md").write_text(markdown(result), encoding="utf-8")
+    print(f"[bench.peers] wrote {out / 'peers.json'} and {out / 'peers.md'}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
