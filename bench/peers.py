@@ -44,6 +44,7 @@ D4PG_SETTINGS = {
     "acme_defaults": ((256, 256, 256), (512, 512, 256), 256, 32.0),
 }
 _ACME_LINE = re.compile(r"\[(Learner|Actor|Evaluator)\] (.*)$")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Launchpad colours each process's lines
 
 
 # ------------------------------------------------------------------------------------------------ parsing
@@ -52,7 +53,7 @@ _ACME_LINE = re.compile(r"\[(Learner|Actor|Evaluator)\] (.*)$")
 def parse_acme_log(text: str) -> dict[str, Any]:
     """Acme's TerminalLogger lines ("[Learner] Key = value | ...") -> rates, counts and the last eval return."""
     rows: dict[str, list[dict[str, float]]] = {"Learner": [], "Actor": [], "Evaluator": []}
-    for line in text.splitlines():
+    for line in _ANSI.sub("", text).splitlines():
         match = _ACME_LINE.search(line)
         if not match:
             continue

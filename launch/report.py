@@ -177,6 +177,35 @@ def _energy(summary: Mapping[str, Any]) -> tuple[float, float, str | None]:
     return _num(e.get("energy_kwh")), _num(e.get("emissions_kg_co2eq")), e.get("method")
 
 
+def _ram_kwh(summary: Mapping[str, Any]) -> float:
+    """kWh from codecarbon's RAM model (a model, not a measurement), summed over nodes for distributed runs."""
+    e = summary.get("energy")
+    if not isinstance(e, Mapping):
+        return math.nan
+    if "total_kwh" in e or "nodes" in e:
+        nodes = [n for n in (e.get("nodes") or {}).values() if isinstance(n, Mapping)]
+        return _nansum(_num(n.get("ram_kwh")) for n in nodes) if nodes else math.nan
+    return _num(e.get("ram_kwh"))
+
+
+def describe_method(method: Any, cores: Any = None) -> Any:
+    """A recorded energy method, with codecarbon's default TDP named a default.
+
+    Runs recorded before quarl.carbon said so wrote "CPU TDP power model (X W)"; when X is codecarbon's default
+    for a CPU it does not know (4 W per thread), say that it is this default, not the CPU's TDP."""
+    if not isinstance(method, str):
+        return method
+    threads = cores if isinstance(cores, int) and cores > 0 else (os.cpu_count() or 1)
+
+    def fix(m: re.Match) -> str:
+        watts = float(m.group(1))
+        if abs(watts - 4.0 * threads) > 1e-9:
+            return m.group(0)
+        return (f"CPU TDP power model ({m.group(1)} W = codecarbon's default of 4 W per thread for a CPU it does "
+                "not know, not this CPU's TDP)")
+    return re.sub(r"CPU TDP power model \(([0-9.]+) W\)", fix, method).replace("=estimated:", "=modelled:")
+
+
 def _identity(run_dir: Path, root: Path, summary: Mapping[str, Any] | None) -> tuple[str, str, int | None]:
     """(panel, precision, seed): from the reproduce layout <panel>/<precision>/seed<k> when the path has
     it, else from the summary (so any folder of runs can be read)."""
@@ -200,7 +229,7 @@ def find_run_dirs(results_dir: str | os.PathLike) -> list[Path]:
 RUN_COLUMNS = ("panel", "precision", "seed", "finished", "status", "runner", "agent", "task", "num_actors",
                "backend", "actor_steps", "learner_steps", "wall_clock_s", "run_time_s", "final_return",
                "best_return", "evaluations", "payload_bytes", "payload_bytes_fp32", *STAGES, "energy_kwh",
-               "emissions_kg", "energy_method", "run_dir")
+               "emissions_kg", "ram_kwh", "energy_method", "run_dir")
 
 
 def load_runs(results_dir: str | os.PathLike) -> pd.DataFrame:
@@ -240,7 +269,7 @@ def load_runs(results_dir: str | os.PathLike) -> pd.DataFrame:
             "wall_clock_s": wall, "run_time_s": wall if math.isnan(run_time) else run_time,
             "final_return": final, "best_return": best, "evaluations": len(evals),
             "payload_bytes": _num(s.get("payload_bytes")), "payload_bytes_fp32": _num(s.get("payload_bytes_fp32")),
-            **_runtime(s), "energy_kwh": kwh, "emissions_kg": kg, "energy_method": method,
+            **_runtime(s), "energy_kwh": kwh, "emissions_kg": kg, "ram_kwh": _ram_kwh(s), "energy_method": method,
             "run_dir": str(run_dir),
         })
     df = pd.DataFrame(rows, columns=list(RUN_COLUMNS))
@@ -382,6 +411,10 @@ def speedup_table(runs: pd.DataFrame, fraction: float = 0.9, baseline: str = BAS
     base = table[table["precision"] == baseline].set_index("panel")["time_to_target_s"]
     table["speedup_vs_" + baseline] = [base.get(p, math.nan) / t if t and t > 0 else math.nan
                                        for p, t in zip(table["panel"], table["time_to_target_s"])]
+    reached = table[table["precision"] == baseline].set_index("panel")[["seeds_reached", "seeds"]]
+    table["speedup_over_seeds"] = [
+        f"{r}/{n} vs {baseline} {reached.loc[p, 'seeds_reached']}/{reached.loc[p, 'seeds']}" if p in reached.index
+        else f"{r}/{n}" for p, r, n in zip(table["panel"], table["seeds_reached"], table["seeds"])]
     if x == "actor_steps":
         table = table.rename(columns={"time_to_target_s": f"{x}_to_target", "time_to_target_std":
                                       f"{x}_to_target_std"})
@@ -408,7 +441,7 @@ def carbon_table(runs: pd.DataFrame, fraction: float = 0.9, baseline: str = BASE
     per_run = pd.DataFrame({
         "panel": ttt["panel"], "precision": ttt["precision"], "seed": ttt["seed"],
         "actor_steps": ttt["actor_steps"], "run_time_s": ttt["run_time_s"], "energy_kwh": ttt["energy_kwh"],
-        "emissions_kg": ttt["emissions_kg"],
+        "emissions_kg": ttt["emissions_kg"], "ram_model_share": ttt["ram_kwh"] / ttt["energy_kwh"],
         "kwh_per_1k_steps": 1e3 * ttt["energy_kwh"] / ttt["actor_steps"],
         "time_to_target_s": ttt["time_to_target"], "kwh_to_target": ttt["energy_kwh"] * scale,
         "kg_to_target": ttt["emissions_kg"] * scale, "method": ttt["energy_method"],
@@ -443,12 +476,14 @@ def carbon_ratio_table(carbon: pd.DataFrame, baseline: str = BASELINE) -> pd.Dat
             methods = sorted({str(m) for m in p["method"].dropna()})
             rows.append({"panel": panel, "precision": precision, "seeds": len(p),
                          "energy_kwh_mean": p["energy_kwh"].mean(), "emissions_kg_mean": p["emissions_kg"].mean(),
+                         "ram_model_share_mean": p["ram_model_share"].mean() if "ram_model_share" in p else math.nan,
                          "kwh_ratio_same_work": _ratio(b_work[0], work[0]),
                          "kg_ratio_same_work": _ratio(b_work[1], work[1]),
                          "kwh_ratio_same_outcome": _ratio(b_out[0], out[0]),
                          "kg_ratio_same_outcome": _ratio(b_out[1], out[1]),
                          "method": " | ".join(methods) if methods else None})
-    cols = ["panel", "precision", "seeds", "energy_kwh_mean", "emissions_kg_mean", *_RATIO_COLUMNS, "method"]
+    cols = ["panel", "precision", "seeds", "energy_kwh_mean", "emissions_kg_mean", "ram_model_share_mean",
+            *_RATIO_COLUMNS, "method"]
     return _sorted_table(pd.DataFrame(rows, columns=cols))
 
 
@@ -724,11 +759,17 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
     files = ReportFiles(out / "figure.png", out / "speedup.csv", out / "carbon.csv", out / "runtime.csv",
                         out / "runtime.png", out / "grid.csv", out / "report.md")
 
+    if machine is None:
+        mfile = out / "machine.json"
+        machine = read_summary_like(mfile) or {**machine_info(), "note": "machine that drew the report "
+                                                                          "(the runs left no machine.json)"}
+    cores = machine.get("logical_cpus", machine.get("cores"))
     plt = _pyplot()
     plt.close(plot_figure(runs, fraction=fraction, path=files.figure))
     speed = speedup_table(runs, fraction)
     speed.to_csv(files.speedup, index=False)
     carbon = carbon_table(runs, fraction)
+    carbon["method"] = [describe_method(m, cores) for m in carbon["method"]]
     carbon.to_csv(files.carbon, index=False)
     ratios = carbon_ratio_table(carbon)
     runtime = runtime_breakdown_table(runs)
@@ -738,10 +779,6 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
     grid["run_dir"] = [_relative(d, out) for d in grid["run_dir"]]  # a committed grid.csv must not name this disk
     grid.to_csv(files.grid, index=False)
 
-    if machine is None:
-        mfile = out / "machine.json"
-        machine = read_summary_like(mfile) or {**machine_info(), "note": "machine that drew the report "
-                                                                          "(the runs left no machine.json)"}
     pct = int(round(100 * fraction))
     text = [f"# {title or 'ActorQ reproduction: ' + out.name}", ""]
     notes = list(notes)
@@ -751,17 +788,23 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
              "clock without its own evaluations, else the wall clock); dotted line: "
              f"{pct}% of the fp32 final return (target = R - (1 - f)|R|, which is f*R for positive returns).", "",
              f"## Speedup: training time to reach {pct}% of the fp32 final return", "",
+             "`time_to_target_s` is the mean over the seeds that reached the target (`seeds_reached` of `seeds`); "
+             "seeds that never reached it are left out of the mean, so each speedup compares those subsets "
+             "(`speedup_over_seeds`: this precision's seeds vs the fp32 seeds behind the ratio).", "",
              markdown_table(speed), "",
              "## Energy and carbon", "",
              "Ratios are fp32 / precision (> 1: the quantized run used less). *Same work*: energy per actor step "
              "(equal step budgets). *Same outcome*: energy scaled to the time to target "
-             "(run energy x time-to-target / run time).", "",
+             "(run energy x time-to-target / run time). `ram_model_share`: the part of each figure that comes "
+             "from codecarbon's RAM power model; where it is large, energy ratios are mostly run-time ratios. "
+             "Without RAPL the CPU part is modelled too (see the method).", "",
              markdown_table(ratios), "",
              "Per run (carbon.csv):", "",
              markdown_table(carbon[["panel", "precision", "seed", "run_time_s", "energy_kwh", "emissions_kg",
-                                    "time_to_target_s", "kwh_to_target", "kg_to_target"]]), "",
+                                    "ram_model_share", "time_to_target_s", "kwh_to_target", "kg_to_target"]]), "",
              "## Actor runtime breakdown (ms per 1000 actor steps)", "",
              "![runtime breakdown](runtime.png)", "",
+             *_runtime_note(runtime),
              markdown_table(runtime[["panel", "precision", "seeds",
                                      *[f"{s[:-2]}_ms_per_1k_steps" for s in STAGES]]]), "",
              "## Runs", "",
@@ -770,10 +813,21 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
              "## Machine", ""]
     text += [f"- {k}: {v}" for k, v in machine.items()]
     text += ["", "Energy method(s), as recorded by the runs:", ""]
-    methods = sorted({str(m) for m in runs["energy_method"].dropna()}) if len(runs) else []
+    methods = sorted({str(describe_method(m, cores)) for m in runs["energy_method"].dropna()}) if len(runs) else []
     text += [f"- {m}" for m in methods] or ["- none recorded"]
     files.report.write_text("\n".join(text) + "\n", encoding="utf-8")
     return files
+
+
+def _runtime_note(runtime: pd.DataFrame) -> list[str]:
+    """The policy-call cost the table implies (ms per 1000 steps = µs per step), so prose can quote it."""
+    col = "inference_ms_per_1k_steps"
+    if col not in runtime or runtime[col].dropna().empty:
+        return []
+    values = runtime[col].dropna()
+    return [f"ms per 1000 actor steps equal µs per step: a policy call (inference, with its batching and "
+            f"conversion) cost {values.min():.0f}-{values.max():.0f} µs per step across these panels and "
+            "precisions.", ""]
 
 
 def _relative(path: Any, base: Path) -> Any:

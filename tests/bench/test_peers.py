@@ -10,7 +10,7 @@ ACME_LOG = """\
 I1203 12:00:01.0 1 terminal.py:90] [Actor] Actor Episodes = 1 | Actor Steps = 1000 | Episode Length = 1000 | Episode Return = 120.500 | Steps Per Second = 110.000
 I1203 12:00:05.0 2 terminal.py:90] [Learner] Learner Steps = 100 | Learner Walltime = 2.000 | Critic Loss = 3.100
 I1203 12:00:09.0 1 terminal.py:90] [Actor] Actor Episodes = 2 | Actor Steps = 2000 | Episode Length = 1000 | Episode Return = 150.000 | Steps Per Second = 130.000
-I1203 12:00:12.0 3 terminal.py:90] [Evaluator] Actor Episodes = 1 | Episode Return = 174.250 | Steps Per Second = 400.000
+\x1b[1;34m[evaluator/0] I1203 12:00:12.0 3 terminal.py:91] [Evaluator] Episode Length = 1000 | Episode Return = 174.25 | Evaluator Episodes = 1 | Steps Per Second = 400.000\x1b[0;0m
 I1203 12:00:15.0 2 terminal.py:90] [Learner] Learner Steps = 750 | Learner Walltime = 12.000 | Critic Loss = 2.000
 I1203 12:00:19.0 1 terminal.py:90] [Actor] Actor Episodes = 3 | Actor Steps = 3000 | Episode Return = nan-ish | Steps Per Second = 120.000
 some unrelated line [Learner] without pairs

@@ -118,6 +118,18 @@ def test_speedup_table_on_hand_made_runs(tmp_path: Path) -> None:
     assert table.loc[("CartPole", "int8"), "seeds"] == 3
     assert table.loc[("CartPole", "int8"), "seeds_reached"] == 2
     assert table.loc[("CartPole", "int8"), "time_to_target_s"] == pytest.approx(25.0)
+    # ... and the table says over which seeds each speedup is taken (this precision's vs fp32's).
+    assert table.loc[("CartPole", "int8"), "speedup_over_seeds"] == "2/3 vs fp32 2/2"
+
+
+def test_recorded_energy_methods_name_codecarbons_default_tdp_as_a_default() -> None:
+    old = ("codecarbon offline, process mode: cpu=estimated: CPU TDP power model (8.0 W) x process CPU time share; "
+           "ram=estimated: codecarbon RAM power model (process memory)")
+    said = report.describe_method(old, 2)  # 2 threads x codecarbon's 4 W default
+    assert "8.0 W = codecarbon's default of 4 W per thread" in said and "not this CPU's TDP" in said
+    assert "estimated" not in said and "ram=modelled" in said
+    assert "default" not in report.describe_method(old, 16)  # 8 W is not the default on 16 threads
+    assert report.describe_method(None, 2) is None
 
 
 def test_carbon_table_scales_energy_to_time_to_target_and_gives_ratios(tmp_path: Path) -> None:
@@ -180,7 +192,7 @@ def test_write_report_writes_every_file(tmp_path: Path) -> None:
     for path in (files.figure, files.runtime_figure, files.speedup, files.carbon, files.grid, files.report):
         assert path.stat().st_size > 0
     text = files.report.read_text()
-    assert "figure.png" in text and "| CartPole | int8 |" in text and "cpu=estimated: test" in text
+    assert "figure.png" in text and "| CartPole | int8 |" in text and "cpu=modelled: test" in text  # older "estimated" wording, said as today
     speed = pd.read_csv(files.speedup)
     assert speed.loc[(speed["panel"] == "CartPole") & (speed["precision"] == "int8"),
                      "speedup_vs_fp32"].item() == pytest.approx(2.2)
