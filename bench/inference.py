@@ -3,7 +3,8 @@
     python -m bench.inference [--quick] [--out DIR]
 
 Measures microseconds per policy call (median) for jax fp32/fp16/bf16/int8, onnx fp32/int8 and auto
-fp32/int8, with H in {256, 1024, 2048} and batch 1 and 16, plus the cost of one `update()` (the actor's
+fp32/int8, and int4 on onnx (the int8 kernel form), onnx-nbits (MatMulNBits, 4-bit packed) and auto, with H
+in {256, 1024, 2048} and batch 1 and 16, plus the cost of one `update()` (the actor's
 load step). Backends take turns in short blocks over several rounds, so a burst of load from other
 processes hits all of them alike; the first call of each block is dropped (it runs with another backend's
 weights in the cache, which is not how an actor calls its policy). Prints a table with the int8/fp32
@@ -36,6 +37,7 @@ from bench.machine import add_allow_busy, refuse_if_busy
 VARIANTS: tuple[tuple[str, str], ...] = (
     ("jax", "fp32"), ("jax", "fp16"), ("jax", "bf16"), ("jax", "int8"),
     ("onnx", "fp32"), ("onnx", "int8"), ("auto", "fp32"), ("auto", "int8"),
+    ("onnx", "int4"), ("onnx-nbits", "int4"), ("auto", "int4"),
 )
 HIDDEN = (256, 1024, 2048)
 BATCHES = (1, 16)
@@ -205,6 +207,12 @@ def summarize(rows: list[dict]) -> list[dict[str, Any]]:
             # same interleaved rounds as the alternatives (no instance noise; < 1 means it chose wrong).
             "auto_int8_choice_vs_best_fp32": best_fp32 / get(chosen("int8"), "int8"),
             "auto_fp32_choice_vs_best_fp32": best_fp32 / get(chosen("fp32"), "fp32"),
+            # int4: MatMulNBits (4-bit packed) against the int8 kernel path, and the best int4 overall.
+            "nbits_int4_vs_onnx_int8": int8["onnx"] / get("onnx-nbits", "int4"),
+            "best_int4_vs_best_int8": best_int8 / min(get("onnx", "int4"), get("onnx-nbits", "int4")),
+            "best_int4_vs_best_fp32": best_fp32 / min(get("onnx", "int4"), get("onnx-nbits", "int4")),
+            "auto_int4_choice_vs_best_int4": min(get("onnx", "int4"), get("onnx-nbits", "int4"))
+            / get(chosen("int4"), "int4"),
         })
     return out
 
@@ -227,6 +235,13 @@ def target_lines(summary: list[dict]) -> list[str]:
               for s in summary)
     lines.append(f"auto executors as timed (own instances, includes instance noise), worst case vs best fp32: "
                  f"{raw[0]:.2f}x at H={raw[1]} batch {raw[2]}")
+    for s in summary:
+        if s["batch"] == 1:
+            lines.append(f"int4 at H={s['hidden']} batch 1: MatMulNBits vs onnx int8 "
+                         f"{s['nbits_int4_vs_onnx_int8']:.2f}x; "
+                         f"best int4 vs best int8 {s['best_int4_vs_best_int8']:.2f}x, vs best fp32 "
+                         f"{s['best_int4_vs_best_fp32']:.2f}x; auto's int4 choice vs best int4 "
+                         f"{s['auto_int4_choice_vs_best_int4']:.2f}x")
     return lines
 
 
@@ -240,7 +255,8 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
     table.add_column("batch", justify="right")
     for backend, precision in VARIANTS:
         table.add_column(f"{backend}\n{precision}", justify="right")
-    for col in ("jax\nint8/fp32", "onnx\nint8/fp32", "best int8\nvs best fp32", "auto int8 choice\nvs best fp32"):
+    for col in ("jax\nint8/fp32", "onnx\nint8/fp32", "best int8\nvs best fp32", "auto int8 choice\nvs best fp32",
+                "nbits int4\nvs onnx int8"):
         table.add_column(col, justify="right", style="bold")
     for s in summary:
         cells = []
@@ -252,11 +268,13 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
                 cell += f" ({row['chosen']})"
             cells.append(cell)
         cells += [f"{s['jax_int8_speedup']:.2f}x", f"{s['onnx_int8_speedup']:.2f}x",
-                  f"{s['best_int8_vs_best_fp32']:.2f}x", f"{s['auto_int8_choice_vs_best_fp32']:.2f}x"]
+                  f"{s['best_int8_vs_best_fp32']:.2f}x", f"{s['auto_int8_choice_vs_best_fp32']:.2f}x",
+                  f"{s['nbits_int4_vs_onnx_int8']:.2f}x"]
         table.add_row(str(s["hidden"]), str(s["batch"]), *cells)
     console.print(table)
     console.print("speed-up = fp32 us / int8 us (> 1: int8 faster). jax int8 = AQT s8xs8->s32 dot on XLA CPU; "
-                  "onnx int8 = DynamicQuantizeLinear + MatMulInteger; "
+                  "onnx int8 = DynamicQuantizeLinear + MatMulInteger; onnx-nbits int4 = MatMulNBits (4-bit packed "
+                  "weights, int8 activations per 128-block); "
                   f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; ORT 1 intra-op thread.")
     for line in target_lines(summary):
         console.print(line)
@@ -282,7 +300,7 @@ def plot(rows: list[dict], path: Path) -> None:
     groups = sorted({(r["hidden"], r["batch"]) for r in rows})
     fig, ax = plt.subplots(figsize=(12, 5))
     width = 0.8 / len(VARIANTS)
-    colors = plt.get_cmap("tab10")
+    colors = plt.get_cmap("tab20")
     for i, (backend, precision) in enumerate(VARIANTS):
         ys = [_us(rows, backend, precision, h, b) or np.nan for h, b in groups]
         xs = np.arange(len(groups)) + (i - (len(VARIANTS) - 1) / 2) * width

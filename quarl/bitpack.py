@@ -2,8 +2,9 @@
 
 Codes are unsigned `b`-bit integers packed densely and low-bit first: code i occupies bits [i*b, (i+1)*b) of
 the little-endian bit stream, so two 4-bit codes share a byte with the first in the low nibble (also the
-order ONNX Runtime's `MatMulNBits` reads along K, see `quarl.runtimes.onnx_nbits`). Signed (symmetric) codes are stored with an offset of 2^(b-1) (`signed_offset`): the
-same "zero point 8" convention MatMulNBits uses by default for 4 bits.
+order ONNX Runtime's `MatMulNBits` reads along K, see `quarl.runtimes.onnx_nbits`). Signed (symmetric)
+codes are stored with an offset of 2^(b-1) (`signed_offset`): the same "zero point 8" convention
+MatMulNBits uses by default for 4 bits.
 
 Why pack at all: an int4 weight stored one code per byte is an int8 payload; packing makes a 2048x3 policy's
 int4 payload ~8x smaller than fp32 instead of ~4x.

@@ -8,8 +8,8 @@
 Backends: `jax` (XLA; fp32/fp16/bf16 native, int2..int8 via AQT v2 with an s8 x s8 dot), `onnx` (ONNX
 Runtime; fp32 native, int2..int8 via MatMulInteger), `onnx-nbits` (as `onnx`, but int2..int4 via
 MatMulNBits on 4-bit packed weights) and `auto` (the one measured fastest here, see `quarl.runtimes.auto`;
-`onnx-nbits` is a candidate only for int2..int4, where it differs from `onnx`). Precisions without a native kernel on a backend run simulated in fp32 with the
-precision's rounded weights (`ex.simulated`); see each backend module for which.
+`onnx-nbits` is a candidate only for int2..int4, where it differs from `onnx`). Precisions without a
+native kernel on a backend run simulated in fp32 with the precision's rounded weights (`ex.simulated`); see each backend module for which.
 """
 from __future__ import annotations
 
