@@ -3,7 +3,7 @@
     ex = make_executor(spec, quantize_params(params, "int8"), backend="auto")
     actions = ex(obs)            # obs float32 [B, spec.input_dim] -> float32 [B, spec.output_dim]
     ex.update(new_qparams)       # the actor's load step: same spec and precision, new weights
-    ex.backend, ex.precision     # concrete backend ("jax" | "onnx") and precision name
+    ex.backend, ex.precision     # concrete backend ("jax" | "onnx" | "onnx-nbits") and precision name
 
 Backends: `jax` (XLA; fp32/fp16/bf16 native, int2..int8 via AQT v2 with an s8 x s8 dot), `onnx` (ONNX
 Runtime; fp32 native, int2..int8 via MatMulInteger), `onnx-nbits` (as `onnx`, but int2..int4 via
