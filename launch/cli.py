@@ -48,7 +48,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--agent", required=True, help=f"one of {', '.join(agents.AGENT_NAMES)}")
     parser.add_argument("--task", required=True, help="a DM Control 'domain:task' or a gym id (CartPole-v1)")
     parser.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int16")
-    parser.add_argument("--backend", default="auto", help="actor runtime: auto, jax, onnx or onnx-nbits (int2..int4 on MatMulNBits)")
+    parser.add_argument("--backend", default="auto",
+                        help="actor runtime: auto, jax, onnx or onnx-nbits (int2..int4 on MatMulNBits)")
     parser.add_argument("--steps", type=int, required=True, help="actor (environment) steps to run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logdir", required=True, help="new or empty directory for CSV logs and summary.json")
