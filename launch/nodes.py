@@ -169,8 +169,16 @@ class ReplayServer(NodeBase):
             self._table.load_state_dict(state)
         self._track_energy(logdir, "replay")
 
-    def insert(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None) -> int:
-        return self._table.insert(batch, priorities)
+    def insert(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+               timeout: float | None = None, force: bool = False) -> int:
+        """Inserts the batch; returns how many of its leading items went in (fewer only after `timeout`
+        seconds held back by the rate limiter). `force` bypasses the limiter (an actor's flush at a stop)."""
+        from quarl.replay import RateLimiterTimeout  # pylint: disable=import-outside-toplevel
+
+        try:
+            return self._table.insert(batch, priorities, timeout=timeout, force=force)
+        except RateLimiterTimeout as e:
+            return int(e.inserted)
 
     def sample(self, batch_size: int) -> Any:
         return self._table.sample(batch_size)
@@ -659,6 +667,7 @@ class ActorNode(NodeBase):
         self._builder = spec.builder()
         self._env_spec = spec.env_spec()
         self.times = ActorTimes()
+        self.inserted = 0  # transitions this actor put into replay (this process)
 
     def stop(self) -> None:
         self._stop.set()
@@ -708,33 +717,37 @@ class ActorNode(NodeBase):
             t_run = time.monotonic()
             times.env_step_s += loop.reset()
             ep_start = [time.monotonic()] * self._num_envs
-            while not self._stop.is_set() and total < self._max_steps:
-                out = loop.step(actor.select_actions)
-                times.policy_s += out.policy_s
-                times.env_step_s += out.env_s
-                prev, steps = steps, steps + self._num_envs
-                unreported_steps += self._num_envs
-                for batch in buffer.extend(out.transitions):
-                    if not self._insert(batch):
-                        break
-                    totals = self._counter.call("increment", actor_steps=unreported_steps,
-                                                episodes=unreported_episodes,
-                                                **{f"{name}_steps": unreported_steps})
-                    unreported_steps = unreported_episodes = 0
-                    total = int(totals["actor_steps"])
-                for episode in out.episodes:
-                    episodes += 1
-                    unreported_episodes += 1
-                    now = time.monotonic()
-                    log.write({"actor_steps": steps, "wall_clock_s": now - t_origin, "episode": episodes,
-                               "return": episode.episode_return, "length": episode.length,
-                               # the actor's env steps/s over this episode (its K environments step together)
-                               "steps_per_s": self._num_envs * episode.length
-                                              / max(now - ep_start[episode.env_index], 1e-9),
-                               "weights_version": client.version, "total_actor_steps": total})
-                    ep_start[episode.env_index] = now
-                if steps // update_period > prev // update_period:
-                    client.fetch(apply=lambda p: actor.update(p.params))
+            try:
+                while not self._stop.is_set() and total < self._max_steps:
+                    out = loop.step(actor.select_actions)
+                    times.policy_s += out.policy_s
+                    times.env_step_s += out.env_s
+                    prev, steps = steps, steps + self._num_envs
+                    unreported_steps += self._num_envs
+                    for batch in buffer.extend(out.transitions):
+                        self._insert(batch)
+                        totals = self._counter.call("increment", actor_steps=unreported_steps,
+                                                    episodes=unreported_episodes,
+                                                    **{f"{name}_steps": unreported_steps})
+                        unreported_steps = unreported_episodes = 0
+                        total = int(totals["actor_steps"])
+                    for episode in out.episodes:
+                        episodes += 1
+                        unreported_episodes += 1
+                        now = time.monotonic()
+                        log.write({"actor_steps": steps, "wall_clock_s": now - t_origin, "episode": episodes,
+                                   "return": episode.episode_return, "length": episode.length,
+                                   # the actor's env steps/s over this episode (its K environments step together)
+                                   "steps_per_s": self._num_envs * episode.length
+                                                  / max(now - ep_start[episode.env_index], 1e-9),
+                                   "weights_version": client.version, "total_actor_steps": total})
+                        ep_start[episode.env_index] = now
+                    if steps // update_period > prev // update_period:
+                        client.fetch(apply=lambda p: actor.update(p.params))
+            except Exception as e:
+                self._flush_after_error(buffer, loop.adders, name, e)
+                raise
+            self._flush(buffer, loop.adders)
             if unreported_steps or unreported_episodes:
                 self._counter.call("increment", actor_steps=unreported_steps, episodes=unreported_episodes,
                                    **{f"{name}_steps": unreported_steps})
@@ -743,7 +756,7 @@ class ActorNode(NodeBase):
                       "envs_per_actor": self._num_envs,
                       "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
                       "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,
-                      "times": times.summary()}
+                      "transitions_inserted": self.inserted, "times": times.summary()}
         except _StoppedEarly:
             result = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0, "times": times.summary()}
         finally:
@@ -753,14 +766,41 @@ class ActorNode(NodeBase):
         return {**result, "first_weights_version": first_version, "payloads_rejected": client.rejected,
                 "last_payload_rejection": client.last_rejection, "energy": energy}
 
-    def _insert(self, batch: Mapping[str, np.ndarray]) -> bool:
-        """One batched insert; blocks while the rate limiter holds actors back. False if stopped meanwhile."""
+    def _insert(self, batch: Mapping[str, np.ndarray]) -> None:
+        """One batched insert, whole: waits while the rate limiter holds actors back, re-checking the stop flag
+        every POLL_S; once stopped, the rest goes in past the limiter (the learner that would release it is
+        stopping too), so no transition in hand is lost."""
+        n = len(next(iter(batch.values())))
+        done = 0
         t0 = time.perf_counter()
         try:
-            finished, _ = _wait(self._replay.submit("insert", batch), self._stop)
+            while done < n:
+                part = batch if done == 0 else {k: v[done:] for k, v in batch.items()}
+                k = int(self._replay.call("insert", part, None, POLL_S, self._stop.is_set()))
+                done += k
+                self.inserted += k
         finally:
             self.times.insert_s += time.perf_counter() - t0
-        return finished
+
+    def _flush_after_error(self, buffer: Any, adders: Any, name: str, error: BaseException) -> None:
+        """`_flush` on the way out of a failed loop (e.g. the counter is gone but the replay server is not);
+        never masks `error`: when the flush fails too, the loss is logged with its size."""
+        held = len(buffer) + sum(adder.pending for adder in adders)
+        try:
+            self._flush(buffer, adders)
+        except Exception as flush_error:  # pylint: disable=broad-except
+            log_event(self._logdir, name, f"stopped by {type(error).__name__}; {held} transitions held by this "
+                                          f"actor could not be inserted ({type(flush_error).__name__})",
+                      logging.WARNING)
+
+    def _flush(self, buffer: Any, adders: Any) -> None:
+        """Inserts everything still held on this side: the buffer's partial batch and every adder's open n-step
+        windows (as truncated transitions). Called on every way out of the acting loop."""
+        for batch in buffer.extend([t for adder in adders for t in adder.flush()]):
+            self._insert(batch)
+        rest = buffer.flush()
+        if rest is not None:
+            self._insert(rest)
 
 
 # ------------------------------------------------------------------------------------------------------

@@ -86,6 +86,24 @@ class NStepTransitionAdder:
             self._observation = None
         return out
 
+    @property
+    def pending(self) -> int:
+        """Steps taken whose transitions are not emitted yet (open windows)."""
+        return len(self._window)
+
+    def flush(self) -> list[dict[str, np.ndarray]]:
+        """Emits the open (shorter than n) windows of an episode stopped mid-way, bootstrapping from the latest
+        observation as a truncation would, and ends the episode (`add_first` must come next).
+
+        Why: every step then yields exactly one transition, so an actor that stops (end of budget, Ctrl-C, a
+        lost node) loses none of the steps it took."""
+        out = []
+        while self._window:
+            out.append(self._transition())
+            self._window.popleft()
+        self._observation = None
+        return out
+
     def _transition(self) -> dict[str, np.ndarray]:
         """The transition for the window that starts at the oldest open step and ends now."""
         ret, weight = 0.0, 1.0

@@ -28,6 +28,8 @@ SAMPLERS = ("uniform", "prioritized")
 class RateLimiterTimeout(TimeoutError):
     """The rate limiter did not allow the insert/sample before the timeout expired."""
 
+    inserted: int = 0  # for an insert: how many leading items of the batch went in before the timeout
+
 
 class TableClosed(RuntimeError):
     """The table was closed; blocked and later callers get this instead of waiting forever."""
@@ -234,12 +236,14 @@ class Table:
             return self.rate_limiter.can_sample(self._size, self._inserts, self._samples, num_items)
 
     def insert(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
-               timeout: float | None = None) -> int:
+               timeout: float | None = None, force: bool = False) -> int:
         """Inserts N items (leading axis of every column); returns N.
 
         Blocks while the rate limiter refuses inserts. Items are admitted in order, as many at a time as the
         limiter allows, so a `RateLimiterTimeout` may leave a prefix of the batch inserted (as N separate
-        Reverb inserts would); its message says how many. `priorities` default to 1.0 (Acme's default).
+        Reverb inserts would); its message and its `inserted` attribute say how many. `priorities` default to
+        1.0 (Acme's default). `force` inserts past the rate limiter: an actor's last transitions at a stop,
+        when the learner whose samples would release them is stopping too.
         """
         columns, n = self._check_batch(batch)
         prios = _check_priorities(np.ones(n) if priorities is None else priorities, n, "priorities")
@@ -250,11 +254,15 @@ class Table:
             try:
                 while done < n:
                     self._check_open()
-                    k = _largest_allowed(n - done, lambda j: self.rate_limiter.can_insert(
-                        self._size, self._inserts, self._samples, j))
+                    k = n - done if force else _largest_allowed(
+                        n - done, lambda j: self.rate_limiter.can_insert(self._size, self._inserts, self._samples, j))
                     if k == 0:
-                        waited.wait(self._cond, deadline, f"insert into table {self.name!r} "
-                                    f"({done} of {n} items inserted)")
+                        try:
+                            waited.wait(self._cond, deadline, f"insert into table {self.name!r} "
+                                        f"({done} of {n} items inserted)")
+                        except RateLimiterTimeout as e:
+                            e.inserted = done
+                            raise
                         continue
                     k = min(k, self.capacity)
                     self._write({c: v[done:done + k] for c, v in columns.items()}, prios[done:done + k])

@@ -384,3 +384,26 @@ def test_qat_bits_reaches_the_agent_config(tmp_path):
     inv = validate(build_parser().parse_args(["--agent", "dqn", "--precision", "int4", "--qat-bits", "4",
                                               "--logdir", str(tmp_path / "run")]))
     assert inv.config.overrides["qat_bits"] == 4
+
+
+@pytest.mark.parametrize("stop_path", ["budget", "stopped"])
+def test_every_step_an_actor_takes_reaches_replay_at_a_stop(tmp_path, stop_path):
+    """Transitions inserted == steps taken, whether the actors end at the budget or are told to stop mid-run
+    (what Ctrl-C and a lost node do): neither the insert buffer nor the open n-step windows are dropped."""
+    config = tiny_config(tmp_path, max_actor_steps=10_000_000 if stop_path == "stopped" else 450,
+                         insert_batch=50, eval_every=10_000_000)
+
+    def stop_actors_mid_run(launch):
+        def stop_later():
+            while launch.handles["counter"].call("get")["actor_steps"] < 400:
+                time.sleep(0.05)
+            for name in ("actor_0", "actor_1"):
+                launch.handles[name].call("stop")
+        threading.Thread(target=stop_later, daemon=True).start()
+
+    summary, code = run_program(config, LocalRunner(),
+                                on_launch=stop_actors_mid_run if stop_path == "stopped" else None)
+    assert code == 0, summary["error"]
+    inserted = [summary["actors"][i]["transitions_inserted"] for i in range(2)]
+    assert summary["actor_steps"] >= 400
+    assert summary["replay"]["inserts"] == sum(inserted) == summary["actor_steps"]

@@ -149,3 +149,19 @@ def test_transition_buffer_validates():
         buffer.add(good)
     with pytest.raises(ValueError, match="obs_dim"):
         adders.transition_signature(0, (), np.int32)
+
+
+def test_flush_mid_episode_emits_one_truncated_transition_per_open_step():
+    adder = adders.NStepTransitionAdder(n_step=3, discount=0.5)
+    adder.add_first(dm_env.restart(_obs(0)))
+    emitted = []
+    for t, r in enumerate([1.0, 2.0, 4.0, 8.0]):
+        emitted += adder.add(np.int32(t * 10), dm_env.transition(np.float32(r), _obs(t + 1)))
+    assert len(emitted) == 2 and adder.pending == 2
+    rest = adder.flush()
+    # Windows starting at steps 2 and 3, bootstrapping from the latest observation (4) like a truncation.
+    _check(rest[0], obs=2, action=20, reward=4.0 + 0.5 * 8.0, discount=0.25, next_obs=4)
+    _check(rest[1], obs=3, action=30, reward=8.0, discount=0.5, next_obs=4)
+    assert adder.pending == 0 and adder.flush() == []
+    with pytest.raises(ValueError, match="add_first"):
+        adder.add(np.int32(0), dm_env.transition(np.float32(0.0), _obs(5)))

@@ -251,3 +251,14 @@ def test_importance_weights():
     np.testing.assert_allclose(replay.importance_weights(np.array([0.1, 0.4]), 10, beta=0.0), [1.0, 1.0])
     with pytest.raises(ValueError, match="probabilities"):
         replay.importance_weights(np.array([0.0, 0.5]), 10, 0.5)
+
+
+def test_timed_out_insert_reports_its_prefix_and_force_passes_the_limiter():
+    limiter = replay.SampleToInsertRatio(samples_per_insert=1.0, min_size_to_sample=1, error_buffer=1.0)
+    table = _table(capacity=100, rate_limiter=limiter)  # max_diff=2: a third item waits for a sample
+    with pytest.raises(replay.RateLimiterTimeout) as caught:
+        table.insert(_batch(0, 5), timeout=0.05)
+    assert caught.value.inserted == 2 and table.size == 2
+    assert table.insert(_batch(2, 3), force=True) == 3  # an actor's flush at a stop: nobody samples any more
+    assert table.size == 5 and table.info()["inserts"] == 5
+    assert not table.can_insert(1)  # the limiter itself is unchanged
