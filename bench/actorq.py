@@ -62,7 +62,7 @@ class ActorProbe:
 
     def __init__(self, quantizers: dict[str, Any], seed: int = 0):
         import agents  # pylint: disable=import-outside-toplevel
-        from launch.program import AgentSpec  # pylint: disable=import-outside-toplevel
+        from launch.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
 
         self._spec = AgentSpec("d4pg", TASK, {"policy_layer_sizes": PAPER_POLICY})
         self._builder = agents.get_builder("d4pg", policy_layer_sizes=PAPER_POLICY)
@@ -75,10 +75,10 @@ class ActorProbe:
         self._timesteps: dict[str, Any] = {}
 
     def _client(self, precision: str) -> Any:
-        from launch.nodes import ActorTimes, _PolicyClient  # pylint: disable=import-outside-toplevel
+        from launch.weights_client import ActorTimes, PolicyClient  # pylint: disable=import-outside-toplevel
 
         if precision not in self._clients:
-            self._clients[precision] = _PolicyClient(self._quantizers[precision], ActorTimes())
+            self._clients[precision] = PolicyClient(self._quantizers[precision], ActorTimes())
         return self._clients[precision]
 
     def update_cost(self, precision: str) -> dict[str, float]:
@@ -146,8 +146,9 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
     import ray  # pylint: disable=import-outside-toplevel
 
     import agents  # pylint: disable=import-outside-toplevel
-    from launch.nodes import Quantizer  # pylint: disable=import-outside-toplevel
-    from launch.program import SINGLE_THREAD_ENV, AgentSpec  # pylint: disable=import-outside-toplevel
+    from launch.services import Quantizer  # pylint: disable=import-outside-toplevel
+    from launch.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
+    from launch.program import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
     from launch.ray_runner import RayNodeHandle  # pylint: disable=import-outside-toplevel
 
     spec = AgentSpec("d4pg", TASK, {"policy_layer_sizes": PAPER_POLICY})
@@ -228,8 +229,9 @@ def _perturb(params: dict, rng: np.random.Generator) -> dict:
 
 def bench_e2e(budget: Budget, seeds: list[int], logroot: Path) -> dict[str, Any]:
     """Part 3: time to a target return, int8 vs fp32, same seeds, precisions alternating first."""
-    from launch.actorq import QUICK_OVERRIDES, run_program  # pylint: disable=import-outside-toplevel
-    from launch.program import RunConfig  # pylint: disable=import-outside-toplevel
+    from launch.actorq import QUICK_OVERRIDES  # pylint: disable=import-outside-toplevel
+    from launch.supervisor import run_program  # pylint: disable=import-outside-toplevel
+    from launch.run_config import RunConfig  # pylint: disable=import-outside-toplevel
     from launch.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
 
     overrides = dict(QUICK_OVERRIDES["d4pg"], policy_layer_sizes=(256, 256, 256))

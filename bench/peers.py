@@ -152,8 +152,8 @@ def acme_d4pg(python: str, anchors: Path, setting: str, seconds: float, logdir: 
 
 
 def ours_d4pg(setting: str, precision: str, actor_steps: int, seed: int, logdir: Path) -> dict[str, Any]:
-    from launch.actorq import run_program  # pylint: disable=import-outside-toplevel
-    from launch.program import RunConfig  # pylint: disable=import-outside-toplevel
+    from launch.run_config import RunConfig  # pylint: disable=import-outside-toplevel
+    from launch.supervisor import run_program  # pylint: disable=import-outside-toplevel
     from launch.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
 
     policy, critic, batch, spi = D4PG_SETTINGS[setting]

@@ -7,15 +7,13 @@ Nodes reference each other through `Handle("name")` placeholders in their constr
 replaces every placeholder by a `NodeHandle` before it builds the node, so node code is written once against
 two calls: `handle.call(method, ...)` (blocking) and `handle.submit(method, ...)` (a future).
 
-`build_actorq_program(config)` is the ActorQ graph: replay server, counter, fp32 learner, quantizer,
-N quantized actors and an evaluator.
+`launch.graph.build_actorq_program(config)` builds the ActorQ graph from these pieces.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
-import os
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterator, Mapping
 
 # Environment of every acting process: one compute thread, so N actors on N cores never oversubscribe and
 # a policy's latency is that of one core (the paper's setting). Applied via Ray's runtime_env.
@@ -190,134 +188,3 @@ class Program:
     @property
     def num_cpus(self) -> float:
         return sum(n.num_cpus for n in self._nodes.values())
-
-
-# ------------------------------------------------------------------------------------------------------
-# The ActorQ run configuration and graph
-# ------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class RunConfig:
-    """Everything a distributed ActorQ run is made of (validated by `launch.actorq` before anything starts).
-
-    `overrides` are agent config fields (`--set key=value`); `actor_update_period` is folded into them so
-    the agent config is the single source of truth for it.
-    """
-
-    agent: str
-    task: str
-    precision: str
-    num_actors: int
-    max_actor_steps: int
-    seed: int
-    logdir: str
-    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    backend: str = "auto"  # policy runtime of actors and evaluator: auto | onnx | jax
-    eval_every: int = 2_000  # actor steps between evaluations
-    eval_episodes: int = 2
-    publish_period: int = 10  # learner steps between weight versions
-    insert_batch: int = 64  # transitions per replay insert call
-    prefetch: int = 2  # sampled batches the learner keeps in flight
-    checkpoint_every: int = 0  # learner steps; 0 = only at shutdown
-    resume: str | None = None
-    log_every_s: float = 1.0  # learner.csv cadence (seconds)
-    target_return: float | None = None  # end the run at the first evaluation that reaches it
-    envs_per_actor: int = 1  # environments each actor steps with one batched policy call (the paper: 1)
-
-    def to_dict(self) -> dict[str, Any]:
-        d = dataclasses.asdict(self)
-        d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}
-        return d
-
-
-@dataclasses.dataclass(frozen=True)
-class AgentSpec:
-    """What every node needs to rebuild the agent's pieces in its own process (plain data, cheap to ship)."""
-
-    agent: str
-    task: str
-    overrides: Mapping[str, Any]
-
-    def builder(self) -> Any:
-        import agents  # pylint: disable=import-outside-toplevel
-
-        return agents.get_builder(self.agent, **dict(self.overrides))
-
-    def env_spec(self) -> Any:
-        from quarl.envs import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
-
-        env = make_environment(self.task, 0)
-        try:
-            return environment_spec(env)
-        finally:
-            env.close()
-
-
-def derive_seed(seed: int, *path: int) -> int:
-    """Independent child seed for one node (e.g. `derive_seed(seed, ACTOR, i)`): no two nodes of one run,
-    nor of runs with nearby seeds, share a random stream, which `seed + i` would not guarantee."""
-    import numpy as np  # pylint: disable=import-outside-toplevel
-
-    return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1, np.uint32)[0] & 0x7FFFFFFF)
-
-
-LEARNER_STREAM, ACTOR_STREAM, EVAL_STREAM, REPLAY_STREAM = 0, 1, 2, 3
-
-
-def table_spec(builder: Any, env_spec: Any) -> dict[str, Any]:
-    """The replay table as plain data (rate limiter settings + column signature), so the replay server
-    builds a `quarl.replay.Table` without importing the agent (and JAX) in its process."""
-    signature = builder.transition_signature(env_spec)
-    return {"config": dict(builder.table_config()),
-            "signature": {k: [list(shape), str(dtype)] for k, (shape, dtype) in signature.items()}}
-
-
-def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program:
-    """The ActorQ graph for `config`. `node_classes` (a module or namespace with the node classes) lets tests
-    substitute instrumented nodes; by default `launch.nodes`."""
-    if node_classes is None:
-        from launch import nodes as node_classes  # pylint: disable=import-outside-toplevel
-    nc = node_classes
-    spec = AgentSpec(config.agent, config.task, dict(config.overrides))
-    builder, env_spec = spec.builder(), spec.env_spec()
-    logdir = os.path.abspath(config.logdir)
-    program = Program("actorq")
-    counter = program.add(Node("counter", nc.Counter, {"resume": config.resume, "logdir": logdir},
-                               max_concurrency=8))
-    replay = program.add(Node(
-        "replay", nc.ReplayServer,
-        {"table": table_spec(builder, env_spec), "seed": derive_seed(config.seed, REPLAY_STREAM),
-         "resume": config.resume, "logdir": logdir},
-        max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4)))
-    quantizer = program.add(Node(
-        "quantizer", nc.Quantizer,
-        {"policy_spec": builder.policy_spec(env_spec).to_dict(), "precision": config.precision, "logdir": logdir},
-        max_concurrency=max(4, config.num_actors + 3)))
-    program.add(Node(
-        "learner", nc.LearnerNode,
-        {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
-         "quantizer": quantizer, "logdir": logdir, "publish_period": config.publish_period,
-         "prefetch": config.prefetch, "checkpoint_every": config.checkpoint_every, "resume": config.resume,
-         "run_config": config.to_dict(), "log_every_s": config.log_every_s},
-        kind="worker", num_cpus=1, use_accelerator=True, max_concurrency=4))
-    for i in range(config.num_actors):
-        program.add(Node(
-            f"actor_{i}", nc.ActorNode,
-            {"spec": spec, "actor_id": i, "num_actors": config.num_actors,
-             "seed": derive_seed(config.seed, ACTOR_STREAM, i), "precision": config.precision,
-             "backend": config.backend, "replay": replay, "counter": counter, "quantizer": quantizer,
-             "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch,
-             "envs_per_actor": config.envs_per_actor},
-            kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV))
-    program.add(Node(
-        "evaluator", nc.Evaluator,
-        {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
-         "backend": config.backend, "quantizer": quantizer, "counter": counter, "logdir": logdir,
-         "eval_every": config.eval_every, "episodes": config.eval_episodes},
-        kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV))
-    return program
-
-
-def actor_names(program: Program) -> Sequence[str]:
-    return program.names(kind="worker", prefix="actor_")

@@ -79,8 +79,8 @@ def _forbid_unpickling(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     from launch import checkpoint as ckpt
     from launch import nodes
-    from launch.actorq import _read_evals
-    from launch.program import AgentSpec, table_spec
+    from launch.summary import read_evals
+    from launch.agent_spec import AgentSpec, table_spec
     from launch.report import read_evaluator, read_summary
     from quarl.payload import decode_payload
     from quarl.policy_io import load_policy, save_policy
@@ -138,7 +138,7 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     # Results and summaries.
     assert read_summary(tmp_path / "run")["status"] == "completed"
     assert list(read_evaluator(tmp_path / "run")["return"]) == [20.0]
-    assert _read_evals(tmp_path / "run" / "evaluator.csv")[0]["return"] == 20.0
+    assert read_evals(tmp_path / "run" / "evaluator.csv")[0]["return"] == 20.0
     # A saved policy (what launch.ptq --checkpoint reads).
     loaded = load_policy(tmp_path / "run")
     np.testing.assert_array_equal(loaded.params["linear_0"]["w"], params["linear_0"]["w"])

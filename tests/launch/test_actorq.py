@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from launch import nodes
-from launch.actorq import run_program
+from launch.supervisor import run_program
 from launch.ray_runner import RayRunner
 from quarl.policy_io import load_policy
 from tests.launch.tiny import TINY_D4PG, tiny_config
@@ -195,7 +195,7 @@ def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path):
 
 
 def test_summary_energy_counts_a_rapl_package_once_and_keeps_unavailable_emissions_unavailable():
-    from launch.actorq import _sum_energy
+    from launch.summary import sum_energy
     from quarl.carbon import EnergyReport
 
     def node(name, cpu, package, intensity=400.0):
@@ -204,11 +204,11 @@ def test_summary_energy_counts_a_rapl_package_once_and_keeps_unavailable_emissio
                             intensity, "USA", "m", measured_kwh=cpu, modelled_kwh=0.002, package_kwh=package,
                             host="h").to_dict()
 
-    total = _sum_energy({"learner": node("learner", 0.006, 0.01), "actor_0": node("actor_0", 0.003, 0.01),
+    total = sum_energy({"learner": node("learner", 0.006, 0.01), "actor_0": node("actor_0", 0.003, 0.01),
                          "counter": None})
     assert total["total_kwh"] == pytest.approx(0.013) and total["package_kwh"] == pytest.approx(0.01)
     assert total["measured_kwh"] == pytest.approx(0.009) and total["ram_model_share"] == pytest.approx(0.004 / 0.013)
     assert total["total_emissions_kg"] == pytest.approx(0.013 * 0.4)
-    partial = _sum_energy({"learner": node("learner", 0.006, None), "actor_0": node("actor_0", 0.003, None, None)})
+    partial = sum_energy({"learner": node("learner", 0.006, None), "actor_0": node("actor_0", 0.003, None, None)})
     assert partial["total_emissions_kg"] is None and partial["package_kwh"] is None
-    assert _sum_energy({"learner": None})["total_kwh"] is None
+    assert sum_energy({"learner": None})["total_kwh"] is None

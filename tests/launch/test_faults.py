@@ -29,7 +29,8 @@ import pytest
 from launch import checkpoint as ckpt
 from launch import nodes
 from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
-from launch.program import AgentSpec, RunConfig
+from launch.agent_spec import AgentSpec
+from launch.run_config import RunConfig
 from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC
 from tests.launch.tiny import TINY_DQN, tiny_config
 
@@ -102,7 +103,7 @@ class SinkReplay(nodes.NodeBase):
     def __init__(self):
         self.items = 0
 
-    def insert(self, batch, priorities=None) -> int:
+    def insert(self, batch, priorities=None, timeout=None, force=False) -> int:  # pylint: disable=unused-argument
         n = len(next(iter(batch.values())))
         self.items += n
         return n
@@ -147,7 +148,7 @@ def test_actor_rejects_bad_payloads_counts_them_and_keeps_its_last_good_policy(t
     assert result["payloads_rejected"] == len(expected)
     assert result["weights_version"] == 9 and result["first_weights_version"] == 1
     assert result["times"]["updates"] == 2  # only the two good payloads were loaded
-    assert result["actor_steps"] >= 300 and replay.items >= 300 - 16  # it kept acting throughout
+    assert result["actor_steps"] >= 300 and replay.items == result["actor_steps"]  # it kept acting throughout
     events = (tmp_path / "events.log").read_text().splitlines()
     rejections = [line for line in events if "actor_0: rejected a weight payload" in line]
     assert len(rejections) == len(expected)
@@ -162,7 +163,7 @@ def test_policy_client_refuses_a_payload_the_executor_cannot_load_without_changi
     agent = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
     spec = agent.builder().policy_spec(agent.env_spec())
     quantizer = ScriptedQuantizer([_payload(spec, 3)])
-    client_cls = nodes._PolicyClient  # pylint: disable=protected-access
+    client_cls = nodes.PolicyClient
     client = client_cls(LocalNodeHandle(quantizer, None), nodes.ActorTimes(), spec=spec, precision="int8")
 
     def refuse(payload) -> None:
@@ -366,7 +367,7 @@ def _assert_run_failed_naming(summary: dict, code: int, record: dict, returned: 
 
 @pytest.mark.slow
 def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes_the_run(ray_session, tmp_path):
-    from launch.actorq import run_program
+    from launch.supervisor import run_program
     from launch.ray_runner import RayRunner
 
     config = _config(tmp_path, checkpoint_every=50)
@@ -405,7 +406,7 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
 
 @pytest.mark.slow
 def test_killed_learner_stops_the_run_naming_it_with_no_process_left(ray_session, tmp_path):
-    from launch.actorq import run_program
+    from launch.supervisor import run_program
     from launch.ray_runner import RayRunner
 
     record: dict = {}
@@ -471,7 +472,7 @@ def test_rate_limiter_keeps_samples_per_insert_within_its_error_buffer(tmp_path,
     """A slow actor with a fast learner, and a fast actor with a slow learner: at every logged point after the
     warm-up (replay.csv) and at the end (summary.json), inserts x samples_per_insert - samples stays within
     samples_per_insert x min_size +- error_buffer, and the limiter really held back the faster side."""
-    from launch.actorq import run_program
+    from launch.supervisor import run_program
 
     replace = {"ActorNode": SlowActor} if slow_side == "actor" else {"LearnerNode": SlowLearner}
     config = _config(tmp_path, num_actors=1 if slow_side == "actor" else 2, max_actor_steps=1500,

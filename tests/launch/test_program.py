@@ -15,10 +15,11 @@ import pytest
 
 from launch import checkpoint as ckpt
 from launch import nodes
-from launch.actorq import run_program
+from launch.supervisor import run_program
 from launch.local_runner import LocalNodeHandle, LocalRunner
-from launch.program import (SINGLE_THREAD_ENV, AgentSpec, Handle, Node, Program,
-                            build_actorq_program, derive_seed)
+from launch.agent_spec import AgentSpec, derive_seed
+from launch.graph import build_actorq_program
+from launch.program import SINGLE_THREAD_ENV, Handle, Node, Program
 from quarl.payload import decode_payload
 from quarl.policy import layer_norm_mlp_policy
 from quarl.policy_io import load_policy
@@ -130,7 +131,7 @@ def test_actor_weight_client_fetches_only_when_the_version_changed():
     spec, params = _policy_params(hidden=(32, 32))
     q = nodes.Quantizer(spec.to_dict(), "int8")
     times = nodes.ActorTimes()
-    client = nodes._PolicyClient(LocalNodeHandle(q, None), times)  # pylint: disable=protected-access
+    client = nodes.PolicyClient(LocalNodeHandle(q, None), times)
     q.publish(3, params)
     first = client.fetch()
     assert first is not None and first.version == 3 and client.version == 3
@@ -256,7 +257,7 @@ def test_local_runner_cli_exits_once_the_summary_is_out(tmp_path):
 
 def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
     spec = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
-    from launch.program import table_spec
+    from launch.agent_spec import table_spec
 
     table = table_spec(spec.builder(), spec.env_spec())
     server = nodes.ReplayServer(table, seed=0)

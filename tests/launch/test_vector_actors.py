@@ -62,7 +62,7 @@ def test_distributed_actors_step_k_envs_each(tmp_path):
     """The ActorQ program (local runner) with 2 actors x 3 environments: every actor reports K, the counts are
     env steps, each actor's episodes come from its own environments, and replay got a transition per env
     step except the few still inside an open n-step window when the actors stopped."""
-    from launch.actorq import run_program
+    from launch.supervisor import run_program
     from launch.local_runner import LocalRunner
     from tests.launch.tiny import tiny_config
 

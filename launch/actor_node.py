@@ -1,0 +1,178 @@
+"""The acting node: K environments (`envs_per_actor`), one quantized policy executor called once per step on the K
+observations, n-step adders and batched replay inserts."""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Mapping
+
+import numpy as np
+
+from launch.agent_spec import AgentSpec, derive_seed
+from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
+from launch.program import NodeHandle
+from launch.weights_client import ActorTimes, PolicyClient, precision_name
+from quarl.adders import TransitionBuffer
+from quarl.carbon import stop_tracking
+from quarl.env_loop import VectorEnvLoop
+from quarl.vector_env import make_vector_environment
+
+ACTOR_ENV_STREAM = 10
+
+
+class _StoppedEarly(Exception):
+    """Stopped before the first weights arrived."""
+
+
+class ActorNode(NodeBase):
+    """One acting process: environment + quantized policy + n-step adder; see the module docstring."""
+
+    LOG_FIELDS = ["actor_steps", "wall_clock_s", "episode", "return", "length", "steps_per_s",
+                  "weights_version", "total_actor_steps"]
+
+    def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str,
+                 backend: str, replay: NodeHandle, counter: NodeHandle, quantizer: NodeHandle, logdir: str,
+                 max_actor_steps: int, insert_batch: int = 64, envs_per_actor: int = 1):
+        self._spec = spec
+        self._id, self._num_actors = int(actor_id), int(num_actors)
+        self._seed = int(seed)
+        self._precision, self._backend = precision, backend
+        self._replay, self._counter, self._quantizer = replay, counter, quantizer
+        self._logdir = logdir
+        self._max_steps = int(max_actor_steps)
+        self._insert_batch = int(insert_batch)
+        self._num_envs = int(envs_per_actor)
+        self._stop = threading.Event()
+        self._builder = spec.builder()
+        self._env_spec = spec.env_spec()
+        self.times = ActorTimes()
+        self.inserted = 0  # transitions this actor put into replay (this process)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _make_environment(self, seed: int) -> Any:
+        """The actor's K environments (a separate method so tests can wrap it, e.g. to make an actor slow)."""
+        return make_vector_environment(self._spec.task, seed, self._num_envs)
+
+    def run(self) -> dict[str, Any]:
+        name = f"actor_{self._id}"
+        start = self._counter.call("increment", **{f"{name}_starts": 1})
+        attempt = int(start[f"{name}_starts"])  # > 1 after a crash: fresh env seed, resume latest weights
+        t_origin = time.monotonic() - start["wall_clock_s"]
+        tracker = energy_tracker(self._logdir, name)
+        log = csv_logger(self._logdir, name, self.LOG_FIELDS, "total_actor_steps")
+        times = self.times = ActorTimes()
+        client = PolicyClient(
+            self._quantizer, times, spec=self._builder.policy_spec(self._env_spec),
+            precision=precision_name(self._precision), logdir=self._logdir, node=name)
+        env = self._make_environment(derive_seed(self._seed, ACTOR_ENV_STREAM, attempt))
+        update_period = int(self._builder.config.actor_update_period)
+        built: list[Any] = []
+        first_version = None
+        try:
+            payload = client.first(self._stop, apply=lambda p: built.append(self._builder.make_actor(
+                self._env_spec, p.params, seed=derive_seed(self._seed, attempt), actor_id=self._id,
+                evaluation=False, backend=self._backend, num_actors=self._num_actors, batch_size=self._num_envs)))
+            if payload is None:
+                raise _StoppedEarly
+            actor = built[-1]
+            first_version = client.version
+            if attempt > 1:
+                log_event(self._logdir, name, f"restarted (start #{attempt}: the previous process died); acting "
+                                              f"again with the latest weights, version {first_version}, after "
+                                              f"{int(start.get(f'{name}_steps', 0))} steps of its own so far",
+                          logging.WARNING)
+            loop = VectorEnvLoop(env, self._builder.make_adder)
+            buffer = TransitionBuffer(self._insert_batch, self._builder.transition_signature(self._env_spec))
+            steps = episodes = 0
+            unreported_steps = unreported_episodes = 0
+            total = int(start["actor_steps"])
+            t_run = time.monotonic()
+            times.env_step_s += loop.reset()
+            ep_start = [time.monotonic()] * self._num_envs
+            try:
+                while not self._stop.is_set() and total < self._max_steps:
+                    out = loop.step(actor.select_actions)
+                    times.policy_s += out.policy_s
+                    times.env_step_s += out.env_s
+                    prev, steps = steps, steps + self._num_envs
+                    unreported_steps += self._num_envs
+                    for batch in buffer.extend(out.transitions):
+                        self._insert(batch)
+                        totals = self._counter.call("increment", actor_steps=unreported_steps,
+                                                    episodes=unreported_episodes,
+                                                    **{f"{name}_steps": unreported_steps})
+                        unreported_steps = unreported_episodes = 0
+                        total = int(totals["actor_steps"])
+                    for episode in out.episodes:
+                        episodes += 1
+                        unreported_episodes += 1
+                        now = time.monotonic()
+                        log.write({"actor_steps": steps, "wall_clock_s": now - t_origin, "episode": episodes,
+                                   "return": episode.episode_return, "length": episode.length,
+                                   # the actor's env steps/s over this episode (its K environments step together)
+                                   "steps_per_s": self._num_envs * episode.length
+                                                  / max(now - ep_start[episode.env_index], 1e-9),
+                                   "weights_version": client.version, "total_actor_steps": total})
+                        ep_start[episode.env_index] = now
+                    if steps // update_period > prev // update_period:
+                        client.fetch(apply=lambda p: actor.update(p.params))
+            except Exception as e:
+                self._flush_after_error(buffer, loop.adders, name, e)
+                raise
+            self._flush(buffer, loop.adders)
+            if unreported_steps or unreported_episodes:
+                self._counter.call("increment", actor_steps=unreported_steps, episodes=unreported_episodes,
+                                   **{f"{name}_steps": unreported_steps})
+            elapsed = time.monotonic() - t_run
+            result = {"actor_id": self._id, "attempt": attempt, "actor_steps": steps, "episodes": episodes,
+                      "envs_per_actor": self._num_envs,
+                      "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
+                      "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,
+                      "transitions_inserted": self.inserted, "times": times.summary()}
+        except _StoppedEarly:
+            result = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0, "times": times.summary()}
+        finally:
+            log.close()
+            env.close()
+            energy = stop_tracking(tracker)
+        return {**result, "first_weights_version": first_version, "payloads_rejected": client.rejected,
+                "last_payload_rejection": client.last_rejection, "energy": energy}
+
+    def _insert(self, batch: Mapping[str, np.ndarray]) -> None:
+        """One batched insert, whole: waits while the rate limiter holds actors back, re-checking the stop flag
+        every POLL_S; once stopped, the rest goes in past the limiter (the learner that would release it is
+        stopping too), so no transition in hand is lost."""
+        n = len(next(iter(batch.values())))
+        done = 0
+        t0 = time.perf_counter()
+        try:
+            while done < n:
+                part = batch if done == 0 else {k: v[done:] for k, v in batch.items()}
+                k = int(self._replay.call("insert", part, None, POLL_S, self._stop.is_set()))
+                done += k
+                self.inserted += k
+        finally:
+            self.times.insert_s += time.perf_counter() - t0
+
+    def _flush_after_error(self, buffer: Any, adders: Any, name: str, error: BaseException) -> None:
+        """`_flush` on the way out of a failed loop (e.g. the counter is gone but the replay server is not);
+        never masks `error`: when the flush fails too, the loss is logged with its size."""
+        held = len(buffer) + sum(adder.pending for adder in adders)
+        try:
+            self._flush(buffer, adders)
+        except Exception as flush_error:  # pylint: disable=broad-except
+            log_event(self._logdir, name, f"stopped by {type(error).__name__}; {held} transitions held by this "
+                                          f"actor could not be inserted ({type(flush_error).__name__})",
+                      logging.WARNING)
+
+    def _flush(self, buffer: Any, adders: Any) -> None:
+        """Inserts everything still held on this side: the buffer's partial batch and every adder's open n-step
+        windows (as truncated transitions). Called on every way out of the acting loop."""
+        for batch in buffer.extend([t for adder in adders for t in adder.flush()]):
+            self._insert(batch)
+        rest = buffer.flush()
+        if rest is not None:
+            self._insert(rest)

@@ -1,0 +1,44 @@
+"""What every node needs to rebuild the agent's pieces in its own process (plain data, cheap to ship), and the
+per-node seeds of a run."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import numpy as np
+
+import agents
+from quarl.envs import environment_spec, make_environment
+
+
+@dataclasses.dataclass(frozen=True)
+class AgentSpec:
+    """What every node needs to rebuild the agent's pieces in its own process (plain data, cheap to ship)."""
+
+    agent: str
+    task: str
+    overrides: Mapping[str, Any]
+
+    def builder(self) -> Any:
+        return agents.get_builder(self.agent, **dict(self.overrides))
+
+    def env_spec(self) -> Any:
+        env = make_environment(self.task, 0)
+        try:
+            return environment_spec(env)
+        finally:
+            env.close()
+
+
+def derive_seed(seed: int, *path: int) -> int:
+    """Independent child seed for one node (e.g. `derive_seed(seed, ACTOR, i)`): no two nodes of one run,
+    nor of runs with nearby seeds, share a random stream, which `seed + i` would not guarantee."""
+    return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1, np.uint32)[0] & 0x7FFFFFFF)
+
+
+def table_spec(builder: Any, env_spec: Any) -> dict[str, Any]:
+    """The replay table as plain data (rate limiter settings + column signature), so the replay server
+    builds a `quarl.replay.Table` without importing the agent (and JAX) in its process."""
+    signature = builder.transition_signature(env_spec)
+    return {"config": dict(builder.table_config()),
+            "signature": {k: [list(shape), str(dtype)] for k, (shape, dtype) in signature.items()}}

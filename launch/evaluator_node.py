@@ -1,0 +1,106 @@
+"""The evaluator node: greedy episodes with the deployed (quantized) policy."""
+from __future__ import annotations
+
+import threading
+from typing import Any, Mapping
+
+import numpy as np
+
+from launch.agent_spec import AgentSpec, derive_seed
+from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker
+from launch.program import NodeHandle
+from launch.weights_client import ActorTimes, PolicyClient, precision_name
+from quarl.carbon import stop_tracking
+from quarl.envs import make_environment
+
+EVAL_ENV_STREAM = 11
+
+
+class Evaluator(NodeBase):
+    """Greedy episodes with the deployed (quantized) policy, every `eval_every` actor steps and at the end."""
+
+    LOG_FIELDS = ["actor_steps", "wall_clock_s", "return", "return_std", "episodes", "learner_steps",
+                  "weights_version"]
+
+    def __init__(self, spec: AgentSpec, seed: int, precision: str, backend: str, quantizer: NodeHandle,
+                 counter: NodeHandle, logdir: str, eval_every: int, episodes: int):
+        self._spec = spec
+        self._seed = int(seed)
+        self._precision, self._backend = precision, backend
+        self._quantizer, self._counter = quantizer, counter
+        self._logdir = logdir
+        self._eval_every = int(eval_every)
+        self._episodes = int(episodes)
+        self._stop = threading.Event()
+        self._final = threading.Event()
+        self._builder = spec.builder()
+        self._env_spec = spec.env_spec()
+        self._results: list[dict[str, Any]] = []
+
+    def stop(self, final_eval: bool = False) -> None:
+        """Ends `run()`; with `final_eval`, after one last evaluation of the newest weights."""
+        if final_eval:
+            self._final.set()
+        self._stop.set()
+
+    def results(self) -> list[dict[str, Any]]:
+        return list(self._results)
+
+    def run(self) -> dict[str, Any]:
+        tracker = energy_tracker(self._logdir, "evaluator")
+        log = csv_logger(self._logdir, "evaluator", self.LOG_FIELDS, "actor_steps")
+        times = ActorTimes()
+        client = PolicyClient(self._quantizer, times, spec=self._builder.policy_spec(self._env_spec),
+                               precision=precision_name(self._precision), logdir=self._logdir,
+                               node="evaluator")
+        env = make_environment(self._spec.task, derive_seed(self._seed, EVAL_ENV_STREAM))
+        actor = None
+        try:
+            totals = self._counter.call("get")
+            next_eval = (int(totals["actor_steps"]) // self._eval_every + 1) * self._eval_every
+            while not self._stop.is_set():
+                totals = self._counter.call("get")
+                if totals["actor_steps"] < next_eval:
+                    self._stop.wait(POLL_S)
+                    continue
+                actor = self._evaluate(client, actor, env, totals, log, final=False)
+                next_eval = (int(totals["actor_steps"]) // self._eval_every + 1) * self._eval_every
+            if self._final.is_set():
+                actor = self._evaluate(client, actor, env, self._counter.call("get"), log, final=True)
+        finally:
+            log.close()
+            env.close()
+            energy = stop_tracking(tracker)
+        final = self._results[-1] if self._results else None
+        return {"evaluations": len(self._results), "final": final, "energy": energy}
+
+    def _evaluate(self, client: PolicyClient, actor: Any, env: Any, totals: Mapping[str, float], log: Any,
+                  final: bool) -> Any:
+        def apply(payload: Any) -> None:
+            nonlocal actor
+            if actor is None:
+                actor = self._builder.make_actor(self._env_spec, payload.params, seed=self._seed, actor_id=0,
+                                                 evaluation=True, backend=self._backend)
+            else:
+                actor.update(payload.params)
+
+        client.fetch(apply=apply)
+        if actor is None:
+            return None
+        returns = []
+        for _ in range(self._episodes):
+            timestep = env.reset()
+            total = 0.0
+            while not timestep.last():
+                if self._stop.is_set() and not final:
+                    return actor
+                timestep = env.step(actor.select_action(timestep.observation))
+                total += float(timestep.reward or 0.0)
+            returns.append(total)
+        row = {"actor_steps": int(totals["actor_steps"]), "wall_clock_s": float(totals["wall_clock_s"]),
+               "return": float(np.mean(returns)), "return_std": float(np.std(returns)),
+               "episodes": len(returns), "learner_steps": int(totals["learner_steps"]),
+               "weights_version": client.version}
+        log.write(row)
+        self._results.append(row)
+        return actor

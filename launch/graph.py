@@ -1,0 +1,62 @@
+"""The ActorQ run configuration and its program graph: counter, replay server, quantizer, fp32 learner, N quantized
+actors and an evaluator (see `launch.program` for what a program is, `launch.nodes` for the node classes)."""
+from __future__ import annotations
+
+import os
+from typing import Any, Sequence
+
+from launch import nodes
+from launch.agent_spec import AgentSpec, derive_seed, table_spec
+from launch.program import SINGLE_THREAD_ENV, Node, Program
+from launch.run_config import RunConfig
+
+
+LEARNER_STREAM, ACTOR_STREAM, EVAL_STREAM, REPLAY_STREAM = 0, 1, 2, 3
+
+
+def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program:
+    """The ActorQ graph for `config`. `node_classes` (a module or namespace with the node classes) lets tests
+    substitute instrumented nodes; by default `launch.nodes`."""
+    nc = nodes if node_classes is None else node_classes
+    spec = AgentSpec(config.agent, config.task, dict(config.overrides))
+    builder, env_spec = spec.builder(), spec.env_spec()
+    logdir = os.path.abspath(config.logdir)
+    program = Program("actorq")
+    counter = program.add(Node("counter", nc.Counter, {"resume": config.resume, "logdir": logdir},
+                               max_concurrency=8))
+    replay = program.add(Node(
+        "replay", nc.ReplayServer,
+        {"table": table_spec(builder, env_spec), "seed": derive_seed(config.seed, REPLAY_STREAM),
+         "resume": config.resume, "logdir": logdir},
+        max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4)))
+    quantizer = program.add(Node(
+        "quantizer", nc.Quantizer,
+        {"policy_spec": builder.policy_spec(env_spec).to_dict(), "precision": config.precision, "logdir": logdir},
+        max_concurrency=max(4, config.num_actors + 3)))
+    program.add(Node(
+        "learner", nc.LearnerNode,
+        {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
+         "quantizer": quantizer, "logdir": logdir, "publish_period": config.publish_period,
+         "prefetch": config.prefetch, "checkpoint_every": config.checkpoint_every, "resume": config.resume,
+         "run_config": config.to_dict(), "log_every_s": config.log_every_s},
+        kind="worker", num_cpus=1, use_accelerator=True, max_concurrency=4))
+    for i in range(config.num_actors):
+        program.add(Node(
+            f"actor_{i}", nc.ActorNode,
+            {"spec": spec, "actor_id": i, "num_actors": config.num_actors,
+             "seed": derive_seed(config.seed, ACTOR_STREAM, i), "precision": config.precision,
+             "backend": config.backend, "replay": replay, "counter": counter, "quantizer": quantizer,
+             "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch,
+             "envs_per_actor": config.envs_per_actor},
+            kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV))
+    program.add(Node(
+        "evaluator", nc.Evaluator,
+        {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
+         "backend": config.backend, "quantizer": quantizer, "counter": counter, "logdir": logdir,
+         "eval_every": config.eval_every, "episodes": config.eval_episodes},
+        kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV))
+    return program
+
+
+def actor_names(program: Program) -> Sequence[str]:
+    return program.names(kind="worker", prefix="actor_")

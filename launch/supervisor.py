@@ -1,0 +1,347 @@
+"""Supervision of an ActorQ program, whatever runs it (the same loop drives Ray and the local runner): start the
+workers, poll progress, notice failures and lost nodes, stop every node in dependency order within a bounded time
+(also on Ctrl-C), and write summary.json."""
+from __future__ import annotations
+
+import math
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from launch.graph import actor_names, build_actorq_program
+from launch.local_runner import LocalRunner
+from launch.node_base import log_event
+from launch.program import NodeLost
+from launch.progress import ProgressView, Snapshot
+from launch.ray_runner import RayRunner
+from launch.summary import make_summary
+from quarl.logs import CSVLogger, write_json_atomic
+
+EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
+POLL_S = 0.5
+STOP_GRACE_S = 6.0  # after Ctrl-C: how long nodes get to flush and checkpoint before they are killed
+LOST_GRACE_S = 3.0  # after a node died: no checkpoint is possible without it; flush logs and stop
+REPLAY_LOG_FIELDS = ["wall_clock_s", "actor_steps", "learner_steps", "size", "inserts", "samples",
+                     "samples_per_insert", "rate_limiter_diff", "insert_blocked_calls", "sample_blocked_calls"]
+
+
+class _Interrupted(Exception):
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+_SIGNALS_RECEIVED: list[int] = []
+
+
+def _defer_signal(signum: int, _frame: Any) -> None:
+    _SIGNALS_RECEIVED.append(signum)
+
+
+def _raise_interrupt(signum: int, _frame: Any) -> None:
+    # Recorded as well as raised: raised inside Ray's C extension, the exception can come out wrapped (as a
+    # SystemError), and the run must still count as interrupted.
+    _SIGNALS_RECEIVED.append(signum)
+    raise _Interrupted(signum)
+
+
+def make_runner(kind: str, ray_address: str | None = None) -> Any:
+    """"local" (threads in this process) or "ray" (one process per node; Ray itself is imported on launch)."""
+    return LocalRunner() if kind == "local" else RayRunner(ray_address)
+
+
+def run_program(config: Any, runner: Any, *, progress: bool = False, node_classes: Any = None,
+                on_launch: Any = None) -> tuple[dict[str, Any], int]:
+    """Builds and runs the ActorQ program; returns (summary, exit code). Writes summary.json.
+
+    `on_launch(launch)` is called once every node is up (tests use it to inject faults)."""
+
+    t_start = time.monotonic()
+    Path(config.logdir).mkdir(parents=True, exist_ok=True)
+    program = build_actorq_program(config, node_classes)
+    actors = list(actor_names(program))
+    status, error = "completed", None
+    signum = None
+    lost: dict[str, str] = {}
+    replay_log = _ReplayLog(config.logdir, config.log_every_s)
+    launch = None
+    futures: dict[str, Any] = {}
+    results: dict[str, Any] = {}
+    stats: dict[str, Any] = {}
+    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    in_main = _in_main_thread()
+    _SIGNALS_RECEIVED.clear()
+    if in_main:  # no exception may land inside ray.init (half-started Ray crashes at exit): defer
+        for s in previous:
+            signal.signal(s, _defer_signal)
+    try:
+        try:
+            launch = runner.launch(program)
+            if in_main:  # ray.init installs its own SIGTERM handler; ours must win
+                for s in previous:
+                    signal.signal(s, _raise_interrupt)
+            if _SIGNALS_RECEIVED:
+                raise _Interrupted(_SIGNALS_RECEIVED[-1])
+            launch.wait_ready()
+            if on_launch is not None:
+                on_launch(launch)
+            for name in ("learner", *actors, "evaluator"):
+                futures[name] = launch.run(name)
+            title = f"ActorQ {config.agent} · {config.task} · actors {config.precision} x{config.num_actors}"
+            with ProgressView(progress, title) as view:
+                while True:
+                    if _SIGNALS_RECEIVED:  # a signal whose exception some library code swallowed
+                        raise _Interrupted(_SIGNALS_RECEIVED[-1])
+                    snap = _poll(launch, config, replay_log)
+                    view.update(snap)
+                    error = _check_workers(futures, actors)
+                    if error:
+                        status = "failed"
+                        break
+                    if all(futures[a].done() for a in actors):
+                        break
+                    if config.target_return is not None and snap.eval_return is not None \
+                            and snap.eval_return >= config.target_return:
+                        break  # reached the target: stop early, still gracefully
+                    time.sleep(POLL_S)
+        except _Interrupted as e:
+            status, signum = "interrupted", e.signum
+        except NodeLost as e:  # a service the driver polls died
+            status, error = "failed", _lost_message(e)
+        except Exception as e:  # pylint: disable=broad-except
+            if _SIGNALS_RECEIVED:
+                status, signum = "interrupted", _SIGNALS_RECEIVED[-1]
+            else:
+                status, error = "failed", f"{type(e).__name__}: {_first_line(e)}"
+        if in_main:  # the shutdown below is bounded; a second Ctrl-C must not cut it short
+            for s in previous:
+                signal.signal(s, signal.SIG_IGN)
+        if launch is not None and status == "failed":
+            # Whatever surfaced first (an actor's insert, the learner's sample, the driver's poll), name
+            # the node that is gone: that is what the user has to know.
+            lost = _lost_nodes(launch, futures)
+            if lost:
+                error = "; ".join(lost[name] for name in lost) + "; the run cannot continue"
+        if launch is not None:
+            grace = LOST_GRACE_S if lost else STOP_GRACE_S
+            results, stats = _stop_nodes(launch, futures, actors, graceful=status == "completed", grace_s=grace,
+                                         skip=set(lost))
+            if stats.get("counts") and stats.get("replay"):
+                replay_log.write(stats["counts"], stats["replay"], force=True)
+            if status == "completed" and "failed" in results.get("learner", {}):
+                status, error = "failed", results["learner"]["failed"]
+    finally:
+        replay_log.close()
+        if launch is not None:
+            launch.shutdown()
+        else:
+            runner.close()
+        if in_main:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+    summary = make_summary(config, status, error, results, stats, time.monotonic() - t_start)
+    summary["lost_nodes"] = sorted(lost)
+    write_json_atomic(Path(config.logdir) / "summary.json", summary)
+    code = EXIT_OK if status == "completed" else EXIT_FAILED
+    if status == "interrupted":
+        code = 128 + (signum or signal.SIGINT)
+        log_event(config.logdir, "driver", f"interrupted by {signal.Signals(signum or signal.SIGINT).name}; "
+                                           f"nodes stopped, exit code {code}")
+    elif status == "failed":
+        log_event(config.logdir, "driver", f"run failed: {error}; nodes stopped, exit code {code}")
+    else:
+        log_event(config.logdir, "driver", f"run completed: {summary['actor_steps']} actor steps, "
+                                           f"{summary['learner_steps']} learner steps")
+    return summary, code
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+class _ReplayLog:
+    """replay.csv: the table's counters as the driver polls them, every `every_s` seconds, so the rate
+    limiter's behaviour over a run (samples per insert, who was held back) can be checked afterwards."""
+
+    def __init__(self, logdir: str, every_s: float):
+        self._path = Path(logdir) / "replay.csv"
+        self._every_s = float(every_s)
+        self._last = -math.inf
+        self._log: Any = None
+
+    def write(self, counts: Mapping[str, Any], info: Mapping[str, Any], force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < self._every_s:
+            return
+        if self._log is None:
+            self._log = CSVLogger(self._path, REPLAY_LOG_FIELDS)
+        self._last = now
+        row = {"wall_clock_s": float(counts["wall_clock_s"]), "actor_steps": int(counts["actor_steps"]),
+               "learner_steps": int(counts["learner_steps"])}
+        row.update({k: info[k] for k in REPLAY_LOG_FIELDS if k in info and k not in row})
+        self._log.write(row)
+
+    def close(self) -> None:
+        if self._log is not None:
+            self._log.close()
+
+
+def _poll(launch: Any, config: Any, replay_log: _ReplayLog | None = None) -> Any:
+    h = launch.handles
+    counts = h["counter"].call("get")
+    info = h["replay"].call("info")
+    if replay_log is not None:
+        replay_log.write(counts, info)
+    evals = h["evaluator"].call("results")
+    last = evals[-1] if evals else None
+    return Snapshot(actor_steps=int(counts["actor_steps"]), max_actor_steps=config.max_actor_steps,
+                    learner_steps=int(counts["learner_steps"]), episodes=int(counts["episodes"]),
+                    replay_size=int(info["size"]), eval_return=None if last is None else last["return"],
+                    eval_at=None if last is None else last["actor_steps"], elapsed_s=float(counts["wall_clock_s"]))
+
+
+def _check_workers(futures: Mapping[str, Any], actors: Sequence[str]) -> str | None:
+    """A failure that ends the run: the learner or evaluator stopped (they only stop when told to), or
+    every actor failed. One actor failing for good (restarts exhausted) is reported but not fatal."""
+    for name in ("learner", "evaluator"):
+        if futures[name].done():
+            try:
+                futures[name].result(timeout=0)
+            except _Interrupted:
+                raise
+            except NodeLost as e:
+                return _lost_message(e)
+            except Exception as e:  # pylint: disable=broad-except
+                return f"{name} failed: {type(e).__name__}: {_first_line(e)}"
+            return f"{name} stopped unexpectedly"
+    failed = []
+    for name in actors:
+        if futures[name].done():
+            try:
+                futures[name].result(timeout=0)
+            except _Interrupted:
+                raise
+            except Exception:  # pylint: disable=broad-except
+                failed.append(name)
+    if failed and len(failed) == len(actors):
+        return f"every actor failed ({', '.join(failed)})"
+    return None
+
+
+def _lost_nodes(launch: Any, futures: Mapping[str, Any], timeout_s: float = 2.0) -> dict[str, str]:
+    """Nodes whose process is gone, with the message that says so: services that do not answer a ping
+    (in parallel, `timeout_s` at most) and workers whose `run()` ended in `NodeLost` for themselves."""
+    lost: dict[str, str] = {}
+    pings: dict[str, Any] = {}
+    for name in launch.program.names(kind="service"):
+        try:
+            pings[name] = launch.handles[name].submit("ping")
+        except NodeLost as e:
+            lost[name] = _lost_message(e)
+    deadline = time.monotonic() + timeout_s
+    for name, future in pings.items():
+        try:
+            future.result(timeout=max(0.1, deadline - time.monotonic()))
+        except NodeLost as e:
+            lost[name] = _lost_message(e)
+        except Exception:  # pylint: disable=broad-except
+            pass  # slow or busy is not gone
+    for name, future in futures.items():
+        if future.done():
+            try:
+                future.result(timeout=0)
+            except NodeLost as e:
+                if getattr(e, "node", None) == name:
+                    lost[name] = _lost_message(e)
+            except Exception:  # pylint: disable=broad-except
+                pass
+    return lost
+
+
+def _lost_message(e: BaseException) -> str:
+    """The one-line message of a `NodeLost`, also when it reached us inside Ray's error wrapper (which is
+    an instance of the cause's class, with Ray's traceback as its text)."""
+    return str(NodeLost(getattr(e, "node", "?"), getattr(e, "detail", "")))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    # Ray wraps remote errors in a multi-line traceback; the last line holds the original message.
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
+def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str], graceful: bool,
+                grace_s: float = STOP_GRACE_S, skip: set[str] | frozenset = frozenset()
+                ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Stops workers in dependency order and collects their results (bounded in time).
+
+    Actors first (no more data), then the learner (final policy, publish, checkpoint), then the evaluator
+    (one last evaluation of the final weights when `graceful`), then the replay table is closed to release
+    blocked calls. Unless `graceful`, every wait together is bounded by `grace_s`, so that the whole stop
+    takes well under 10 s. Nodes in `skip` (lost ones) are not called."""
+    h = launch.handles
+    deadline = time.monotonic() + (3600.0 if graceful else grace_s)
+    results: dict[str, Any] = {}
+
+    def remaining(cap: float) -> float:
+        return max(0.1, min(cap, deadline - time.monotonic()))
+
+    def collect(name: str, cap: float) -> None:
+        if name not in futures:
+            return
+        try:
+            results[name] = futures[name].result(timeout=remaining(cap))
+        except TimeoutError:
+            results[name] = {"failed": "did not stop in time"}
+        except Exception as e:  # pylint: disable=broad-except
+            results[name] = {"failed": f"{type(e).__name__}: {_first_line(e)}"}
+
+    def tell(name: str, method: str, *args: Any) -> None:
+        if name in skip:
+            return
+        try:
+            h[name].submit(method, *args)
+        except Exception:  # pylint: disable=broad-except
+            pass
+
+    for name in actors:
+        tell(name, "stop")
+    for name in actors:
+        collect(name, 10.0)
+    tell("learner", "stop")
+    collect("learner", 120.0 if graceful else 4.0)
+    tell("evaluator", "stop", graceful)
+    collect("evaluator", 600.0 if graceful else 1.0)
+    if not futures:  # stopped before anything ran (e.g. Ctrl-C during start-up): nothing to collect
+        return results, {}
+    # Services in parallel: energy reports, final counters, table and quantizer statistics.
+    wanted = [(name, "energy") for name in ("counter", "replay", "quantizer")]
+    wanted += [("counter", "get"), ("replay", "info"), ("quantizer", "stats")]
+    calls: dict[tuple[str, str], Any] = {}
+    for name, method in wanted:
+        if name not in skip:
+            try:
+                calls[(name, method)] = h[name].submit(method)
+            except Exception:  # pylint: disable=broad-except
+                pass
+    stats: dict[str, Any] = {}
+    for (name, method), future in calls.items():
+        try:
+            value = future.result(timeout=remaining(3.0))
+        except Exception:  # pylint: disable=broad-except
+            value = None
+        if (name, method) == ("counter", "get"):
+            name = "counts"
+        if method == "energy":
+            results[name] = {"energy": value}
+        else:
+            stats[name] = value or {}
+    if "replay" not in skip:
+        try:  # releases calls still blocked on the rate limiter (e.g. a prefetch that lost its learner)
+            h["replay"].submit("close").result(timeout=remaining(2.0))
+        except Exception:  # pylint: disable=broad-except
+            pass
+    return results, stats

@@ -1,0 +1,127 @@
+"""An actor's (or the evaluator's) side of the weight channel, and where an actor's time goes."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import threading
+import time
+from typing import Any, Callable
+
+from launch.node_base import log_event
+from launch.program import NodeHandle
+from quarl.payload import decode_payload
+from quarl.quantization import parse_precision
+
+
+@dataclasses.dataclass
+class ActorTimes:
+    """Where an actor's time goes (the paper's runtime breakdown). Seconds, summed over the run."""
+
+    env_step_s: float = 0.0
+    policy_s: float = 0.0
+    pull_s: float = 0.0  # weight requests, including the cheap "not modified" ones
+    deserialize_s: float = 0.0
+    load_s: float = 0.0  # building / refreshing the executor with new weights
+    insert_s: float = 0.0  # replay inserts, including time blocked by the rate limiter
+    pulls: int = 0
+    updates: int = 0  # pulls that brought a new version
+    payload_bytes: int = 0
+
+    def summary(self) -> dict[str, float]:
+        d = dataclasses.asdict(self)
+        n = max(self.updates, 1)
+        for key in ("pull_s", "deserialize_s", "load_s"):
+            d[f"{key[:-2]}_ms_per_update"] = 1e3 * getattr(self, key) / n
+        d["update_ms"] = d["pull_ms_per_update"] + d["deserialize_ms_per_update"] + d["load_ms_per_update"]
+        return d
+
+
+class PolicyClient:
+    """An actor's side of the weight channel: fetch only when the version changed, timing each stage, and
+    refuse anything that is not a usable policy.
+
+    A payload is accepted only if it decodes (checksum, format version, structure, finite values: see
+    `quarl.payload`), is newer than the current version, has the expected precision and policy spec, and
+    `apply` (building or updating the policy executor) accepts its tree. Anything else is rejected: counted,
+    logged (once per distinct payload: the quantizer serves the same bytes again at every pull until a newer
+    version exists), and the caller keeps acting with its last good policy."""
+
+    def __init__(self, quantizer: NodeHandle, times: ActorTimes, *, spec: Any = None, precision: str | None = None,
+                 logdir: str | None = None, node: str = "actor"):
+        self._quantizer = quantizer
+        self._times = times
+        self._spec = None if spec is None else spec.to_dict()
+        self._precision = precision
+        self._logdir, self._node = logdir, node
+        self.version = -1
+        self.rejected = 0
+        self.last_rejection: str | None = None
+        self._last_rejected_digest = b""
+
+    def fetch(self, stop: threading.Event | None = None,
+              apply: Callable[[Any], Any] | None = None) -> Any:
+        """The newest payload if it is newer than ours and valid (decoded, and `apply(payload)` done), else
+        None (nothing new, or rejected)."""
+        t0 = time.perf_counter()
+        data = self._quantizer.call("get_payload", self.version)
+        t1 = time.perf_counter()
+        self._times.pull_s += t1 - t0
+        self._times.pulls += 1
+        if data is None:
+            return None
+        try:
+            payload = decode_payload(data)
+            self._check(payload)
+        except ValueError as e:  # PayloadError is a ValueError
+            self._times.deserialize_s += time.perf_counter() - t1
+            self._reject(str(e), data)
+            return None
+        t2 = time.perf_counter()
+        self._times.deserialize_s += t2 - t1
+        if apply is not None:
+            try:
+                apply(payload)
+            except ValueError as e:  # the tree does not fit the spec/executor (quarl.runtimes validates it)
+                self._times.load_s += time.perf_counter() - t2
+                self._reject(f"payload version {payload.version} does not fit the policy: {e}", data)
+                return None
+            self._times.load_s += time.perf_counter() - t2
+        self._times.payload_bytes += len(data)
+        self._times.updates += 1
+        self.version = payload.version
+        return payload
+
+    def _check(self, payload: Any) -> None:
+        if payload.version <= self.version:
+            raise ValueError(f"stale payload: version {payload.version} is not newer than the current "
+                             f"version {self.version}")
+        if self._precision is not None and payload.precision != self._precision:
+            raise ValueError(f"payload version {payload.version} holds {payload.precision} weights, this actor "
+                             f"runs {self._precision}")
+        if self._spec is not None and payload.spec is not None and payload.spec.to_dict() != self._spec:
+            raise ValueError(f"payload version {payload.version} is for another policy spec")
+
+    def _reject(self, reason: str, data: bytes) -> None:
+        self.rejected += 1
+        first_line = str(reason).splitlines()[0] if str(reason) else "invalid payload"
+        self.last_rejection = first_line
+        digest = hashlib.sha256(data).digest()
+        if digest != self._last_rejected_digest:
+            self._last_rejected_digest = digest
+            log_event(self._logdir, self._node, f"rejected a weight payload ({first_line}); keeps acting with "
+                                                f"weights version {self.version}", logging.WARNING)
+
+    def first(self, stop: threading.Event, apply: Callable[[Any], Any] | None = None) -> Any:
+        """Waits for the first valid published weights (the learner publishes version 0 when it starts)."""
+        while not stop.is_set():
+            payload = self.fetch(apply=apply)
+            if payload is not None:
+                return payload
+            stop.wait(0.05)
+        return None
+
+
+def precision_name(precision: str) -> str:
+    """The canonical precision name payloads carry ("8" -> "int8")."""
+    return parse_precision(precision).name
