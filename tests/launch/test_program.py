@@ -390,9 +390,10 @@ def test_qat_bits_reaches_the_agent_config(tmp_path):
 @pytest.mark.parametrize("stop_path", ["budget", "stopped"])
 def test_every_step_an_actor_takes_reaches_replay_at_a_stop(tmp_path, stop_path):
     """Transitions inserted == steps taken, whether the actors end at the budget or are told to stop mid-run
-    (what Ctrl-C and a lost node do): neither the insert buffer nor the open n-step windows are dropped."""
+    (what Ctrl-C and a lost node do; here with 2 environments per actor): neither the insert buffer nor the open
+    n-step windows of any environment are dropped."""
     config = tiny_config(tmp_path, max_actor_steps=10_000_000 if stop_path == "stopped" else 450,
-                         insert_batch=50, eval_every=10_000_000)
+                         insert_batch=50, eval_every=10_000_000, envs_per_actor=2 if stop_path == "stopped" else 1)
 
     def stop_actors_mid_run(launch):
         def stop_later():
