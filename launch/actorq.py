@@ -73,7 +73,7 @@ def build_parser() -> OneLineArgumentParser:
                    help="environment steps over all actors (with --resume: including the steps before it)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logdir", default=None, help="new directory for logs (default: runs/actorq/<run name>)")
-    p.add_argument("--backend", default="auto", help="actor policy runtime: auto, jax or onnx")
+    p.add_argument("--backend", default="auto", help="actor policy runtime: auto, jax, onnx or onnx-nbits")
     p.add_argument("--runner", default="ray", choices=("ray", "local"),
                    help="ray (one process per node) or local (threads in this process, for debugging)")
     p.add_argument("--ray-address", default=None,

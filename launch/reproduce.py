@@ -189,7 +189,7 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--runner", default=None,
                    help="single (one process) or actorq (distributed on Ray); default: single for small, "
                         "actorq for paper")
-    p.add_argument("--backend", default="auto", help="actor policy runtime: auto, jax or onnx")
+    p.add_argument("--backend", default="auto", help="actor policy runtime: auto, jax, onnx or onnx-nbits")
     p.add_argument("--out", default="results", help="results root folder (default: results)")
     p.add_argument("--fraction", type=float, default=0.9,
                    help="target = this fraction of the fp32 final return, for time-to-target (default 0.9)")
