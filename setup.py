@@ -17,6 +17,8 @@ setup(
     extras_require={
         # GPU learner: install a CUDA jaxlib on a machine with an NVIDIA driver. CPU stays the default.
         "cuda": ["jax[cuda12]==0.10.2"],
+        # C++ DM Control tasks for vectorized actors (used for the tasks quarl.envpool_env verified; optional).
+        "envpool": ["envpool==1.2.5"],
         "test": ["pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "ipykernel"],
     },
 )

@@ -107,6 +107,20 @@ class ConcatObservationWrapper(_Wrapper):
         return self._spec
 
 
+def canonical_to_bounds(action: Any, low: np.ndarray, high: np.ndarray, dtype: Any) -> np.ndarray:
+    """An action in [-1, 1] (clipped there first) mapped affinely onto [low, high], as `dtype`.
+
+    Raises ValueError on a shape other than `low`'s or a non-finite value."""
+    a = np.asarray(action, dtype=np.float64)
+    if a.shape != low.shape:
+        raise ValueError(f"action shape {a.shape} does not match the action spec shape {low.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"non-finite action: {action!r}")
+    a = np.clip(a, -1.0, 1.0)
+    scaled = low + (a + 1.0) * 0.5 * (high - low)
+    return np.clip(scaled, low, high).astype(dtype)
+
+
 class CanonicalActionWrapper(_Wrapper):
     """Exposes a [-1, 1] float32 action spec and maps actions affinely onto the wrapped bounds.
 
@@ -128,14 +142,7 @@ class CanonicalActionWrapper(_Wrapper):
 
     def to_env_action(self, action: Any) -> np.ndarray:
         """Maps an agent action in [-1, 1] onto the wrapped environment's bounds (clipping first)."""
-        a = np.asarray(action, dtype=np.float64)
-        if a.shape != self._spec.shape:
-            raise ValueError(f"action shape {a.shape} does not match the action spec shape {self._spec.shape}")
-        if not np.all(np.isfinite(a)):
-            raise ValueError(f"non-finite action: {action!r}")
-        a = np.clip(a, -1.0, 1.0)
-        scaled = self._low + (a + 1.0) * 0.5 * (self._high - self._low)
-        return np.clip(scaled, self._low, self._high).astype(self._inner_spec.dtype)
+        return canonical_to_bounds(action, self._low, self._high, self._inner_spec.dtype)
 
     def step(self, action: Any) -> dm_env.TimeStep:
         return self._environment.step(self.to_env_action(action))
