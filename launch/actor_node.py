@@ -131,6 +131,7 @@ class ActorNode(NodeBase):
                       "envs_per_actor": self._num_envs,
                       "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
                       "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,
+                      "kernel": getattr(actor, "kernel", None),
                       "transitions_inserted": self.inserted, "times": times.summary()}
         except _StoppedEarly:
             result = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0, "times": times.summary()}

@@ -300,6 +300,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         "task": task,
         "precision": prec,
         "backend": actor.backend,
+        "kernel": getattr(actor, "kernel", None),  # integer kernel form + self-check (None on float runs)
         "seed": seed,
         "config": _jsonable(dataclasses.asdict(config)),
         "actor_steps": times.env_steps,  # a multiple of envs_per_actor: the last step may pass max_actor_steps

@@ -65,6 +65,9 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
         "task": config.task,
         "precision": config.precision,
         "backend": sorted({str(a.get("backend")) for a in actors if a.get("backend")}) or [config.backend],
+        # The actors' integer kernel forms (per-actor self-check details under actors[i].kernel).
+        "kernel_form": sorted({str(a["kernel"]["form"]) for a in actors if (a.get("kernel") or {}).get("form")}),
+        "kernel_fallback": any(bool((a.get("kernel") or {}).get("fallback")) for a in actors),
         "num_actors": config.num_actors,
         "seed": config.seed,
         "run_config": config.to_dict(),

@@ -61,6 +61,13 @@ class D4PGActor:
     def precision(self) -> str:
         return str(getattr(self._executor, "precision", "unknown"))
 
+    @property
+    def kernel(self) -> dict:
+        """The executor's integer kernel form and self-check outcome (`quarl.runtimes.kernel_summary`)."""
+        from quarl.runtimes import kernel_summary  # pylint: disable=import-outside-toplevel
+
+        return kernel_summary(self._executor)
+
     def policy_action(self, observation: np.ndarray) -> np.ndarray:
         """The quantized policy's deterministic action for one observation (no noise, no clipping)."""
         obs = np.asarray(observation, np.float32)

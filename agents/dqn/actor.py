@@ -74,6 +74,13 @@ class DQNActor:
         return str(getattr(self._executor, "precision", "unknown"))
 
     @property
+    def kernel(self) -> dict:
+        """The executor's integer kernel form and self-check outcome (`quarl.runtimes.kernel_summary`)."""
+        from quarl.runtimes import kernel_summary  # pylint: disable=import-outside-toplevel
+
+        return kernel_summary(self._executor)
+
+    @property
     def steps(self) -> int:
         return self._steps
 

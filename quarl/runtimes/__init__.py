@@ -21,7 +21,7 @@ from quarl.quantization import Precision, QuantizedParams, parse_precision, quan
 from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
 from quarl.runtimes.base import PolicyExecutor, check_sizes, layer_widths
 from quarl.runtimes.jax_backend import JaxExecutor
-from quarl.runtimes.kernel_forms import KernelForm, candidates, forms, register_form, select_form
+from quarl.runtimes.kernel_forms import KernelForm, candidates, forms, kernel_summary, register_form, select_form
 from quarl.runtimes.onnx_backend import OnnxExecutor, OnnxNBitsExecutor
 from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 
@@ -33,7 +33,7 @@ __all__ = [
     "BACKENDS", "BACKEND_NAMES", "PolicyExecutor", "JaxExecutor", "OnnxExecutor", "OnnxNBitsExecutor",
     "auto_candidates", "make_executor",
     "make_executor_from_params", "auto_decisions", "clear_auto_decisions", "cache_path", "KernelForm",
-    "candidates", "forms", "register_form", "select_form",
+    "candidates", "forms", "kernel_summary", "register_form", "select_form",
 ]
 
 

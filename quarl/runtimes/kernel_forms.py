@@ -320,5 +320,18 @@ def select_form(bits: int, shapes: list[tuple[int, int]], requested: str | None 
     return info
 
 
+def kernel_summary(executor: Any) -> dict[str, Any]:
+    """What a run records about an executor's integer kernel (summary.json): the form in use, whether the
+    self-check refused the preferred/requested one, and this CPU's class and flags. Float precisions: form None."""
+    check = getattr(executor, "kernel_check", None) or {}
+    out: dict[str, Any] = {"form": getattr(executor, "kernel_form", None), "cpu_class": cpu_class(),
+                           "cpu_flags": cpu_info()["flags"]}
+    if check:
+        out.update(requested=check.get("requested"), fallback=bool(check.get("fallback")),
+                   checks=[{k: c.get(k) for k in ("form", "ok", "max_rel_err", "error") if c.get(k) is not None}
+                           for c in check.get("checks", [])])
+    return out
+
+
 for _form in (U8S8, U8U8, FP32):
     register_form(_form)

@@ -56,6 +56,7 @@ def test_tiny_distributed_dqn_run_writes_every_log_and_a_sane_summary(ray_sessio
     assert [a["actor_id"] for a in summary["actors"]] == [0, 1]
     for actor in summary["actors"]:
         assert actor["actor_steps"] > 0 and actor["backend"] == "onnx" and actor["starts"] == 1
+        assert actor["kernel"]["form"] in summary["kernel_form"] and actor["kernel"]["checks"][-1]["ok"]
         times = actor["times"]
         assert times["updates"] >= 1 and times["env_step_s"] > 0 and times["policy_s"] > 0
         assert times["load_s"] > 0 and times["deserialize_s"] > 0 and times["pull_s"] > 0

@@ -38,6 +38,10 @@ def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
     assert summary["agent"] == "dqn" and summary["task"] == "CartPole-v1"
     assert summary["precision"] == "int8" and summary["backend"] == "onnx" and summary["seed"] == 3
     assert summary["actor_steps"] == 1200 and summary["config"]["hidden_sizes"] == [32, 32]
+    # The int8 kernel form the CPU settled on, and the self-check that confirmed it.
+    kernel = summary["kernel"]
+    assert kernel["form"] in ("u8s8", "u8u8", "fp32") and kernel["checks"][-1] == {**kernel["checks"][-1], "ok": True}
+    assert kernel["checks"][-1]["form"] == kernel["form"] and kernel["cpu_class"] and "fallback" in kernel
     # 900 inserts after the 300-item warm-up at one update per insert (64 samples per insert, batch 64).
     assert 850 <= summary["learner_steps"] <= 1000
     assert summary["weight_updates"] == 1200 // 50

@@ -1,0 +1,96 @@
+"""Per-form numerics of the ONNX integer kernel forms on this CPU and, with `--qemu-cpus`, on emulated CPU
+models (qemu-user runs the same Python and ORT; MLAS dispatches on the emulated CPUID, so `Haswell` gets its
+AVX2 kernels). Prints, per CPU and weight bit width, each form's max relative error against the exact
+integer emulation, whether the self-check accepts it, and the form an executor would use.
+
+    python -m bench.kernel_forms                                  # this CPU
+    python -m bench.kernel_forms --qemu-cpus Haswell,Skylake-Client --out /tmp/forms.md
+
+Errors only (no timings: emulated CPUs run ~100x slower and say nothing about speed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def measure(bits: list[int], width: int) -> dict[str, Any]:
+    """Check every registered form at each bit width on one [width, width] layer, in this process."""
+    from quarl.runtimes.cpu import cpu_class, cpu_info
+    from quarl.runtimes.kernel_forms import check_form, forms, select_form
+
+    shapes = [(width, width)]
+    rows = []
+    for b in bits:
+        chosen = select_form(b, shapes)["form"]
+        for name, form in forms().items():
+            if form.max_bits < b:
+                continue
+            r = check_form(name, b, shapes)
+            rows.append({"bits": b, "form": name, "ok": r["ok"], "max_rel_err": r["max_rel_err"],
+                         "error": r.get("error"), "chosen": name == chosen})
+    return {"cpu_class": cpu_class(), "flags": cpu_info()["flags"], "rows": rows}
+
+
+def _under_qemu(model: str, bits: list[int], width: int) -> dict[str, Any]:
+    qemu = shutil.which("qemu-x86_64")
+    if qemu is None:
+        raise SystemExit("qemu-x86_64 not found (Debian: apt-get install qemu-user)")
+    cmd = [qemu, "-cpu", model, sys.executable, "-m", "bench.kernel_forms", "--inner",
+           "--bits", ",".join(map(str, bits)), "--width", str(width)]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    if proc.returncode != 0:
+        tail = [ln for ln in proc.stderr.splitlines() if "TCG doesn't support" not in ln][-5:]
+        raise SystemExit(f"qemu -cpu {model} failed: {' | '.join(tail)}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def table(results: dict[str, dict[str, Any]]) -> str:
+    lines = ["| CPU | bits | form | max rel error vs exact | self-check | used |", "|---|---|---|---|---|---|"]
+    for cpu, res in results.items():
+        for r in res["rows"]:
+            err = r["error"] or (f"{r['max_rel_err']:.2e}" if r["max_rel_err"] is not None else "-")
+            lines.append(f"| {cpu} | int{r['bits']} | {r['form']} | {err} | {'pass' if r['ok'] else 'refused'} | "
+                         f"{'yes' if r['chosen'] else ''} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bits", default="8,7,4", help="weight bit widths (default 8,7,4)")
+    p.add_argument("--width", type=int, default=512, help="layer width of the check (default 512)")
+    p.add_argument("--qemu-cpus", default="", help="comma-separated qemu CPU models, e.g. Haswell,Skylake-Client")
+    p.add_argument("--out", help="also write the markdown table here")
+    p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    try:
+        bits = [int(b) for b in args.bits.split(",") if b]
+        if not bits or any(not 2 <= b <= 8 for b in bits) or args.width < 2:
+            raise ValueError
+    except ValueError:
+        p.exit(2, f"{p.prog}: error: --bits takes integers in 2..8 and --width at least 2\n")
+    if args.inner:
+        print(json.dumps(measure(bits, args.width)))
+        return 0
+    host = measure(bits, args.width)
+    results = {f"this CPU ({host['cpu_class']})": host}
+    for model in [m for m in args.qemu_cpus.split(",") if m]:
+        results[f"qemu {model}"] = _under_qemu(model, bits, args.width)
+    text = table(results)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
