@@ -3,9 +3,11 @@
     python -m bench.inference [--quick] [--out DIR]
 
 Measures microseconds per policy call (median) for jax fp32/fp16/bf16/int8, onnx fp32/int8 and auto
-fp32/int8, and int4 on onnx (the int8 kernel form), onnx-nbits (MatMulNBits, 4-bit packed) and auto, with H
-in {256, 1024, 2048} and batch 1 and 16, plus the cost of one `update()` (the actor's
-load step). Backends take turns in short blocks over several rounds, so a burst of load from other
+fp32/int8, int4 on onnx (the int8 kernel forms), onnx-nbits (MatMulNBits, 4-bit packed) and auto, plus onnx int8 in every integer kernel form this CPU's self-check accepts (`onnx int8 u8u8`, ...;
+forms it refuses are listed, not timed), with H in {256, 1024, 2048} and batch 1 and 16, plus the cost of
+one `update()` (the actor's load step). Every row records the CPU's class and SIMD flags and the kernel form
+the executor ran, so a reader sees what their CPU class gets. "best fp32" is the minimum over every fp32
+executor (auto included); int8's update cost is compared with the cheapest fp32 update of any backend. Backends take turns in short blocks over several rounds, so a burst of load from other
 processes hits all of them alike; the first call of each block is dropped (it runs with another backend's
 weights in the cache, which is not how an actor calls its policy). Prints a table with the int8/fp32
 speed-ups and writes DIR/inference.json + DIR/inference.png. Speed targets (int8 >= 6x fp32 at H=2048
@@ -34,11 +36,14 @@ import numpy as np
 
 from bench.machine import add_allow_busy, refuse_if_busy
 
-VARIANTS: tuple[tuple[str, str], ...] = (
-    ("jax", "fp32"), ("jax", "fp16"), ("jax", "bf16"), ("jax", "int8"),
-    ("onnx", "fp32"), ("onnx", "int8"), ("auto", "fp32"), ("auto", "int8"),
-    ("onnx", "int4"), ("onnx-nbits", "int4"), ("auto", "int4"),
+# (backend, precision, forced ONNX kernel form or None); `variants()` adds one onnx int8 row per form the
+# CPU's self-check accepts. A variant's label is "backend precision[ form]".
+BASE_VARIANTS: tuple[tuple[str, str, str | None], ...] = (
+    ("jax", "fp32", None), ("jax", "fp16", None), ("jax", "bf16", None), ("jax", "int8", None),
+    ("onnx", "fp32", None), ("onnx", "int8", None), ("auto", "fp32", None), ("auto", "int8", None),
+    ("onnx", "int4", None), ("onnx-nbits", "int4", None), ("auto", "int4", None),
 )
+Variant = tuple[str, str, "str | None"]
 HIDDEN = (256, 1024, 2048)
 BATCHES = (1, 16)
 OBS_DIM, ACT_DIM = 24, 6
@@ -64,6 +69,26 @@ FULL = Budget(seconds=1.5, min_calls=20, max_calls=600, rounds=10, warmup=5, tim
 QUICK = Budget(seconds=0.2, min_calls=4, max_calls=60, rounds=2, warmup=1, time_updates=False)
 
 
+def label(variant: Variant) -> str:
+    backend, precision, form = variant
+    return f"{backend} {precision}" + (f" {form}" if form else "")
+
+
+def form_checks(hidden: int) -> dict[str, dict[str, Any]]:
+    """Each registered integer form's int8 self-check at the policy's layer shapes (cached per process)."""
+    from quarl.runtimes.kernel_forms import check_form, forms
+
+    shapes = [(OBS_DIM, hidden), (hidden, hidden), (hidden, ACT_DIM)]
+    return {name: check_form(name, 8, shapes) for name, form in forms().items() if form.integer
+            and form.max_bits >= 8}
+
+
+def variants(hidden: int) -> list[Variant]:
+    """The base variants plus onnx int8 forced to each integer form this CPU's self-check accepts."""
+    accepted = [name for name, check in form_checks(hidden).items() if check["ok"]]
+    return [*BASE_VARIANTS, *(("onnx", "int8", name) for name in accepted)]
+
+
 def configs(quick: bool) -> list[tuple[int, int]]:
     out = [(h, b) for h in HIDDEN for b in BATCHES]
     return [(h, b) for h, b in out if not (quick and (h, b) == (1024, 16))]
@@ -75,9 +100,9 @@ def machine_info(quick: bool) -> dict[str, Any]:
     import onnx
     import onnxruntime
 
-    from quarl.runtimes.auto import cpu_info
+    from quarl.runtimes.cpu import cpu_class, cpu_info
 
-    info = cpu_info()
+    info = {**cpu_info(), "cpu_class": cpu_class()}
     try:
         from importlib.metadata import version
         aqt_version = version("aqtp")
@@ -143,59 +168,72 @@ def time_blocks(executors: dict[tuple[str, str], Any], obs: np.ndarray, budget: 
 def bench_config(hidden: int, batch: int, budget: Budget) -> list[dict[str, Any]]:
     from quarl.quantization import quantize_params
     from quarl.runtimes import make_executor
+    from quarl.runtimes.cpu import cpu_class, cpu_info
 
     spec, params = make_params(hidden)
     _, params_b = make_params(hidden, seed=1)
-    qps = {p: quantize_params(params, p) for p in {p for _, p in VARIANTS}}
+    todo = variants(hidden)
+    qps = {p: quantize_params(params, p) for p in {v[1] for v in todo}}
     executors, build_s, update_ms = {}, {}, {}
-    for backend, precision in VARIANTS:
+    for variant in todo:
+        backend, precision, form = variant
         t = time.perf_counter()
-        ex = make_executor(spec, qps[precision], backend, batch_size=batch, threads=1)
-        build_s[(backend, precision)] = time.perf_counter() - t
-        update_ms[(backend, precision)] = None
+        ex = make_executor(spec, qps[precision], backend, batch_size=batch, threads=1, kernel_form=form)
+        build_s[variant] = time.perf_counter() - t
+        update_ms[variant] = None
         if budget.time_updates:
             new = quantize_params(params_b, precision)
             t = time.perf_counter()
             ex.update(new)
-            update_ms[(backend, precision)] = round((time.perf_counter() - t) * 1e3, 2)
-        executors[(backend, precision)] = ex
+            update_ms[variant] = round((time.perf_counter() - t) * 1e3, 2)
+        executors[variant] = ex
     obs = np.random.default_rng(hidden + batch).standard_normal((batch, OBS_DIM)).astype(np.float32)
     samples = time_blocks(executors, obs, budget)
+    cpu = {"cpu_class": cpu_class(), "cpu_flags": " ".join(cpu_info()["flags"])}
     rows = []
-    for (backend, precision), ex in executors.items():
-        s = np.asarray(samples[(backend, precision)]) * 1e6
+    for variant, ex in executors.items():
+        backend, precision, form = variant
+        s = np.asarray(samples[variant]) * 1e6
         rows.append({
-            "backend": backend, "precision": precision, "hidden": hidden, "batch": batch,
+            "variant": label(variant), "backend": backend, "precision": precision, "forced_form": form,
+            "hidden": hidden, "batch": batch,
             "us_per_call": round(float(np.median(s)), 2),
             "us_p10": round(float(np.percentile(s, 10)), 2), "us_p90": round(float(np.percentile(s, 90)), 2),
-            "calls": int(s.size), "chosen": ex.backend, "simulated": bool(ex.simulated),
-            "update_ms": update_ms[(backend, precision)],
-            "build_s": round(build_s[(backend, precision)], 3),
+            "calls": int(s.size), "chosen": ex.backend, "kernel_form": ex.kernel_form,
+            "simulated": bool(ex.simulated), "update_ms": update_ms[variant],
+            "build_s": round(build_s[variant], 3), **cpu,
         })
     return rows
 
 
-def _field(rows: list[dict], backend: str, precision: str, hidden: int, batch: int, field: str) -> Any:
+def _field(rows: list[dict], variant: str, hidden: int, batch: int, field: str) -> Any:
     for r in rows:
-        if (r["backend"], r["precision"], r["hidden"], r["batch"]) == (backend, precision, hidden, batch):
+        if (r["variant"], r["hidden"], r["batch"]) == (variant, hidden, batch):
             return r[field]
     return None
 
 
-def _us(rows: list[dict], backend: str, precision: str, hidden: int, batch: int) -> float | None:
-    value = _field(rows, backend, precision, hidden, batch, "us_per_call")
+def _us(rows: list[dict], variant: str, hidden: int, batch: int) -> float | None:
+    value = _field(rows, variant, hidden, batch, "us_per_call")
     return None if value is None else float(value)
 
 
 def summarize(rows: list[dict]) -> list[dict[str, Any]]:
-    """Per (H, batch): int8/fp32 speed-up per backend, best int8 vs best fp32, auto vs best fp32."""
+    """Per (H, batch): int8/fp32 speed-up per backend, best int8 vs best fp32 (the minimum over *every* fp32
+    executor, auto included), auto vs best fp32, and int8's update cost vs the cheapest fp32 update."""
     out = []
     for hidden, batch in sorted({(r["hidden"], r["batch"]) for r in rows}):
-        get = lambda b, p: _us(rows, b, p, hidden, batch)  # noqa: E731
-        chosen = lambda p: _field(rows, "auto", p, hidden, batch, "chosen")  # noqa: E731
+        here = [r for r in rows if (r["hidden"], r["batch"]) == (hidden, batch)]
+        get = lambda b, p: _us(rows, f"{b} {p}", hidden, batch)  # noqa: E731
+        chosen = lambda p: _field(rows, f"auto {p}", hidden, batch, "chosen")  # noqa: E731
         fp32 = {b: get(b, "fp32") for b in ("jax", "onnx")}
         int8 = {b: get(b, "int8") for b in ("jax", "onnx")}
-        best_fp32, best_int8 = min(fp32.values()), min(int8.values())
+        best_fp32 = min(r["us_per_call"] for r in here if r["precision"] == "fp32")
+        best_int8 = min(r["us_per_call"] for r in here if r["precision"] == "int8")
+        best_int8_row = min((r for r in here if r["precision"] == "int8"), key=lambda r: r["us_per_call"])
+        fp32_updates = [r["update_ms"] for r in here if r["precision"] == "fp32" and r["update_ms"] is not None
+                        and r["backend"] != "auto"]
+        int8_update = _field(rows, "onnx int8", hidden, batch, "update_ms")
         out.append({
             "hidden": hidden, "batch": batch,
             "jax_int8_speedup": fp32["jax"] / int8["jax"], "onnx_int8_speedup": fp32["onnx"] / int8["onnx"],
@@ -213,6 +251,12 @@ def summarize(rows: list[dict]) -> list[dict[str, Any]]:
             "best_int4_vs_best_fp32": best_fp32 / min(get("onnx", "int4"), get("onnx-nbits", "int4")),
             "auto_int4_choice_vs_best_int4": min(get("onnx", "int4"), get("onnx-nbits", "int4"))
             / get(chosen("int4"), "int4"),
+            "best_int8_variant": best_int8_row["variant"], "best_int8_kernel_form": best_int8_row["kernel_form"],
+            "onnx_int8_kernel_form": _field(rows, "onnx int8", hidden, batch, "kernel_form"),
+            # The int8 actor's load step against the cheapest fp32 load step the project has (any backend).
+            "cheapest_fp32_update_ms": min(fp32_updates) if fp32_updates else None,
+            "onnx_int8_update_vs_cheapest_fp32": (min(fp32_updates) / int8_update
+                                                  if fp32_updates and int8_update else None),
         })
     return out
 
@@ -253,18 +297,19 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
     table = Table(title="Policy inference, microseconds per call (median; lower is better)")
     table.add_column("H", justify="right")
     table.add_column("batch", justify="right")
-    for backend, precision in VARIANTS:
-        table.add_column(f"{backend}\n{precision}", justify="right")
+    labels = list(dict.fromkeys(r["variant"] for r in rows))
+    for name in labels:
+        table.add_column(name.replace(" ", "\n"), justify="right")
     for col in ("jax\nint8/fp32", "onnx\nint8/fp32", "best int8\nvs best fp32", "auto int8 choice\nvs best fp32",
                 "nbits int4\nvs onnx int8"):
         table.add_column(col, justify="right", style="bold")
     for s in summary:
         cells = []
-        for backend, precision in VARIANTS:
-            row = next(r for r in rows if (r["backend"], r["precision"], r["hidden"], r["batch"])
-                       == (backend, precision, s["hidden"], s["batch"]))
-            cell = f"{row['us_per_call']:.0f}"
-            if backend == "auto":
+        for name in labels:
+            row = next((r for r in rows if (r["variant"], r["hidden"], r["batch"]) == (name, s["hidden"], s["batch"])),
+                       None)
+            cell = "-" if row is None else f"{row['us_per_call']:.0f}"
+            if row is not None and row["backend"] == "auto":
                 cell += f" ({row['chosen']})"
             cells.append(cell)
         cells += [f"{s['jax_int8_speedup']:.2f}x", f"{s['onnx_int8_speedup']:.2f}x",
@@ -273,8 +318,9 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
         table.add_row(str(s["hidden"]), str(s["batch"]), *cells)
     console.print(table)
     console.print("speed-up = fp32 us / int8 us (> 1: int8 faster). jax int8 = AQT s8xs8->s32 dot on XLA CPU; "
-                  "onnx int8 = DynamicQuantizeLinear + MatMulInteger; onnx-nbits int4 = MatMulNBits (4-bit packed "
-                  "weights, int8 activations per 128-block); "
+                  "onnx int8 = DynamicQuantizeLinear + MatMulInteger in the self-checked kernel form "
+                  f"({', '.join(sorted({str(r['kernel_form']) for r in rows if r['variant'] == 'onnx int8'}))}); "
+                  "onnx-nbits int4 = MatMulNBits (4-bit packed weights, int8 activations per 128-block); "
                   f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; ORT 1 intra-op thread.")
     for line in target_lines(summary):
         console.print(line)
@@ -282,11 +328,17 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
         loads = Table(title="update(): one weight load (the actor's load step), milliseconds")
         loads.add_column("H", justify="right")
         loads.add_column("batch", justify="right")
-        concrete = [v for v in VARIANTS if v[0] != "auto"]
-        for backend, precision in concrete:
-            loads.add_column(f"{backend}\n{precision}", justify="right")
+        concrete = [name for name in labels if not name.startswith("auto")]
+        for name in concrete:
+            loads.add_column(name.replace(" ", "\n"), justify="right")
+        loads.add_column("onnx int8 vs\ncheapest fp32", justify="right", style="bold")
         for s in summary:
-            cells = [f"{_field(rows, b, p, s['hidden'], s['batch'], 'update_ms'):.1f}" for b, p in concrete]
+            cells = []
+            for name in concrete:
+                value = _field(rows, name, s["hidden"], s["batch"], "update_ms")
+                cells.append("-" if value is None else f"{value:.1f}")
+            ratio = s["onnx_int8_update_vs_cheapest_fp32"]
+            cells.append("-" if ratio is None else f"{ratio:.2f}x")
             loads.add_row(str(s["hidden"]), str(s["batch"]), *cells)
         console.print(loads)
 
@@ -298,13 +350,14 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     groups = sorted({(r["hidden"], r["batch"]) for r in rows})
+    labels = list(dict.fromkeys(r["variant"] for r in rows))
     fig, ax = plt.subplots(figsize=(12, 5))
-    width = 0.8 / len(VARIANTS)
+    width = 0.8 / len(labels)
     colors = plt.get_cmap("tab20")
-    for i, (backend, precision) in enumerate(VARIANTS):
-        ys = [_us(rows, backend, precision, h, b) or np.nan for h, b in groups]
-        xs = np.arange(len(groups)) + (i - (len(VARIANTS) - 1) / 2) * width
-        ax.bar(xs, ys, width, label=f"{backend} {precision}", color=colors(i))
+    for i, name in enumerate(labels):
+        ys = [_us(rows, name, h, b) or np.nan for h, b in groups]
+        xs = np.arange(len(groups)) + (i - (len(labels) - 1) / 2) * width
+        ax.bar(xs, ys, width, label=name, color=colors(i))
     ax.set_yscale("log")
     ax.set_xticks(np.arange(len(groups)), [f"H={h}\nbatch {b}" for h, b in groups])
     ax.set_ylabel("microseconds per call (median, log scale)")
@@ -330,6 +383,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
             rows += bench_config(hidden, batch, budget)
             print(f"  H={hidden} batch={batch}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
         decisions = auto_decisions()  # auto's own short measurements (25th percentile us), for the record
+    machine["kernel_checks"] = {h: form_checks(h) for h, _ in configs(quick)}  # refused forms are not timed
     machine["load_average_end"] = list(os.getloadavg())
     summary = summarize(rows)
     print_table(rows, summary)
