@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import logging
+import threading
 from typing import Any, Mapping
 
 import numpy as np
 
 from quarl.policy import Activation, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.quantization import Precision, QTensor, QuantizedParams, dequantize, parse_precision
+
+log = logging.getLogger(__name__)
 
 # The widest integer code an int8 kernel (AQT s8 dot, ORT MatMulInteger) can take. Wider integer
 # precisions (int9..int16) have no fast kernel on CPU, so runtimes simulate them (see `DenseWeights`).
@@ -203,6 +207,8 @@ class PolicyExecutor(abc.ABC):
     kernel_check: dict[str, Any] = {}
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, batch_size: int = 1, threads: int = 1):
+        self._pending: threading.Thread | None = None
+        self.update_error: str | None = None  # why the last background update failed (old weights kept)
         check_sizes(batch_size, threads)
         layer_widths(spec)  # reject unknown layers before any backend work
         self.spec = spec
@@ -225,13 +231,47 @@ class PolicyExecutor(abc.ABC):
     def __call__(self, obs: np.ndarray) -> np.ndarray:
         return self._run(check_obs(obs, self.spec.input_dim))
 
-    def update(self, qparams: QuantizedParams) -> None:
-        """Swap in new weights for the same spec and precision (the actor's load step)."""
+    def update(self, qparams: QuantizedParams, *, wait: bool = True) -> None:
+        """Swap in new weights for the same spec and precision (the actor's load step).
+
+        The weights are validated here, on the calling thread, either way (bad params raise ValueError and
+        the old weights stay). `wait=False` builds the new backend state on a background thread and swaps it
+        in when ready, so the caller keeps acting meanwhile; every call before the swap runs entirely on the
+        old weights, every call after it on the new ones. One update is pending at a time: a new one first
+        waits for the previous one.
+        """
         lowered = lower_params(self.spec, qparams, self.native_floats)
         if lowered.precision.name != self.precision:
             raise ValueError(f"update() got {lowered.precision.name} params for a {self.precision} executor; "
                              "make a new executor to change precision")
-        self._load(lowered)
+        self.wait_for_update()
+        if wait:
+            self._load(lowered)
+            return
+        self._pending = threading.Thread(target=self._load_in_background, args=(lowered,),
+                                         name=f"{self.backend}-update", daemon=True)
+        self._pending.start()
+
+    def _load_in_background(self, lowered: LoweredParams) -> None:
+        try:
+            self._load(lowered)
+            self.update_error = None
+        except Exception as e:  # pylint: disable=broad-except  # keep acting on the old weights, say why
+            self.update_error = f"{type(e).__name__}: {e}"
+            log.warning("background weight update failed, keeping the previous weights: %s", self.update_error)
+
+    @property
+    def update_pending(self) -> bool:
+        return self._pending is not None and self._pending.is_alive()
+
+    def wait_for_update(self, timeout: float | None = None) -> bool:
+        """Block until a pending `update(wait=False)` is in use (True) or `timeout` passes (False)."""
+        if self._pending is not None:
+            self._pending.join(timeout)
+            if self._pending.is_alive():
+                return False
+            self._pending = None
+        return True
 
     def warm_up(self) -> None:
         """One call at the expected batch size so compilation / allocation happens at load, not in the

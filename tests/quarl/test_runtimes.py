@@ -3,6 +3,7 @@ load/update, input-validation and auto-selection contracts."""
 from __future__ import annotations
 
 import json
+import threading
 import warnings
 
 import haiku as hk
@@ -353,3 +354,62 @@ def test_matmulnbits_pads_inputs_that_are_not_a_block_multiple():
     ex = make_executor(spec, qp, "onnx-nbits", batch_size=9)
     assert ex.kernel_form == "nbits4"
     assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp), obs)) < TOLERANCE["int4"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_background_update_acts_on_old_weights_until_the_swap(cases, backend, monkeypatch):
+    """update(wait=False): calls during the build run wholly on the old weights, calls after the swap
+    wholly on the new ones (bit-identical to an executor built with them), and bad params still raise."""
+    spec, params_a, params_b, obs = cases["d4pg"]
+    ex = make_executor(spec, quantize_params(params_a, "int8"), backend, batch_size=BATCH)
+    old = ex(obs)
+    new = make_executor(spec, quantize_params(params_b, "int8"), backend, batch_size=BATCH,
+                        kernel_form=ex.kernel_form if backend == "onnx" else None)(obs)
+    assert not np.array_equal(old, new)
+
+    # Held mid-build: acting goes on, on the old weights.
+    gate, entered = threading.Event(), threading.Event()
+    real_load = ex._load
+
+    def held_load(lowered):
+        entered.set()
+        assert gate.wait(60)
+        real_load(lowered)
+
+    monkeypatch.setattr(ex, "_load", held_load)
+    ex.update(quantize_params(params_b, "int8"), wait=False)
+    assert entered.wait(60) and ex.update_pending
+    for _ in range(3):
+        np.testing.assert_array_equal(ex(obs), old)
+    gate.set()
+    assert ex.wait_for_update(60) and not ex.update_pending
+    np.testing.assert_array_equal(ex(obs), new)
+    monkeypatch.setattr(ex, "_load", real_load)
+
+    # A real concurrent build: every call sees exactly one of the two weight sets, never a mix.
+    ex.update(quantize_params(params_a, "int8"), wait=False)
+    seen = set()
+    while ex.update_pending:
+        out = ex(obs)
+        seen.add("new" if np.array_equal(out, new) else "old" if np.array_equal(out, old) else "mixed")
+    ex.wait_for_update()
+    assert "mixed" not in seen
+    np.testing.assert_array_equal(ex(obs), old)
+
+    with pytest.raises(ValueError, match="precision"):
+        ex.update(quantize_params(params_b, "int4"), wait=False)
+
+
+def test_failed_background_update_keeps_the_old_weights(cases, monkeypatch):
+    spec, params_a, params_b, obs = cases["dqn"]
+    ex = make_executor(spec, quantize_params(params_a, "int8"), "onnx", batch_size=BATCH)
+    before = ex(obs)
+
+    def broken(lowered):
+        raise MemoryError("no room for a new session")
+
+    monkeypatch.setattr(ex, "_load", broken)
+    ex.update(quantize_params(params_b, "int8"), wait=False)
+    assert ex.wait_for_update(60)
+    assert "MemoryError" in ex.update_error
+    np.testing.assert_array_equal(ex(obs), before)
