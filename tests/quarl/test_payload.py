@@ -127,8 +127,15 @@ def test_encoding_is_deterministic(small):
 # -------------------------------------------------------------------------------------------------- size
 
 
-def test_int8_payload_of_large_mlp_is_at_least_3_9x_smaller():
-    params = _init(_d4pg_spec(24, [2048, 2048, 2048], 6))
+@pytest.fixture(scope="module")
+def paper_policy():
+    """The paper's D4PG policy size (walker: 24 observations, 6 actions), initialised once for the size tests."""
+    spec = _d4pg_spec(24, [2048, 2048, 2048], 6)
+    return spec, _init(spec)
+
+
+def test_int8_payload_of_large_mlp_is_at_least_3_9x_smaller(paper_policy):
+    _, params = paper_policy
     fp32 = fp32_payload_nbytes(params)
     int8 = len(encode_payload(quantize_params(params, "int8"), version=1))
     fp16 = len(encode_payload(quantize_params(params, "fp16"), version=1))
@@ -150,11 +157,10 @@ def test_int8_payload_of_256x3_mlp_is_close_to_the_ideal():
     assert fp32 / int8 >= 3.75
 
 
-def test_int4_payload_of_2048x3_policy_is_at_least_7x_smaller_than_fp32():
-    """The paper's D4PG policy size (walker: 24 observations, 6 actions). Packed nibbles make the weights
-    8x smaller; per-channel scales, fp32 biases/LayerNorm and framing keep the whole payload above 7x."""
-    spec = _d4pg_spec(24, [2048, 2048, 2048], 6)
-    params = _init(spec)
+def test_int4_payload_of_2048x3_policy_is_at_least_7x_smaller_than_fp32(paper_policy):
+    """Packed nibbles make the weights 8x smaller; per-channel scales, fp32 biases/LayerNorm, the spec and
+    framing keep the whole payload above 7x."""
+    spec, params = paper_policy
     fp32 = fp32_payload_nbytes(params)
     int4 = encode_payload(quantize_params(params, "int4"), version=1, spec=spec)
     int8 = encode_payload(quantize_params(params, "int8"), version=1, spec=spec)
