@@ -260,7 +260,10 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("dqn"):
         lines += ["## DQN: Stable-Baselines3 (rl-zoo3 tuned) vs this project", "",
                   "Same task, step budget, evaluation cadence and target; wall clock to target includes evaluation "
-                  "for both. Medians are over the seeds that reached the target (count shown).", "",
+                  "for both (SB3's clock starts when training starts, after its model is built; ours when the run "
+                  "starts, so ours also counts building the agent and compiling). Medians are over the seeds that "
+                  "reached the target (count shown); env steps/s exclude evaluation for SB3, and are ours' "
+                  "training-clock rate.", "",
                   "| task | system | seeds reaching target | median env steps to target | median s to target | "
                   "median env steps/s | per seed (steps / s) |", "|---|---|---:|---:|---:|---:|---|"]
         keys = list(dict.fromkeys((r["task"], r["system"]) for r in result["dqn"]))
