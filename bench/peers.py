@@ -45,14 +45,20 @@ D4PG_SETTINGS = {
 }
 _ACME_LINE = re.compile(r"\[(Learner|Actor|Evaluator)\] (.*)$")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")  # Launchpad colours each process's lines
+_ABSL_TIME = re.compile(r"\b[IWEF]\d{4} (\d\d):(\d\d):(\d\d(?:\.\d+)?)")  # absl: I1203 12:54:34.111971
 
 
 # ------------------------------------------------------------------------------------------------ parsing
 
 
-def parse_acme_log(text: str) -> dict[str, Any]:
-    """Acme's TerminalLogger lines ("[Learner] Key = value | ...") -> rates, counts and the last eval return."""
-    rows: dict[str, list[dict[str, float]]] = {"Learner": [], "Actor": [], "Evaluator": []}
+def parse_acme_log(text: str, actors: int = 2) -> dict[str, Any]:
+    """Acme's TerminalLogger lines ("[Learner] Key = value | ...") -> rates, counts and the last eval return.
+
+    Legacy Acme's evaluator lines carry the shared counters too (Actor Steps, Learner Steps, Learner Walltime).
+    Learner rate: learner steps over learner wall time between the first and last lines that have both.
+    Actor rate: the median of [Actor] lines' episode rates where actors log; else the counter's actor steps over
+    the log-line clock (absl's timestamp), divided by the number of actors."""
+    rows: list[tuple[str, float | None, dict[str, float]]] = []
     for line in _ANSI.sub("", text).splitlines():
         match = _ACME_LINE.search(line)
         if not match:
@@ -64,21 +70,25 @@ def parse_acme_log(text: str) -> dict[str, Any]:
                 values[key.strip()] = float(value)
             except ValueError:
                 continue
-        rows[match.group(1)].append(values)
-    learner, actor, evaluator = rows["Learner"], rows["Actor"], rows["Evaluator"]
-    timed = [r for r in learner if "Learner Steps" in r and "Learner Walltime" in r]
+        stamp = _ABSL_TIME.search(line)
+        clock = (3600 * int(stamp.group(1)) + 60 * int(stamp.group(2)) + float(stamp.group(3))) if stamp else None
+        rows.append((match.group(1), clock, values))
+    timed = [v for _, _, v in rows if "Learner Steps" in v and "Learner Walltime" in v]
     learner_rate = None
     if len(timed) >= 2 and timed[-1]["Learner Walltime"] > timed[0]["Learner Walltime"]:
         learner_rate = ((timed[-1]["Learner Steps"] - timed[0]["Learner Steps"])
                         / (timed[-1]["Learner Walltime"] - timed[0]["Learner Walltime"]))
-    actor_rates = [r["Steps Per Second"] for r in actor if "Steps Per Second" in r]
-    returns = [r["Episode Return"] for r in evaluator if "Episode Return" in r]
+    episode_rates = [v["Steps Per Second"] for label, _, v in rows if label == "Actor" and "Steps Per Second" in v]
+    counted = [(t, v["Actor Steps"]) for _, t, v in rows if "Actor Steps" in v and t is not None]
+    actor_rate = statistics.median(episode_rates) if episode_rates else None
+    if actor_rate is None and len(counted) >= 2 and counted[-1][0] > counted[0][0]:
+        actor_rate = (counted[-1][1] - counted[0][1]) / (counted[-1][0] - counted[0][0]) / actors
+    returns = [v["Episode Return"] for label, _, v in rows if label == "Evaluator" and "Episode Return" in v]
     return {
-        "learner_steps": int(max((r.get("Learner Steps", 0) for r in learner), default=0)),
+        "learner_steps": int(max((v.get("Learner Steps", 0) for _, _, v in rows), default=0)),
         "learner_steps_per_s": learner_rate,
-        "actor_steps": int(max((r.get("Actor Steps", 0) for r in actor), default=0)),
-        "actor_episodes": len(actor),
-        "actor_steps_per_s_each": statistics.median(actor_rates) if actor_rates else None,
+        "actor_steps": int(max((v.get("Actor Steps", 0) for _, _, v in rows), default=0)),
+        "actor_steps_per_s_each": actor_rate,
         "eval_returns": returns,
         "last_eval_return": returns[-1] if returns else None,
     }
@@ -246,7 +256,8 @@ def markdown(result: dict[str, Any]) -> str:
     if result.get("d4pg"):
         lines += [f"## D4PG, {D4PG_TASK}, 2 actors: legacy Acme (Launchpad + Reverb) vs this project", "",
                   "Ours ran the actor steps Acme reached in its budget (same work). Acme's rates are parsed from its "
-                  "own log lines (learner: steps over learner wall time; actors: median episode steps/s).", "",
+                  "own log lines (learner: steps over learner wall time; actors: the shared actor-step counter over "
+                  "the log clock, per actor).", "",
                   "| setting | system | wall clock s | actor steps | learner steps/s | env steps/s per actor | "
                   "last eval return |", "|---|---|---:|---:|---:|---:|---:|"]
         for row in result["d4pg"]:

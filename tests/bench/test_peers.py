@@ -7,12 +7,11 @@ import pytest
 from bench import peers
 
 ACME_LOG = """\
-I1203 12:00:01.0 1 terminal.py:90] [Actor] Actor Episodes = 1 | Actor Steps = 1000 | Episode Length = 1000 | Episode Return = 120.500 | Steps Per Second = 110.000
-I1203 12:00:05.0 2 terminal.py:90] [Learner] Learner Steps = 100 | Learner Walltime = 2.000 | Critic Loss = 3.100
-I1203 12:00:09.0 1 terminal.py:90] [Actor] Actor Episodes = 2 | Actor Steps = 2000 | Episode Length = 1000 | Episode Return = 150.000 | Steps Per Second = 130.000
-\x1b[1;34m[evaluator/0] I1203 12:00:12.0 3 terminal.py:91] [Evaluator] Episode Length = 1000 | Episode Return = 174.25 | Evaluator Episodes = 1 | Steps Per Second = 400.000\x1b[0;0m
-I1203 12:00:15.0 2 terminal.py:90] [Learner] Learner Steps = 750 | Learner Walltime = 12.000 | Critic Loss = 2.000
-I1203 12:00:19.0 1 terminal.py:90] [Actor] Actor Episodes = 3 | Actor Steps = 3000 | Episode Return = nan-ish | Steps Per Second = 120.000
+\x1b[1;32m[learner/0] I1203 12:54:20.000000 1 courier_utils.py:50] Binding: step\x1b[0;0m
+\x1b[1;34m[evaluator/0] I1203 12:54:34.000000 3 terminal.py:91] [Evaluator] Actor Episodes = 1 | Actor Steps = 1000 | Episode Length = 1000 | Episode Return = 696.49 | Evaluator Episodes = 1 | Evaluator Steps = 1000 | Steps Per Second = 85.123\x1b[0;0m
+\x1b[1;34m[evaluator/0] I1203 12:54:38.000000 3 terminal.py:91] [Evaluator] Actor Episodes = 1 | Actor Steps = 1000 | Episode Return = 520.22 | Learner Steps = 300 | Learner Walltime = 2.000 | Steps Per Second = 442.4\x1b[0;0m
+\x1b[1;34m[evaluator/0] I1203 12:54:44.000000 3 terminal.py:91] [Evaluator] Actor Episodes = 3 | Actor Steps = 3000 | Episode Return = nan-ish | Learner Steps = 950 | Learner Walltime = 12.000 | Steps Per Second = 312.2\x1b[0;0m
+\x1b[1;34m[evaluator/0] I1203 12:54:54.000000 3 terminal.py:91] [Evaluator] Actor Episodes = 5 | Actor Steps = 5000 | Episode Return = 174.25 | Evaluator Episodes = 4\x1b[0;0m
 some unrelated line [Learner] without pairs
 """
 
@@ -29,10 +28,13 @@ env_steps wall_clock_s eval_mean eval_std grad_updates
 
 def test_acme_log_lines_become_rates_counts_and_returns():
     got = peers.parse_acme_log(ACME_LOG)
-    assert got["learner_steps"] == 750 and got["learner_steps_per_s"] == pytest.approx(65.0)  # (750-100)/(12-2)
-    assert got["actor_steps"] == 3000 and got["actor_episodes"] == 3
-    assert got["actor_steps_per_s_each"] == pytest.approx(120.0)  # median episode rate
-    assert got["last_eval_return"] == pytest.approx(174.25)
+    assert got["learner_steps"] == 950 and got["learner_steps_per_s"] == pytest.approx(65.0)  # (950-300)/(12-2)
+    # 4000 actor steps over the 20 s between the first and last counter lines, shared by 2 actors
+    assert got["actor_steps"] == 5000 and got["actor_steps_per_s_each"] == pytest.approx(100.0)
+    assert got["eval_returns"] == [696.49, 520.22, 174.25] and got["last_eval_return"] == pytest.approx(174.25)
+    actor_lines = ACME_LOG + ("I1203 12:55:00.0 1 terminal.py:91] [Actor] Actor Steps = 6000 | Steps Per Second = "
+                              "120.0\nI1203 12:55:10.0 1 terminal.py:91] [Actor] Steps Per Second = 130.0\n")
+    assert peers.parse_acme_log(actor_lines)["actor_steps_per_s_each"] == pytest.approx(125.0)  # actors' own rates
     empty = peers.parse_acme_log("nothing logged\n")
     assert empty["actor_steps"] == 0 and empty["learner_steps_per_s"] is None and empty["last_eval_return"] is None
 
