@@ -187,7 +187,7 @@ def bench_d4pg(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
 
     rows = []
     settings = ["small"] if args.quick else list(D4PG_SETTINGS)
-    seconds = 90 if args.quick else 240
+    seconds = 150 if args.quick else 240
     for setting in settings:
         print(f"[bench.peers] Acme D4PG {setting}, {seconds:.0f} s ...", flush=True)
         acme = acme_d4pg(args.acme_python, args.anchors, setting, seconds, out / "logs")

@@ -20,14 +20,16 @@ def sum_energy(parts: Mapping[str, Any]) -> dict[str, Any]:
             reports.append(EnergyReport.from_dict(value))
         except TypeError:  # a node report without the fields of an EnergyReport: not summed
             continue
+    untracked = sorted(k for k, v in parts.items() if not isinstance(v, Mapping))
     if not reports:
-        return {"nodes": nodes, "total_kwh": None, "total_emissions_kg": None, "method": None}
+        return {"nodes": nodes, "total_kwh": None, "total_emissions_kg": None, "untracked_nodes": untracked,
+                "method": "unavailable: no energy tracker reported"}
     total = combine(reports)
     methods = sorted({r.method for r in reports})
     return {"nodes": nodes, "total_kwh": total.energy_kwh, "total_emissions_kg": total.emissions_kg_co2eq,
             "measured_kwh": total.measured_kwh, "modelled_kwh": total.modelled_kwh,
             "ram_model_share": total.ram_model_share, "package_kwh": total.package_kwh,
-            "method": "; ".join(methods)}
+            "untracked_nodes": untracked, "method": "; ".join(methods)}
 
 
 def make_summary(config: Any, status: str, error: str | None, results: Mapping[str, Any],

@@ -212,4 +212,6 @@ def test_summary_energy_counts_a_rapl_package_once_and_keeps_unavailable_emissio
     assert total["total_emissions_kg"] == pytest.approx(0.013 * 0.4)
     partial = sum_energy({"learner": node("learner", 0.006, None), "actor_0": node("actor_0", 0.003, None, None)})
     assert partial["total_emissions_kg"] is None and partial["package_kwh"] is None
-    assert sum_energy({"learner": None})["total_kwh"] is None
+    assert total["untracked_nodes"] == ["counter"]  # a node whose tracker did not run is named, not hidden
+    nothing = sum_energy({"learner": None})
+    assert nothing["total_kwh"] is None and nothing["method"].startswith("unavailable")
