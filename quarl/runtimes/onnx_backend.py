@@ -173,7 +173,10 @@ class OnnxExecutor(PolicyExecutor):
         self._state = (session, keep)  # one assignment: a concurrent call sees the old or the new session
 
     def _run(self, obs: np.ndarray) -> np.ndarray:
-        return self._state[0].run([_OUTPUT], {_INPUT: obs})[0]
+        # Hold the whole state for the call: the session reads its initializers' OrtValues in place, so they
+        # must outlive a call that a background update's swap overlaps.
+        session, _alive = self._state  # a local reference keeps both alive until the call returns
+        return session.run([_OUTPUT], {_INPUT: obs})[0]
 
 
 class OnnxNBitsExecutor(OnnxExecutor):

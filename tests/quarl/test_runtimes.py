@@ -389,15 +389,17 @@ def test_background_update_acts_on_old_weights_until_the_swap(cases, backend, mo
     np.testing.assert_array_equal(ex(obs), new)
     monkeypatch.setattr(ex, "_load", real_load)
 
-    # A real concurrent build: every call sees exactly one of the two weight sets, never a mix.
-    ex.update(quantize_params(params_a, "int8"), wait=False)
-    seen = set()
-    while ex.update_pending:
-        out = ex(obs)
-        seen.add("new" if np.array_equal(out, new) else "old" if np.array_equal(out, old) else "mixed")
-    ex.wait_for_update()
+    # Real concurrent builds: every call sees exactly one of the two weight sets, never a mix (nor memory a
+    # swap has released: the old session's initializers must outlive a call in flight).
+    seen = []
+    for i in range(12):
+        ex.update(quantize_params(params_a if i % 2 == 0 else params_b, "int8"), wait=False)
+        while ex.update_pending:
+            out = ex(obs)
+            seen.append("new" if np.array_equal(out, new) else "old" if np.array_equal(out, old) else "mixed")
+        ex.wait_for_update()
     assert "mixed" not in seen
-    np.testing.assert_array_equal(ex(obs), old)
+    np.testing.assert_array_equal(ex(obs), new)
 
     with pytest.raises(ValueError, match="precision"):
         ex.update(quantize_params(params_b, "int4"), wait=False)
