@@ -1,12 +1,13 @@
 """Distributed ActorQ, int8 vs fp32 actors, measured side by side on this machine.
 
-    python -m bench.actorq [--quick] [--out DIR] [--seeds 0,1,2] [--skip-e2e] [--allow-busy]
+    python -m bench.actorq [--quick] [--out DIR] [--seeds 0,1,2] [--skip-e2e] [--skip-sweep] [--allow-busy]
 
 1. Actor throughput: environment steps per second of one D4PG actor (the paper's 2048x3 policy) on
    cartpole:balance, in a Ray actor pinned to one thread exactly like a real ActorQ actor, with int8 and
-   fp32 policies taking turns every 50 steps (so load from other processes hits both alike); the ratio is
-   the median over rounds of each round's int8/fp32 ratio. Env step and policy time are reported
-   separately. Target: int8 >= 4x fp32.
+   fp32 policies taking turns every 50 steps (so load from other processes hits both alike) and stepping the
+   same environment state sequence (same seed, same recorded actions; the policy runs on every observation);
+   the ratio is the median over rounds of each round's int8/fp32 ratio, also with both charged the pair's
+   mean env time. Env step and policy time are reported separately. Target: int8 >= 4x fp32.
 2. Weight update cost: pull (Ray call to the real `Quantizer` node, payload already quantized) + deserialize
    (`decode_payload`) + load (`actor.update`, i.e. refreshing the executor) of the 2048x3 policy, int8 vs
    fp32, alternating over rounds. Target: int8 >= 5x cheaper.
@@ -14,6 +15,9 @@
    program on a local Ray (2 actors), int8 vs fp32 with the same seeds; the ratio is reported. The learner
    network is the laptop preset of `launch.actorq` with a 256x3 policy; on a 2-core machine the learner, not
    the actors, bounds the pace, which the result states rather than hides.
+
+4. Vectorized actors (`bench.actor_sweep`): K environments per actor (1, 4, 16) with one policy call per step,
+   fp32 and int8 at 256x3 and 2048x3, env steps per core-second, each precision also at its best K.
 
 Peers (legacy Acme D4PG, SB3 DQN) are measured beside this project in the same run by `bench.peers`.
 
@@ -34,7 +38,9 @@ from typing import Any
 
 import numpy as np
 
+from bench import actor_sweep
 from bench.machine import add_allow_busy, finish, machine_info, refuse_if_busy
+from quarl.vector_env import env_implementation
 
 TASK = "cartpole:balance"
 PAPER_POLICY = (2048, 2048, 2048)
@@ -106,28 +112,35 @@ class ActorProbe:
 
     def throughput(self, precisions: list[str], steps: int, chunk: int) -> dict[str, dict[str, float]]:
         """`steps` env steps per precision, the precisions taking turns every `chunk` steps (so a burst of
-        load from other processes hits both alike); env and policy time accumulated separately."""
-        from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+        load from other processes hits both alike); env and policy time accumulated separately.
+
+        Both precisions step the same environment state sequence: their environments (the ones a real actor
+        runs, `quarl.vector_env`) are seeded alike and take the same recorded random actions, while each
+        policy runs on every observation. So env time differs only by noise, and precision alone moves the
+        policy time."""
+        from quarl.vector_env import make_vector_environment  # pylint: disable=import-outside-toplevel
 
         if not self._envs:
-            self._envs = {p: make_environment(TASK, self._seed) for p in precisions}
-            self._timesteps = {p: self._envs[p].reset() for p in precisions}
+            self._envs = {p: make_vector_environment(TASK, self._seed, 1) for p in precisions}
+            self._timesteps = {p: self._envs[p].reset()[0] for p in precisions}
+            self._rng = np.random.default_rng(self._seed)
         env_s = dict.fromkeys(precisions, 0.0)
         policy_s = dict.fromkeys(precisions, 0.0)
         for k in range(max(1, steps // chunk)):
+            actions = self._rng.uniform(-1.0, 1.0, (chunk, self._env_spec.action_dim)).astype(np.float32)
             for precision in (precisions if k % 2 == 0 else precisions[::-1]):
                 actor, env = self._actors[precision], self._envs[precision]
                 timestep = self._timesteps[precision]
-                for _ in range(chunk):
+                for action in actions:
                     t0 = time.perf_counter()
-                    action = actor.select_action(timestep.observation)
+                    actor.select_action(timestep.observation)
                     t1 = time.perf_counter()
-                    timestep = env.step(action)
+                    timestep = env.step([action])[0]
+                    if timestep.last():
+                        timestep = env.reset_one(0)
                     t2 = time.perf_counter()
                     policy_s[precision] += t1 - t0
                     env_s[precision] += t2 - t1
-                    if timestep.last():
-                        timestep = env.reset()
                 self._timesteps[precision] = timestep
         n = max(1, steps // chunk) * chunk
         return {p: {"steps_per_s": n / (env_s[p] + policy_s[p]), "env_us": 1e6 * env_s[p] / n,
@@ -193,6 +206,10 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
                   for p in precisions}
     # Each round's ratio compares time-matched measurements; the median over rounds resists load bursts.
     round_ratios = [i["steps_per_s"] / f["steps_per_s"] for i, f in zip(blocks["int8"], blocks["fp32"])]
+    # Same env states for both: charge each the pair's mean env time, so only the policy moves the ratio.
+    matched_ratios = [(0.5 * (i["env_us"] + f["env_us"]) + f["policy_us"]) / (0.5 * (i["env_us"] + f["env_us"])
+                                                                            + i["policy_us"])
+                      for i, f in zip(blocks["int8"], blocks["fp32"])]
     update = {}
     for p in precisions:
         rows = updates[p]
@@ -210,6 +227,8 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
         "throughput_blocks": blocks,
         "throughput_ratio_int8_vs_fp32": _median(round_ratios),
         "throughput_round_ratios": round_ratios,
+        "throughput_ratio_env_matched": _median(matched_ratios),
+        "env_implementation": env_implementation(TASK),
         "update": update,
         "update_ratio_fp32_vs_int8": update["fp32"]["total_ms"] / update["int8"]["total_ms"],
         "payload_ratio_fp32_vs_int8": update["fp32"]["payload_bytes"] / update["int8"]["payload_bytes"],
@@ -341,8 +360,10 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---:|---:|---:|---:|",
         f"| env steps/s | {tp['fp32']['steps_per_s']:.0f} | {tp['int8']['steps_per_s']:.0f} | "
         f"**{a['throughput_ratio_int8_vs_fp32']:.2f}x** | >= 4x |",
+        f"| env steps/s, env time matched (pair's mean) | | | {a['throughput_ratio_env_matched']:.2f}x | >= 4x |",
         f"| policy us/step | {tp['fp32']['policy_us']:.0f} | {tp['int8']['policy_us']:.0f} | | |",
-        f"| env us/step | {tp['fp32']['env_us']:.0f} | {tp['int8']['env_us']:.0f} | | |",
+        f"| env us/step ({a['env_implementation']}; same state sequence) | {tp['fp32']['env_us']:.0f} | "
+        f"{tp['int8']['env_us']:.0f} | | |",
         f"| pull ms/update | {up['fp32']['pull_ms']:.2f} | {up['int8']['pull_ms']:.2f} | | |",
         f"| deserialize ms/update | {up['fp32']['deserialize_ms']:.2f} | {up['int8']['deserialize_ms']:.2f} | | |",
         f"| load ms/update | {up['fp32']['load_ms']:.2f} | {up['int8']['load_ms']:.2f} | | |",
@@ -381,6 +402,8 @@ def markdown(result: dict[str, Any]) -> str:
                       "and single-seed differences mostly reflect learning noise and machine load. The int8 gain "
                       "appears where actors are the bottleneck: large policies (table above) and many actors per "
                       "learner.", ""]
+    if result.get("sweep"):
+        lines += actor_sweep.markdown(result["sweep"])
     return "\n".join(lines) + "\n"
 
 
@@ -390,7 +413,8 @@ def _num(v: Any) -> str:
     return f"{v:,.1f}" if isinstance(v, float) else f"{v:,}"
 
 
-def run(quick: bool, out: Path, seeds: list[int], e2e: bool, allow_busy: bool = False) -> dict[str, Any]:
+def run(quick: bool, out: Path, seeds: list[int], e2e: bool, allow_busy: bool = False,
+        sweep: bool = True) -> dict[str, Any]:
     from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
 
     budget = QUICK if quick else FULL
@@ -413,6 +437,11 @@ def run(quick: bool, out: Path, seeds: list[int], e2e: bool, allow_busy: bool = 
             result["e2e"] = bench_e2e(budget, seeds, out / "e2e-runs" if quick else Path("runs/bench/actorq-e2e"))
             ratio = result["e2e"]["time_ratio_fp32_vs_int8"]
             print(f"  time to target fp32/int8: {'n/a' if ratio is None else f'{ratio:.2f}x'}", flush=True)
+        if sweep:
+            print("vectorized actors: K environments per actor, fp32 and int8 ...", flush=True)
+            result["sweep"] = actor_sweep.bench_sweep(actor_sweep.QUICK if quick else actor_sweep.FULL,
+                                                      list(actor_sweep.DEFAULT_SIZES), list(actor_sweep.DEFAULT_ENVS),
+                                                      seeds[0])
     finally:
         ray.shutdown()
     finish(result["machine"])
@@ -431,6 +460,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default=None,
                         help="comma-separated seeds for the end-to-end runs (default: 0,1,2; 0 with --quick)")
     parser.add_argument("--skip-e2e", action="store_true", help="no end-to-end time-to-target runs")
+    parser.add_argument("--skip-sweep", action="store_true", help="no vectorized-actor sweep (part 4)")
     add_allow_busy(parser)
     args = parser.parse_args(argv)
     try:
@@ -442,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--seeds needs at least one non-negative integer")
     out = Path(args.out) if args.out else Path("runs/bench/actorq-quick" if args.quick else "bench/results")
     refuse_if_busy(parser, args.allow_busy)
-    run(args.quick, out, seeds, not args.skip_e2e, args.allow_busy)
+    run(args.quick, out, seeds, not args.skip_e2e, args.allow_busy, not args.skip_sweep)
     return 0
 
 

@@ -30,6 +30,7 @@ ENVPOOL_TASKS = {
     "cartpole:swingup": "CartpoleSwingup-v1",
 }
 _NOT_OBSERVATIONS = ("env_id", "players", "elapsed_step")  # envpool's bookkeeping fields in its State
+_STEP_TYPES = tuple(dm_env.StepType)  # index = envpool's step_type code (FIRST 0, MID 1, LAST 2)
 
 
 @functools.lru_cache(maxsize=1)
@@ -80,17 +81,20 @@ class EnvpoolVectorEnvironment:
         return _check_finite(np.concatenate(parts, axis=1))
 
     def _timesteps(self, batch: dm_env.TimeStep, first: bool) -> list[dm_env.TimeStep]:
+        """One TimeStep per environment, in env-id order, built from the batch arrays in a few numpy ops."""
         obs = self._observations(batch.observation)
-        order = np.argsort(np.asarray(batch.observation.env_id))  # envpool may answer out of order
-        out = []
-        for row in order:
-            if first:
-                out.append(dm_env.restart(obs[row]))
-                continue
-            step_type = dm_env.StepType(int(batch.step_type[row]))
-            out.append(dm_env.TimeStep(step_type, np.float32(batch.reward[row]), np.float32(batch.discount[row]),
-                                       obs[row]))
-        return out
+        ids = np.asarray(batch.observation.env_id)
+        order = np.argsort(ids) if np.any(ids[1:] < ids[:-1]) else None  # envpool may answer out of order
+        if first:
+            rows = obs if order is None else obs[order]
+            return [dm_env.restart(o) for o in rows]
+        step_types = np.asarray(batch.step_type)
+        rewards = np.asarray(batch.reward, np.float32)
+        discounts = np.asarray(batch.discount, np.float32)
+        if order is not None:
+            obs, step_types, rewards, discounts = obs[order], step_types[order], rewards[order], discounts[order]
+        return [dm_env.TimeStep(_STEP_TYPES[t], r, d, o)
+                for t, r, d, o in zip(step_types.tolist(), rewards, discounts, obs)]
 
     def reset(self) -> list[dm_env.TimeStep]:
         return self._timesteps(self._pool.reset(self._all), first=True)
@@ -101,7 +105,7 @@ class EnvpoolVectorEnvironment:
     def step(self, actions: Any) -> list[dm_env.TimeStep]:
         if len(actions) != self._k:
             raise ValueError(f"got {len(actions)} actions for {self._k} environments")
-        scaled = np.stack([canonical_to_bounds(a, self._low, self._high, self._act_dtype) for a in actions])
+        scaled = canonical_to_bounds(actions, self._low, self._high, self._act_dtype, batch=self._k)
         return self._timesteps(self._pool.step(scaled, self._all), first=False)
 
     def close(self) -> None:

@@ -107,13 +107,16 @@ class ConcatObservationWrapper(_Wrapper):
         return self._spec
 
 
-def canonical_to_bounds(action: Any, low: np.ndarray, high: np.ndarray, dtype: Any) -> np.ndarray:
-    """An action in [-1, 1] (clipped there first) mapped affinely onto [low, high], as `dtype`.
+def canonical_to_bounds(action: Any, low: np.ndarray, high: np.ndarray, dtype: Any, *,
+                        batch: int | None = None) -> np.ndarray:
+    """An action in [-1, 1] (clipped there first) mapped affinely onto [low, high], as `dtype`; with `batch=K`,
+    K such actions stacked on a leading axis, mapped in one go.
 
-    Raises ValueError on a shape other than `low`'s or a non-finite value."""
+    Raises ValueError on a shape other than `low`'s (or `(K, *low.shape)`) or a non-finite value."""
     a = np.asarray(action, dtype=np.float64)
-    if a.shape != low.shape:
-        raise ValueError(f"action shape {a.shape} does not match the action spec shape {low.shape}")
+    expected = low.shape if batch is None else (int(batch), *low.shape)
+    if a.shape != expected:
+        raise ValueError(f"action shape {a.shape} does not match the action spec shape {expected}")
     if not np.all(np.isfinite(a)):
         raise ValueError(f"non-finite action: {action!r}")
     a = np.clip(a, -1.0, 1.0)
