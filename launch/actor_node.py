@@ -32,13 +32,13 @@ class ActorNode(NodeBase):
                   "weights_version", "total_actor_steps"]
 
     def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str,
-                 backend: str, replay: NodeHandle, counter: NodeHandle, quantizer: NodeHandle, logdir: str,
+                 backend: str, replay: NodeHandle, counter: NodeHandle, weights: NodeHandle, logdir: str,
                  max_actor_steps: int, insert_batch: int = 64, envs_per_actor: int = 1):
         self._spec = spec
         self._id, self._num_actors = int(actor_id), int(num_actors)
         self._seed = int(seed)
         self._precision, self._backend = precision, backend
-        self._replay, self._counter, self._quantizer = replay, counter, quantizer
+        self._replay, self._counter, self._weights = replay, counter, weights
         self._logdir = logdir
         self._max_steps = int(max_actor_steps)
         self._insert_batch = int(insert_batch)
@@ -65,7 +65,7 @@ class ActorNode(NodeBase):
         log = csv_logger(self._logdir, name, self.LOG_FIELDS, "total_actor_steps")
         times = self.times = ActorTimes()
         client = PolicyClient(
-            self._quantizer, times, spec=self._builder.policy_spec(self._env_spec),
+            self._weights, times, spec=self._builder.policy_spec(self._env_spec),
             precision=precision_name(self._precision), logdir=self._logdir, node=name)
         env = self._make_environment(derive_seed(self._seed, ACTOR_ENV_STREAM, attempt))
         update_period = int(self._builder.config.actor_update_period)

@@ -16,7 +16,7 @@ launch.checkpoint for what --resume restores), policy_fp32.qrlp + .json (the fin
 ended) and summary.json.
 
 Faults: an actor whose process dies is restarted (up to 3 times) and pulls the latest weights; if the
-learner, the replay server, the counter, the quantizer or the evaluator dies, the run stops within seconds
+learner, the replay server, the counter, the weight server or the evaluator dies, the run stops within seconds
 with exit code 1 and an error naming the lost node, and every node process is ended. Resume such a run
 from its last checkpoint with --resume LOGDIR (use --checkpoint-every to have one).
 """

@@ -22,12 +22,12 @@ class Evaluator(NodeBase):
     LOG_FIELDS = ["actor_steps", "wall_clock_s", "return", "return_std", "episodes", "learner_steps",
                   "weights_version"]
 
-    def __init__(self, spec: AgentSpec, seed: int, precision: str, backend: str, quantizer: NodeHandle,
+    def __init__(self, spec: AgentSpec, seed: int, precision: str, backend: str, weights: NodeHandle,
                  counter: NodeHandle, logdir: str, eval_every: int, episodes: int):
         self._spec = spec
         self._seed = int(seed)
         self._precision, self._backend = precision, backend
-        self._quantizer, self._counter = quantizer, counter
+        self._weights, self._counter = weights, counter
         self._logdir = logdir
         self._eval_every = int(eval_every)
         self._episodes = int(episodes)
@@ -50,7 +50,7 @@ class Evaluator(NodeBase):
         tracker = energy_tracker(self._logdir, "evaluator")
         log = csv_logger(self._logdir, "evaluator", self.LOG_FIELDS, "actor_steps")
         times = ActorTimes()
-        client = PolicyClient(self._quantizer, times, spec=self._builder.policy_spec(self._env_spec),
+        client = PolicyClient(self._weights, times, spec=self._builder.policy_spec(self._env_spec),
                                precision=precision_name(self._precision), logdir=self._logdir,
                                node="evaluator")
         env = make_environment(self._spec.task, derive_seed(self._seed, EVAL_ENV_STREAM))

@@ -1,4 +1,5 @@
-"""The ActorQ run configuration and its program graph: counter, replay server, quantizer, fp32 learner, N quantized
+"""The ActorQ run configuration and its program graph: counter, replay server, weight server, fp32 learner (it
+quantizes each weights version once and publishes the bytes), N quantized
 actors and an evaluator (see `launch.program` for what a program is, `launch.nodes` for the node classes)."""
 from __future__ import annotations
 
@@ -29,14 +30,13 @@ def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program
         {"table": table_spec(builder, env_spec), "seed": derive_seed(config.seed, REPLAY_STREAM),
          "resume": config.resume, "logdir": logdir},
         max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4)))
-    quantizer = program.add(Node(
-        "quantizer", nc.Quantizer,
-        {"policy_spec": builder.policy_spec(env_spec).to_dict(), "precision": config.precision, "logdir": logdir},
+    weights = program.add(Node(
+        "weights", nc.WeightServer, {"precision": config.precision, "logdir": logdir},
         max_concurrency=max(4, config.num_actors + 3)))
     program.add(Node(
         "learner", nc.LearnerNode,
         {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
-         "quantizer": quantizer, "logdir": logdir, "publish_period": config.publish_period,
+         "weights": weights, "logdir": logdir, "precision": config.precision, "publish_period": config.publish_period,
          "prefetch": config.prefetch, "checkpoint_every": config.checkpoint_every, "resume": config.resume,
          "run_config": config.to_dict(), "log_every_s": config.log_every_s},
         kind="worker", num_cpus=1, use_accelerator=True, max_concurrency=4))
@@ -45,14 +45,14 @@ def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program
             f"actor_{i}", nc.ActorNode,
             {"spec": spec, "actor_id": i, "num_actors": config.num_actors,
              "seed": derive_seed(config.seed, ACTOR_STREAM, i), "precision": config.precision,
-             "backend": config.backend, "replay": replay, "counter": counter, "quantizer": quantizer,
+             "backend": config.backend, "replay": replay, "counter": counter, "weights": weights,
              "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch,
              "envs_per_actor": config.envs_per_actor},
             kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV))
     program.add(Node(
         "evaluator", nc.Evaluator,
         {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
-         "backend": config.backend, "quantizer": quantizer, "counter": counter, "logdir": logdir,
+         "backend": config.backend, "weights": weights, "counter": counter, "logdir": logdir,
          "eval_every": config.eval_every, "episodes": config.eval_episodes},
         kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV))
     return program

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import queue
 import threading
@@ -14,9 +15,33 @@ from launch import checkpoint as ckpt
 from launch.agent_spec import AgentSpec
 from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event, wait_or_stop
 from launch.program import NodeHandle
+from launch.shared_blob import Blob
 from quarl.carbon import stop_tracking
+from quarl.payload import encode_payload, fp32_payload_nbytes
+from quarl.quantization import parse_precision, quantize_params
 from quarl import policy_io
 from quarl.replay import TableClosed
+
+
+@dataclasses.dataclass
+class PublishTimes:
+    """The learner's side of the weight channel: seconds quantizing + encoding, and publishing the bytes."""
+
+    versions: int = 0
+    quantize_encode_s: float = 0.0
+    put_s: float = 0.0
+    payload_bytes: int = 0
+
+    def add(self, quantize_encode_s: float, put_s: float, nbytes: int) -> None:
+        self.versions += 1
+        self.quantize_encode_s += quantize_encode_s
+        self.put_s += put_s
+        self.payload_bytes = int(nbytes)
+
+    def summary(self) -> dict[str, float]:
+        n = max(self.versions, 1)
+        return {**dataclasses.asdict(self), "quantize_encode_ms_per_version": 1e3 * self.quantize_encode_s / n,
+                "put_ms_per_version": 1e3 * self.put_s / n}
 
 
 def _import_orbax() -> None:
@@ -34,15 +59,19 @@ class LearnerNode(NodeBase):
                   "grad_norm"]
 
     def __init__(self, spec: AgentSpec, seed: int, replay: NodeHandle, counter: NodeHandle,
-                 quantizer: NodeHandle, logdir: str, publish_period: int = 10, prefetch: int = 2,
-                 checkpoint_every: int = 0, resume: str | None = None, run_config: Mapping[str, Any] | None = None,
-                 log_every_s: float = 1.0):
+                 weights: NodeHandle, logdir: str, precision: str = "int8", publish_period: int = 10,
+                 prefetch: int = 2, checkpoint_every: int = 0, resume: str | None = None,
+                 run_config: Mapping[str, Any] | None = None, log_every_s: float = 1.0):
         self._spec = spec
         self._builder = spec.builder()
         env_spec = spec.env_spec()
         self._policy_spec = self._builder.policy_spec(env_spec)
         self._learner = self._builder.make_learner(env_spec, seed)
-        self._replay, self._counter, self._quantizer = replay, counter, quantizer
+        self._replay, self._counter, self._weights = replay, counter, weights
+        self._precision = parse_precision(precision).name
+        self._spec_hash = self._policy_spec.digest()
+        self._fp32_nbytes = 0
+        self.publish_times = PublishTimes()
         self._logdir = logdir
         self._publish_period = max(1, int(publish_period))
         self._prefetch = max(1, int(prefetch))
@@ -162,7 +191,7 @@ class LearnerNode(NodeBase):
                 "steps_per_s": trained / training_s if training_s > 0 else 0.0,
                 "step_s_mean": step_s / trained if trained else 0.0, "sample_wait_s": wait_s,
                 "weights_version": self._version, "resumed_from": self.resumed_from, "policy_file": policy_file,
-                "energy": energy}
+                "publish": self.publish_times.summary(), "energy": energy}
 
     def save_policy(self) -> str:
         """The current fp32 policy as `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint
@@ -209,11 +238,22 @@ class LearnerNode(NodeBase):
                 errors.append(e)
 
     def _publish(self, wait: bool) -> Any:
+        """Quantizes and encodes the current policy at the actors' precision, once, here, and publishes the bytes
+        (a `Blob`: on Ray one object-store object that every actor reads) to the weight server. Non-finite
+        weights fail here (quantize_params refuses them): the learner stops with that error."""
         with self._lock:
             params = self._learner.policy_params()
             version = int(self._learner.steps)
+        t0 = time.perf_counter()
+        data = encode_payload(quantize_params(params, self._precision), version=version, spec_hash=self._spec_hash)
+        t1 = time.perf_counter()
+        blob = Blob.put(data)
+        t2 = time.perf_counter()
+        if not self._fp32_nbytes:
+            self._fp32_nbytes = fp32_payload_nbytes(params, version=version, spec_hash=self._spec_hash)
+        self.publish_times.add(quantize_encode_s=t1 - t0, put_s=t2 - t1, nbytes=blob.nbytes)
         self._version = version
-        future = self._quantizer.submit("publish", version, params)
+        future = self._weights.submit("publish", version, blob, self._fp32_nbytes)
         if wait:
             future.result()
             return None

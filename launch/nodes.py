@@ -4,10 +4,11 @@
     Counter       run-wide counters (actor/learner steps, episodes, actor starts) and the wall clock
     ReplayServer  the replay table (quarl.replay.Table, Reverb semantics); blocking insert/sample calls, so
                   it must be served by several threads (Node.max_concurrency) or one blocked call stalls all
-    Quantizer     holds the learner's latest fp32 weights and turns them into the actor payload once per
-                  version, lazily (on the first request for that version), whatever the number of actors
-    LearnerNode   fp32 learner: prefetches sampled batches, trains, publishes a new weights version every
-                  `publish_period` steps, reports priorities, checkpoints
+    WeightServer  hands out the latest published payload (a reference: on Ray an object-store object the
+                  learner put once), or "not modified"
+    LearnerNode   fp32 learner: prefetches sampled batches, trains, and every `publish_period` steps quantizes
+                  + encodes its policy at the actors' precision, once, and publishes the bytes; reports
+                  priorities, checkpoints
     ActorNode     K environments (`envs_per_actor`, default 1) and one quantized policy executor called once
                   per step on the K observations; pulls weights every actor_update_period env steps (a pull
                   with an unchanged version costs one small round trip and no payload), sends
@@ -15,7 +16,8 @@
     Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
 
 Nodes talk only through `NodeHandle.call/submit` (see `launch.program`) with plain values: NumPy arrays,
-dicts, and `bytes` for weight payloads (msgpack with a checksum, `quarl.payload`).
+dicts, and `launch.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.payload`): no fp32
+tree crosses a process boundary for acting.
 
 What went wrong, and what was done about it (an actor restarted, a payload rejected, the final policy saved,
 a node lost) is appended to `<logdir>/events.log`, one line per event, by whichever process saw it.
@@ -29,8 +31,8 @@ from launch.actor_node import ActorNode
 from launch.evaluator_node import Evaluator
 from launch.learner_node import LearnerNode
 from launch.node_base import NodeBase, log_event
-from launch.services import Counter, Quantizer, ReplayServer
+from launch.services import Counter, ReplayServer, WeightServer
 from launch.weights_client import ActorTimes, PolicyClient
 
-__all__ = ["ActorNode", "ActorTimes", "Counter", "Evaluator", "LearnerNode", "NodeBase", "PolicyClient", "Quantizer",
-           "ReplayServer", "log_event"]
+__all__ = ["ActorNode", "ActorTimes", "Counter", "Evaluator", "LearnerNode", "NodeBase", "PolicyClient", "ReplayServer",
+           "WeightServer", "log_event"]

@@ -41,7 +41,7 @@ class Handle:
 
 
 # What each service/worker is called in messages ("replay server ('replay') died ..."); actors are "actor_<i>".
-NODE_ROLES: dict[str, str] = {"replay": "replay server", "counter": "counter", "quantizer": "quantizer",
+NODE_ROLES: dict[str, str] = {"replay": "replay server", "counter": "counter", "weights": "weight server",
                               "learner": "learner", "evaluator": "evaluator"}
 
 

@@ -124,7 +124,8 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         ("learner steps/s", summary.get("learner_steps_per_s")),
         (f"payload bytes ({summary.get('precision')})", payload.get("bytes")),
         ("payload bytes (fp32)", payload.get("fp32_bytes")),
-        ("weight versions quantized", payload.get("quantize_calls")),
+        ("weight versions published", payload.get("versions")),
+        ("quantize+encode ms/version (learner)", payload.get("quantize_encode_ms_per_version")),
     ]
     energy = summary.get("energy", {}) or {}
     if energy.get("total_kwh") is not None:

@@ -1,4 +1,4 @@
-"""The ActorQ service nodes (they only answer calls): the run-wide counter, the replay server and the quantizer."""
+"""The ActorQ service nodes (they only answer calls): the run-wide counter, the replay server and the weight server."""
 from __future__ import annotations
 
 import collections
@@ -10,9 +10,8 @@ import numpy as np
 
 from launch import checkpoint as ckpt
 from launch.node_base import NodeBase
-from quarl.payload import encode_payload, fp32_payload_nbytes
-from quarl.policy import PolicySpec
-from quarl.quantization import parse_precision, quantize_params
+from launch.shared_blob import Blob
+from quarl.quantization import parse_precision
 from quarl.replay import RateLimiterTimeout, table_from_config
 
 
@@ -105,40 +104,34 @@ class ReplayServer(NodeBase):
 
 
 # ------------------------------------------------------------------------------------------------------
-# Quantizer (variable source for actors)
+# Weight server (variable source for actors)
 # ------------------------------------------------------------------------------------------------------
 
 
-class Quantizer(NodeBase):
-    """Learner weights in, actor payloads out: quantize + encode at most once per weights version.
+class WeightServer(NodeBase):
+    """The latest published policy payload, for actors and the evaluator to pull.
 
-    `publish(version, params)` replaces the latest fp32 weights (the learner pushes them every
-    `publish_period` steps). `get_payload(have_version)` returns the payload bytes of the latest version, or
-    None when the caller already has it (or nothing was published yet). Quantization happens lazily on the
-    first request for a version, under a lock, so N actors asking at once share one quantization and versions
-    no one asked for cost nothing."""
+    The learner quantizes and encodes each version itself, once, and publishes it as a `Blob` (on Ray: one
+    object-store object); this node only keeps the newest reference and answers `get_payload(have_version)`
+    with it, or None when the caller already has that version (one small round trip, no payload)."""
 
-    def __init__(self, policy_spec: Mapping[str, Any], precision: str, logdir: str | None = None):
-        self._policy_spec = PolicySpec.from_dict(policy_spec)
+    def __init__(self, precision: str, logdir: str | None = None):
         self._precision = parse_precision(precision).name
         self._lock = threading.Lock()
-        self._latest: tuple[int, dict] | None = None
-        self._cached: tuple[int, bytes] | None = None
+        self._latest: tuple[int, Blob] | None = None
         self._stats: collections.Counter = collections.Counter()
-        self._quantize_s = 0.0
-        self._versions_quantized: list[int] = []
         self._payload_nbytes = 0
         self._fp32_nbytes = 0
-        self._track_energy(logdir, "quantizer")
+        self._track_energy(logdir, "weights")
 
-    def publish(self, version: int, params: Mapping[str, Any]) -> int:
-        """Stores `params` as weights version `version` (older versions than the latest are ignored)."""
-        for leaf in _leaves(params):
-            if not np.all(np.isfinite(leaf)):
-                raise ValueError(f"learner published non-finite weights (version {version})")
+    def publish(self, version: int, blob: Blob, fp32_nbytes: int = 0) -> int:
+        """Stores `blob` as weights version `version` (a version older than the latest is ignored); returns
+        the latest version. `fp32_nbytes` is the size the same weights would have as an fp32 payload."""
         with self._lock:
             if self._latest is None or version > self._latest[0]:
-                self._latest = (int(version), params)
+                self._latest = (int(version), blob)
+                self._payload_nbytes = int(blob.nbytes)
+            self._fp32_nbytes = int(fp32_nbytes) or self._fp32_nbytes
             self._stats["published"] += 1
             return self._latest[0]
 
@@ -146,44 +139,23 @@ class Quantizer(NodeBase):
         with self._lock:
             return -1 if self._latest is None else self._latest[0]
 
-    def get_payload(self, have_version: int = -1) -> bytes | None:
+    def get_payload(self, have_version: int = -1) -> Blob | None:
         with self._lock:
             self._stats["requests"] += 1
             if self._latest is None or self._latest[0] <= have_version:
                 self._stats["not_modified"] += 1
                 return None
-            version, params = self._latest
-            if self._cached is None or self._cached[0] != version:
-                t0 = time.perf_counter()
-                data = encode_payload(quantize_params(params, self._precision), version=version,
-                                      spec=self._policy_spec)
-                self._quantize_s += time.perf_counter() - t0
-                self._cached = (version, data)
-                self._versions_quantized.append(version)
-                self._payload_nbytes = len(data)
-                if not self._fp32_nbytes:
-                    self._fp32_nbytes = fp32_payload_nbytes(params)
             self._stats["served"] += 1
-            return self._cached[1]
+            return self._latest[1]
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
-            quantized = len(self._versions_quantized)
             return {
                 "precision": self._precision,
                 "published": self._stats["published"],
                 "requests": self._stats["requests"],
                 "not_modified": self._stats["not_modified"],
                 "payloads_served": self._stats["served"],
-                "quantize_calls": quantized,
-                "distinct_versions_quantized": len(set(self._versions_quantized)),
-                "quantize_s_per_version": self._quantize_s / quantized if quantized else 0.0,
                 "payload_bytes": self._payload_nbytes,
                 "fp32_payload_bytes": self._fp32_nbytes,
             }
-
-
-def _leaves(tree: Any) -> list[np.ndarray]:
-    if isinstance(tree, Mapping):
-        return [leaf for v in tree.values() for leaf in _leaves(v)]
-    return [np.asarray(tree)]

@@ -36,7 +36,7 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
                  stats: Mapping[str, Any], wall_clock_s: float) -> dict[str, Any]:
     """summary.json: outcome, throughput, payload sizes, per-actor runtime breakdown, energy."""
     counts = stats.get("counts", {})
-    q = stats.get("quantizer", {})
+    q = {**stats.get("weights", {}), **((results.get("learner") or {}).get("publish") or {})}
     learner = results.get("learner", {}) or {}
     evaluator = results.get("evaluator", {}) or {}
     actor_results = [results[k] for k in sorted(results) if k.startswith("actor_")]

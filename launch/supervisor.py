@@ -317,9 +317,9 @@ def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str], 
     collect("evaluator", 600.0 if graceful else 1.0)
     if not futures:  # stopped before anything ran (e.g. Ctrl-C during start-up): nothing to collect
         return results, {}
-    # Services in parallel: energy reports, final counters, table and quantizer statistics.
-    wanted = [(name, "energy") for name in ("counter", "replay", "quantizer")]
-    wanted += [("counter", "get"), ("replay", "info"), ("quantizer", "stats")]
+    # Services in parallel: energy reports, final counters, table and weight-server statistics.
+    wanted = [(name, "energy") for name in ("counter", "replay", "weights")]
+    wanted += [("counter", "get"), ("replay", "info"), ("weights", "stats")]
     calls: dict[tuple[str, str], Any] = {}
     for name, method in wanted:
         if name not in skip:

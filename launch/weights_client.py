@@ -20,7 +20,7 @@ class ActorTimes:
 
     env_step_s: float = 0.0
     policy_s: float = 0.0
-    pull_s: float = 0.0  # weight requests, including the cheap "not modified" ones
+    pull_s: float = 0.0  # weight requests (including the cheap "not modified" ones) + reading the published bytes
     deserialize_s: float = 0.0
     load_s: float = 0.0  # building / refreshing the executor with new weights
     insert_s: float = 0.0  # replay inserts, including time blocked by the rate limiter
@@ -44,14 +44,15 @@ class PolicyClient:
     A payload is accepted only if it decodes (checksum, format version, structure, finite values: see
     `quarl.payload`), is newer than the current version, has the expected precision and policy spec, and
     `apply` (building or updating the policy executor) accepts its tree. Anything else is rejected: counted,
-    logged (once per distinct payload: the quantizer serves the same bytes again at every pull until a newer
-    version exists), and the caller keeps acting with its last good policy."""
+    logged (once per distinct payload: the weight server hands out the same bytes again at every pull until a
+    newer version exists), and the caller keeps acting with its last good policy. This is the one place a
+    payload is validated: the learner that made it does not check it again."""
 
-    def __init__(self, quantizer: NodeHandle, times: ActorTimes, *, spec: Any = None, precision: str | None = None,
+    def __init__(self, weights: NodeHandle, times: ActorTimes, *, spec: Any = None, precision: str | None = None,
                  logdir: str | None = None, node: str = "actor"):
-        self._quantizer = quantizer
+        self._weights = weights
         self._times = times
-        self._spec = None if spec is None else spec.to_dict()
+        self._spec_hash = None if spec is None else spec.digest()
         self._precision = precision
         self._logdir, self._node = logdir, node
         self.version = -1
@@ -64,7 +65,8 @@ class PolicyClient:
         """The newest payload if it is newer than ours and valid (decoded, and `apply(payload)` done), else
         None (nothing new, or rejected)."""
         t0 = time.perf_counter()
-        data = self._quantizer.call("get_payload", self.version)
+        blob = self._weights.call("get_payload", self.version)
+        data = None if blob is None else blob.get()
         t1 = time.perf_counter()
         self._times.pull_s += t1 - t0
         self._times.pulls += 1
@@ -99,7 +101,7 @@ class PolicyClient:
         if self._precision is not None and payload.precision != self._precision:
             raise ValueError(f"payload version {payload.version} holds {payload.precision} weights, this actor "
                              f"runs {self._precision}")
-        if self._spec is not None and payload.spec is not None and payload.spec.to_dict() != self._spec:
+        if self._spec_hash is not None and payload.spec_hash is not None and payload.spec_hash != self._spec_hash:
             raise ValueError(f"payload version {payload.version} is for another policy spec")
 
     def _reject(self, reason: str, data: bytes) -> None:

@@ -5,13 +5,15 @@ Layout (all integers little-endian):
     MAGIC b"QRLP" | format version: uint16 | body length: uint64 | SHA-256(body): 32 bytes | body
 
 The body is msgpack (bin type for raw bytes, never pickle): a map with `precision`, `per_channel`,
-`version` (the learner step the weights come from), `spec` (`PolicySpec.to_dict()` or nil) and `leaves`,
+`version` (the learner step the weights come from), `spec` (`PolicySpec.to_dict()` or nil), `spec_hash`
+(`PolicySpec.digest()` or nil; format 3: actor payloads carry only this, saved policies the whole spec) and `leaves`,
 a list of `{"path": [keys...], "array": A}` or `{"path": [...], "qtensor": {"values": A, "scale": A,
 "zero_point": A or nil (symmetric), "bits", "axis", "symmetric"}}` where
 `A = {"dtype": name, "shape": [...], "data": bytes}`. QTensor `values` of fewer than 8 bits are bit-packed
 (format version 2): `data` holds the codes in C order, `bits` bits each, low-bit first (`quarl.bitpack`),
 signed codes offset by 2^(bits-1); `dtype` names the decoded dtype (int8 / uint8). An int4 policy thus costs
-half a byte per weight, not a byte. Version-1 payloads (one byte per code, otherwise identical) still decode.
+half a byte per weight, not a byte. Version-1 payloads (one byte per code) and version-2 payloads (no
+`spec_hash`), otherwise identical, still decode.
 
 Why this shape: actors may run on other hosts and must be able to refuse anything that is not a valid
 policy (a corrupted, truncated, stale-format or hostile payload) with a clear error instead of acting on
@@ -46,9 +48,9 @@ from quarl.quantization import (
 )
 
 MAGIC = b"QRLP"
-FORMAT_VERSION = 2  # 2: sub-byte QTensor codes are bit-packed
-# Version 1 (one byte per code) is still read: saved policies (`policy_fp32.qrlp`) of older runs stay usable.
-READABLE_FORMATS = (1, 2)
+FORMAT_VERSION = 3  # 2: sub-byte QTensor codes are bit-packed; 3: `spec_hash`
+# Versions 1 (one byte per code) and 2 are still read: saved policies (`policy_fp32.qrlp`) of older runs stay usable.
+READABLE_FORMATS = (1, 2, 3)
 _HEADER = struct.Struct("<4sHQ32s")  # magic, format version, body length, sha256(body)
 HEADER_SIZE = _HEADER.size
 _MAX_NDIM = 8
@@ -80,6 +82,7 @@ class Payload:
     params: QuantizedParams
     spec: PolicySpec | None
     nbytes: int
+    spec_hash: str | None = None  # the policy spec's digest (also set when the payload carries the whole spec)
 
 
 # --------------------------------------------------------------------------------------------------- encode
@@ -146,29 +149,57 @@ def _encode_leaf(path: tuple[str, ...], leaf: Any) -> dict:
     return {"path": list(path), "array": _encode_array(leaf, where, floats_only=True)}
 
 
-def encode_payload(qp: QuantizedParams, *, version: int, spec: PolicySpec | None = None) -> bytes:
-    """Serialise `qp` (plus the learner step `version` and optionally the policy spec) for actors.
+def encode_payload(qp: QuantizedParams, *, version: int, spec: PolicySpec | None = None,
+                   spec_hash: str | None = None) -> bytes:
+    """Serialise `qp` (plus the learner step `version`, and the policy spec or only its digest) for actors.
     Raises ValueError on arguments that would not decode (bad types, non-finite leaves, odd dtypes)."""
     if not isinstance(qp, QuantizedParams):
         raise ValueError(f"encode_payload expects QuantizedParams, got {type(qp).__name__}")
-    if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or not 0 <= version < 2**63:
-        raise ValueError(f"version must be an int in [0, 2^63), got {_short(version)}")
-    if spec is not None and not isinstance(spec, PolicySpec):
-        raise ValueError(f"spec must be a PolicySpec or None, got {type(spec).__name__}")
-    body = {
-        "precision": parse_precision(qp.precision).name,
-        "per_channel": bool(qp.per_channel),
-        "version": int(version),
-        "spec": None if spec is None else spec.to_dict(),
-        "leaves": [_encode_leaf(path, leaf) for path, leaf in tree_items(qp.tree)],
-    }
+    body = _body(qp.precision, qp.per_channel, version, spec, spec_hash)
+    body["leaves"] = [_encode_leaf(path, leaf) for path, leaf in tree_items(qp.tree)]
     packed = msgpack.packb(body, use_bin_type=True)
     return _HEADER.pack(MAGIC, FORMAT_VERSION, len(packed), hashlib.sha256(packed).digest()) + packed
 
 
-def fp32_payload_nbytes(params: dict) -> int:
-    """Size of the fp32 payload of a params tree: the baseline that quantized payloads are compared to."""
-    return len(encode_payload(quantize_params(params, "fp32"), version=0))
+def _body(precision: str, per_channel: bool, version: int, spec: PolicySpec | None,
+          spec_hash: str | None) -> dict:
+    """The body's fields other than `leaves`, checked."""
+    if isinstance(version, bool) or not isinstance(version, (int, np.integer)) or not 0 <= version < 2**63:
+        raise ValueError(f"version must be an int in [0, 2^63), got {_short(version)}")
+    if spec is not None and not isinstance(spec, PolicySpec):
+        raise ValueError(f"spec must be a PolicySpec or None, got {type(spec).__name__}")
+    if spec_hash is not None and not (isinstance(spec_hash, str) and _is_digest(spec_hash)):
+        raise ValueError(f"spec_hash must be a hex SHA-256 digest, got {_short(spec_hash)}")
+    if spec is not None and spec_hash is not None and spec.digest() != spec_hash:
+        raise ValueError("spec_hash is not the digest of spec")
+    return {"precision": parse_precision(precision).name, "per_channel": bool(per_channel), "version": int(version),
+            "spec": None if spec is None else spec.to_dict(),
+            "spec_hash": spec_hash if spec_hash is not None else (None if spec is None else spec.digest())}
+
+
+def _is_digest(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+
+
+def fp32_payload_nbytes(params: dict, *, version: int = 0, spec_hash: str | None = None) -> int:
+    """Size of the fp32 payload of a params tree (the baseline quantized payloads are compared to), computed
+    from the leaves' shapes: the msgpack skeleton with empty data plus each leaf's 4 bytes per value and its
+    longer bin header. Exactly `len(encode_payload(quantize_params(params, "fp32"), ...))`, without making
+    the 4-bytes-per-weight copy (33 MB for a 2048x3 policy)."""
+    body = _body("fp32", True, version, None, spec_hash)
+    leaves, sizes = [], []
+    for path, leaf in tree_items(params):
+        shape = [int(d) for d in np.shape(leaf)]
+        leaves.append({"path": list(path), "array": {"dtype": "float32", "shape": shape, "data": b""}})
+        sizes.append(4 * math.prod(shape))
+    body["leaves"] = leaves
+    size = len(msgpack.packb(body, use_bin_type=True))
+    return HEADER_SIZE + size + sum(n + _bin_header(n) - _bin_header(0) for n in sizes)
+
+
+def _bin_header(n: int) -> int:
+    """Bytes msgpack spends on the header of an n-byte bin (bin 8 / bin 16 / bin 32)."""
+    return 2 if n < 2**8 else 3 if n < 2**16 else 5
 
 
 # --------------------------------------------------------------------------------------------------- decode
@@ -266,8 +297,9 @@ def _insert(tree: dict, path: list, leaf: Any) -> None:
     node[path[-1]] = leaf
 
 
-def _decode_body(body: dict, nbytes: int, packed: bool) -> Payload:
-    _exact_keys(body, {"precision", "per_channel", "version", "spec", "leaves"}, "body")
+def _decode_body(body: dict, nbytes: int, packed: bool, fmt: int) -> Payload:
+    keys = {"precision", "per_channel", "version", "spec", "leaves"}
+    _exact_keys(body, keys | {"spec_hash"} if fmt >= 3 else keys, "body")
     try:
         precision = parse_precision(body["precision"]) if isinstance(body["precision"], str) else None
     except ValueError:
@@ -284,6 +316,12 @@ def _decode_body(body: dict, nbytes: int, packed: bool) -> Payload:
             spec = PolicySpec.from_dict(body["spec"])
         except (ValueError, TypeError, AttributeError) as e:
             raise PayloadError(f"malformed payload: bad policy spec: {e}") from None
+    spec_hash = body.get("spec_hash")
+    _expect(spec_hash is None or (isinstance(spec_hash, str) and _is_digest(spec_hash)),
+            f"bad spec_hash {_short(spec_hash)}")
+    if spec is not None:
+        _expect(spec_hash is None or spec_hash == spec.digest(), "spec_hash is not the digest of spec")
+        spec_hash = spec.digest()
     _expect(isinstance(body["leaves"], list), "leaves is not a list")
     tree: dict = {}
     for i, entry in enumerate(body["leaves"]):
@@ -306,7 +344,7 @@ def _decode_body(body: dict, nbytes: int, packed: bool) -> Payload:
             raise PayloadError(f"malformed payload: leaf #{i} is neither an array nor a qtensor")
         _insert(tree, path, leaf)
     params = QuantizedParams(tree, precision.name, body["per_channel"])
-    return Payload(version, precision.name, params, spec, nbytes)
+    return Payload(version, precision.name, params, spec, nbytes, spec_hash)
 
 
 def decode_payload(data: bytes) -> Payload:
@@ -335,7 +373,7 @@ def decode_payload(data: bytes) -> Payload:
     except Exception as e:  # msgpack raises several unrelated types for bad input; all mean "malformed"
         raise PayloadError(f"malformed payload: body is not valid msgpack ({type(e).__name__}: {e})") from None
     try:
-        return _decode_body(obj, len(data), packed=fmt >= 2)
+        return _decode_body(obj, len(data), packed=fmt >= 2, fmt=fmt)
     except PayloadError:
         raise
     except (TypeError, ValueError, KeyError, OverflowError) as e:  # defensive: a check we did not foresee

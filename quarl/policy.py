@@ -8,6 +8,8 @@ learner trains and the int8 graph an actor runs cannot drift apart. Parameter na
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 from typing import Callable, Sequence, Union
 
 import numpy as np
@@ -105,6 +107,12 @@ class PolicySpec:
                     d[key] = [float(v) for v in d[key]]
             layers.append(d)
         return {"input_dim": int(self.input_dim), "layers": layers}
+
+    def digest(self) -> str:
+        """SHA-256 (hex) of the canonical JSON of `to_dict()`: what actor payloads carry instead of the spec
+        itself, enough for an actor to refuse weights made for another policy."""
+        canonical = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
 
     @classmethod
     def from_dict(cls, d: dict) -> "PolicySpec":

@@ -82,7 +82,8 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     from launch.summary import read_evals
     from launch.agent_spec import AgentSpec, table_spec
     from launch.report import read_evaluator, read_summary
-    from quarl.payload import decode_payload
+    from quarl.payload import decode_payload, encode_payload
+    from quarl.quantization import quantize_params
     from quarl.policy_io import load_policy, save_policy
 
     # Everything is written first, with pickle intact.
@@ -95,9 +96,7 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
         params[layer.name] = {"w": rng.normal(size=(width, layer.out)).astype(np.float32),
                               "b": rng.normal(size=layer.out).astype(np.float32)}
         width = layer.out
-    quantizer = nodes.Quantizer(spec.to_dict(), "int8")
-    quantizer.publish(5, params)
-    payload = quantizer.get_payload(-1)
+    payload = encode_payload(quantize_params(params, "int8"), version=5, spec_hash=spec.digest())
     save_policy(tmp_path / "run", spec, params, task="CartPole-v1", agent="dqn", steps=5)
 
     table = table_spec(builder, env_spec)

@@ -14,7 +14,6 @@ import csv
 import hashlib
 import json
 import os
-import shutil
 import signal
 import struct
 import threading
@@ -31,7 +30,9 @@ from launch import nodes
 from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
 from launch.agent_spec import AgentSpec
 from launch.run_config import RunConfig
-from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC
+from launch.shared_blob import Blob
+from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC, encode_payload
+from quarl.quantization import quantize_params
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 
@@ -55,10 +56,9 @@ def _random_params(spec, seed: int = 0) -> dict:
 
 
 def _payload(spec, version: int, precision: str = "int8") -> bytes:
-    """A genuine payload, produced the way the run produces them (the Quantizer node)."""
-    q = nodes.Quantizer(spec.to_dict(), precision)
-    q.publish(version, _random_params(spec, seed=version))
-    return q.get_payload(-1)
+    """A genuine payload, produced the way the learner produces them (quantize + encode with the spec's digest)."""
+    return encode_payload(quantize_params(_random_params(spec, seed=version), precision), version=version,
+                          spec_hash=spec.digest())
 
 
 def _frame(body: bytes, fmt: int = FORMAT_VERSION) -> bytes:
@@ -83,18 +83,18 @@ def _set_scale(value: float):
     return mutate
 
 
-class ScriptedQuantizer(nodes.NodeBase):
-    """Serves a fixed sequence of payload bytes, one per request, whatever version the actor has."""
+class ScriptedWeights(nodes.NodeBase):
+    """Serves a fixed sequence of published payloads, one per request, whatever version the actor has."""
 
     def __init__(self, script: list[bytes]):
         self.script = list(script)
         self.served = 0
 
-    def get_payload(self, have_version: int = -1) -> bytes | None:
+    def get_payload(self, have_version: int = -1) -> Blob | None:  # pylint: disable=unused-argument
         if self.served >= len(self.script):
             return None
         self.served += 1
-        return self.script[self.served - 1]
+        return Blob.put(self.script[self.served - 1])
 
 
 class SinkReplay(nodes.NodeBase):
@@ -134,17 +134,17 @@ def test_actor_rejects_bad_payloads_counts_them_and_keeps_its_last_good_policy(t
         (good9, None),
     ]
     pool = DaemonPool(8)
-    quantizer, replay, counter = ScriptedQuantizer([p for p, _ in script]), SinkReplay(), nodes.Counter()
+    weights, replay, counter = ScriptedWeights([p for p, _ in script]), SinkReplay(), nodes.Counter()
     actor = nodes.ActorNode(agent, actor_id=0, num_actors=1, seed=0, precision="int8", backend="onnx",
                             replay=LocalNodeHandle(replay, pool), counter=LocalNodeHandle(counter, pool),
-                            quantizer=LocalNodeHandle(quantizer, pool), logdir=str(tmp_path),
+                            weights=LocalNodeHandle(weights, pool), logdir=str(tmp_path),
                             max_actor_steps=300, insert_batch=16)
     try:
         result = actor.run()
     finally:
         pool.shutdown()
     expected = [reason for _, reason in script if reason]
-    assert quantizer.served == len(script)  # every scripted payload reached the actor
+    assert weights.served == len(script)  # every scripted payload reached the actor
     assert result["payloads_rejected"] == len(expected)
     assert result["weights_version"] == 9 and result["first_weights_version"] == 1
     assert result["times"]["updates"] == 2  # only the two good payloads were loaded
@@ -162,9 +162,9 @@ def test_actor_rejects_bad_payloads_counts_them_and_keeps_its_last_good_policy(t
 def test_policy_client_refuses_a_payload_the_executor_cannot_load_without_changing_version():
     agent = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
     spec = agent.builder().policy_spec(agent.env_spec())
-    quantizer = ScriptedQuantizer([_payload(spec, 3)])
+    weights = ScriptedWeights([_payload(spec, 3)])
     client_cls = nodes.PolicyClient
-    client = client_cls(LocalNodeHandle(quantizer, None), nodes.ActorTimes(), spec=spec, precision="int8")
+    client = client_cls(LocalNodeHandle(weights, None), nodes.ActorTimes(), spec=spec, precision="int8")
 
     def refuse(payload) -> None:
         raise ValueError("linear_1/w has shape (16, 2), expected (16, 16)")
@@ -462,7 +462,7 @@ class SlowLearner(nodes.LearnerNode):
 
 
 def _node_classes(**replace):
-    names = ("Counter", "ReplayServer", "Quantizer", "LearnerNode", "ActorNode", "Evaluator")
+    names = ("Counter", "ReplayServer", "WeightServer", "LearnerNode", "ActorNode", "Evaluator")
     return types.SimpleNamespace(**{n: replace.get(n, getattr(nodes, n)) for n in names})
 
 

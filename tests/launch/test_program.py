@@ -1,4 +1,4 @@
-"""The ActorQ program without Ray: graph description, quantizer and weight channel semantics, checkpoints, the
+"""The ActorQ program without Ray: graph description, the one-way weight path, checkpoints, the
 single-process runner end to end, and CLI validation (bad flags exit 2 before Ray is even imported)."""
 from __future__ import annotations
 
@@ -16,13 +16,15 @@ import pytest
 from launch import checkpoint as ckpt
 from launch import nodes
 from launch.supervisor import run_program
-from launch.local_runner import LocalNodeHandle, LocalRunner
+from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
 from launch.agent_spec import AgentSpec, derive_seed
 from launch.graph import build_actorq_program
 from launch.program import SINGLE_THREAD_ENV, Handle, Node, Program
-from quarl.payload import decode_payload
+from launch.shared_blob import Blob
+from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.policy import layer_norm_mlp_policy
 from quarl.policy_io import load_policy
+from quarl.quantization import quantize_params
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,7 +36,7 @@ REPO = Path(__file__).resolve().parents[2]
 def test_actorq_graph_has_every_node_with_its_placement(tmp_path):
     program = build_actorq_program(tiny_config(tmp_path, num_actors=3))
     names = [n.name for n in program.nodes]
-    assert names == ["counter", "replay", "quantizer", "learner", "actor_0", "actor_1", "actor_2", "evaluator"]
+    assert names == ["counter", "replay", "weights", "learner", "actor_0", "actor_1", "actor_2", "evaluator"]
     for name in ("actor_0", "actor_1", "actor_2", "evaluator"):
         node = program.node(name)
         assert node.num_cpus == 1 and dict(node.env_vars) == SINGLE_THREAD_ENV
@@ -44,7 +46,7 @@ def test_actorq_graph_has_every_node_with_its_placement(tmp_path):
     # Blocked samplers must not block inserters: the replay server answers on several threads.
     assert program.node("replay").max_concurrency >= 3 + 2 + 1
     assert program.node("learner").use_accelerator
-    assert set(program.node("actor_0").dependencies()) == {"counter", "replay", "quantizer"}
+    assert set(program.node("actor_0").dependencies()) == {"counter", "replay", "weights"}
     assert program.names(kind="worker") == ["learner", "actor_0", "actor_1", "actor_2", "evaluator"]
 
 
@@ -64,7 +66,7 @@ def test_derived_seeds_differ_per_node_and_run():
     assert len(seeds) == 36
 
 
-# ---------------------------------------------------------------------------------------------- quantizer
+# ---------------------------------------------------------------------------------------------- weight path
 
 
 def _policy_params(hidden=(256, 256, 256), obs_dim=5, seed=0):
@@ -79,69 +81,90 @@ def _policy_params(hidden=(256, 256, 256), obs_dim=5, seed=0):
     return spec, params
 
 
-def test_quantizer_quantizes_once_per_version_whatever_the_number_of_actors():
+def _blob(spec, params, version, precision="int8"):
+    return Blob.put(encode_payload(quantize_params(params, precision), version=version, spec_hash=spec.digest()))
+
+
+def test_weight_server_hands_out_the_latest_blob_once_per_version_whatever_the_number_of_actors():
     spec, params = _policy_params()
-    q = nodes.Quantizer(spec.to_dict(), "int8")
-    assert q.get_payload(-1) is None  # nothing published yet
-    q.publish(10, params)
-    payloads: list[bytes] = []
+    w = nodes.WeightServer("int8")
+    assert w.get_payload(-1) is None  # nothing published yet
+    w.publish(10, _blob(spec, params, 10))
+    payloads: list = []
     barrier = threading.Barrier(4)
 
     def actor() -> None:
         barrier.wait()
-        payloads.append(q.get_payload(-1))
+        payloads.append(w.get_payload(-1))
 
     threads = [threading.Thread(target=actor) for _ in range(4)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert len(payloads) == 4 and len(set(payloads)) == 1
-    assert q.stats()["quantize_calls"] == 1
-    assert decode_payload(payloads[0]).version == 10
-    assert q.get_payload(10) is None  # the caller is up to date: no payload
-    q.publish(5, params)  # older than the latest: ignored
-    assert q.latest_version() == 10
-    q.publish(20, params)
-    assert decode_payload(q.get_payload(10)).version == 20
-    stats = q.stats()
-    assert stats["quantize_calls"] == 2 and stats["distinct_versions_quantized"] == 2
-    assert stats["not_modified"] == 2 and stats["payloads_served"] == 5
+    assert len(payloads) == 4 and all(p is payloads[0] for p in payloads)  # one published object, shared
+    assert decode_payload(payloads[0].get()).version == 10
+    assert w.get_payload(10) is None  # the caller is up to date: no payload
+    w.publish(5, _blob(spec, params, 5))  # older than the latest: ignored
+    assert w.latest_version() == 10
+    w.publish(20, _blob(spec, params, 20))
+    assert decode_payload(w.get_payload(10).get()).version == 20
+    stats = w.stats()
+    assert stats["published"] == 3 and stats["not_modified"] == 2 and stats["payloads_served"] == 5
 
 
 def test_int8_payload_is_at_least_3_9x_smaller_than_fp32():
     """The paper's D4PG policy (2048x3): biases, scales and LayerNorm stay fp32, so small nets get less."""
     spec, params = _policy_params(hidden=(2048, 2048, 2048))
-    q = nodes.Quantizer(spec.to_dict(), "int8")
-    q.publish(1, params)
-    data = q.get_payload()
-    stats = q.stats()
-    assert stats["payload_bytes"] == len(data)
-    assert stats["fp32_payload_bytes"] / stats["payload_bytes"] >= 3.9
+    data = _blob(spec, params, 1).get()
+    assert fp32_payload_nbytes(params, version=1, spec_hash=spec.digest()) / len(data) >= 3.9
 
 
-def test_quantizer_refuses_non_finite_weights():
-    spec, params = _policy_params(hidden=(8,))
-    params["linear_0"]["w"][0, 0] = np.nan
-    with pytest.raises(ValueError, match="non-finite"):
-        nodes.Quantizer(spec.to_dict(), "int8").publish(1, params)
+def test_learner_publishes_each_version_once_as_encoded_bytes_and_refuses_non_finite_weights(tmp_path):
+    """The one-way weight path: the learner quantizes + encodes in its own process and publishes bytes that
+    carry the spec's digest (not the spec, not an fp32 tree); non-finite weights stop it with a clear error."""
+    agent = AgentSpec("dqn", "CartPole-v1", dict(TINY_DQN))
+    server, pool = nodes.WeightServer("int8"), DaemonPool(2)
+    learner = nodes.LearnerNode(agent, seed=0, replay=None, counter=None, weights=LocalNodeHandle(server, pool),
+                                logdir=str(tmp_path), precision="8")
+    learner._publish(wait=True)  # pylint: disable=protected-access
+    blob = server.get_payload(-1)
+    assert isinstance(blob.ref, bytes) and blob.nbytes == len(blob.ref)
+    payload = decode_payload(blob.get())
+    policy_spec = agent.builder().policy_spec(agent.env_spec())
+    assert (payload.version, payload.precision, payload.spec) == (0, "int8", None)
+    assert payload.spec_hash == policy_spec.digest()
+    times = learner.publish_times.summary()
+    assert times["versions"] == 1 and times["payload_bytes"] == blob.nbytes and times["quantize_encode_s"] > 0
+    stats = server.stats()
+    assert stats["fp32_payload_bytes"] == len(encode_payload(quantize_params(learner._learner.policy_params(),  # pylint: disable=protected-access
+                                                                             "fp32"), version=0,
+                                                             spec_hash=policy_spec.digest()))
+    poisoned = learner._learner.policy_params()  # pylint: disable=protected-access
+    first = next(iter(poisoned))
+    poisoned[first]["w"] = np.full_like(poisoned[first]["w"], np.nan)
+    learner._learner.policy_params = lambda: poisoned  # pylint: disable=protected-access
+    with pytest.raises(ValueError, match="NaN|non-finite"):
+        learner._publish(wait=True)  # pylint: disable=protected-access
+    assert server.latest_version() == 0 and learner.publish_times.versions == 1
+    pool.shutdown()
 
 
 def test_actor_weight_client_fetches_only_when_the_version_changed():
     spec, params = _policy_params(hidden=(32, 32))
-    q = nodes.Quantizer(spec.to_dict(), "int8")
+    w = nodes.WeightServer("int8")
     times = nodes.ActorTimes()
-    client = nodes.PolicyClient(LocalNodeHandle(q, None), times)
-    q.publish(3, params)
+    client = nodes.PolicyClient(LocalNodeHandle(w, None), times, spec=spec, precision="int8")
+    w.publish(3, _blob(spec, params, 3))
     first = client.fetch()
     assert first is not None and first.version == 3 and client.version == 3
     for _ in range(5):
         assert client.fetch() is None
-    q.publish(4, params)
+    w.publish(4, _blob(spec, params, 4))
     assert client.fetch().version == 4
     assert (times.pulls, times.updates) == (7, 2)
-    assert times.payload_bytes == 2 * q.stats()["payload_bytes"]
-    assert q.stats()["payloads_served"] == 2
+    assert times.payload_bytes == 2 * w.stats()["payload_bytes"]
+    assert w.stats()["payloads_served"] == 2
 
 
 # ---------------------------------------------------------------------------------------------- checkpoints
@@ -198,7 +221,7 @@ def test_local_runner_runs_the_program_and_resumes_from_its_checkpoint(tmp_path)
     assert np.isfinite(summary["final_eval_return"]) and summary["final_eval_return"] >= 8  # CartPole floor
     # One quantization per version, however many actors pulled it; actors only took new versions.
     payload = summary["payload"]
-    assert payload["quantize_calls"] == payload["distinct_versions_quantized"] >= 1
+    assert payload["versions"] == payload["published"] >= 1  # each version encoded once, by the learner
     assert summary["runtime"]["updates"] <= payload["payloads_served"] <= payload["requests"]
     assert summary["runtime"]["pulls"] >= summary["runtime"]["updates"] >= 2  # first weights + refreshes
 

@@ -197,6 +197,7 @@ def test_format_version_1_payloads_with_one_byte_per_code_still_decode(small):
     spec, params = small
     qp = quantize_params(params, "int4")
     body = _body(encode_payload(qp, version=3, spec=spec))
+    del body["spec_hash"]  # formats 1 and 2 had no spec_hash
     for path, leaf in tree_items(qp.tree):
         if isinstance(leaf, QTensor):
             _leaf(body, list(path))["qtensor"]["values"]["data"] = np.asarray(leaf.values).tobytes()
@@ -262,7 +263,7 @@ def test_wrong_magic_and_format_version(small_payload):
     with pytest.raises(PayloadError, match="magic"):
         decode_payload(_frame(body, magic=b"PKL\x00"))
     for fmt in (0, FORMAT_VERSION + 1):
-        with pytest.raises(PayloadError, match=f"format version {fmt} \\(this build reads 1, 2\\)"):
+        with pytest.raises(PayloadError, match=f"format version {fmt} \\(this build reads 1, 2, 3\\)"):
             decode_payload(_frame(body, fmt=fmt))
     with pytest.raises(PayloadError, match="checksum"):
         decode_payload(small_payload[:HEADER_SIZE - 1] + bytes([small_payload[HEADER_SIZE - 1] ^ 1]) + body)
@@ -494,3 +495,34 @@ def test_fuzz_structured_bodies_only_raise_payload_error(small_payload, obj, lea
     body = _body(small_payload)
     body["leaves"][0]["array" if "array" in body["leaves"][0] else "qtensor"] = leaf
     _decode_only_payload_errors(_reframe(body))
+
+
+def test_fp32_size_is_computed_exactly_without_encoding():
+    from quarl.payload import fp32_payload_nbytes
+    from quarl.quantization import quantize_params as qp_
+
+    rng = np.random.default_rng(0)
+    for widths in ((3, 5), (40, 300), (300, 70000)):  # bin 8, bin 16 and bin 32 leaf sizes
+        params = {"linear_0": {"w": rng.normal(size=widths).astype(np.float32),
+                               "b": rng.normal(size=widths[1]).astype(np.float32)},
+                  "layer_norm": {"scale": np.ones(widths[1], np.float32)}}
+        for version, digest in ((0, None), (123456, "ab" * 32)):
+            encoded = encode_payload(qp_(params, "fp32"), version=version, spec_hash=digest)
+            assert fp32_payload_nbytes(params, version=version, spec_hash=digest) == len(encoded)
+
+
+def test_actor_payload_carries_the_spec_digest_not_the_spec():
+    from quarl.policy import layer_norm_mlp_policy
+
+    spec = layer_norm_mlp_policy(3, (8, 8), [-1.0], [1.0])
+    other = layer_norm_mlp_policy(3, (8, 4), [-1.0], [1.0])
+    assert spec.digest() == layer_norm_mlp_policy(3, (8, 8), [-1.0], [1.0]).digest() != other.digest()
+    params = {"linear_0": {"w": np.ones((3, 8), np.float32), "b": np.zeros(8, np.float32)}}
+    light = encode_payload(quantize_params(params, "int8"), version=1, spec_hash=spec.digest())
+    full = encode_payload(quantize_params(params, "int8"), version=1, spec=spec)
+    assert len(light) < len(full)
+    decoded = decode_payload(light)
+    assert decoded.spec is None and decoded.spec_hash == spec.digest()
+    assert decode_payload(full).spec_hash == spec.digest() and decode_payload(full).spec == spec
+    with pytest.raises(ValueError, match="spec_hash"):
+        encode_payload(quantize_params(params, "int8"), version=1, spec=spec, spec_hash=other.digest())
