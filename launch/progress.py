@@ -94,6 +94,18 @@ class ProgressView:
         return table
 
 
+def _solved(summary: dict) -> str | None:
+    """"at 22,500 actor / 5,100 learner steps, 61 s" for a solved run, "no" for one with a target it missed."""
+    if summary.get("target_return") is None:
+        return None
+    solved = summary.get("solved")
+    if not solved:
+        return f"no (target {summary['target_return']:g})"
+    learner = "" if solved.get("learner_steps") is None else f" / {solved['learner_steps']:,} learner"
+    return (f"{solved['return']:.1f} >= {solved['target_return']:g} at {solved['actor_steps']:,} actor{learner} "
+            f"steps, {solved['wall_clock_s']:.0f} s")
+
+
 def _fmt(value: Any, spec: str = ",.1f") -> str:
     if value is None:
         return "—"
@@ -117,6 +129,7 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         ("status", summary.get("status")),
         ("final eval return", summary.get("final_eval_return")),
         ("best eval return", summary.get("best_eval_return")),
+        ("solved (first eval >= target)", _solved(summary)),
         ("wall clock (s)", summary.get("wall_clock_s")),
         ("actor steps", summary.get("actor_steps")),
         ("learner steps", summary.get("learner_steps")),

@@ -80,6 +80,12 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
         "target_return": target,
         "time_to_target_s": None if hit is None else hit["wall_clock_s"],
         "actor_steps_to_target": None if hit is None else int(hit["actor_steps"]),
+        # When the run was solved: the first evaluation at or above the target (None: not solved).
+        "solved": None if hit is None else {"target_return": target, "return": hit["return"],
+                                            "actor_steps": int(hit["actor_steps"]),
+                                            "learner_steps": None if math.isnan(hit["learner_steps"])
+                                            else int(hit["learner_steps"]),
+                                            "wall_clock_s": hit["wall_clock_s"]},
         "wall_clock_s": round(wall_clock_s, 3),
         "run_wall_clock_s": round(run_s, 3),
         "actor_steps": actor_steps,
@@ -116,7 +122,8 @@ def _breakdown(times: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
 
 
 def read_evals(path: Path) -> list[dict[str, float]]:
-    """evaluator.csv rows (actor_steps, wall_clock_s, return) with a finite return, in file order."""
+    """evaluator.csv rows (actor_steps, wall_clock_s, return, and learner_steps: NaN where absent) with finite
+    values, in file order."""
     if not path.exists():
         return []
     out = []
@@ -127,5 +134,9 @@ def read_evals(path: Path) -> list[dict[str, float]]:
             except (KeyError, ValueError):
                 continue
             if all(math.isfinite(v) for v in parsed.values()):
+                try:
+                    parsed["learner_steps"] = float(row.get("learner_steps") or "nan")
+                except ValueError:
+                    parsed["learner_steps"] = math.nan
                 out.append(parsed)
     return out
