@@ -1,6 +1,6 @@
 """The learner's cost of publishing one weights version, before and after the one-way weight path.
 
-    python -m bench.publish [--hidden 2048,2048,2048] [--repeats 7] [--actors 2] [--out DIR] [--allow-busy]
+    python -m bench.publish [--hidden 2048,2048,2048] [--repeats 7] [--actors 2] [--quick] [--out DIR] [--allow-busy]
 
 Both paths on a private local Ray, with the D4PG policy tree of the given size and its int8 payload:
 
@@ -51,6 +51,8 @@ def policy_tree(hidden: Sequence[int], seed: int = 0) -> tuple[Any, dict]:
 
 
 def _median_ms(fn: Callable[[], Any], repeats: int) -> float:
+    """Median of `repeats` timed calls, after one untimed call (first-use costs: Ray's object store, caches)."""
+    fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -126,6 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--hidden", default="2048,2048,2048", help="policy layer sizes")
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--actors", type=int, default=2, help="actors pulling each version (bytes accounting)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: 256x256 policy, 2 repeats, into "
+                                                         "runs/bench/publish-quick unless --out")
     p.add_argument("--out", default=None, help="directory for publish.{json,md} (default bench/results)")
     add_allow_busy(p)
     args = p.parse_args(argv)
@@ -135,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError
     except ValueError:
         p.exit(2, f"{p.prog}: error: --hidden must be positive ints, --repeats and --actors positive\n")
+    if args.quick:
+        hidden, args.repeats = [256, 256], min(args.repeats, 2)
     machine = machine_info(args.allow_busy)
     machine["load_start"] = refuse_if_busy(p, args.allow_busy)
     started = init_ray(None, num_cpus=1)
@@ -146,7 +152,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
             ray.shutdown()
     finish(machine)
-    outdir = Path(args.out) if args.out else REPO / "bench" / "results"
+    outdir = Path(args.out) if args.out else REPO / ("runs/bench/publish-quick" if args.quick else "bench/results")
     outdir.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m bench.publish", *(argv if argv is not None else sys.argv[1:])])
     (outdir / "publish.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
