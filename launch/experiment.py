@@ -24,7 +24,7 @@ from quarl.vector_env import make_vector_environment
 from quarl.carbon import start_tracking, stop_tracking
 from quarl.logs import CSVLogger, write_json_atomic
 from quarl.policy_io import save_policy
-from quarl.payload import decode_payload, encode_payload
+from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.quantization import parse_precision, quantize_params
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes come from their own env instance and seed
@@ -63,24 +63,27 @@ class StageTimes:
 
 
 class WeightChannel:
-    """Learner -> actor weight transport in one process: exactly the bytes a remote actor would receive."""
+    """Learner -> actor weight transport in one process: exactly the bytes a remote actor would receive (the
+    payload carries the learner step as its version and the policy spec's digest, as in the distributed run)."""
 
     def __init__(self, learner: Any, spec: Any, precision: str, times: StageTimes):
-        self._learner, self._spec, self._precision, self._times = learner, spec, precision, times
-        self.version = 0
+        self._learner, self._precision, self._times = learner, precision, times
+        self._spec_hash = spec.digest()
+        self.version = -1
         self.payload_bytes = 0
 
     def pull(self, count: bool = True) -> Any:
         """Publishes the learner's current weights; returns the actor-side QuantizedParams."""
         t0 = time.perf_counter()
+        version = int(self._learner.steps)
         qparams = quantize_params(self._learner.policy_params(), self._precision)
-        data = encode_payload(qparams, version=self.version, spec=self._spec)
+        data = encode_payload(qparams, version=version, spec_hash=self._spec_hash)
         t1 = time.perf_counter()
         payload = decode_payload(data)
         t2 = time.perf_counter()
-        if payload.version != self.version:
-            raise RuntimeError(f"payload version {payload.version} != published {self.version}")
-        self.version += 1
+        if payload.version != version or payload.spec_hash != self._spec_hash:
+            raise RuntimeError(f"payload version {payload.version} != published {version}")
+        self.version = version
         self.payload_bytes = len(data)
         if count:
             self._times.pull_s += t1 - t0
@@ -292,8 +295,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
 
     wall = time.perf_counter() - start
     final_params = learner.policy_params()  # one device-to-host copy, for the fp32 size and the saved policy
-    fp32_bytes = len(encode_payload(quantize_params(final_params, "fp32"), version=channel.version,
-                                    spec=spec))
+    fp32_bytes = fp32_payload_nbytes(final_params, version=max(channel.version, 0), spec_hash=spec.digest())
     returns = [row["return"] for row in evals]
     summary = {
         "agent": getattr(builder, "name", type(builder).__module__.split(".")[1]),
