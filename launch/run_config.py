@@ -31,7 +31,8 @@ class RunConfig:
     checkpoint_every: int = 0  # learner steps; 0 = only at shutdown
     resume: str | None = None
     log_every_s: float = 1.0  # learner.csv cadence (seconds)
-    target_return: float | None = None  # end the run at the first evaluation that reaches it
+    target_return: float | None = None  # end the run once `target_streak` evaluations in a row reach it
+    target_streak: int = 1
     envs_per_actor: int = 1  # environments each actor steps with one batched policy call (the paper: 1)
 
     def to_dict(self) -> dict[str, Any]:

@@ -50,7 +50,7 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
     eval_rows = read_evals(Path(config.logdir) / "evaluator.csv")
     evals = [r["return"] for r in eval_rows]
     target = getattr(config, "target_return", None)
-    hit = next((r for r in eval_rows if target is not None and r["return"] >= target), None)
+    hit = solved_at(eval_rows, target, getattr(config, "target_streak", 1))
     final = (evaluator.get("final") or {}).get("return") if isinstance(evaluator, Mapping) else None
     if final is None and evals:
         final = evals[-1]
@@ -80,8 +80,10 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
         "target_return": target,
         "time_to_target_s": None if hit is None else hit["wall_clock_s"],
         "actor_steps_to_target": None if hit is None else int(hit["actor_steps"]),
-        # When the run was solved: the first evaluation at or above the target (None: not solved).
-        "solved": None if hit is None else {"target_return": target, "return": hit["return"],
+        # When the run was solved: the evaluation that ended the first streak of `target_streak` evaluations at
+        # or above the target (None: not solved).
+        "solved": None if hit is None else {"target_return": target, "streak": getattr(config, "target_streak", 1),
+                                            "return": hit["return"],
                                             "actor_steps": int(hit["actor_steps"]),
                                             "learner_steps": None if math.isnan(hit["learner_steps"])
                                             else int(hit["learner_steps"]),
@@ -119,6 +121,19 @@ def _breakdown(times: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
                   for k in ("pull_s", "deserialize_s", "load_s")}
     per_update["update_ms"] = (sum(v for v in per_update.values() if v is not None) if updates else None)
     return {"summed_s": total, "updates": updates, "pulls": pulls, "per_update": per_update}
+
+
+def solved_at(evals: Sequence[Mapping[str, Any]], target: float | None, streak: int = 1) -> Mapping[str, Any] | None:
+    """The evaluation that solved the run: the first that ends `streak` evaluations in a row whose mean return
+    is at or above `target` (None: not solved, or no target). One rule for stopping and for summary.json."""
+    if target is None:
+        return None
+    run = 0
+    for row in evals:
+        run = run + 1 if row["return"] >= target else 0
+        if run >= max(1, int(streak)):
+            return row
+    return None
 
 
 def read_evals(path: Path) -> list[dict[str, float]]:

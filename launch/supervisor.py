@@ -16,7 +16,7 @@ from launch.node_base import log_event
 from launch.program import NodeLost
 from launch.progress import ProgressView, Snapshot
 from launch.ray_runner import RayRunner
-from launch.summary import make_summary
+from launch.summary import make_summary, solved_at
 from quarl.logs import CSVLogger, write_json_atomic
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -94,7 +94,7 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
                 while True:
                     if _SIGNALS_RECEIVED:  # a signal whose exception some library code swallowed
                         raise _Interrupted(_SIGNALS_RECEIVED[-1])
-                    snap = _poll(launch, config, replay_log)
+                    snap, evals = _poll(launch, config, replay_log)
                     view.update(snap)
                     error = _check_workers(futures, actors)
                     if error:
@@ -102,8 +102,7 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
                         break
                     if all(futures[a].done() for a in actors):
                         break
-                    if config.target_return is not None and snap.eval_return is not None \
-                            and snap.eval_return >= config.target_return:
+                    if solved_at(evals, config.target_return, config.target_streak) is not None:
                         break  # reached the target: stop early, still gracefully
                     time.sleep(POLL_S)
         except _Interrupted as e:
@@ -188,7 +187,8 @@ class _ReplayLog:
             self._log.close()
 
 
-def _poll(launch: Any, config: Any, replay_log: _ReplayLog | None = None) -> Any:
+def _poll(launch: Any, config: Any, replay_log: _ReplayLog | None = None) -> tuple[Snapshot, list[dict]]:
+    """The progress snapshot and every evaluation so far (the evaluator's rows)."""
     h = launch.handles
     counts = h["counter"].call("get")
     info = h["replay"].call("info")
@@ -199,7 +199,8 @@ def _poll(launch: Any, config: Any, replay_log: _ReplayLog | None = None) -> Any
     return Snapshot(actor_steps=int(counts["actor_steps"]), max_actor_steps=config.max_actor_steps,
                     learner_steps=int(counts["learner_steps"]), episodes=int(counts["episodes"]),
                     replay_size=int(info["size"]), eval_return=None if last is None else last["return"],
-                    eval_at=None if last is None else last["actor_steps"], elapsed_s=float(counts["wall_clock_s"]))
+                    eval_at=None if last is None else last["actor_steps"],
+                    elapsed_s=float(counts["wall_clock_s"])), list(evals)
 
 
 def _check_workers(futures: Mapping[str, Any], actors: Sequence[str]) -> str | None:

@@ -432,3 +432,22 @@ def test_every_step_an_actor_takes_reaches_replay_at_a_stop(tmp_path, stop_path)
     inserted = [summary["actors"][i]["transitions_inserted"] for i in range(2)]
     assert summary["actor_steps"] >= 400
     assert summary["replay"]["inserts"] == sum(inserted) == summary["actor_steps"]
+
+
+def test_a_run_is_solved_by_a_streak_of_evaluations_at_the_target():
+    from launch.summary import solved_at
+
+    evals = [{"return": r, "actor_steps": 1000 * (i + 1)} for i, r in enumerate([100, 977, 630, 955, 990, 400])]
+    assert solved_at(evals, 950.0, 1)["actor_steps"] == 2000
+    assert solved_at(evals, 950.0, 2)["actor_steps"] == 5000  # 977 then 630 is not a streak
+    assert solved_at(evals, 950.0, 3) is None and solved_at(evals, None, 1) is None
+
+
+def test_the_default_d4pg_job_stops_at_950_twice_in_a_row_within_60k_steps(tmp_path):
+    from launch.actorq import build_parser, validate
+
+    config = validate(build_parser().parse_args(["--logdir", str(tmp_path / "run")])).config
+    assert (config.agent, config.task, config.max_actor_steps) == ("d4pg", "cartpole:balance", 60_000)
+    assert (config.target_return, config.target_streak, config.eval_every) == (950.0, 2, 2_500)
+    other = validate(build_parser().parse_args(["--task", "walker:stand", "--logdir", str(tmp_path / "w")])).config
+    assert other.target_return is None and other.target_streak == 1
