@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup run test test-all bench lock clean
+.PHONY: setup run test test-all clean
 
 $(STAMP): requirements.lock setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

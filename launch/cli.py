@@ -244,8 +244,7 @@ class RunArgs:
     eval_every: int | None
     eval_episodes: int
     actor_update_period: int | None
-    overrides: dict
-    builder: Any
+    builder: Any  # built from the validated --set overrides (and --qat-bits); the one place they live
     envs_per_actor: int = 1
 
 
@@ -290,4 +289,4 @@ def validate_common(args: argparse.Namespace) -> RunArgs:
     overrides.update(qat_overrides(args.qat_bits, precision))
     builder = check_agent_task(agent, args.task, overrides)
     return RunArgs(agent, args.task, precision, backend, steps, seed, logdir, eval_every, eval_episodes, period,
-                   overrides, builder, envs_per_actor)
+                   builder, envs_per_actor)

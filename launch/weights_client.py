@@ -60,8 +60,7 @@ class PolicyClient:
         self.last_rejection: str | None = None
         self._last_rejected_digest = b""
 
-    def fetch(self, stop: threading.Event | None = None,
-              apply: Callable[[Any], Any] | None = None) -> Any:
+    def fetch(self, apply: Callable[[Any], Any] | None = None) -> Any:
         """The newest payload if it is newer than ours and valid (decoded, and `apply(payload)` done), else
         None (nothing new, or rejected)."""
         t0 = time.perf_counter()
