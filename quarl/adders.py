@@ -179,12 +179,17 @@ class TransitionBuffer:
 
 def _observation(obs: Any) -> np.ndarray:
     arr = np.array(obs, dtype=np.float32, copy=True)
-    if not np.all(np.isfinite(arr)):
+    if not np.isfinite(arr).all():  # the method, not np.all: this runs once per env step
         raise ValueError("non-finite observation given to the adder")
     return arr
 
 
 def _scalar(value: Any, what: str) -> float:
+    if isinstance(value, (float, np.floating)):  # the common case (rewards, discounts), without array round trips
+        x = float(value)
+        if not math.isfinite(x):
+            raise ValueError(f"non-finite {what}: {x}")
+        return x
     if value is None:
         raise ValueError(f"{what} is None on a non-FIRST timestep")
     arr = np.asarray(value, dtype=np.float64)
