@@ -79,6 +79,11 @@ class ActorNode(NodeBase):
                 raise _StoppedEarly
             actor = built[-1]
             first_version = client.version
+            kernel = getattr(actor, "kernel", None) or {}
+            if kernel.get("fallback"):  # the CPU's preferred int kernel was not exact here (summary.json has why)
+                log_event(self._logdir, name, f"integer kernel self-check refused "
+                                              f"{[c['form'] for c in kernel['checks'][:-1]]}; acting with "
+                                              f"{kernel['form']}", logging.WARNING)
             if attempt > 1:
                 log_event(self._logdir, name, f"restarted (start #{attempt}: the previous process died); acting "
                                               f"again with the latest weights, version {first_version}, after "
