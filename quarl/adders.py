@@ -10,6 +10,9 @@ so the learner's target is `reward + discount * Q(next_observation)`. Unlike Acm
 for the learner to apply), `discount` here already holds the full gamma^k: the learner must not multiply
 by gamma again. A termination makes d = 0 (no bootstrap); a truncation (time limit) keeps d = 1, so the
 value of the last observation is still bootstrapped. At an episode's end the shorter windows are flushed.
+With `start_transitions=True` an episode's start also yields the shorter windows from its first observation
+(s_0 -> s_1, ..., s_0 -> s_{n-1}, before s_0 -> s_n), exactly the items Acme's `NStepTransitionAdder`
+writes (acme/adders/reverb/transition.py), so an episode of T >= n steps gives T + n - 1 transitions.
 """
 from __future__ import annotations
 
@@ -40,13 +43,14 @@ def transition_signature(obs_dim: int, action_shape: tuple[int, ...], action_dty
 class NStepTransitionAdder:
     """Turns a stream of (action, timestep) into n-step transitions; see the module docstring."""
 
-    def __init__(self, n_step: int, discount: float):
+    def __init__(self, n_step: int, discount: float, *, start_transitions: bool = False):
         if not isinstance(n_step, (int, np.integer)) or isinstance(n_step, bool) or n_step < 1:
             raise ValueError(f"n_step must be a positive int, got {n_step!r}")
         if not (isinstance(discount, numbers.Real) and 0.0 <= discount <= 1.0):
             raise ValueError(f"discount must be in [0, 1], got {discount!r}")
         self.n_step = int(n_step)
         self.discount = float(discount)
+        self.start_transitions = bool(start_transitions)
         # entries (observation, action, reward, env_discount) for the open windows, oldest first
         self._window: collections.deque = collections.deque()
         self._observation: np.ndarray | None = None
@@ -76,6 +80,9 @@ class NStepTransitionAdder:
         self._window.append((self._observation, np.array(action, copy=True), reward, env_discount))
         self._observation = _observation(next_timestep.observation)
         out = []
+        # A window shorter than n before the episode's end can only be one that starts at s_0.
+        if self.start_transitions and len(self._window) < self.n_step and not next_timestep.last():
+            out.append(self._transition())
         if len(self._window) == self.n_step:
             out.append(self._transition())
             self._window.popleft()

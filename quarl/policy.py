@@ -15,6 +15,10 @@ from typing import Callable, Sequence, Union
 import numpy as np
 
 ACTIVATIONS = ("relu", "elu", "tanh")
+INITS = ("variance_scaling", "uniform_scaling")
+# Acme's LayerNormMLP initialiser (acme/jax/networks/continuous.py: `hk.initializers.UniformScaling(0.333)`),
+# used by D4PG's policy torso and critic.
+ACME_UNIFORM_SCALE = 0.333
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,9 +27,12 @@ class Linear:
 
     name: str
     out: int
-    # Std-dev scale of the VarianceScaling init (fan_in, truncated normal); None = haiku's default.
-    # D4PG's last policy layer uses 1e-4 ("near zero") so that early actions sit near the middle of the spec.
+    # Weight init (learner side only; runtimes ignore it). None = haiku's default. With `init` =
+    # "variance_scaling": VarianceScaling(init_scale, fan_in, truncated normal), D4PG's near-zero last policy
+    # layer (1e-4) so that early actions sit near the middle of the spec; "uniform_scaling":
+    # UniformScaling(init_scale), U(+-init_scale * sqrt(3 / fan_in)), Acme's LayerNormMLP layers (0.333).
     init_scale: float | None = None
+    init: str = "variance_scaling"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +84,8 @@ class PolicySpec:
                 if layer.out <= 0:
                     raise ValueError(f"layer {layer.name!r}: out must be positive, got {layer.out}")
                 width = layer.out
+                if layer.init not in INITS:
+                    raise ValueError(f"layer {layer.name!r}: unsupported init {layer.init!r}: supported are {INITS}")
             if isinstance(layer, Activation) and layer.fn not in ACTIVATIONS:
                 raise ValueError(f"unsupported activation {layer.fn!r}: supported are {ACTIVATIONS}")
             if isinstance(layer, TanhToSpec):
@@ -135,12 +144,14 @@ def layer_norm_mlp_policy(
     obs_dim: int, hidden: Sequence[int], action_min: Sequence[float], action_max: Sequence[float]
 ) -> PolicySpec:
     """D4PG's policy (Acme's control-suite network): Linear -> LayerNorm -> tanh, then ELU MLP layers,
-    then a near-zero-initialised Linear to the action size, tanh rescaled to the action spec."""
+    then a near-zero-initialised Linear to the action size, tanh rescaled to the action spec. Initialised as
+    Acme's `LayerNormMLP` + `NearZeroInitializedLinear` (acme/jax/networks/continuous.py)."""
     if not hidden:
         raise ValueError("layer_norm_mlp_policy needs at least one hidden layer")
-    layers: list[Layer] = [Linear("linear_0", hidden[0]), LayerNorm("layer_norm"), Activation("tanh")]
+    torso = {"init_scale": ACME_UNIFORM_SCALE, "init": "uniform_scaling"}
+    layers: list[Layer] = [Linear("linear_0", hidden[0], **torso), LayerNorm("layer_norm"), Activation("tanh")]
     for i, h in enumerate(hidden[1:], start=1):
-        layers += [Linear(f"linear_{i}", h), Activation("elu")]
+        layers += [Linear(f"linear_{i}", h, **torso), Activation("elu")]
     layers += [
         Linear(f"linear_{len(hidden)}", len(action_min), init_scale=1e-4),
         TanhToSpec(tuple(float(v) for v in action_min), tuple(float(v) for v in action_max)),
@@ -176,7 +187,9 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
         for layer in spec.layers:
             if isinstance(layer, Linear):
                 w_init = None
-                if layer.init_scale is not None:
+                if layer.init_scale is not None and layer.init == "uniform_scaling":
+                    w_init = hk.initializers.UniformScaling(layer.init_scale)
+                elif layer.init_scale is not None:
                     w_init = hk.initializers.VarianceScaling(layer.init_scale, "fan_in", "truncated_normal")
                 x = linear_cls(layer.out, w_init=w_init, name=layer.name)(x)
             elif isinstance(layer, LayerNorm):

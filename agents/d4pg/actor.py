@@ -76,12 +76,16 @@ class D4PGActor:
         return np.asarray(self._executor(obs.reshape(1, self._obs_dim)), np.float32)[0]
 
     def select_action(self, observation: np.ndarray) -> np.ndarray:
-        """pi(obs) + N(0, sigma^2) while exploring, clipped to the action bounds."""
+        """pi(obs) + N(0, sigma^2) while exploring, *not* clipped; pi(obs) clipped to the bounds in evaluation.
+
+        As in Acme (`rlax.add_gaussian_noise`, then the environment's `CanonicalSpecWrapper(clip=True)`), the
+        environment clips what it executes (`quarl.envs`) while replay stores the noisy action itself, so the
+        critic sees how far past a bound the policy was pushed. Evaluation actions are clipped because a
+        low-precision tanh head may overshoot its bounds by a rounding step."""
         action = self.policy_action(observation)
-        if not self.evaluation and self._sigma > 0.0:
-            action = action + self._rng.normal(0.0, self._sigma, action.shape).astype(np.float32)
-        # Also clips evaluation actions: a low-precision tanh head may overshoot its bounds by a rounding step.
-        return np.clip(action, self._low, self._high)
+        if self.evaluation or self._sigma == 0.0:
+            return np.clip(action, self._low, self._high)
+        return action + self._rng.normal(0.0, self._sigma, action.shape).astype(np.float32)
 
     def select_actions(self, observations: np.ndarray) -> np.ndarray:
         """`select_action` for a batch `[K, obs_dim]` in one policy call, independent noise per row."""

@@ -64,7 +64,8 @@ class Builder:
 
     def make_adder(self) -> Any:
         from quarl.adders import NStepTransitionAdder  # pylint: disable=import-outside-toplevel
-        return NStepTransitionAdder(self.config.n_step, self.config.discount)
+        # Acme's D4PG items, including the short windows at an episode's start.
+        return NStepTransitionAdder(self.config.n_step, self.config.discount, start_transitions=True)
 
     def transition_signature(self, env_spec: Any) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
         """Column name -> (per-item shape, dtype) of what the adder emits and the learner reads."""

@@ -64,6 +64,9 @@ class D4PGConfig:
     samples_per_insert: float = 32.0
     samples_per_insert_tolerance: float = 0.1
     actor_update_period: int = 100  # actor steps between policy weight pulls
+    # Which learner policy actors (and evaluators) run: "target" as Acme's D4PG (its learner serves the target
+    # policy to actors), or "online".
+    actor_policy: str = "target"
     # Quantization-aware training: None trains the policy in fp32; B in [2, 8] trains it through the int-B
     # arithmetic its actors deploy (quarl.qat). Critic and target networks always stay fp32.
     qat_bits: int | None = None
@@ -94,6 +97,8 @@ class D4PGConfig:
             raise ValueError(f"D4PGConfig.sigma must be >= 0, got {self.sigma}")
         if _finite("sigma_spread", self.sigma_spread) < 1.0:
             raise ValueError(f"D4PGConfig.sigma_spread must be >= 1, got {self.sigma_spread}")
+        if self.actor_policy not in ("target", "online"):
+            raise ValueError(f"D4PGConfig.actor_policy must be 'target' or 'online', got {self.actor_policy!r}")
         check_qat_bits(self.qat_bits, "D4PGConfig.qat_bits")
         if self.max_replay_size < self.min_replay_size:
             raise ValueError(f"D4PGConfig.max_replay_size ({self.max_replay_size}) must be >= "

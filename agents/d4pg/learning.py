@@ -79,7 +79,9 @@ def policy_loss(networks: D4PGNetworks, policy_params, critic_params, observatio
 
     dqda, q = jax.grad(total_q, has_aux=True)(actions)
     losses = jax.vmap(rlax.dpg_loss, in_axes=(0, 0, None))(actions, dqda, dqda_clipping)
-    return jnp.mean(jnp.sum(losses, axis=-1)), jnp.mean(q)
+    # rlax.dpg_loss is element-wise ([B, act_dim]); Acme averages over batch *and* action dimensions, so the
+    # gradient's scale (and how often global-norm clipping bites) does not grow with the action size.
+    return jnp.mean(losses), jnp.mean(q)
 
 
 def make_update_fn(networks: D4PGNetworks, config: D4PGConfig, optimizer: optax.GradientTransformation):
@@ -88,10 +90,10 @@ def make_update_fn(networks: D4PGNetworks, config: D4PGConfig, optimizer: optax.
     def update(state: TrainingState, batch: Mapping[str, jax.Array]) -> tuple[TrainingState, dict]:
         c_loss, c_grads = jax.value_and_grad(critic_loss, argnums=1)(
             networks, state.critic_params, state.target_policy_params, state.target_critic_params, batch)
-        # The policy climbs the online critic at the sampled start states (Acme uses o_t; both are replay
-        # states, and o_tm1 never includes terminal observations).
+        # The policy climbs the online critic at the arrival states o_t, as Acme's learner does
+        # (acme/agents/jax/d4pg/learning.py: `policy_loss(..., transitions.next_observation)`).
         (p_loss, q_mean), p_grads = jax.value_and_grad(policy_loss, argnums=1, has_aux=True)(
-            networks, state.policy_params, state.critic_params, batch["observation"], config.dqda_clipping)
+            networks, state.policy_params, state.critic_params, batch["next_observation"], config.dqda_clipping)
         c_updates, critic_opt_state = optimizer.update(c_grads, state.critic_opt_state, state.critic_params)
         p_updates, policy_opt_state = optimizer.update(p_grads, state.policy_opt_state, state.policy_params)
         critic_params = optax.apply_updates(state.critic_params, c_updates)
@@ -170,8 +172,15 @@ class D4PGLearner:
         return dict(metrics)
 
     def policy_params(self) -> dict:
-        """fp32 haiku tree of the online policy (NumPy), ready for `quarl.quantization.quantize_params`."""
-        return _to_numpy(self._state.policy_params)
+        """fp32 haiku tree of the policy actors run (NumPy), ready for `quarl.quantization.quantize_params`.
+
+        With `config.actor_policy == "target"` (the default) that is the target policy, as Acme's D4PG
+        learner serves it (`get_variables("policy")` returns `target_policy_params`): actors and evaluators
+        act with weights that change only every `target_update_period` steps. "online" serves the online
+        policy."""
+        if self._config.actor_policy == "online":
+            return _to_numpy(self._state.policy_params)
+        return _to_numpy(self._state.target_policy_params)
 
     def get_state(self) -> dict:
         """Everything needed to resume, as nested dicts/lists of NumPy arrays (orbax-checkpointable)."""

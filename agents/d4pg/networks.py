@@ -48,8 +48,8 @@ def policy_spec(obs_dim: int, layer_sizes: Sequence[int], action_min: Sequence[f
 
 def critic_forward(layer_sizes: Sequence[int], num_atoms: int):
     """Acme's critic torso + categorical head as a haiku function of (obs, action)."""
-    # Acme's LayerNormMLP initialiser: uniform variance scaling on fan-in.
-    w_init = hk.initializers.VarianceScaling(1.0, "fan_in", "uniform")
+    # Acme 0.4.0's LayerNormMLP initialiser, every layer including the logits: U(+-0.333 * sqrt(3 / fan_in)).
+    w_init = hk.initializers.UniformScaling(qpolicy.ACME_UNIFORM_SCALE)
 
     def forward(obs: jax.Array, action: jax.Array) -> jax.Array:
         x = jnp.concatenate([obs, action], axis=-1)
