@@ -204,7 +204,8 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         row = {"actor_steps": actor_steps, "learner_steps": learner.steps, "wall_clock_s": round(t - start, 3),
                "train_clock_s": round(t - start - times.evaluation_s, 3), "return": float(np.mean(returns)),
                "return_std": float(np.std(returns)), "return_min": float(np.min(returns)),
-               "return_max": float(np.max(returns))}
+               "return_max": float(np.max(returns)),
+               "return_first": returns[0]}  # one noiseless episode: Acme's usual evaluation protocol
         if fp32_actor is not None:
             fp32_actor.update(fp32_channel.pull())
             row["return_fp32"] = float(np.mean(evaluate(fp32_actor, eval_env, eval_episodes)))

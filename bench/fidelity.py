@@ -1,0 +1,353 @@
+"""D4PG fidelity: this project's D4PG (fp32 and int8 actors) beside Acme 0.4.0's JAX D4PG, same settings, same seeds.
+
+    python -m bench.fidelity run [--tasks cartpole:balance,walker:stand] [--seeds 0,1,2,3,4]
+        [--arms fp32,int8,acme] [--steps cartpole:balance=40000,walker:stand=100000] [--eval-every 5000]
+        [--eval-episodes 10] [--acme-python /work/anchors_venv/bin/python] [--runs runs/bench/fidelity]
+        [--out bench/results] [--small]
+    python -m bench.fidelity report --runs DIR --out DIR      # tables, tests and plot from finished runs
+
+Both agents run at Acme's control-suite settings (policy 256x3 LayerNorm MLP, critic 512-512-256, 51 atoms on
+[-150, 150], batch 256, 32 samples per insert, n-step 5, sigma 0.3, Adam 1e-4, target copy every 100; `--small`
+shrinks the networks for a smoke test), one process each, one job at a time, arms interleaved per seed so machine
+load hits all alike. Ours is `launch.train` (single process); Acme's is `bench/acme_d4pg.py` in the legacy venv.
+Both evaluate every `eval_every` env steps with a noiseless actor on a separate environment (seed + 10000) for
+`eval_episodes` episodes and record two protocols: the mean over the episodes, and the first episode alone
+(Acme's usual protocol). Runs are resumable (a finished run is skipped).
+
+Writes OUT/fidelity_curves.csv (every evaluation of every run), OUT/fidelity_tests.csv (a paired test per
+checkpoint: ours - Acme over seeds, both protocols), OUT/fidelity.md (summary) and OUT/fidelity.png (return
+vs env steps and vs train seconds). Paired tests: an exact sign-flip permutation test of the mean difference
+(no distribution assumed; with 5 seeds it cannot go below p = 0.0625) and a paired t-test.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import itertools
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+from launch.cli import OneLineArgumentParser
+
+REPO = Path(__file__).resolve().parents[1]
+ACME_SCRIPT = REPO / "bench" / "acme_d4pg.py"
+DEFAULT_STEPS = {"cartpole:balance": 40_000, "walker:stand": 100_000}
+OUR_ARMS = ("fp32", "int8")
+ARMS = OUR_ARMS + ("acme",)
+PROTOCOLS = {"return": "mean of the evaluation episodes", "return_first": "first episode (Acme's protocol)"}
+SMALL_NETS = {"policy": (32, 32), "critic": (64, 64)}
+
+
+class UsageError(ValueError):
+    """A bad command-line value (printed as one line, exit code 2)."""
+
+
+def _steps(text: str, tasks: Sequence[str]) -> dict[str, int]:
+    steps = {t: DEFAULT_STEPS.get(t, 100_000) for t in tasks}
+    for item in filter(None, text.split(",")):
+        task, _, value = item.rpartition("=")
+        if task not in steps or not value.isdigit() or int(value) <= 0:
+            raise UsageError(f"--steps expects TASK=N for the chosen tasks, got {item!r}")
+        steps[task] = int(value)
+    return steps
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = OneLineArgumentParser(prog="bench.fidelity", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the missing runs, then report")
+    run.add_argument("--tasks", default="cartpole:balance,walker:stand")
+    run.add_argument("--seeds", default="0,1,2,3,4")
+    run.add_argument("--arms", default=",".join(ARMS))
+    run.add_argument("--steps", default="", help="TASK=N,... (default cartpole:balance=40000,walker:stand=100000)")
+    run.add_argument("--eval-every", type=int, default=5000)
+    run.add_argument("--eval-episodes", type=int, default=10)
+    run.add_argument("--acme-python", default=os.environ.get("ACME_PYTHON", "/work/anchors_venv/bin/python"))
+    run.add_argument("--runs", default=str(REPO / "runs" / "bench" / "fidelity"))
+    run.add_argument("--out", default=str(REPO / "bench" / "results"))
+    run.add_argument("--small", action="store_true", help="small networks (smoke test only)")
+    report = sub.add_parser("report", help="summarise finished runs")
+    report.add_argument("--runs", default=str(REPO / "runs" / "bench" / "fidelity"))
+    report.add_argument("--out", default=str(REPO / "bench" / "results"))
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        args.tasks = [t for t in args.tasks.split(",") if t]
+        for task in args.tasks:
+            if task.count(":") != 1:
+                raise UsageError(f"--tasks takes DM Control domain:task names, got {task!r}")
+        try:
+            args.seeds = [int(s) for s in args.seeds.split(",") if s]
+        except ValueError:
+            raise UsageError(f"--seeds takes comma-separated ints, got {args.seeds!r}") from None
+        args.arms = [a for a in args.arms.split(",") if a]
+        bad = [a for a in args.arms if a not in ARMS]
+        if bad or not args.arms or not args.seeds or not args.tasks or min(args.seeds) < 0:
+            raise UsageError(f"need tasks, seeds >= 0 and arms from {ARMS}; got arms {args.arms}")
+        args.steps = _steps(args.steps, args.tasks)
+        if args.eval_every <= 0 or args.eval_episodes <= 0:
+            raise UsageError("--eval-every and --eval-episodes must be positive")
+        if "acme" in args.arms and not os.access(args.acme_python, os.X_OK):
+            raise UsageError(f"--acme-python {args.acme_python!r} is not an executable (build the legacy venv with "
+                             "../shared/anchors/acme_legacy/setup.sh)")
+    return args
+
+
+def run_dir(runs: Path, task: str, arm: str, seed: int) -> Path:
+    return runs / task.replace(":", "_") / f"{arm}_s{seed}"
+
+
+def command(args: argparse.Namespace, task: str, arm: str, seed: int, logdir: Path) -> list[str]:
+    """The command line of one run (ours: launch.train; Acme: bench/acme_d4pg.py in the legacy venv)."""
+    policy = SMALL_NETS["policy"] if args.small else (256, 256, 256)
+    critic = SMALL_NETS["critic"] if args.small else (512, 512, 256)
+    csv_sizes = lambda sizes: ",".join(map(str, sizes))
+    common = ["--seed", str(seed), "--eval-every", str(args.eval_every), "--eval-episodes", str(args.eval_episodes)]
+    if arm == "acme":
+        return [args.acme_python, str(ACME_SCRIPT), "--task", task, "--steps", str(args.steps[task]), *common,
+                "--policy", csv_sizes(policy), "--critic", csv_sizes(critic), "--out", str(logdir)]
+    return [sys.executable, "-m", "launch.train", "--agent", "d4pg", "--task", task, "--precision", arm,
+            "--steps", str(args.steps[task]), *common, "--logdir", str(logdir), "--no-progress",
+            "--set", f"policy_layer_sizes={csv_sizes(policy)}", "--set", f"critic_layer_sizes={csv_sizes(critic)}"]
+
+
+def finished(logdir: Path, arm: str) -> bool:
+    return (logdir / ("done.json" if arm == "acme" else "summary.json")).exists()
+
+
+def run_all(args: argparse.Namespace) -> None:
+    runs = Path(args.runs)
+    jobs = [(t, s, a) for t in args.tasks for s in args.seeds for a in args.arms]
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "QUARL_CARBON_COUNTRY": os.environ.get("QUARL_CARBON_COUNTRY", "USA")}
+    for i, (task, seed, arm) in enumerate(jobs, 1):
+        logdir = run_dir(runs, task, arm, seed)
+        if finished(logdir, arm):
+            continue
+        if logdir.exists():  # an interrupted run: start it again from scratch
+            for p in sorted(logdir.rglob("*"), reverse=True):
+                p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
+        logdir.parent.mkdir(parents=True, exist_ok=True)
+        if arm == "acme":
+            logdir.mkdir()
+        t = time.perf_counter()
+        print(f"[{i}/{len(jobs)}] {task} {arm} seed {seed} ...", flush=True)
+        with open(logdir.parent / f"{arm}_s{seed}.log", "w", encoding="utf-8") as log:
+            rc = subprocess.run(command(args, task, arm, seed, logdir), cwd=REPO, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, check=False).returncode
+        if rc != 0 or not finished(logdir, arm):
+            raise RuntimeError(f"{task} {arm} seed {seed} failed (exit {rc}); see {logdir.parent}/{arm}_s{seed}.log")
+        print(f"    done in {time.perf_counter() - t:.0f} s", flush=True)
+
+
+def load_curves(runs: Path) -> list[dict[str, Any]]:
+    """Every evaluation of every finished run under `runs`."""
+    if not runs.is_dir():
+        raise UsageError(f"no finished runs under {str(runs)!r} (not a directory)")
+    rows = []
+    for task_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
+        for logdir in sorted(p for p in task_dir.iterdir() if p.is_dir()):
+            arm, _, seed = logdir.name.rpartition("_s")
+            if arm not in ARMS or not seed.isdigit() or not finished(logdir, arm):
+                continue
+            with open(logdir / "evaluator.csv", newline="", encoding="utf-8") as f:
+                for r in csv.DictReader(f):
+                    rows.append({"task": task_dir.name.replace("_", ":", 1), "arm": arm, "seed": int(seed),
+                                 "actor_steps": int(r["actor_steps"]), "learner_steps": int(r["learner_steps"]),
+                                 "wall_clock_s": float(r["wall_clock_s"]), "train_clock_s": float(r["train_clock_s"]),
+                                 "return": float(r["return"]), "return_first": float(r["return_first"])})
+    return rows
+
+
+def sign_flip_p(diffs: Sequence[float]) -> float:
+    """Exact two-sided sign-flip permutation p of mean(diffs) = 0 (paired, no distribution assumed)."""
+    observed = abs(statistics.fmean(diffs))
+    flips = list(itertools.product((1, -1), repeat=len(diffs)))
+    hits = sum(abs(statistics.fmean(s * d for s, d in zip(signs, diffs))) >= observed - 1e-9 for signs in flips)
+    return hits / len(flips)
+
+
+def paired_t_p(diffs: Sequence[float]) -> float:
+    """Two-sided paired t-test p (NaN with fewer than 2 pairs; 1 when every difference is 0)."""
+    if len(diffs) < 2:
+        return math.nan
+    sd = statistics.stdev(diffs)
+    if sd == 0:
+        return 1.0 if statistics.fmean(diffs) == 0 else 0.0
+    from scipy import stats  # pylint: disable=import-outside-toplevel
+    t = statistics.fmean(diffs) / (sd / math.sqrt(len(diffs)))
+    return float(2 * stats.t.sf(abs(t), len(diffs) - 1))
+
+
+def paired_tests(curves: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ours (each precision) - Acme at every checkpoint both reached, paired by seed, for both protocols."""
+    index = {(r["task"], r["arm"], r["seed"], r["actor_steps"]): r for r in curves}
+    out = []
+    keys = sorted({(r["task"], r["actor_steps"]) for r in curves})
+    for (task, steps), arm, protocol in itertools.product(keys, OUR_ARMS, PROTOCOLS):
+        seeds = sorted(s for (t, a, s, st) in index if (t, a, st) == (task, arm, steps)
+                       and (task, "acme", s, steps) in index)
+        if not seeds:
+            continue
+        ours = [index[(task, arm, s, steps)][protocol] for s in seeds]
+        acme = [index[(task, "acme", s, steps)][protocol] for s in seeds]
+        diffs = [o - a for o, a in zip(ours, acme)]
+        out.append({"task": task, "arm": arm, "protocol": protocol, "actor_steps": steps, "seeds": len(seeds),
+                    "ours_mean": statistics.fmean(ours), "acme_mean": statistics.fmean(acme),
+                    "diff_mean": statistics.fmean(diffs), "p_sign_flip": sign_flip_p(diffs),
+                    "p_t": paired_t_p(diffs)})
+    return out
+
+
+def auc_tests(curves: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Mean return over a run's checkpoints (area under the curve per env step), ours - Acme paired by seed."""
+    by_run: dict[tuple, dict[int, dict]] = {}
+    for r in curves:
+        by_run.setdefault((r["task"], r["arm"], r["seed"]), {})[r["actor_steps"]] = r
+    out = []
+    for task in sorted({r["task"] for r in curves}):
+        for arm, protocol in itertools.product(OUR_ARMS, PROTOCOLS):
+            pairs = []
+            for (t, a, seed), ours in sorted(by_run.items()):
+                acme = by_run.get((task, "acme", seed))
+                if (t, a) != (task, arm) or acme is None:
+                    continue
+                common = sorted(set(ours) & set(acme))
+                if common:
+                    pairs.append((statistics.fmean(ours[s][protocol] for s in common),
+                                  statistics.fmean(acme[s][protocol] for s in common),
+                                  ours[common[-1]]["train_clock_s"], acme[common[-1]]["train_clock_s"]))
+            if not pairs:
+                continue
+            diffs = [o - a for o, a, _, _ in pairs]
+            out.append({"task": task, "arm": arm, "protocol": protocol, "seeds": len(pairs),
+                        "ours_auc": statistics.fmean(p[0] for p in pairs),
+                        "acme_auc": statistics.fmean(p[1] for p in pairs), "diff_mean": statistics.fmean(diffs),
+                        "p_sign_flip": sign_flip_p(diffs), "p_t": paired_t_p(diffs),
+                        # Acme's train seconds / ours over the same env steps: > 1 means ours is faster.
+                        "time_ratio": statistics.median(p[3] / p[2] for p in pairs)})
+    return out
+
+
+def verdict(row: dict[str, Any]) -> str:
+    if row["diff_mean"] >= 0:
+        return "ours >= Acme"
+    return "ours lower (significant)" if min(row["p_t"], row["p_sign_flip"]) < 0.05 else "within seed noise"
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def markdown(curves: list[dict], tests: list[dict], aucs: list[dict], command_line: str) -> str:
+    from bench.machine import machine_info  # pylint: disable=import-outside-toplevel
+    seeds = sorted({r["seed"] for r in curves})
+    lines = [
+        "# D4PG fidelity: this project vs Acme 0.4.0 (JAX D4PG), same settings, same seeds", "",
+        f"`{command_line}`, {time.strftime('%Y-%m-%d')}. Machine: {json.dumps(machine_info())}.", "",
+        "Both at Acme's control-suite settings; single process each, one run at a time, arms interleaved per "
+        "seed. Evaluation every checkpoint: a noiseless actor on its own environment, two protocols: the mean "
+        "over the evaluation episodes, and the first episode alone (Acme's usual protocol). Return per env step "
+        "does not depend on machine load; seconds do (train seconds leave evaluation out).", "",
+        f"Seeds: {', '.join(map(str, seeds))}.", "",
+        "## Return per env step: area under the curve (mean return over checkpoints), ours - Acme paired by seed",
+        "",
+        "| task | ours | protocol | seeds | ours | Acme | ours - Acme | p (sign flip) | p (t) | verdict | "
+        "Acme train s / ours |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
+    ]
+    for r in aucs:
+        lines.append(f"| {r['task']} | {r['arm']} | {PROTOCOLS[r['protocol']]} | {r['seeds']} | {r['ours_auc']:.1f} "
+                     f"| {r['acme_auc']:.1f} | {r['diff_mean']:+.1f} | {r['p_sign_flip']:.3f} | {r['p_t']:.3f} | "
+                     f"{verdict(r)} | {r['time_ratio']:.2f}x |")
+    lines += ["", "## Paired test per checkpoint (ours - Acme over seeds)", "",
+              "| task | ours | protocol | env steps | seeds | ours | Acme | ours - Acme | p (sign flip) | p (t) |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in tests:
+        lines.append(f"| {r['task']} | {r['arm']} | {'mean' if r['protocol'] == 'return' else 'first'} | "
+                     f"{r['actor_steps']:,} | {r['seeds']} | {r['ours_mean']:.1f} | {r['acme_mean']:.1f} | "
+                     f"{r['diff_mean']:+.1f} | {r['p_sign_flip']:.3f} | {r['p_t']:.3f} |")
+    lines += ["", "Every evaluation: `fidelity_curves.csv`; these tests: `fidelity_tests.csv`; curves: "
+              "`fidelity.png`.", ""]
+    return "\n".join(lines)
+
+
+def plot(curves: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    import numpy as np  # pylint: disable=import-outside-toplevel
+    tasks = sorted({r["task"] for r in curves})
+    panels = (("actor_steps", "return", "env steps", "mean of episodes"),
+              ("actor_steps", "return_first", "env steps", "first episode"),
+              ("train_clock_s", "return", "train seconds", "mean of episodes"))
+    fig, axes = plt.subplots(len(tasks), len(panels), figsize=(5 * len(panels), 3.6 * len(tasks)), squeeze=False)
+    colors = {"fp32": "tab:blue", "int8": "tab:orange", "acme": "tab:green"}
+    for row, task in enumerate(tasks):
+        for col, (x_key, y_key, x_label, y_label) in enumerate(panels):
+            ax = axes[row][col]
+            for arm in ARMS:
+                runs = {}
+                for r in curves:
+                    if (r["task"], r["arm"]) == (task, arm):
+                        runs.setdefault(r["seed"], []).append(r)
+                if not runs:
+                    continue
+                steps = sorted(set.intersection(*(set(x["actor_steps"] for x in v) for v in runs.values())))
+                table = {s: {x["actor_steps"]: x for x in v} for s, v in runs.items()}
+                y = np.array([[table[s][st][y_key] for st in steps] for s in runs])
+                x = np.array([[table[s][st][x_key] for st in steps] for s in runs]).mean(axis=0)
+                label = f"{'Acme' if arm == 'acme' else 'ours ' + arm} (n={len(runs)})"
+                ax.plot(x, y.mean(axis=0), color=colors[arm], label=label)
+                ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=colors[arm], alpha=0.15)
+            ax.set_title(f"{task}: {y_label}", fontsize=10)
+            ax.set_xlabel(x_label)
+            ax.set_ylabel("return (mean over seeds, band min-max)")
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(runs: Path, out: Path, command_line: str) -> str:
+    curves = load_curves(runs)
+    if not curves:
+        raise UsageError(f"no finished runs under {str(runs)!r}")
+    out.mkdir(parents=True, exist_ok=True)
+    tests, aucs = paired_tests(curves), auc_tests(curves)
+    _write_csv(out / "fidelity_curves.csv", curves)
+    if tests:
+        _write_csv(out / "fidelity_tests.csv", tests)
+    text = markdown(curves, tests, aucs, command_line)
+    (out / "fidelity.md").write_text(text, encoding="utf-8")
+    plot(curves, out / "fidelity.png")
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parse_args(argv)
+        if args.command == "run":
+            run_all(args)
+        print(report(Path(args.runs), Path(args.out), "python -m bench.fidelity " + " ".join(argv)))
+    except UsageError as e:
+        print(f"bench.fidelity: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"bench.fidelity: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
