@@ -88,7 +88,7 @@ class Builder:
             "priority_exponent": 0.0,
             "samples_per_insert": c.samples_per_insert,
             "min_size_to_sample": c.min_replay_size,
-            "error_buffer": c.rate_limiter_error_buffer,
+            "error_buffer": c.rate_limiter_diffs,  # (min_diff, max_diff): Acme's local learner schedule
         }
 
     def make_table(self, env_spec: Any, seed: int | None = None) -> Any:

@@ -132,6 +132,20 @@ class D4PGConfig:
         return max(float(self.batch_size),
                    self.min_replay_size * self.samples_per_insert_tolerance * self.samples_per_insert)
 
+    @property
+    def rate_limiter_diffs(self) -> tuple[float, float]:
+        """(min_diff, max_diff) of the replay's rate limiter, on diff = inserts * samples_per_insert - samples.
+
+        max_diff is Acme's: actors may run `rate_limiter_error_buffer` samples ahead of the ratio. min_diff lets
+        the learner draw exactly one batch when replay first holds `min_replay_size` items and then one batch per
+        `batch_size / samples_per_insert` inserts, which is how Acme's local D4PG schedules learner steps
+        (acme/agents/agent.py `_calculate_num_learner_steps`); the symmetric buffer would allow a burst of
+        error_buffer / batch_size (12 at the defaults) learner steps at that moment. The learner's steady rate
+        is the same either way."""
+        offset = self.samples_per_insert * self.min_replay_size
+        ahead = max(self.rate_limiter_error_buffer, 2.0 * max(1.0, self.samples_per_insert))
+        return offset - self.batch_size, offset + ahead
+
 
 def sigma_for_actor(config: D4PGConfig, actor_id: int, num_actors: int) -> float:
     """Exploration std-dev of actor `actor_id` of `num_actors`: log-spaced around `config.sigma`.

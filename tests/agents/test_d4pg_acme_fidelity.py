@@ -22,8 +22,9 @@ from agents.d4pg.learning import TrainingState, make_optimizer, make_update_fn, 
 from agents.d4pg.networks import make_networks
 from quarl import adders
 
-SMALL = dict(policy_layer_sizes=(256, 256), critic_layer_sizes=(256, 128), num_atoms=21, vmin=-10.0, vmax=10.0,
+SMALL = dict(policy_layer_sizes=(32, 32), critic_layer_sizes=(64, 32), num_atoms=21, vmin=-10.0, vmax=10.0,
              batch_size=16, min_replay_size=32, max_replay_size=1000, samples_per_insert=8.0)
+WIDE = dict(SMALL, policy_layer_sizes=(256, 256), critic_layer_sizes=(256, 128))  # for initialiser statistics
 
 
 def _uniform_scaling_check(w: np.ndarray, scale: float) -> None:
@@ -38,7 +39,7 @@ def test_policy_and_critic_initialise_as_acme_layer_norm_mlp():
     """acme/jax/networks/continuous.py: LayerNormMLP layers use UniformScaling(0.333) (std 0.333/sqrt(fan_in),
     a third of haiku's default), the policy's last layer VarianceScaling(1e-4) (std 0.01/sqrt(fan_in)), biases
     zero, for the policy torso and every critic layer including the atom logits."""
-    config = D4PGConfig(**SMALL)
+    config = D4PGConfig(**WIDE)
     nets = make_networks(config, obs_dim=24, action_min=[-1.0] * 6, action_max=[1.0] * 6)
     obs, act = jnp.zeros((1, 24)), jnp.zeros((1, 6))
     policy = jax.device_get(nets.policy.init(jax.random.PRNGKey(0), obs))
@@ -102,8 +103,9 @@ def test_policy_is_trained_at_next_observations():
              "reward": rng.normal(size=16), "discount": np.full(16, 0.9),
              "next_observation": 3.0 + rng.normal(size=(16, 5))}
     batch = {k: jnp.asarray(v, jnp.float32) for k, v in batch.items()}
-    new_state, _ = make_update_fn(nets, config, optimizer)(state, batch)
+    new_state, _ = jax.jit(make_update_fn(nets, config, optimizer))(state, batch)
 
+    @jax.jit
     def after(states):
         grads = jax.grad(lambda q: policy_loss(nets, q, c, states, config.dqda_clipping)[0])(p)
         updates, _ = optimizer.update(grads, optimizer.init(p), p)
@@ -214,3 +216,56 @@ def test_optimiser_clips_the_global_norm_at_40_as_acme():
     up_small, _ = opt.update(small, opt.init(params), params)
     np.testing.assert_allclose(up_huge["w"], up_small["w"], rtol=1e-6)  # the huge gradient was clipped to 40
     assert make_optimizer(dataclasses.replace(config, max_gradient_norm=None)) is not None
+
+
+def test_critic_loss_is_acmes_categorical_td_learning():
+    """Acme's critic_loss: `vmap(rlax.categorical_td_learning)(atoms, q_tm1, r, gamma * discount, atoms, q_t)`
+    averaged over the batch. Ours stores gamma^k in `discount` (Acme stores gamma^(k-1) and multiplies by gamma in
+    the learner), so feeding Acme's function our discount must give our loss exactly."""
+    import rlax  # pylint: disable=import-outside-toplevel
+    from agents.d4pg.learning import critic_loss  # pylint: disable=import-outside-toplevel
+    from tests.agents.test_d4pg import _batch  # pylint: disable=import-outside-toplevel
+    config = D4PGConfig(**SMALL)
+    nets = make_networks(config, obs_dim=5, action_min=[-1.0], action_max=[1.0])
+    obs, act = jnp.zeros((1, 5)), jnp.zeros((1, 1))
+    p = nets.policy.init(jax.random.PRNGKey(0), obs)
+    c, c_target = (nets.critic.init(jax.random.PRNGKey(k), obs, act) for k in (1, 2))
+    batch = {k: jnp.asarray(v) for k, v in _batch(np.random.default_rng(4), 16, discount=0.9).items()}
+    batch["discount"] = batch["discount"].at[:4].set(0.0)  # some terminal transitions
+    batch["reward"] = batch["reward"] * 40.0  # targets beyond the support: mass lands on the end atoms
+    ours = critic_loss(nets, c, p, c_target, batch)
+    q_tm1 = nets.critic.apply(c, batch["observation"], batch["action"])
+    q_t = nets.critic.apply(c_target, batch["next_observation"], nets.policy.apply(p, batch["next_observation"]))
+    acme = jax.vmap(rlax.categorical_td_learning, in_axes=(None, 0, 0, 0, None, 0))(
+        nets.atoms, q_tm1, batch["reward"], batch["discount"], nets.atoms, q_t)
+    np.testing.assert_allclose(float(ours), float(jnp.mean(acme)), rtol=1e-5)
+
+
+def test_replay_limiter_starts_learning_as_acmes_local_agent():
+    """Acme's local D4PG (acme/agents/agent.py `_calculate_num_learner_steps`, min_observations 1000,
+    observations_per_step = 256 / 32 = 8) takes one learner step when 1000 items are in and one per 8 more.
+    Draining the table whenever it allows a batch (the single-process loop) must give the same schedule, while
+    actors of a distributed run may still run Acme's error buffer (3200 samples = 100 inserts) ahead."""
+    from tests.agents.test_d4pg import _spec  # pylint: disable=import-outside-toplevel
+    config = D4PGConfig(max_replay_size=5000)
+    table = Builder(config).make_table(_spec(3), seed=0)
+    item = {"observation": np.zeros((1, 3), np.float32), "action": np.zeros((1, 1), np.float32),
+            "reward": np.zeros(1, np.float32), "discount": np.ones(1, np.float32),
+            "next_observation": np.zeros((1, 3), np.float32)}
+    ours, acme = [], []
+    for inserts in range(1, 2001):
+        table.insert(item, timeout=0.0)
+        while table.can_sample(config.batch_size):
+            table.sample(config.batch_size, timeout=0.0)
+            ours.append(inserts)
+        n = inserts - max(config.batch_size, config.min_replay_size)
+        if n >= 0 and n % int(config.batch_size / config.samples_per_insert) == 0:
+            acme.append(inserts)
+    assert ours == acme and ours[:2] == [1000, 1008]
+    # Actors alone (no learner) may insert up to Acme's error buffer past the ratio, then block.
+    fresh = Builder(config).make_table(_spec(3), seed=0)
+    allowed = 0
+    while fresh.can_insert(1) and allowed < 2000:
+        fresh.insert(item, timeout=0.0)
+        allowed += 1
+    assert allowed == 1000 + int(config.rate_limiter_error_buffer / config.samples_per_insert)
