@@ -93,9 +93,9 @@ class D4PGActor:
         if obs.ndim != 2 or obs.shape[1] != self._obs_dim:
             raise ValueError(f"observations must be [K, {self._obs_dim}], got shape {obs.shape}")
         actions = np.asarray(self._executor(obs), np.float32)
-        if not self.evaluation and self._sigma > 0.0:
-            actions = actions + self._rng.normal(0.0, self._sigma, actions.shape).astype(np.float32)
-        return np.clip(actions, self._low, self._high)
+        if self.evaluation or self._sigma == 0.0:
+            return np.clip(actions, self._low, self._high)
+        return actions + self._rng.normal(0.0, self._sigma, actions.shape).astype(np.float32)
 
     def update(self, qparams: QuantizedParams) -> None:
         """New policy weights (same spec); the executor swaps them in place."""

@@ -269,3 +269,37 @@ def test_replay_limiter_starts_learning_as_acmes_local_agent():
         fresh.insert(item, timeout=0.0)
         allowed += 1
     assert allowed == 1000 + int(config.rate_limiter_error_buffer / config.samples_per_insert)
+
+
+class _FixedPolicy:
+    """Stands in for a runtime: every observation row gets the action `value`."""
+
+    def __init__(self, spec, qparams, backend="auto", batch_size=1):
+        del qparams, batch_size
+        self.value, self.backend, self.precision = 0.95, backend, "int8"
+        self._dim = spec.output_dim
+
+    def __call__(self, obs):
+        return np.full((obs.shape[0], self._dim), self.value, np.float32)
+
+    def update(self, qparams):
+        del qparams
+
+
+def test_exploring_actions_are_stored_unclipped_single_and_batched():
+    """Acme's behaviour policy is `rlax.add_gaussian_noise(pi(s))` with no clipping (the environment wrapper
+    clips what it executes), so replay holds actions beyond the bounds; evaluation stays inside them."""
+    from tests.agents.test_d4pg import _spec  # pylint: disable=import-outside-toplevel
+    builder = Builder(D4PGConfig(**SMALL, sigma=0.3))
+    spec = _spec(5)
+    actor = builder.make_actor(spec, None, seed=0, executor_factory=_FixedPolicy)
+    single = np.array([actor.select_action(np.zeros(5, np.float32)) for _ in range(500)])
+    batched = actor.select_actions(np.zeros((500, 5), np.float32))
+    for actions in (single, batched):
+        assert (actions > 1.0).mean() > 0.3 and abs(actions.mean() - 0.95) < 0.05
+        assert abs(actions.std() - 0.3) < 0.04
+    actor.evaluation = True
+    assert np.all(actor.select_actions(np.zeros((4, 5), np.float32)) == 0.95)
+    actor._executor.value = 1.02  # pylint: disable=protected-access  (a quantized head overshooting its bound)
+    assert np.all(actor.select_actions(np.zeros((4, 5), np.float32)) == 1.0)
+    assert actor.select_action(np.zeros(5, np.float32))[0] == 1.0
