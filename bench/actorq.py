@@ -358,7 +358,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# ActorQ distributed benchmark (`python -m bench.actorq`)",
         "",
-        f"Machine: {m['cpu']}, {m['cores']} logical cores; load average {m['load_start'][0]:.1f} at start, "
+        f"Machine: {m['cpu']} ({', '.join(result.get('cpu_flags', [])) or 'no AVX2/AVX-512 flags'}), {m['cores']} logical cores; "
+        f"load average {m['load_start'][0]:.1f} at start, "
         f"{m['load_end'][0]:.1f} at end (shared machine: absolute numbers are noisy, ratios are measured "
         "side by side). Raw data: `actorq.json`; chart: `actorq.png`.",
         "",
@@ -427,7 +428,8 @@ def run(quick: bool, out: Path, seeds: list[int], e2e: bool, allow_busy: bool = 
 
     budget = QUICK if quick else FULL
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"machine": machine_info(allow_busy), "quick": quick, "budget": dataclasses.asdict(budget)}
+    result: dict[str, Any] = {"machine": machine_info(allow_busy), "quick": quick, "budget": dataclasses.asdict(budget),
+                              "cpu_flags": actor_sweep.cpu_flags()}  # the CPU class the int8/fp32 ratios belong to
     init_ray(None, num_cpus=8)
     import ray  # pylint: disable=import-outside-toplevel
 
