@@ -225,7 +225,8 @@ def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int
 
 
 def main(argv: list[str] | None = None) -> int:
-    from bench.machine import add_allow_busy, finish, machine_info, refuse_if_busy  # pylint: disable=import-outside-toplevel
+    from bench.machine import (  # pylint: disable=import-outside-toplevel
+        add_allow_busy, finish, machine_info, refuse_if_busy)
 
     parser = argparse.ArgumentParser(prog="bench.actor_sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a minute or two; writes to runs/bench/actor-sweep-quick")

@@ -88,12 +88,13 @@ def test_same_state_and_actions_give_the_same_trajectory_for_a_whole_episode(tas
 
 @pytest.mark.parametrize("task", sorted(ENVPOOL_TASKS))
 def test_initial_states_come_from_the_same_distribution(task):
-    """300 envpool starts (10 seeds, 30 starts each) against 300 dm_control starts (one environment reset 300 times): a two-sample Kolmogorov-Smirnov test per
-    observation dimension does not tell them apart (p > 1e-3 in every dimension)."""
+    """300 envpool starts (10 seeds, 30 starts each) against 300 dm_control starts (one environment reset 300
+    times): a two-sample Kolmogorov-Smirnov test per observation dimension does not tell them apart (p > 1e-3
+    in every dimension)."""
     n = 300
     pool = EnvpoolVectorEnvironment(task, list(range(10)))  # 10 seeds x 30 successive starts
     ours = np.stack([t.observation for _ in range(n // 10) for t in pool.reset()])
-    assert len(np.unique(ours, axis=0)) == n  # every start a fresh draw
+    assert len(np.unique(ours, axis=0)) == n  # every start is a fresh draw
     env = make_environment(task, 1000)
     ref = np.stack([env.reset().observation for _ in range(n)])  # successive starts: independent draws
     for dim in range(ours.shape[1]):
