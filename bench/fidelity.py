@@ -2,14 +2,16 @@
 
     python -m bench.fidelity run [--tasks cartpole:balance,walker:stand] [--seeds 0,1,2,3,4]
         [--arms fp32,int8,acme] [--steps cartpole:balance=40000,walker:stand=100000] [--eval-every 5000]
-        [--eval-episodes 10] [--acme-python /work/anchors_venv/bin/python] [--runs runs/bench/fidelity]
-        [--out bench/results] [--small]
+        [--eval-episodes 10] [--acme-python VENV/bin/python] [--runs runs/bench/fidelity]
+        [--out bench/results] [--small] [--allow-busy]
     python -m bench.fidelity report --runs DIR --out DIR      # tables, tests and plot from finished runs
 
 Both agents run at Acme's control-suite settings (policy 256x3 LayerNorm MLP, critic 512-512-256, 51 atoms on
 [-150, 150], batch 256, 32 samples per insert, n-step 5, sigma 0.3, Adam 1e-4, target copy every 100; `--small`
 shrinks the networks for a smoke test), one process each, one job at a time, arms interleaved per seed so machine
-load hits all alike. Ours is `launch.train` (single process); Acme's is `bench/acme_d4pg.py` in the legacy venv.
+load hits all alike. Ours is `launch.train` (single process); Acme's is `bench/acme_d4pg.py` in the legacy venv
+(`--acme-python` or $QUARL_ACME_PYTHON, as bench.peers). Like every benchmark, `run` refuses a busy machine
+unless `--allow-busy`; the load at the start and end of each `run` is kept in RUNS/machine.json and reported.
 Both evaluate every `eval_every` env steps with a noiseless actor on a separate environment (seed + 10000) for
 `eval_episodes` episodes and record two protocols: the mean over the episodes, and the first episode alone
 (Acme's usual protocol). Runs are resumable (a finished run is skipped).
@@ -28,12 +30,13 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.machine import BusyMachineError, add_allow_busy, check_load, describe_load, finish, machine_info
+from bench.peers import run_subprocess
 from launch.cli import OneLineArgumentParser
 
 REPO = Path(__file__).resolve().parents[1]
@@ -69,10 +72,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     run.add_argument("--steps", default="", help="TASK=N,... (default cartpole:balance=40000,walker:stand=100000)")
     run.add_argument("--eval-every", type=int, default=5000)
     run.add_argument("--eval-episodes", type=int, default=10)
-    run.add_argument("--acme-python", default=os.environ.get("ACME_PYTHON", "/work/anchors_venv/bin/python"))
+    run.add_argument("--acme-python", default=os.environ.get("QUARL_ACME_PYTHON", "/work/anchors_venv/bin/python"))
     run.add_argument("--runs", default=str(REPO / "runs" / "bench" / "fidelity"))
     run.add_argument("--out", default=str(REPO / "bench" / "results"))
     run.add_argument("--small", action="store_true", help="small networks (smoke test only)")
+    add_allow_busy(run)
     report = sub.add_parser("report", help="summarise finished runs")
     report.add_argument("--runs", default=str(REPO / "runs" / "bench" / "fidelity"))
     report.add_argument("--out", default=str(REPO / "bench" / "results"))
@@ -121,11 +125,15 @@ def finished(logdir: Path, arm: str) -> bool:
     return (logdir / ("done.json" if arm == "acme" else "summary.json")).exists()
 
 
+RUN_TIMEOUT_S = 4 * 3600.0  # one run; a hung one must not stall the whole benchmark
+
+
 def run_all(args: argparse.Namespace) -> None:
+    """Every missing run, one at a time (ours from this checkout: `python -m` imports from the cwd)."""
     runs = Path(args.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    machine = machine_info(args.allow_busy)
     jobs = [(t, s, a) for t in args.tasks for s in args.seeds for a in args.arms]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "QUARL_CARBON_COUNTRY": os.environ.get("QUARL_CARBON_COUNTRY", "USA")}
     for i, (task, seed, arm) in enumerate(jobs, 1):
         logdir = run_dir(runs, task, arm, seed)
         if finished(logdir, arm):
@@ -133,17 +141,20 @@ def run_all(args: argparse.Namespace) -> None:
         if logdir.exists():  # an interrupted run: start it again from scratch
             for p in sorted(logdir.rglob("*"), reverse=True):
                 p.unlink() if p.is_file() or p.is_symlink() else p.rmdir()
+            logdir.rmdir()
         logdir.parent.mkdir(parents=True, exist_ok=True)
         if arm == "acme":
             logdir.mkdir()
-        t = time.perf_counter()
         print(f"[{i}/{len(jobs)}] {task} {arm} seed {seed} ...", flush=True)
-        with open(logdir.parent / f"{arm}_s{seed}.log", "w", encoding="utf-8") as log:
-            rc = subprocess.run(command(args, task, arm, seed, logdir), cwd=REPO, env=env, stdout=log,
-                                stderr=subprocess.STDOUT, check=False).returncode
-        if rc != 0 or not finished(logdir, arm):
-            raise RuntimeError(f"{task} {arm} seed {seed} failed (exit {rc}); see {logdir.parent}/{arm}_s{seed}.log")
-        print(f"    done in {time.perf_counter() - t:.0f} s", flush=True)
+        log = logdir.parent / f"{arm}_s{seed}.log"
+        code, _, seconds = run_subprocess(command(args, task, arm, seed, logdir), log, RUN_TIMEOUT_S, REPO)
+        if code != 0 or not finished(logdir, arm):
+            raise RuntimeError(f"{task} {arm} seed {seed} failed (exit {code}); see {log}")
+        print(f"    done in {seconds:.0f} s", flush=True)
+    sessions_file = runs / "machine.json"
+    sessions = json.loads(sessions_file.read_text(encoding="utf-8")) if sessions_file.exists() else []
+    sessions.append(finish(machine))
+    sessions_file.write_text(json.dumps(sessions, indent=1), encoding="utf-8")
 
 
 def load_curves(runs: Path) -> list[dict[str, Any]]:
@@ -248,12 +259,15 @@ def _write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
         writer.writerows(rows)
 
 
-def markdown(curves: list[dict], tests: list[dict], aucs: list[dict], command_line: str) -> str:
-    from bench.machine import machine_info  # pylint: disable=import-outside-toplevel
+def markdown(curves: list[dict], tests: list[dict], aucs: list[dict], command_line: str,
+             sessions: Sequence[dict[str, Any]] = ()) -> str:
     seeds = sorted({r["seed"] for r in curves})
+    machine = machine_info()
+    loads = "; ".join(describe_load(m) for m in sessions) or "no run sessions recorded"
     lines = [
         "# D4PG fidelity: this project vs Acme 0.4.0 (JAX D4PG), same settings, same seeds", "",
-        f"`{command_line}`, {time.strftime('%Y-%m-%d')}. Machine: {json.dumps(machine_info())}.", "",
+        f"`{command_line}`, {time.strftime('%Y-%m-%d')}. Machine: {machine['cpu']}, {machine['cores']} cores, "
+        f"Python {machine['python']}; runs: {loads}.", "",
         "Both at Acme's control-suite settings; single process each, one run at a time, arms interleaved per "
         "seed. Evaluation every checkpoint: a noiseless actor on its own environment, two protocols: the mean "
         "over the evaluation episodes, and the first episode alone (Acme's usual protocol). Return per env step "
@@ -327,7 +341,9 @@ def report(runs: Path, out: Path, command_line: str) -> str:
     _write_csv(out / "fidelity_curves.csv", curves)
     if tests:
         _write_csv(out / "fidelity_tests.csv", tests)
-    text = markdown(curves, tests, aucs, command_line)
+    sessions_file = runs / "machine.json"
+    sessions = json.loads(sessions_file.read_text(encoding="utf-8")) if sessions_file.exists() else []
+    text = markdown(curves, tests, aucs, command_line, sessions)
     (out / "fidelity.md").write_text(text, encoding="utf-8")
     plot(curves, out / "fidelity.png")
     return text
@@ -338,9 +354,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = parse_args(argv)
         if args.command == "run":
+            check_load(args.allow_busy)
             run_all(args)
         print(report(Path(args.runs), Path(args.out), "python -m bench.fidelity " + " ".join(argv)))
-    except UsageError as e:
+    except (UsageError, BusyMachineError) as e:
         print(f"bench.fidelity: error: {e}", file=sys.stderr)
         return 2
     except RuntimeError as e:

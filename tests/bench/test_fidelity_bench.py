@@ -62,7 +62,9 @@ def test_report_pairs_seeds_per_checkpoint_and_over_the_curve(tmp_path):
         _fake_run(runs, "cartpole:balance", "int8", seed, [(s, t / 2, r, f) for s, t, r, f in acme])
     _fake_run(runs, "cartpole:balance", "fp32", 9, [(5000, 1.0, 1.0, 1.0)])  # no Acme partner: left out of tests
     (fidelity.run_dir(runs, "cartpole:balance", "int8", 7)).mkdir(parents=True)  # unfinished: ignored
+    (runs / "machine.json").write_text(json.dumps([{"cores": 2, "load_start": [1.5, 1, 1], "load_end": [0.5, 1, 1]}]))
     text = fidelity.report(runs, out, "python -m bench.fidelity report")
+    assert "load average 1.5 at the start and 0.5 at the end on 2 cores" in text
     tests = list(csv.DictReader(open(out / "fidelity_tests.csv", encoding="utf-8")))
     assert len(tests) == 2 * 2 * 2  # checkpoints x our arms x protocols
     fp32 = [r for r in tests if r["arm"] == "fp32"]
