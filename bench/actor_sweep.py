@@ -107,14 +107,10 @@ def _turn(loop: Any, actor: Any, actions: np.ndarray) -> dict[str, float]:
 
 
 def cpu_flags() -> list[str]:
-    """The CPU's SIMD features that decide int8 vs fp32 speed (the CPU class the ratios belong to)."""
-    wanted = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "amx_int8")
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((ln.split(":", 1)[1].split() for ln in f if ln.startswith("flags")), [])
-    except OSError:
-        flags = []
-    return [w for w in wanted if w in flags]
+    """The CPU class and SIMD features that decide int8 vs fp32 speed (`quarl.runtimes.cpu`)."""
+    from quarl.runtimes.cpu import cpu_class, cpu_info  # pylint: disable=import-outside-toplevel
+
+    return [cpu_class(), *cpu_info()["flags"]]
 
 
 def _median(values: list[float]) -> float:
@@ -192,7 +188,8 @@ def bench_sweep(budget: SweepBudget, sizes: list[int], envs: list[int], seed: in
 def markdown(sweep: dict[str, Any]) -> list[str]:
     """The sweep's section of a results page."""
     lines = [f"## Vectorized actors: K environments per actor, one policy call per step ({sweep['task']})", "",
-             f"Environments: {sweep['env_implementation']}; CPU features: {', '.join(sweep['cpu_flags']) or 'none'}. "
+             f"Environments: {sweep['env_implementation']}; CPU class and features: "
+             f"{', '.join(sweep['cpu_flags'])}. "
              "Same environment state sequence for both precisions (recorded actions), turns alternating; "
              "medians over rounds. Core-second = CPU time of the pinned one-thread actor process.", "",
              "| policy | K | fp32 steps/core-s | int8 steps/core-s | int8/fp32 | env-matched int8/fp32 | "

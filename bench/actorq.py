@@ -358,7 +358,7 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [
         "# ActorQ distributed benchmark (`python -m bench.actorq`)",
         "",
-        f"Machine: {m['cpu']} ({', '.join(result.get('cpu_flags', [])) or 'no AVX2/AVX-512 flags'}), "
+        f"Machine: {m['cpu']} ({', '.join(result.get('cpu_flags', []))}), "
         f"{m['cores']} logical cores; load average {m['load_start'][0]:.1f} at start, "
         f"{m['load_end'][0]:.1f} at end (shared machine: absolute numbers are noisy, ratios are measured "
         "side by side). Raw data: `actorq.json`; chart: `actorq.png`.",
