@@ -34,9 +34,9 @@ from typing import Any, Mapping, NoReturn, Sequence
 from launch import checkpoint as ckpt
 from launch.cli import (OneLineArgumentParser, UsageError, add_qat_argument, check_agent, check_backend,
                         check_carbon_country, check_logdir, check_positive, check_precision, check_seed, fail,
-                        parse_overrides, qat_overrides)
+                        parse_overrides, parse_resources, qat_overrides)
 from launch.progress import print_summary
-from launch.run_config import RunConfig
+from launch.run_config import SERVICE_SHARE, RunConfig
 
 DEFAULT_TASKS = {"d4pg": "cartpole:balance", "dqn": "CartPole-v1"}
 # The default job (`make run`): about two minutes on 2 cores, and it ends solved. D4PG: small networks, a value
@@ -85,6 +85,13 @@ def build_parser() -> OneLineArgumentParser:
                    help="ray (one process per node) or local (threads in this process, for debugging)")
     p.add_argument("--ray-address", default=None,
                    help="join this Ray cluster (also RAY_ADDRESS); default: a private local Ray")
+    p.add_argument("--actor-resource", dest="actor_resources", action="append", default=[],
+                   metavar="NAME[=AMOUNT]",
+                   help="Ray custom resource every actor needs (amount 1 by default), repeatable: pins the "
+                        "actors to the cluster nodes started with --resources '{\"NAME\": N}'")
+    p.add_argument("--learner-resource", dest="learner_resources", action="append", default=[], metavar="NAME",
+                   help="Ray custom resource marking the learner's machine, repeatable: the learner, replay, "
+                        "counter, quantizer and evaluator each ask for 0.01 of it")
     p.add_argument("--resume", default=None, help="continue from the latest checkpoint under this run dir")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="learner steps between checkpoints (0: only when the run ends)")
@@ -153,11 +160,18 @@ def validate(args: argparse.Namespace) -> Invocation:
     logdir = _choose_logdir(args.logdir, args.resume, agent, task, precision)
     if args.ray_address is not None and not args.ray_address.strip():
         raise UsageError("--ray-address must not be empty")
+    actor_resources = parse_resources("--actor-resource", args.actor_resources)
+    if any("=" in r for r in args.learner_resources):
+        raise UsageError("--learner-resource takes a resource NAME (each node there asks for 0.01 of it)")
+    learner_resources = {k: SERVICE_SHARE for k in parse_resources("--learner-resource", args.learner_resources)}
+    if (actor_resources or learner_resources) and args.runner != "ray":
+        raise UsageError("--actor-resource and --learner-resource need --runner ray")
     config = RunConfig(agent=agent, task=task, precision=precision, num_actors=num_actors,
                        max_actor_steps=steps, seed=seed, logdir=str(logdir), overrides=overrides, backend=backend,
                        eval_every=eval_every, eval_episodes=eval_episodes, publish_period=publish_period,
                        insert_batch=insert_batch, checkpoint_every=args.checkpoint_every, resume=resume,
-                       target_return=target_return, target_streak=target_streak, envs_per_actor=envs_per_actor)
+                       target_return=target_return, target_streak=target_streak, envs_per_actor=envs_per_actor,
+                       actor_resources=actor_resources, learner_resources=learner_resources)
     return Invocation(config, args.runner, args.ray_address, not args.no_progress)
 
 

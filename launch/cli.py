@@ -103,6 +103,26 @@ def check_positive(flag: str, value: int | None, *, optional: bool = False) -> i
     return value
 
 
+def parse_resources(flag: str, values: Sequence[str]) -> dict[str, float]:
+    """Ray custom resources from `NAME` or `NAME=AMOUNT` strings (amount 1 by default, finite and > 0)."""
+    import math  # pylint: disable=import-outside-toplevel
+
+    out: dict[str, float] = {}
+    for value in values:
+        name, sep, amount = value.partition("=")
+        name = name.strip()
+        if not name or not name.replace("_", "").replace("-", "").isalnum():
+            raise UsageError(f"{flag} wants NAME or NAME=AMOUNT (NAME letters, digits, _ or -), got {value!r}")
+        try:
+            number = float(amount) if sep else 1.0
+        except ValueError:
+            raise UsageError(f"{flag} {value!r}: the amount must be a number") from None
+        if not (math.isfinite(number) and number > 0):
+            raise UsageError(f"{flag} {value!r}: the amount must be finite and > 0")
+        out[name] = number
+    return out
+
+
 def check_seed(value: int) -> int:
     if value < 0:
         raise UsageError(f"--seed must be a non-negative integer, got {value}")

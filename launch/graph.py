@@ -23,23 +23,24 @@ def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program
     builder, env_spec = spec.builder(), spec.env_spec()
     logdir = os.path.abspath(config.logdir)
     program = Program("actorq")
+    near_learner = dict(config.learner_resources)  # learner, services and evaluator: on one machine
     counter = program.add(Node("counter", nc.Counter, {"resume": config.resume, "logdir": logdir},
-                               max_concurrency=8))
+                               max_concurrency=8, resources=near_learner))
     replay = program.add(Node(
         "replay", nc.ReplayServer,
         {"table": table_spec(builder, env_spec), "seed": derive_seed(config.seed, REPLAY_STREAM),
          "resume": config.resume, "logdir": logdir},
-        max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4)))
+        max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4), resources=near_learner))
     weights = program.add(Node(
         "weights", nc.WeightServer, {"precision": config.precision, "logdir": logdir},
-        max_concurrency=max(4, config.num_actors + 3)))
+        max_concurrency=max(4, config.num_actors + 3), resources=near_learner))
     program.add(Node(
         "learner", nc.LearnerNode,
         {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
          "weights": weights, "logdir": logdir, "precision": config.precision, "publish_period": config.publish_period,
          "prefetch": config.prefetch, "checkpoint_every": config.checkpoint_every, "resume": config.resume,
          "run_config": config.to_dict(), "log_every_s": config.log_every_s},
-        kind="worker", num_cpus=1, use_accelerator=True, max_concurrency=4))
+        kind="worker", num_cpus=1, use_accelerator=True, max_concurrency=4, resources=near_learner))
     for i in range(config.num_actors):
         program.add(Node(
             f"actor_{i}", nc.ActorNode,
@@ -48,13 +49,14 @@ def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program
              "backend": config.backend, "replay": replay, "counter": counter, "weights": weights,
              "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch,
              "envs_per_actor": config.envs_per_actor},
-            kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV))
+            kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV,
+            resources=dict(config.actor_resources)))
     program.add(Node(
         "evaluator", nc.Evaluator,
         {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
          "backend": config.backend, "weights": weights, "counter": counter, "logdir": logdir,
          "eval_every": config.eval_every, "episodes": config.eval_episodes},
-        kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV))
+        kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV, resources=near_learner))
     return program
 
 

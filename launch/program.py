@@ -115,6 +115,8 @@ class Node:
     max_concurrency: int = 1
     max_restarts: int = 0
     env_vars: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # Custom resources the node needs (Ray: only cluster nodes offering them host it; pins nodes to machines).
+    resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.name or not self.name.replace("_", "").isalnum():
@@ -127,6 +129,8 @@ class Node:
         if self.num_cpus < 0 or self.max_concurrency < 1 or self.max_restarts < 0:
             raise ValueError(f"node {self.name!r}: bad resources (num_cpus={self.num_cpus}, "
                              f"max_concurrency={self.max_concurrency}, max_restarts={self.max_restarts})")
+        if any(not k or not v > 0 for k, v in self.resources.items()):
+            raise ValueError(f"node {self.name!r}: resources need names and amounts > 0, got {dict(self.resources)}")
 
     def dependencies(self) -> list[str]:
         """Names of the nodes this node's arguments refer to."""

@@ -142,6 +142,13 @@ def _bind_to_loopback() -> None:
         ray_constants.ENABLE_RAY_CLUSTER = False
 
 
+def _is_loopback_address(address: str | None) -> bool:
+    from launch.loopback_cluster import is_loopback  # pylint: disable=import-outside-toplevel
+
+    host = (address or "").removeprefix("ray://").rsplit(":", 1)[0]
+    return bool(host) and is_loopback(host)
+
+
 def init_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
     """Connect to `address` / RAY_ADDRESS, or start a private local Ray; True when this call started it.
 
@@ -150,6 +157,8 @@ def init_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
     local = not address or address == "local"
     if local:
         _prepare_local_auth()
+    if local or _is_loopback_address(address):
+        # A cluster on 127.0.0.1 (launch.loopback_cluster) is reached on 127.0.0.1, not the host's address.
         _bind_to_loopback()
     import ray  # pylint: disable=import-outside-toplevel
 
@@ -176,6 +185,22 @@ def cluster_has_gpu() -> bool:
     return ray.cluster_resources().get("GPU", 0) >= 1
 
 
+def _check_custom_resources(program: Program) -> None:
+    """Every custom resource the nodes ask for exists in the cluster in the amount they ask for together
+    (otherwise Ray would queue them forever). RuntimeError naming the resource."""
+    import ray  # pylint: disable=import-outside-toplevel
+
+    wanted: dict[str, float] = {}
+    for node in program.nodes:
+        for key, amount in node.resources.items():
+            wanted[key] = wanted.get(key, 0.0) + float(amount)
+    have = ray.cluster_resources()
+    for key, amount in sorted(wanted.items()):
+        if have.get(key, 0.0) < amount:
+            raise RuntimeError(f"the Ray cluster offers {have.get(key, 0.0):g} of resource {key!r}, the nodes "
+                               f"ask for {amount:g} (start a node with --resources '{{\"{key}\": {amount:g}}}')")
+
+
 class RayLaunch:
     """A running program on Ray: handles by node name, `run()` futures for workers, and teardown."""
 
@@ -189,6 +214,8 @@ class RayLaunch:
         self.namespace = f"{program.name}-{secrets.token_hex(4)}"
         self.handles: dict[str, RayNodeHandle] = {}
         gpu = cluster_has_gpu()
+        self._placement: dict[str, str] = {}  # node name -> Ray node id, once every node is up
+        _check_custom_resources(program)
         try:
             for node in program.nodes:
                 options: dict[str, Any] = {
@@ -202,6 +229,9 @@ class RayLaunch:
                     options["num_gpus"] = 1
                 if node.env_vars:
                     options["runtime_env"] = {"env_vars": dict(node.env_vars)}
+                if node.resources:
+                    options["resources"] = dict(node.resources)
+
                 cls = ray.remote(node.cls).options(name=node.name, namespace=self.namespace, **options)
                 actor = cls.remote(**resolve_handles(dict(node.kwargs), self.handles))
                 self._actors[node.name] = actor
@@ -221,6 +251,39 @@ class RayLaunch:
             raise TimeoutError(f"nodes not up after {timeout:.0f} s: does the cluster have "
                                f"{self.program.num_cpus:g} CPUs free?") from None
         ray.get(refs)
+        self._placement = self.placement()
+
+    def placement(self) -> dict[str, str]:
+        """Node name -> id of the Ray node (machine) its process runs on, as the cluster's GCS says now."""
+        from ray._private import state  # pylint: disable=import-outside-toplevel
+
+        out = {}
+        for name, actor in self._actors.items():
+            info = state.actors(actor._actor_id.hex())  # pylint: disable=protected-access
+            out[name] = str(((info or {}).get("Address") or {}).get("NodeID") or "")
+        return out
+
+    def lost_hosts(self) -> dict[str, list[str]]:
+        """Ray nodes (machines) that hosted some of this program's nodes when it started and are dead now:
+        Ray node id -> the program's node names that were on it."""
+        import ray  # pylint: disable=import-outside-toplevel
+
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        lost: dict[str, list[str]] = {}
+        for name, host in self._placement.items():
+            if host and host not in alive:
+                lost.setdefault(host, []).append(name)
+        return lost
+
+    def can_host(self, name: str) -> bool:
+        """Whether a live Ray node still offers what node `name` asks for (its custom resources)."""
+        import ray  # pylint: disable=import-outside-toplevel
+
+        wanted = self.program.node(name).resources
+        for n in ray.nodes():
+            if n.get("Alive") and all(n.get("Resources", {}).get(k, 0) >= v for k, v in wanted.items()):
+                return True
+        return False
 
     def run(self, name: str) -> RayFuture:
         return self.handles[name].submit("run")

@@ -8,8 +8,10 @@ skipped, so an interrupted grid resumes where it stopped; a run folder without o
 cleared and run again. When the grid is done (or with --report-only, without running anything) OUT/NAME/
 gets figure.png, speedup.csv, carbon.csv, runtime.csv/png, grid.csv and report.md (see launch.report).
 
-Runs are sequential on purpose: their wall clocks are what the figure compares, so two runs must never
-share the machine. Bad flags print one line on stderr and exit 2 before anything is written; a grid with a
+On one machine runs are sequential on purpose: their wall clocks are what the figure compares, so two runs
+must never share the machine. With --ray-address ADDR (single-process runner) the grid's runs are Ray tasks on
+that cluster, --cpus-per-run CPUs each, as many at once as fit (`launch.grid_cluster`); results land in the
+same folder, and the grid resumes the same way. Bad flags print one line on stderr and exit 2 before anything is written; a grid with a
 failed run exits 1 after drawing the report of the runs that finished; Ctrl-C exits 130.
 """
 from __future__ import annotations
@@ -169,6 +171,8 @@ class Invocation:
     fraction: float
     report_only: bool
     progress: bool
+    ray_address: str | None = None  # run the grid as Ray tasks on this cluster
+    cpus_per_run: float = 1.0
 
     def plan(self) -> list[PlannedRun]:
         """Seed-major order: after each seed every panel has all its precisions, so a grid stopped halfway
@@ -195,6 +199,10 @@ def build_parser() -> OneLineArgumentParser:
                    help="target = this fraction of the fp32 final return, for time-to-target (default 0.9)")
     p.add_argument("--report-only", action="store_true", help="redraw the report from existing runs only")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--ray-address", default=None,
+                   help="run the grid's runs as Ray tasks on this cluster, as many at once as fit (single runner)")
+    p.add_argument("--cpus-per-run", type=float, default=1.0,
+                   help="CPUs each run reserves on the cluster (with --ray-address; default 1)")
     return p
 
 
@@ -249,8 +257,17 @@ def validate(args: argparse.Namespace) -> Invocation:
     else:
         _check_writable(root)
         _check_same_grid(root, args.budget, runner)
+    address = args.ray_address
+    if address is not None:
+        if not address.strip():
+            raise UsageError("--ray-address must not be empty")
+        if runner != "single":
+            raise UsageError("--ray-address runs the single-process runner's runs as Ray tasks; "
+                             "use --runner single")
+    if not (args.cpus_per_run > 0 and args.cpus_per_run < float("inf")):
+        raise UsageError(f"--cpus-per-run must be a positive number, got {args.cpus_per_run}")
     return Invocation(panels, precisions, seeds, args.budget, runner, backend, root, float(args.fraction),
-                      bool(args.report_only), not args.no_progress)
+                      bool(args.report_only), not args.no_progress, address, float(args.cpus_per_run))
 
 
 def _check_writable(root: Path) -> None:
@@ -347,7 +364,8 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     budgets = dict(meta.get("budgets") or {})  # panels run earlier under this name keep their entry
     budgets.update({r.panel: _jsonable(dataclasses.asdict(r.budget)) for r in plan})
     write_json_atomic(inv.root / "grid.json", {"budget": inv.budget, "runner": inv.runner, "backend": inv.backend,
-                                               "budgets": budgets})
+                                               "budgets": budgets, "cluster": inv.ray_address is not None,
+                                               "cpus_per_run": inv.cpus_per_run if inv.ray_address else None})
     todo = [r for r in plan if not is_finished(read_summary(r.run_dir(inv.root)))]
     if todo:  # the machine the numbers come from (a report-only redraw elsewhere keeps it)
         write_json_atomic(inv.root / "machine.json", machine_info())
@@ -355,6 +373,9 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     failures: list[str] = []
     with tqdm(total=len(plan), initial=len(plan) - len(todo), disable=not inv.progress, unit="run",
               desc="grid", dynamic_ncols=True, file=sys.stderr) as bar:
+        if inv.ray_address is not None:
+            _run_grid_on_cluster(inv, todo, bar, failures)
+            return len(todo), failures
         for run in todo:
             run_dir = run.run_dir(inv.root)
             bar.set_postfix_str(f"{run.panel} {run.precision} seed{run.seed}", refresh=True)
@@ -373,6 +394,26 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
                           f"{summary.get('final_eval_return')} in {time.monotonic() - t0:.0f} s", file=sys.stderr)
             bar.update(1)
     return len(todo), failures
+
+
+def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: Any, failures: list[str]) -> None:
+    """`todo` as Ray tasks on the cluster (`launch.grid_cluster`), reported as they finish."""
+    from launch.grid_cluster import run_on_cluster  # pylint: disable=import-outside-toplevel
+
+    for run in todo:
+        _clear(run.run_dir(inv.root))
+
+    def on_done(run: PlannedRun, summary: dict | None, error: str | None, seconds: float) -> None:
+        if error is not None:
+            failures.append(f"{run.panel} {run.precision} seed{run.seed}: {' '.join(error.split())[:300]}")
+            bar.write(f"{PROG}: run failed: {failures[-1]}", file=sys.stderr)
+        else:
+            bar.write(f"{run.panel:>16} {run.precision:>5} seed{run.seed}: final return "
+                      f"{(summary or {}).get('final_eval_return')} at {seconds:.0f} s", file=sys.stderr)
+        bar.update(1)
+
+    assert inv.ray_address is not None
+    run_on_cluster(todo, inv.root, inv.backend, inv.ray_address, inv.cpus_per_run, on_done)
 
 
 def _jsonable(value: Any) -> Any:

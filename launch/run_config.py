@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
+SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every service and the evaluator
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
@@ -34,8 +36,14 @@ class RunConfig:
     target_return: float | None = None  # end the run once `target_streak` evaluations in a row reach it
     target_streak: int = 1
     envs_per_actor: int = 1  # environments each actor steps with one batched policy call (the paper: 1)
+    actor_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)  # per actor (Ray custom)
+    # Ray custom resources marking the learner's machine: learner, services and evaluator each ask for
+    # SERVICE_SHARE of every one, so they run there together.
+    learner_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
         d["overrides"] = {k: list(v) if isinstance(v, tuple) else v for k, v in self.overrides.items()}
+        d["actor_resources"] = dict(self.actor_resources)
+        d["learner_resources"] = dict(self.learner_resources)
         return d

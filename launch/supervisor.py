@@ -22,6 +22,7 @@ from quarl.logs import CSVLogger, write_json_atomic
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 POLL_S = 0.5
 STOP_GRACE_S = 6.0  # after Ctrl-C: how long nodes get to flush and checkpoint before they are killed
+HOST_LOSS_WAIT_S = 20.0  # every actor failed: how long to look for a lost cluster machine that explains it
 LOST_GRACE_S = 3.0  # after a node died: no checkpoint is possible without it; flush logs and stop
 REPLAY_LOG_FIELDS = ["wall_clock_s", "actor_steps", "learner_steps", "size", "inserts", "samples",
                      "samples_per_insert", "rate_limiter_diff", "insert_blocked_calls", "sample_blocked_calls"]
@@ -65,6 +66,8 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
     status, error = "completed", None
     signum = None
     lost: dict[str, str] = {}
+    lost_hosts: set[str] = set()  # Ray nodes (machines) found dead, already reported
+    placement: dict[str, str] = {}  # node name -> Ray node id (Ray runner)
     replay_log = _ReplayLog(config.logdir, config.log_every_s)
     launch = None
     futures: dict[str, Any] = {}
@@ -85,6 +88,7 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
             if _SIGNALS_RECEIVED:
                 raise _Interrupted(_SIGNALS_RECEIVED[-1])
             launch.wait_ready()
+            placement = dict(launch.placement()) if hasattr(launch, "placement") else {}
             if on_launch is not None:
                 on_launch(launch)
             for name in ("learner", *actors, "evaluator"):
@@ -96,7 +100,10 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
                         raise _Interrupted(_SIGNALS_RECEIVED[-1])
                     snap, evals = _poll(launch, config, replay_log)
                     view.update(snap)
-                    error = _check_workers(futures, actors)
+                    error = _check_hosts(launch, config.logdir, lost_hosts) or _check_workers(futures, actors)
+                    if error and error.startswith("every actor failed"):
+                        # Their machine may be gone: the cluster notices within seconds; name it if so.
+                        error = _check_hosts(launch, config.logdir, lost_hosts, wait_s=HOST_LOSS_WAIT_S) or error
                     if error:
                         status = "failed"
                         break
@@ -142,6 +149,8 @@ def run_program(config: Any, runner: Any, *, progress: bool = False, node_classe
                 signal.signal(s, handler)
     summary = make_summary(config, status, error, results, stats, time.monotonic() - t_start)
     summary["lost_nodes"] = sorted(lost)
+    summary["placement"] = placement
+    summary["lost_hosts"] = sorted(lost_hosts)
     write_json_atomic(Path(config.logdir) / "summary.json", summary)
     code = EXIT_OK if status == "completed" else EXIT_FAILED
     if status == "interrupted":
@@ -228,6 +237,32 @@ def _check_workers(futures: Mapping[str, Any], actors: Sequence[str]) -> str | N
                 failed.append(name)
     if failed and len(failed) == len(actors):
         return f"every actor failed ({', '.join(failed)})"
+    return None
+
+
+def _check_hosts(launch: Any, logdir: str, reported: set[str], wait_s: float = 0.0) -> str | None:
+    """A cluster machine (Ray node) that hosted some of our nodes died: named in events.log once. Services
+    on it surface as `NodeLost`; actors are restarted by Ray where a live machine offers what they need
+    (their custom resources), and when none does the run cannot go on: the returned error ends it.
+    `wait_s` > 0: keep looking that long for a lost machine (its death reaches the node table late)."""
+    if not hasattr(launch, "lost_hosts"):
+        return None  # the local runner has one machine
+    deadline = time.monotonic() + wait_s
+    lost = launch.lost_hosts()
+    while not set(lost) - reported and time.monotonic() < deadline:
+        time.sleep(0.5)
+        lost = launch.lost_hosts()
+    for host, names in sorted(lost.items()):
+        if host in reported:
+            continue
+        reported.add(host)
+        stranded = [n for n in names if n.startswith("actor_") and not launch.can_host(n)]
+        log_event(logdir, "driver", f"cluster node {host[:16]} lost; it hosted {', '.join(sorted(names))}"
+                                    + (f"; no live node can host {', '.join(stranded)}" if stranded else
+                                       "; Ray restarts its actors on the remaining nodes"))
+        if stranded:
+            return (f"cluster node {host[:16]} was lost with {', '.join(stranded)} on it, and no live node "
+                    f"offers the resources they need; the run cannot continue")
     return None
 
 

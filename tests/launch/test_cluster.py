@@ -1,0 +1,148 @@
+"""The cluster path on a real multi-node Ray: a head and worker nodes on this machine, loopback only
+(`launch.loopback_cluster`, what README "On a cluster" shows), one cluster for the module.
+
+Proves: every node, port and connection of the cluster is on 127.0.0.1; `launch.actorq --ray-address` with
+`--actor-resource` runs every actor on the worker node and the learner and services on the head; each weight
+version crosses to the actors' node at most once, not once per actor; a worker node killed mid-run is named in
+events.log and ends the run with one line and exit 1; `launch.reproduce --ray-address` runs a tiny grid as Ray
+tasks into the usual folder and report; no process of the cluster is left afterwards. Every wait is bounded.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from launch.loopback_cluster import LoopbackCluster
+from launch.report import is_finished
+
+REPO = Path(__file__).resolve().parents[2]
+RUN_TIMEOUT_S = 240
+# Tiny DQN with a 384x384 network: its int8 payload (~150 kB) is above Ray's 100 kB inline limit, so it
+# travels through the object store, whose transfers the raylet counts.
+TINY_ACTORQ = ["--agent", "dqn", "--task", "CartPole-v1", "--precision", "int8", "--num-actors", "2",
+               "--set", "hidden_sizes=384,384", "--set", "min_replay_size=100", "--set", "batch_size=32",
+               "--set", "samples_per_insert=8", "--backend", "onnx", "--eval-every", "300",
+               "--eval-episodes", "1", "--insert-batch", "32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    """Head (3 CPUs, resource learner_slot) + node w1 (2 CPUs, resource actor_slot). On teardown every
+    process of the cluster is killed, and none may be left."""
+    c = LoopbackCluster(tmp_path_factory.mktemp("rc"))
+    try:
+        c.start_head(3, {"learner_slot": 1})
+        c.add_node("w1", 2, {"actor_slot": 2})
+        yield c
+    finally:
+        c.stop()
+        left = c.processes()
+        assert not left, f"cluster processes left: {[p.pid for p in left]}"
+
+
+def _env(c: LoopbackCluster) -> dict[str, str]:
+    env = {**os.environ, **c.env}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def _actorq(c: LoopbackCluster, logdir: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "launch.actorq", "--ray-address", str(c.address),
+                             "--logdir", str(logdir), *TINY_ACTORQ, *extra], cwd=REPO, env=_env(c),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _node_ids(c: LoopbackCluster) -> dict[str, str]:
+    """Our node name -> Ray node id, from the cluster's node table (via `ray list`-free GCS access)."""
+    out = subprocess.run([sys.executable, "-c", (
+        "import json, ray; from launch.ray_runner import init_ray; init_ray(%r); "
+        "print(json.dumps([[n['NodeID'], n['NodeManagerAddress'], n['Alive'], n['Resources']] "
+        "for n in ray.nodes()]))") % c.address], cwd=REPO, env=_env(c), capture_output=True, text=True,
+        timeout=60, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_every_node_and_port_is_on_loopback(cluster: LoopbackCluster) -> None:
+    table = _node_ids(cluster)
+    assert len(table) == 2 and all(alive for _, _, alive, _ in table)
+    assert {addr for _, addr, _, _ in table} == {"127.0.0.1"}
+    listening = cluster.listening()
+    assert {n for n, _, _ in listening} == {"head", "w1"}
+    assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for _, ip, _ in listening), listening
+
+
+def test_actors_run_on_the_worker_node_and_each_version_crosses_once(cluster: LoopbackCluster,
+                                                                     tmp_path: Path) -> None:
+    worker = next(i for i, _, _, res in _node_ids(cluster) if res.get("actor_slot"))
+    before = cluster.chunks_received("w1")
+    # Weights change rarely (every 40 learner steps) and actors ask often (every 10 steps): both actors
+    # fetch every version, so per-actor transfers would be twice the versions.
+    proc = _actorq(cluster, tmp_path / "run", "--actor-resource", "actor_slot", "--learner-resource",
+                   "learner_slot", "--max-actor-steps", "800", "--publish-period", "40",
+                   "--actor-update-period", "10")
+    out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, err[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    placement = summary["placement"]
+    assert {placement[f"actor_{i}"] for i in range(2)} == {worker}
+    assert worker not in {placement[n] for n in ("learner", "replay", "counter", "quantizer", "evaluator")}
+    assert all(a["total_steps"] > 0 for a in summary["actors"])
+    time.sleep(2.5)  # the raylet's counters are dumped every second
+    crossed = cluster.chunks_received("w1") - before
+    fetched = sum(int(a["times"]["updates"]) for a in summary["actors"])
+    versions = int(summary["payload"]["distinct_versions_quantized"])
+    assert fetched > versions >= 2, (fetched, versions)  # the actors shared versions
+    assert 1 <= crossed <= versions, (crossed, versions, fetched)
+
+
+def test_reproduce_grid_runs_as_tasks_on_the_cluster(cluster: LoopbackCluster, tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "launch.reproduce", "--panels", "CartPole", "--precisions", "32,8",
+            "--seeds", "0", "--budget", "tiny", "--runner", "single", "--out", str(tmp_path), "--name", "g",
+            "--ray-address", str(cluster.address), "--no-progress"]
+    done = subprocess.run(argv, cwd=REPO, env=_env(cluster), capture_output=True, text=True,
+                          timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    root = tmp_path / "g"
+    for precision in ("fp32", "int8"):
+        summary = json.loads((root / "runs" / "CartPole" / precision / "seed0" / "summary.json").read_text())
+        assert is_finished(summary) and summary["actor_steps"] >= 300
+    assert (root / "figure.png").stat().st_size > 0 and (root / "report.md").exists()
+    assert json.loads((root / "grid.json").read_text())["cluster"] is True
+    assert not list(root.rglob(".unpack-*"))
+    # Resumable as on one machine: nothing left to run.
+    again = subprocess.run(argv, cwd=REPO, env=_env(cluster), capture_output=True, text=True,
+                           timeout=RUN_TIMEOUT_S)
+    assert again.returncode == 0 and "0 run(s) ran, 2 were already done" in again.stderr
+
+
+def test_a_lost_worker_node_is_named_and_ends_the_run(cluster: LoopbackCluster, tmp_path: Path) -> None:
+    cluster.add_node("w2", 2, {"doomed_slot": 2})
+    logdir = tmp_path / "run"
+    proc = _actorq(cluster, logdir, "--actor-resource", "doomed_slot", "--learner-resource", "learner_slot",
+                   "--max-actor-steps", "1000000")
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not (logdir / "actor_0.csv").exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert (logdir / "actor_0.csv").exists(), "actors never started"
+        cluster.kill_node("w2")
+        t_kill = time.monotonic()
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 1, err[-2000:]
+    assert time.monotonic() - t_kill < 60
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("launch.actorq: cluster node ") and "actor_0, actor_1" in last, last
+    events = (logdir / "events.log").read_text()
+    assert "lost; it hosted actor_0, actor_1" in events
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["status"] == "failed" and len(summary["lost_hosts"]) == 1
