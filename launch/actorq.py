@@ -91,7 +91,7 @@ def build_parser() -> OneLineArgumentParser:
                         "actors to the cluster nodes started with --resources '{\"NAME\": N}'")
     p.add_argument("--learner-resource", dest="learner_resources", action="append", default=[], metavar="NAME",
                    help="Ray custom resource marking the learner's machine, repeatable: the learner, replay, "
-                        "counter, quantizer and evaluator each ask for 0.01 of it")
+                        "counter, weights server and evaluator each ask for 0.01 of it")
     p.add_argument("--resume", default=None, help="continue from the latest checkpoint under this run dir")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="learner steps between checkpoints (0: only when the run ends)")

@@ -92,12 +92,12 @@ def test_actors_run_on_the_worker_node_and_each_version_crosses_once(cluster: Lo
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     placement = summary["placement"]
     assert {placement[f"actor_{i}"] for i in range(2)} == {worker}
-    assert worker not in {placement[n] for n in ("learner", "replay", "counter", "quantizer", "evaluator")}
+    assert worker not in {placement[n] for n in ("learner", "replay", "counter", "weights", "evaluator")}
     assert all(a["total_steps"] > 0 for a in summary["actors"])
     time.sleep(2.5)  # the raylet's counters are dumped every second
     crossed = cluster.chunks_received("w1") - before
     fetched = sum(int(a["times"]["updates"]) for a in summary["actors"])
-    versions = int(summary["payload"]["distinct_versions_quantized"])
+    versions = int(summary["payload"]["published"])  # each encoded once and put once by the learner
     assert fetched > versions >= 2, (fetched, versions)  # the actors shared versions
     assert 1 <= crossed <= versions, (crossed, versions, fetched)
 
@@ -146,3 +146,43 @@ def test_a_lost_worker_node_is_named_and_ends_the_run(cluster: LoopbackCluster, 
     assert "lost; it hosted actor_0, actor_1" in events
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["status"] == "failed" and len(summary["lost_hosts"]) == 1
+
+
+@pytest.mark.parametrize("module, argv, message", [
+    ("actorq", ["--actor-resource", "=2"], "--actor-resource wants NAME"),
+    ("actorq", ["--actor-resource", "slot=0"], "must be finite and > 0"),
+    ("actorq", ["--actor-resource", "slot=nan"], "must be finite and > 0"),
+    ("actorq", ["--learner-resource", "head=2"], "--learner-resource takes a resource NAME"),
+    ("actorq", ["--actor-resource", "slot", "--runner", "local"], "need --runner ray"),
+    ("reproduce", ["--ray-address", "127.0.0.1:1", "--runner", "actorq"], "use --runner single"),
+    ("reproduce", ["--ray-address", " "], "--ray-address must not be empty"),
+    ("reproduce", ["--cpus-per-run", "0"], "--cpus-per-run must be a positive number"),
+])
+def test_bad_cluster_flags_are_one_line_and_exit_2(module: str, argv: list[str], message: str, tmp_path: Path,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    from launch import actorq, reproduce  # pylint: disable=import-outside-toplevel
+
+    main = {"actorq": actorq.main, "reproduce": reproduce.main}[module]
+    extra = ["--logdir", str(tmp_path / "run")] if module == "actorq" else ["--out", str(tmp_path)]
+    with pytest.raises(SystemExit) as e:
+        main([*argv, *extra])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and message in err and len(err.strip().splitlines()) == 1, err
+    assert not any(tmp_path.iterdir())
+
+
+def test_unpack_refuses_paths_outside_the_run_folder(tmp_path: Path) -> None:
+    import io  # pylint: disable=import-outside-toplevel
+    import tarfile  # pylint: disable=import-outside-toplevel
+
+    from launch.grid_cluster import unpack  # pylint: disable=import-outside-toplevel
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        info = tarfile.TarInfo("../escape.txt")
+        info.size = 2
+        tar.addfile(info, io.BytesIO(b"hi"))
+    with pytest.raises(tarfile.TarError):
+        unpack(buf.getvalue(), tmp_path / "runs" / "r")
+    assert not (tmp_path / "runs" / "escape.txt").exists() and not (tmp_path / "runs" / "r").exists()
+    assert not list((tmp_path / "runs").iterdir())
