@@ -1,4 +1,4 @@
-"""D4PG learner throughput: SGD steps per second of the fp32 learner update on this machine's CPU.
+"""D4PG learner throughput: SGD steps per second of the fp32 learner update on whatever JAX runs on here.
 
     python -m bench.learner_throughput [--quick] [--no-paper] [--out DIR]
 
@@ -46,6 +46,8 @@ def machine_info(allow_busy: bool = False) -> dict[str, Any]:
     import jax  # pylint: disable=import-outside-toplevel
     info = base_machine_info(allow_busy)
     info.update({"jax": jax.__version__, "jax_backend": jax.default_backend(),
+                 # What the learner ran on: "cpu:0 cpu" here, "gpu:0 NVIDIA H200" on an accelerator.
+                 "jax_devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
                  "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": info.pop("load_start"),
                  "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "busiest_processes": busiest_processes()})
     return info
@@ -183,7 +185,7 @@ def measure(policy: Sequence[int], critic: Sequence[int], batch_size: int, *, st
 def markdown(result: dict[str, Any], command: str) -> str:
     m = result["machine"]
     lines = [
-        "# D4PG learner throughput (CPU)",
+        f"# D4PG learner throughput ({m['jax_backend'].upper()})",
         "",
         f"`{command}`, {m['date'][:10]}. fp32 learner SGD steps per second: one step = critic and policy losses, "
         "both gradients, both Adam updates (global-norm clipping 40) and the periodic target copy "
@@ -193,7 +195,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "## Machine",
         "",
         f"{m['cpu']}, {m['cores']} logical cores, {m['platform']}, Python {m['python']}, jax {m['jax']} "
-        f"({m['jax_backend']}), XLA_FLAGS `{m['xla_flags'] or '(unset: default threading, all cores)'}`. "
+        f"({m['jax_backend']}: {', '.join(m.get('jax_devices') or ['?'])}), XLA_FLAGS `{m['xla_flags'] or '(unset: default threading, all cores)'}`. "
         f"**Shared machine**: load average {m['load_average_start'][0]:.1f} at the start and "
         f"{m['load_average_end'][0]:.1f} at the end (1-min); "
         f"{_busiest(result['machine'])} Absolute rates are therefore below what this CPU gives an idle learner; "
