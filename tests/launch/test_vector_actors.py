@@ -67,6 +67,7 @@ def test_distributed_actors_step_k_envs_each(tmp_path, agent):
     their open n-step windows and partial insert batch when they stop)."""
     from launch.supervisor import run_program
     from launch.local_runner import LocalRunner
+    from launch.agent_spec import AgentSpec
     from tests.launch.tiny import TINY_D4PG, tiny_config
 
     extra = {} if agent == "dqn" else dict(agent="d4pg", task="cartpole:balance", overrides=dict(TINY_D4PG),
@@ -77,9 +78,15 @@ def test_distributed_actors_step_k_envs_each(tmp_path, agent):
     assert [a["envs_per_actor"] for a in summary["actors"]] == [3, 3]
     assert all(a["actor_steps"] % 3 == 0 and a["actor_steps"] > 0 for a in summary["actors"])
     assert summary["actor_steps"] >= config.max_actor_steps
+    starts = 0  # episodes begun: K per actor, plus one per finished episode
     for i in range(2):
         with open(tmp_path / "run" / f"actor_{i}.csv", newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
         assert rows or agent == "d4pg"  # cartpole:balance episodes (1000 steps) outlast this run
         assert sum(int(r["length"]) for r in rows) <= summary["actors"][i]["actor_steps"]
-    assert summary["replay"]["inserts"] == sum(a["actor_steps"] for a in summary["actors"])
+        starts += 3 + len(rows)
+    # One transition per env step, plus (D4PG, as Acme) the n-1 short items from each episode's first observation.
+    adder = AgentSpec(config.agent, config.task, dict(config.overrides)).builder().make_adder()
+    per_start = adder.n_step - 1 if adder.start_transitions else 0
+    steps = sum(a["actor_steps"] for a in summary["actors"])
+    assert summary["replay"]["inserts"] == steps + per_start * starts
