@@ -6,7 +6,7 @@ setup(
     version="0.1.0",
     description="ActorQ: distributed RL with quantized (int8 and lower) actors, in JAX.",
     python_requires=">=3.11,<3.12",
-    packages=find_packages(include=["quarl", "quarl.*", "agents", "agents.*", "launch", "launch.*"]),
+    packages=find_packages(include=["quarl", "quarl.*", "agents", "agents.*", "launch", "launch.*", "analysis", "analysis.*"]),
     # Exact versions live in requirements.lock (installed by `make`); these are the direct dependencies.
     install_requires=[
         "jax==0.10.2", "jaxlib==0.10.2", "dm-haiku==0.0.17", "optax==0.2.8", "rlax==0.1.9",

@@ -6,7 +6,7 @@
 Every run goes to OUT/NAME/runs/<panel>/<precision>/seed<k>/. A run whose summary.json reports success is
 skipped, so an interrupted grid resumes where it stopped; a run folder without one (interrupted, failed) is
 cleared and run again. When the grid is done (or with --report-only, without running anything) OUT/NAME/
-gets figure.png, speedup.csv, carbon.csv, runtime.csv/png, grid.csv and report.md (see launch.report).
+gets figure.png, speedup.csv, carbon.csv, runtime.csv/png, grid.csv and report.md (see analysis.report).
 
 On one machine runs are sequential on purpose: their wall clocks are what the figure compares, so two runs
 must never share the machine. With --ray-address ADDR (single-process runner) the grid's runs are Ray tasks on
@@ -30,7 +30,7 @@ from typing import Any, Mapping, Sequence
 
 from agents.dqn.config import MOUNTAINCAR_OVERRIDES
 from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_precision, fail
-from launch.report import PANELS, is_finished, read_summary
+from analysis.runs import PANELS, is_finished, read_summary
 
 PROG = "launch.reproduce"
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -355,7 +355,7 @@ def _clear(run_dir: Path) -> None:
 def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     """Runs every planned run that is not finished yet; returns (runs started, failure lines)."""
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-    from launch.report import machine_info  # pylint: disable=import-outside-toplevel
+    from analysis.report import machine_info  # pylint: disable=import-outside-toplevel
     from quarl.logs import write_json_atomic  # pylint: disable=import-outside-toplevel
 
     plan = inv.plan()
@@ -427,7 +427,7 @@ def _jsonable(value: Any) -> Any:
 def draw(inv: Invocation, *, filtered: bool) -> Any:
     """The report over the grid's runs (only the requested panels/precisions/seeds when `filtered`)."""
     import pandas as pd  # pylint: disable=import-outside-toplevel
-    from launch import report  # pylint: disable=import-outside-toplevel
+    from analysis import report  # pylint: disable=import-outside-toplevel
 
     meta = _read_json(inv.root / "grid.json") or {}
     notes = [f"Budget `{meta.get('budget', inv.budget)}`, runner `{meta.get('runner', inv.runner)}`, "

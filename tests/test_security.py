@@ -81,7 +81,7 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     from launch import nodes
     from launch.summary import read_evals
     from launch.agent_spec import AgentSpec, table_spec
-    from launch.report import read_evaluator, read_summary
+    from analysis.runs import read_evaluator, read_summary
     from quarl.payload import decode_payload, encode_payload
     from quarl.quantization import quantize_params
     from quarl.policy_io import load_policy, save_policy

@@ -1,4 +1,4 @@
-"""launch.report on hand-made run folders (exact time-to-target, speedup, carbon and curve numbers) and
+"""analysis.report on hand-made run folders (exact time-to-target, speedup, carbon and curve numbers) and
 launch.reproduce end to end on a tiny grid (files written, finished runs skipped, interrupted runs redone)."""
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from launch import report, reproduce
+from analysis import report
+from launch import reproduce
 
 # ------------------------------------------------------------------------------------------------ fixtures
 

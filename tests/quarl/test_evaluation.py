@@ -44,7 +44,6 @@ def _policy(gains: np.ndarray = BALANCING_GAINS, precision: str = "fp32") -> Gre
 def test_balancing_q_network_balances_and_its_mirror_falls():
     good = evaluate_seeds("CartPole-v1", _policy(), [0, 1, 2])
     bad = evaluate_seeds("CartPole-v1", _policy(-BALANCING_GAINS), [0, 1, 2])
-    assert np.all(np.isfinite(good.returns)) and np.all(np.isfinite(bad.returns))
     np.testing.assert_array_equal(good.returns, 500.0)  # CartPole-v1's time limit: never fell
     np.testing.assert_array_equal(good.lengths, 500)
     assert bad.returns.max() < 50  # pushing the wrong way drops the pole within a few dozen steps
@@ -62,7 +61,6 @@ def test_evaluation_is_deterministic_for_a_seed_and_seeds_matter():
     a = run_episodes(make_environment("CartPole-v1", 3), policy, 4)
     b = run_episodes(make_environment("CartPole-v1", 3), policy, 4)
     np.testing.assert_array_equal(a.returns, b.returns)
-    assert a.mean == pytest.approx(float(np.mean(a.returns))) and a.std >= 0.0
 
 
 def test_discrete_actions_are_the_argmax_of_the_executor_outputs():

@@ -1,0 +1,178 @@
+"""The report's figures: the paper's return curves, the runtime breakdown, PTQ sweeps and weight statistics."""
+from __future__ import annotations
+
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from analysis.runs import STAGES, STAGE_LABELS, curves, panel_order, precision_color, precision_order
+from analysis.tables import panel_targets
+
+
+# ------------------------------------------------------------------------------------------------ plots
+
+
+def pyplot() -> Any:
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    if "matplotlib.pyplot" not in sys.modules:
+        matplotlib.use("Agg")  # headless unless a notebook already chose its backend
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    return plt
+
+
+def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, band: str = "minmax",
+                fraction: float | None = 0.9, path: str | os.PathLike | None = None) -> Any:
+    """The paper's figure: one panel per task, return vs `x`, one curve per precision (mean over seeds) with
+    a min-max (band='minmax') or ±std (band='std') band; a dotted line marks the target return when
+    `fraction` is given. Saves to `path` when given; returns the matplotlib Figure."""
+    if band not in ("minmax", "std"):
+        raise ValueError(f"band must be 'minmax' or 'std', got {band!r}")
+    plt = pyplot()
+    data = curves(runs, x=x, points=points)
+    panels = sorted(data["panel"].unique(), key=panel_order) if len(data) else []
+    targets = panel_targets(runs, fraction) if fraction else {}
+    n = max(1, len(panels))
+    cols = min(4, n)
+    nrows = math.ceil(n / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.3 * nrows), squeeze=False)
+    timed = x != "actor_steps"
+    scale, unit = _time_unit(float(data["x"].max()) if len(data) and timed else 0.0)
+    for ax in axes.ravel()[n:]:
+        ax.set_visible(False)
+    for ax, panel in zip(axes.ravel(), panels):
+        pdata = data[data["panel"] == panel]
+        for precision in sorted(pdata["precision"].unique(), key=precision_order):
+            c = pdata[pdata["precision"] == precision]
+            xs = c["x"].to_numpy() / (scale if timed else 1.0)
+            lo, hi = (c["min"], c["max"]) if band == "minmax" else (c["mean"] - c["std"], c["mean"] + c["std"])
+            color = precision_color(precision)
+            ax.plot(xs, c["mean"], color=color, label=f"{precision} (n={int(c['seeds'].iloc[0])})", lw=1.6)
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.18, lw=0)
+        if panel in targets:
+            ax.axhline(targets[panel], color="0.4", ls=":", lw=1, label=f"{int(round(100 * fraction))}% of fp32")
+        ax.set_title(panel)
+        ax.set_xlabel({"time_s": f"training wall clock ({unit})", "wall_clock_s": f"wall clock ({unit})"}
+                      .get(x, "actor steps"))
+        ax.set_ylabel("evaluation return")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="best")
+    if not panels:
+        axes[0, 0].text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=axes[0, 0].transAxes)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def _time_unit(max_seconds: float) -> tuple[float, str]:
+    if max_seconds > 3 * 3600:
+        return 3600.0, "h"
+    if max_seconds > 300:
+        return 60.0, "min"
+    return 1.0, "s"
+
+
+def plot_runtime_breakdown(table: pd.DataFrame, *, per_1k_steps: bool = True,
+                           path: str | os.PathLike | None = None) -> Any:
+    """Stacked bars of the runtime stages, one bar per panel and precision (ms per 1000 actor steps by
+    default, else total seconds). Returns the Figure."""
+    plt = pyplot()
+    keys = [f"{s[:-2]}_ms_per_1k_steps" for s in STAGES] if per_1k_steps else list(STAGES)
+    labels = [f"{p}\n{q}" for p, q in zip(table["panel"], table["precision"])]
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(labels) + 2) + 2.0, 4.2))
+    bottom = np.zeros(len(table))
+    for stage, key in zip(STAGES, keys):
+        values = np.nan_to_num(table[key].to_numpy(float)) if len(table) else np.zeros(0)
+        ax.bar(range(len(table)), values, bottom=bottom, label=STAGE_LABELS[stage])
+        bottom += values
+    ax.set_xticks(range(len(table)), labels, fontsize=8)
+    ax.set_ylabel("ms per 1000 actor steps" if per_1k_steps else "seconds (summed over actors)")
+    ax.set_title("actor runtime breakdown")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: bars fill the axes
+    ax.grid(axis="y", alpha=0.3)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+# ------------------------------------------------------------------------------------------------ PTQ
+
+
+def load_ptq(ptq_dir: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(ptq.csv, weights.csv) of a `launch.ptq` output folder, numeric columns parsed."""
+    d = Path(ptq_dir)
+    out = []
+    for name in ("ptq.csv", "weights.csv"):
+        path = d / name
+        if not path.exists():
+            raise ValueError(f"{str(path)!r} not found: run `python -m launch.ptq --checkpoint RUN_DIR` first")
+        df = pd.read_csv(path)
+        for c in df.columns:
+            if c not in ("precision", "granularity", "backend", "execution", "layer", "shape"):
+                df[c] = pd.to_numeric(df[c], errors="coerce")
+        out.append(df)
+    return out[0], out[1]
+
+
+def plot_ptq(ptq: pd.DataFrame, *, path: str | os.PathLike | None = None) -> Any:
+    """Relative return error (the paper's E) and weight SQNR vs bits, per quantization granularity; float
+    precisions as horizontal reference lines. Returns the Figure."""
+    plt = pyplot()
+    fig, (ax_e, ax_s) = plt.subplots(1, 2, figsize=(11, 4))
+    ints = ptq[ptq["precision"].astype(str).str.startswith("int")]
+    for granularity, g in ints.groupby("granularity", sort=True):
+        g = g.sort_values("bits")
+        ax_e.errorbar(g["bits"], 100 * g["error_mean"], yerr=100 * g["error_std"], marker="o", capsize=3,
+                      label=granularity)
+        ax_s.plot(g["bits"], g["weight_sqnr_db"], marker="o", label=granularity)
+    for row in ptq[~ptq["precision"].astype(str).str.startswith("int")].itertuples():
+        if row.precision != "fp32":
+            color = precision_color(row.precision)
+            ax_e.axhline(100 * row.error_mean, color=color, ls="--", lw=1, label=row.precision)
+            if np.isfinite(row.weight_sqnr_db):
+                ax_s.axhline(row.weight_sqnr_db, color=color, ls="--", lw=1, label=row.precision)
+    ax_e.axhline(0, color="black", lw=0.8)
+    ax_e.set_xlabel("weight bits")
+    ax_e.set_ylabel("return error vs fp32 (%)")
+    ax_e.set_title("PTQ: relative return error")
+    ax_s.set_xlabel("weight bits")
+    ax_s.set_ylabel("weight SQNR (dB)")
+    ax_s.set_title("PTQ: weight SQNR")
+    for ax in (ax_e, ax_s):
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
+
+
+def plot_weight_stats(weights: pd.DataFrame, *, path: str | os.PathLike | None = None) -> Any:
+    """Per weight matrix: its [min, max] range and ±std, and |max|/std (how heavy the tails are, which is
+    what per-tensor int scaling pays for). Returns the Figure."""
+    plt = pyplot()
+    fig, (ax_r, ax_t) = plt.subplots(1, 2, figsize=(11, 0.45 * len(weights) + 2.0))
+    y = np.arange(len(weights))
+    ax_r.hlines(y, weights["min"], weights["max"], color="tab:blue", lw=2, label="min..max")
+    ax_r.errorbar(weights["mean"], y, xerr=weights["std"], fmt="o", color="tab:red", capsize=3, label="mean±std")
+    ax_r.set_yticks(y, [f"{l} [{s}]" for l, s in zip(weights["layer"], weights["shape"])], fontsize=8)
+    ax_r.set_xlabel("weight value")
+    ax_r.set_title("weight ranges")
+    ax_r.legend(fontsize=8)
+    ax_t.barh(y, weights["absmax_over_std"], color="tab:purple")
+    ax_t.set_yticks(y, [""] * len(y))
+    ax_t.set_xlabel("|max| / std")
+    ax_t.set_title("tail heaviness")
+    for ax in (ax_r, ax_t):
+        ax.invert_yaxis()
+        ax.grid(alpha=0.3)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+    return fig
