@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the agents package stays light to import (CLIs validate flags with it before JAX loads)
+    from agents.base import Builder
 
 # name -> (package, config class name inside `<package>.config`)
 _AGENTS: dict[str, tuple[str, str]] = {
@@ -47,7 +50,7 @@ def make_config(name: str, **overrides: Any) -> Any:
         raise ValueError(f"bad {name} config: {e}") from None
 
 
-def get_builder(name: str, **config_overrides: Any) -> Any:
+def get_builder(name: str, **config_overrides: Any) -> "Builder":
     """`agents.<name>.Builder(<Config>(**config_overrides))`."""
     return builder_class(name)(make_config(name, **config_overrides))
 

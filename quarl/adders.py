@@ -54,6 +54,7 @@ class NStepTransitionAdder:
         # entries (observation, action, reward, env_discount) for the open windows, oldest first
         self._window: collections.deque = collections.deque()
         self._observation: np.ndarray | None = None
+        self._from_start = False
 
     def reset(self) -> None:
         """Drops any partial windows (e.g. an episode abandoned mid-way); `add_first` must come next."""
@@ -66,6 +67,7 @@ class NStepTransitionAdder:
             raise ValueError(f"add_first needs a FIRST timestep, got {timestep.step_type}")
         self._window.clear()
         self._observation = _observation(timestep.observation)
+        self._from_start = True  # the oldest open window still starts at s_0 (none has reached n steps yet)
 
     def add(self, action: Any, next_timestep: dm_env.TimeStep) -> list[dict[str, np.ndarray]]:
         """Records one step; returns the transitions that became complete (possibly none)."""
@@ -86,6 +88,7 @@ class NStepTransitionAdder:
         if len(self._window) == self.n_step:
             out.append(self._transition())
             self._window.popleft()
+            self._from_start = False
         if next_timestep.last():
             while self._window:
                 out.append(self._transition())
@@ -102,9 +105,12 @@ class NStepTransitionAdder:
         """Emits the open (shorter than n) windows of an episode stopped mid-way, bootstrapping from the latest
         observation as a truncation would, and ends the episode (`add_first` must come next).
 
-        Why: every step then yields exactly one transition, so an actor that stops (end of budget, Ctrl-C, a
-        lost node) loses none of the steps it took."""
+        Why: every step then yields its transition(s) (exactly one without `start_transitions`), so an actor that
+        stops (end of budget, Ctrl-C, a lost node) loses none of the steps it took. With `start_transitions`, the
+        window from s_0 was already emitted at the last step while no window had reached n steps: not again."""
         out = []
+        if self.start_transitions and self._from_start and self._window:
+            self._window.popleft()
         while self._window:
             out.append(self._transition())
             self._window.popleft()

@@ -12,6 +12,7 @@ import dataclasses
 import math
 from typing import Any
 
+from agents.base import error_buffer
 from quarl.qat import check_qat_bits
 
 
@@ -123,27 +124,23 @@ class D4PGConfig:
         return tuple(self.vmin + i * step for i in range(self.num_atoms))
 
     @property
-    def rate_limiter_error_buffer(self) -> float:
-        """How far (in sampled items) the sample/insert ratio may drift before the rate limiter blocks.
-
-        Acme's `min_replay_size * samples_per_insert * tolerance`, but never less than one batch, so that a
-        single-process loop can always alternate one insert and one learner step.
-        """
-        return max(float(self.batch_size),
-                   self.min_replay_size * self.samples_per_insert_tolerance * self.samples_per_insert)
+    def error_buffer(self) -> float:
+        """Rate-limiter slack in sampled items (`agents.base.error_buffer`)."""
+        return error_buffer(self.batch_size, self.min_replay_size, self.samples_per_insert,
+                            self.samples_per_insert_tolerance)
 
     @property
     def rate_limiter_diffs(self) -> tuple[float, float]:
         """(min_diff, max_diff) of the replay's rate limiter, on diff = inserts * samples_per_insert - samples.
 
-        max_diff is Acme's: actors may run `rate_limiter_error_buffer` samples ahead of the ratio. min_diff lets
+        max_diff is Acme's: actors may run `error_buffer` samples ahead of the ratio. min_diff lets
         the learner draw exactly one batch when replay first holds `min_replay_size` items and then one batch per
         `batch_size / samples_per_insert` inserts, which is how Acme's local D4PG schedules learner steps
         (acme/agents/agent.py `_calculate_num_learner_steps`); the symmetric buffer would allow a burst of
         error_buffer / batch_size (12 at the defaults) learner steps at that moment. The learner's steady rate
         is the same either way."""
         offset = self.samples_per_insert * self.min_replay_size
-        ahead = max(self.rate_limiter_error_buffer, 2.0 * max(1.0, self.samples_per_insert))
+        ahead = max(self.error_buffer, 2.0 * max(1.0, self.samples_per_insert))
         return offset - self.batch_size, offset + ahead
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from agents.base import error_buffer
 from quarl.qat import check_qat_bits
 
 
@@ -97,10 +98,9 @@ class DQNConfig:
 
     @property
     def error_buffer(self) -> float:
-        """Rate-limiter slack in sampled items: tolerance x the items one learner step draws, and never less
-        than one batch, so that a single-process loop can always alternate one insert and one learner step."""
-        return max(float(self.batch_size), self.samples_per_insert_tolerance * self.samples_per_insert
-                   * self.min_replay_size)
+        """Rate-limiter slack in sampled items (`agents.base.error_buffer`)."""
+        return error_buffer(self.batch_size, self.min_replay_size, self.samples_per_insert,
+                            self.samples_per_insert_tolerance)
 
 
 def apex_epsilon(actor_id: int, num_actors: int, base: float = 0.4, alpha: float = 7.0) -> float:

@@ -70,8 +70,8 @@ def test_config_is_frozen_and_error_buffer_covers_a_batch():
     c = D4PGConfig(**SMALL)
     with pytest.raises(dataclasses.FrozenInstanceError):
         c.sigma = 0.1  # type: ignore[misc]
-    assert c.rate_limiter_error_buffer >= c.batch_size
-    assert D4PGConfig().rate_limiter_error_buffer == pytest.approx(1000 * 0.1 * 32.0)
+    assert c.error_buffer >= c.batch_size
+    assert D4PGConfig().error_buffer == pytest.approx(1000 * 0.1 * 32.0)
 
 
 def test_sigma_for_actor_spreads_geometrically_around_sigma():

@@ -268,7 +268,7 @@ def test_replay_limiter_starts_learning_as_acmes_local_agent():
     while fresh.can_insert(1) and allowed < 2000:
         fresh.insert(item, timeout=0.0)
         allowed += 1
-    assert allowed == 1000 + int(config.rate_limiter_error_buffer / config.samples_per_insert)
+    assert allowed == 1000 + int(config.error_buffer / config.samples_per_insert)
 
 
 class _FixedPolicy:

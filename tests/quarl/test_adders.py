@@ -165,3 +165,15 @@ def test_flush_mid_episode_emits_one_truncated_transition_per_open_step():
     assert adder.pending == 0 and adder.flush() == []
     with pytest.raises(ValueError, match="add_first"):
         adder.add(np.int32(0), dm_env.transition(np.float32(0.0), _obs(5)))
+
+
+def test_flush_with_start_transitions_does_not_repeat_the_window_from_the_first_observation():
+    adder = adders.NStepTransitionAdder(n_step=3, discount=0.5, start_transitions=True)
+    adder.add_first(dm_env.restart(_obs(0)))
+    emitted = []
+    for t, r in enumerate([1.0, 2.0]):  # two steps: still no window of 3
+        emitted += adder.add(np.int32(t * 10), dm_env.transition(np.float32(r), _obs(t + 1)))
+    assert [int(tr["next_observation"][0]) for tr in emitted] == [1, 2]  # s0->s1, s0->s2
+    rest = adder.flush()
+    assert len(rest) == 1  # s0->s2 was emitted already; only s1->s2 is left
+    _check(rest[0], obs=1, action=10, reward=2.0, discount=0.5, next_obs=2)

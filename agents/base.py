@@ -1,0 +1,124 @@
+"""What every agent shares: the interfaces the runners rely on (Protocols, not `Any`) and the builder scaffolding
+that is the same for every agent (config check, n-step adder, transition signature, replay table), so an agent's
+builder only says what differs: its networks, learner, actor and action column.
+
+The runners in `launch/` depend only on `Builder`, `Learner` and `Actor` below (docs/ARCHITECTURE.md, "Builder
+details").
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
+
+import numpy as np
+
+from quarl.adders import NStepTransitionAdder
+from quarl.envs import EnvSpec
+from quarl.policy import PolicySpec
+from quarl.quantization import QuantizedParams
+from quarl.replay import Sample, Table, table_from_config
+
+Signature = dict[str, tuple[tuple[int, ...], np.dtype]]
+
+
+def error_buffer(batch_size: int, min_replay_size: int, samples_per_insert: float, tolerance: float) -> float:
+    """Rate-limiter slack in sampled items, for every agent: Acme's `min_replay_size * samples_per_insert *
+    tolerance`, but never less than one batch, so that a single-process loop can always alternate one insert and
+    one learner step."""
+    return max(float(batch_size), tolerance * samples_per_insert * min_replay_size)
+
+
+@runtime_checkable
+class Learner(Protocol):
+    """An fp32 learner: one jitted update per sampled batch, its policy's weights and a checkpointable state."""
+
+    steps: int
+
+    def step(self, sample: Sample) -> Mapping[str, Any]: ...
+
+    def policy_params(self) -> dict: ...
+
+    def get_state(self) -> Any: ...
+
+    def restore(self, state: Any) -> None: ...
+
+
+@runtime_checkable
+class Actor(Protocol):
+    """An actor acting through a quantized policy executor; `update` swaps in new weights of the same spec."""
+
+    evaluation: bool
+
+    def select_action(self, observation: np.ndarray) -> np.ndarray: ...
+
+    def select_actions(self, observations: np.ndarray) -> np.ndarray: ...
+
+    def update(self, qparams: QuantizedParams) -> None: ...
+
+
+@runtime_checkable
+class Builder(Protocol):
+    """Makes every piece of one agent from its config; precision and backend are run-level arguments."""
+
+    name: ClassVar[str]
+    config: Any
+
+    def policy_spec(self, env_spec: EnvSpec) -> PolicySpec: ...
+
+    def make_learner(self, env_spec: EnvSpec, seed: int) -> Learner: ...
+
+    def make_actor(self, env_spec: EnvSpec, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
+                   evaluation: bool = False, backend: str = "auto", num_actors: int = 1,
+                   executor_factory: Any = None, batch_size: int = 1) -> Actor: ...
+
+    def make_adder(self) -> NStepTransitionAdder: ...
+
+    def transition_signature(self, env_spec: EnvSpec) -> Signature: ...
+
+    def table_config(self) -> dict[str, Any]: ...
+
+    def make_table(self, env_spec: EnvSpec, seed: int | None = None) -> Table: ...
+
+
+class BuilderBase:
+    """The parts of a builder that are the same for every agent. Subclasses set `name` and `config_class` and
+    implement `policy_spec`, `make_learner`, `make_actor`, `action_column` and `sampler_settings`."""
+
+    name: ClassVar[str]
+    config_class: ClassVar[type]
+
+    def __init__(self, config: Any = None):
+        config = self.config_class() if config is None else config
+        if not isinstance(config, self.config_class):
+            raise ValueError(f"{self.name} Builder needs a {self.config_class.__name__}, got {type(config).__name__}")
+        self.config = config
+
+    def action_column(self, env_spec: EnvSpec) -> tuple[tuple[int, ...], np.dtype]:
+        """(per-item shape, dtype) of the action column."""
+        raise NotImplementedError
+
+    def sampler_settings(self) -> dict[str, Any]:
+        """The table's `sampler` and `priority_exponent`."""
+        raise NotImplementedError
+
+    def error_buffer_setting(self) -> float | tuple[float, float]:
+        """The rate limiter's `error_buffer` (a number, or a (min_diff, max_diff) pair)."""
+        return self.config.error_buffer
+
+    def make_adder(self) -> NStepTransitionAdder:
+        return NStepTransitionAdder(self.config.n_step, self.config.discount)
+
+    def transition_signature(self, env_spec: EnvSpec) -> Signature:
+        """Column name -> (per-item shape, dtype) of what the adder emits and the learner reads."""
+        obs = ((env_spec.obs_dim,), np.dtype(np.float32))
+        return {"observation": obs, "action": self.action_column(env_spec), "reward": ((), np.dtype(np.float32)),
+                "discount": ((), np.dtype(np.float32)), "next_observation": obs}
+
+    def table_config(self) -> dict[str, Any]:
+        """Sampler and rate-limiter settings (plain data, so a remote replay server can build the table)."""
+        c = self.config
+        return {"capacity": c.max_replay_size, **self.sampler_settings(), "samples_per_insert": c.samples_per_insert,
+                "min_size_to_sample": c.min_replay_size, "error_buffer": self.error_buffer_setting()}
+
+    def make_table(self, env_spec: EnvSpec, seed: int | None = None) -> Table:
+        """The replay table for this config; `seed` fixes its sampling RNG for reproducible runs."""
+        return table_from_config(self.transition_signature(env_spec), self.table_config(), seed=seed)
