@@ -144,7 +144,7 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
 
 def _runtime_note(runtime: pd.DataFrame) -> list[str]:
     """The policy-call cost the table implies (ms per 1000 steps = µs per step), so prose can quote it."""
-    col = "inference_ms_per_1k_steps"
+    col = "policy_ms_per_1k_steps"
     if col not in runtime or runtime[col].dropna().empty:
         return []
     values = runtime[col].dropna()

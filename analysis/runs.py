@@ -65,8 +65,8 @@ PANELS: dict[str, Panel] = {p.name: p for p in (
 _PANEL_OF_TASK = {p.task: p.name for p in PANELS.values()}
 
 BASELINE = "fp32"
-STAGES = ("env_step_s", "inference_s", "pull_s", "deserialize_s", "load_s")  # the paper's runtime breakdown
-STAGE_LABELS = {"env_step_s": "env step", "inference_s": "policy inference", "pull_s": "pull (quantize+encode)",
+STAGES = ("env_step_s", "policy_s", "pull_s", "deserialize_s", "load_s")  # the paper's runtime breakdown
+STAGE_LABELS = {"env_step_s": "env step", "policy_s": "policy inference", "pull_s": "pull (fetch weights)",
                 "deserialize_s": "deserialize", "load_s": "load weights"}
 _SEED_DIR = re.compile(r"^seed(\d+)$")
 
@@ -145,12 +145,14 @@ def read_evaluator(run_dir: str | os.PathLike) -> pd.DataFrame:
 
 
 def _runtime(summary: Mapping[str, Any]) -> dict[str, float]:
-    """Seconds per stage over the run; the distributed summary sums its actors under runtime.summed_s and
-    calls inference policy_s."""
+    """Seconds per stage over the run: both runners name the stages alike (the distributed summary sums its
+    actors under runtime.summed_s). Summaries of earlier single-process runs (committed results) called the
+    policy stage inference_s, and their pull_s was the learner's quantize + encode."""
     rt = summary.get("runtime") or {}
     if isinstance(rt.get("summed_s"), Mapping):
         rt = dict(rt["summed_s"])
-        rt.setdefault("inference_s", rt.get("policy_s"))
+    if "policy_s" not in rt and "inference_s" in rt:
+        rt = {**rt, "policy_s": rt["inference_s"]}
     return {k: _num(rt.get(k)) for k in STAGES}
 
 

@@ -114,8 +114,9 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
         "actor_steps": s["actor_steps"], "learner_steps": s["learner_steps"], "train_s": s["train_clock_s"],
         "env_steps_per_s": round(s["actor_steps"] / max(s["train_clock_s"], 1e-9), 1),
         "payload_bytes": s["payload_bytes"], "payload_bytes_fp32": s["payload_bytes_fp32"],
-        "pull_ms_per_update": rt["pull_ms_per_update"], "load_ms_per_update": rt["load_ms_per_update"],
-        "inference_us_per_step": rt["inference_us_per_step"], "logdir": _relative(logdir),
+        # Column names kept from earlier results files: "pull" here is the learner's quantize + encode.
+        "pull_ms_per_update": rt["quantize_encode_ms_per_update"], "load_ms_per_update": rt["load_ms_per_update"],
+        "inference_us_per_step": rt["policy_us_per_step"], "logdir": _relative(logdir),
     }
     with open(logdir / "evaluator.csv", newline="", encoding="utf-8") as f:
         curve = [{"agent": row.agent, "task": row.task, "precision": s["precision"], "seed": seed,

@@ -36,11 +36,13 @@ class StageTimes:
     """Wall-clock totals (seconds) of each stage of the loop, plus how many times each ran."""
 
     env_step_s: float = 0.0
-    inference_s: float = 0.0
-    adder_insert_s: float = 0.0
+    policy_s: float = 0.0
+    insert_s: float = 0.0  # the adders and the table insert
     sample_s: float = 0.0
     learner_s: float = 0.0
-    pull_s: float = 0.0  # policy_params + quantize + encode (the learner side of a weight update)
+    quantize_encode_s: float = 0.0  # policy_params + quantize + encode (the learner side of a weight update)
+    pull_s: float = 0.0  # fetching the published bytes: nothing to fetch in one process (the distributed runner's
+    # actors pay a round trip to the weight server here), so 0 by construction; same name, same meaning
     deserialize_s: float = 0.0  # decode_payload (the actor side)
     load_s: float = 0.0  # actor.update (the executor swapping in the new weights)
     evaluation_s: float = 0.0
@@ -53,11 +55,11 @@ class StageTimes:
         out: dict[str, float] = {k: round(v, 6) if isinstance(v, float) else v
                                  for k, v in dataclasses.asdict(self).items()}
         per_update = max(1, self.updates)
-        for stage in ("pull_s", "deserialize_s", "load_s"):
+        for stage in ("quantize_encode_s", "pull_s", "deserialize_s", "load_s"):
             out[f"{stage[:-2]}_ms_per_update"] = round(1e3 * getattr(self, stage) / per_update, 4)
         steps = max(1, self.env_steps)
         out["env_step_us_per_step"] = round(1e6 * self.env_step_s / steps, 3)
-        out["inference_us_per_step"] = round(1e6 * self.inference_s / steps, 3)
+        out["policy_us_per_step"] = round(1e6 * self.policy_s / steps, 3)
         out["learner_ms_per_step"] = round(1e3 * self.learner_s / max(1, self.learner_steps), 4)
         return out
 
@@ -86,7 +88,7 @@ class WeightChannel:
         self.version = version
         self.payload_bytes = len(data)
         if count:
-            self._times.pull_s += t1 - t0
+            self._times.quantize_encode_s += t1 - t0
             self._times.deserialize_s += t2 - t1
         return payload.params
 
@@ -143,7 +145,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     config's. `on_eval(row)` sees every evaluator row; returning True ends the run early (benchmarks stop at a
     target return that way).
     Learner updates are dispatched asynchronously (JAX), so their compute overlaps acting and part of it shows
-    up in the stage that next waits on the device (usually `pull_s`); `sync_learner=True` waits for every update
+    up in the stage that next waits on the device (usually `quantize_encode_s`); `sync_learner=True` waits for every update
     so each stage's time is its own, at some cost in throughput.
     `envs_per_actor` K > 1 makes the actor step K environments and run its policy once per step on the batch
     of K observations (`quarl.env_loop`); every count (steps, evaluation and update periods) is in env steps,
@@ -255,9 +257,9 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
                 t = time.perf_counter()
                 if out.transitions:
                     _insert(table, out.transitions, learn)
-                times.inference_s += out.policy_s
+                times.policy_s += out.policy_s
                 times.env_step_s += out.env_s
-                times.adder_insert_s += out.adder_s + time.perf_counter() - t
+                times.insert_s += out.adder_s + time.perf_counter() - t
                 times.env_steps = step
                 learn()
 
@@ -320,6 +322,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         "eval_episodes": eval_episodes,
         "actor_update_period": update_period,
         "weight_updates": times.updates,
+        "weights_version": channel.version,  # the learner step of the last published weights, as on Ray
         "payload_bytes": channel.payload_bytes,
         "payload_bytes_fp32": fp32_bytes,
         "payload_compression": round(fp32_bytes / max(1, channel.payload_bytes), 3),

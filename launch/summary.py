@@ -59,6 +59,9 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
     learner_steps = int(counts.get("learner_steps", 0))
     payload_bytes, fp32_bytes = int(q.get("payload_bytes", 0)), int(q.get("fp32_payload_bytes", 0))
     breakdown = _breakdown([a.get("times", {}) for a in actor_results if isinstance(a, Mapping)])
+    # The learner's side of each weight update, under the same stage name the single-process runner uses.
+    publish = (learner.get("publish") or {}) if isinstance(learner, Mapping) else {}
+    breakdown["summed_s"]["quantize_encode_s"] = float(publish.get("quantize_encode_s", 0.0))
     energy = sum_energy({name: (r or {}).get("energy") for name, r in results.items() if isinstance(r, Mapping)})
     return {
         "status": status,

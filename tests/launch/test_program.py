@@ -451,3 +451,27 @@ def test_the_default_d4pg_job_stops_at_950_twice_in_a_row_within_60k_steps(tmp_p
     assert (config.target_return, config.target_streak, config.eval_every) == (950.0, 2, 2_500)
     other = validate(build_parser().parse_args(["--task", "walker:stand", "--logdir", str(tmp_path / "w")])).config
     assert other.target_return is None and other.target_streak == 1
+
+
+RUNTIME_STAGES = {"env_step_s", "policy_s", "insert_s", "pull_s", "deserialize_s", "load_s", "quantize_encode_s"}
+
+
+def test_both_runners_time_the_same_stages_in_seconds_and_version_weights_by_learner_step(tmp_path):
+    """One vocabulary: the single-process and the distributed runner report the same stage names with the same
+    meaning (seconds over the run), and a weights version is the learner step it was published at."""
+    import agents
+    from launch.experiment import run_experiment
+
+    distributed, code = run_program(tiny_config(tmp_path / "ray", num_actors=1, max_actor_steps=400), LocalRunner())
+    assert code == 0, distributed["error"]
+    single = run_experiment(agents.get_builder("dqn", **TINY_DQN), "CartPole-v1", precision="int8", backend="onnx",
+                            max_actor_steps=400, seed=0, logdir=tmp_path / "single", eval_every=200,
+                            eval_episodes=1, progress=False, energy=False)
+    d, s = distributed["runtime"]["summed_s"], single["runtime"]
+    assert RUNTIME_STAGES <= set(d) and RUNTIME_STAGES <= set(s)
+    for stage in RUNTIME_STAGES - {"pull_s"}:  # every stage ran and took time, in both
+        assert d[stage] > 0 and s[stage] > 0, stage
+        assert d[stage] < distributed["wall_clock_s"] and s[stage] < single["wall_clock_s"], stage  # seconds
+    assert d["pull_s"] > 0 and s["pull_s"] == 0.0  # a round trip to the weight server vs nothing to fetch
+    assert distributed["learner"]["weights_version"] == distributed["learner_steps"] > 0
+    assert single["weights_version"] == single["learner_steps"] > 0

@@ -160,7 +160,8 @@ def test_load_runs_reads_both_layouts_and_flags_unfinished_runs(tmp_path: Path) 
     assert not by.loc[("CartPole", "fp16", 0), "finished"]
     assert not by.loc[("Acrobot", "fp16", 0), "finished"]
     assert by.loc[("Acrobot", "int8", 0), "runner"] == "actorq"
-    assert by.loc[("Acrobot", "int8", 0), "inference_s"] == pytest.approx(2.0)  # from policy_s
+    assert by.loc[("Acrobot", "int8", 0), "policy_s"] == pytest.approx(2.0)
+    assert by.loc[("CartPole", "int8", 1), "policy_s"] == pytest.approx(0.5)  # an earlier summary's inference_s
     assert by.loc[("CartPole", "int8", 1), "runner"] == "single"
     assert list(runs["precision"][runs["panel"] == "CartPole"]) == ["fp32", "fp32", "fp16", "int8", "int8"]
     grid = report.grid_table(runs)
@@ -183,8 +184,8 @@ def test_curves_resample_seeds_on_a_common_grid(tmp_path: Path) -> None:
 def test_runtime_breakdown_table_per_1k_steps(tmp_path: Path) -> None:
     runs = report.load_runs(make_synthetic_results(tmp_path) / "runs")
     table = report.runtime_breakdown_table(runs).set_index(["panel", "precision"])
-    assert table.loc[("CartPole", "int8"), "inference_s"] == pytest.approx(0.5)
-    assert table.loc[("CartPole", "int8"), "inference_ms_per_1k_steps"] == pytest.approx(500.0)
+    assert table.loc[("CartPole", "int8"), "policy_s"] == pytest.approx(0.5)
+    assert table.loc[("CartPole", "int8"), "policy_ms_per_1k_steps"] == pytest.approx(500.0)
     assert table.loc[("CartPole", "fp32"), "total_s"] == pytest.approx(3.16)
 
 

@@ -48,9 +48,10 @@ def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
     # int8 weights + fp32 scales/biases: well under the fp32 payload, above a quarter of it.
     assert summary["payload_bytes_fp32"] / 4 < summary["payload_bytes"] < summary["payload_bytes_fp32"] / 2
     runtime = summary["runtime"]
-    for key in ("env_step_s", "inference_s", "pull_s", "deserialize_s", "load_s", "pull_ms_per_update",
-                "deserialize_ms_per_update", "load_ms_per_update"):
+    for key in ("env_step_s", "policy_s", "quantize_encode_s", "deserialize_s", "load_s",
+                "quantize_encode_ms_per_update", "deserialize_ms_per_update", "load_ms_per_update"):
         assert runtime[key] > 0, key
+    assert runtime["pull_s"] == 0.0  # one process: no weight server to fetch from
     assert "energy" in summary
 
     evals = _read_csv(logdir / "evaluator.csv")
