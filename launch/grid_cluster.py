@@ -29,7 +29,7 @@ _SLICE_S = 0.2  # longest uninterruptible wait in the driver (Ctrl-C)
 def _run_packed(run: Any, backend: str) -> bytes:
     """One grid run in a scratch folder on this node; its folder as a tar.gz archive."""
     from launch.reproduce import run_single  # pylint: disable=import-outside-toplevel
-    from launch.report import is_finished  # pylint: disable=import-outside-toplevel
+    from analysis.runs import is_finished  # pylint: disable=import-outside-toplevel
 
     with tempfile.TemporaryDirectory(prefix="quarl-grid-") as tmp:
         run_dir = Path(tmp) / "run"
@@ -65,7 +65,7 @@ def run_on_cluster(runs: Sequence[Any], root: Path, backend: str, address: str, 
     import ray  # pylint: disable=import-outside-toplevel
 
     from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
-    from launch.report import read_summary  # pylint: disable=import-outside-toplevel
+    from analysis.runs import read_summary  # pylint: disable=import-outside-toplevel
 
     init_ray(address)
     options: dict[str, Any] = {"num_cpus": cpus_per_run, "max_retries": 0}

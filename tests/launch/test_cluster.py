@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from launch.loopback_cluster import LoopbackCluster
-from launch.report import is_finished
+from analysis.runs import is_finished
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240
