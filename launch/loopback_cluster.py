@@ -162,6 +162,9 @@ class LoopbackCluster:
     Use as a context manager; `env` is what a client process (a driver) needs in its environment."""
 
     def __init__(self, root: str | os.PathLike | None = None):
+        # Ray's sockets live under each node's temp dir, and a Unix socket path has at most 107 bytes:
+        # the default root is short (/tmp/quarl-rc-XXXX), and removed again by stop().
+        self._own_root = root is None
         self.root = Path(root or tempfile.mkdtemp(prefix="quarl-rc-"))
         self.root.mkdir(parents=True, exist_ok=True)
         self.env: dict[str, str] = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32),
@@ -265,6 +268,10 @@ class LoopbackCluster:
         """Kill every process of every node (workers first, then the head)."""
         for name in sorted(self.nodes, key=lambda n: n == "head"):
             self.nodes[name].kill()
+        if self._own_root:
+            import shutil  # pylint: disable=import-outside-toplevel
+
+            shutil.rmtree(self.root, ignore_errors=True)
 
 
 def wait_for_nodes(count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:

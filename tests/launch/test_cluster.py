@@ -32,10 +32,10 @@ TINY_ACTORQ = ["--agent", "dqn", "--task", "CartPole-v1", "--precision", "int8",
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory):
+def cluster():
     """Head (3 CPUs, resource learner_slot) + node w1 (2 CPUs, resource actor_slot). On teardown every
     process of the cluster is killed, and none may be left."""
-    c = LoopbackCluster(tmp_path_factory.mktemp("rc"))
+    c = LoopbackCluster()  # a short temp root: Ray's socket paths must stay under 107 bytes
     try:
         c.start_head(3, {"learner_slot": 1})
         c.add_node("w1", 2, {"actor_slot": 2})
@@ -191,3 +191,4 @@ def test_unpack_refuses_paths_outside_the_run_folder(tmp_path: Path) -> None:
         unpack(buf.getvalue(), tmp_path / "runs" / "r")
     assert not (tmp_path / "runs" / "escape.txt").exists() and not (tmp_path / "runs" / "r").exists()
     assert not list((tmp_path / "runs").iterdir())
+
