@@ -259,7 +259,7 @@ def _check_hosts(launch: Any, logdir: str, reported: set[str], wait_s: float = 0
         stranded = [n for n in names if n.startswith("actor_") and not launch.can_host(n)]
         log_event(logdir, "driver", f"cluster node {host[:16]} lost; it hosted {', '.join(sorted(names))}"
                                     + (f"; no live node can host {', '.join(stranded)}" if stranded else
-                                       "; Ray restarts its actors on the remaining nodes"))
+                                       "; Ray may restart its actors on the remaining nodes"))
         if stranded:
             return (f"cluster node {host[:16]} was lost with {', '.join(stranded)} on it, and no live node "
                     f"offers the resources they need; the run cannot continue")
