@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 # Max |form - exact emulation| as a fraction of max |emulation| for a form to pass. Float rounding and an
 # occasional one-code difference in the activation quantizer stay below 1e-4; int16 saturation gives ~5e-2.
 CHECK_TOLERANCE = 1e-3
-_CHECK_ROWS = (1, 8)  # batch sizes the self-check runs (DynamicQuantizeLinear is per tensor)
+_CHECK_ROWS = (1, 8)  # batch sizes the self-check runs (one row, and rows quantized side by side)
 # Layer widths are capped for the check: saturation is a per-pair property of the micro-kernel, which MLAS
 # uses for every width, and the cap keeps a 2048x3 policy's check at tens of milliseconds.
 _CHECK_MAX_WIDTH = 512
@@ -91,7 +91,8 @@ class KernelForm:
 
 
 def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
-    """ONNX DynamicQuantizeLinear in NumPy: uint8 codes, per-tensor scale and zero point."""
+    """ONNX DynamicQuantizeLinear in NumPy: uint8 codes, per-tensor scale and zero point. The forms no longer
+    emit it (one scale per batch couples the rows); kept as the per-tensor baseline for tests and benchmarks."""
     x = np.asarray(x, np.float32)
     lo, hi = min(0.0, float(x.min())), max(0.0, float(x.max()))
     scale = np.float32((np.float32(hi) - np.float32(lo)) / np.float32(255))
@@ -102,26 +103,93 @@ def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
     return q, scale, zp
 
 
+# Floor of a row's activation scale: an all-zero row divides by this instead of 0 (its codes stay 0).
+_MIN_ROW_SCALE = np.float32(np.finfo(np.float32).tiny)
+
+
+def rowwise_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What `emit_row_quantize` computes, bit for bit: DynamicQuantizeLinear's formula applied to each row of
+    x [B, K] on its own. Returns uint8 codes [B, K], float32 scales [B, 1] and zero points [B, 1] (as float32
+    integers in [0, 255])."""
+    x = np.asarray(x, np.float32)
+    zero, levels = np.float32(0), np.float32(255)
+    lo = np.minimum(x.min(axis=1, keepdims=True), zero)
+    hi = np.maximum(x.max(axis=1, keepdims=True), zero)
+    scale = np.maximum((hi - lo) / levels, _MIN_ROW_SCALE).astype(np.float32)
+    zp = np.clip(np.rint(-(lo / scale)), zero, levels).astype(np.float32)
+    q = np.clip(np.rint(x / scale) + zp, zero, levels).astype(np.uint8)
+    return q, scale, zp
+
+
 def exact_int_reference(x: np.ndarray, dense: DenseWeights) -> np.ndarray:
-    """DynamicQuantizeLinear(x) -> exact integer GEMM with the codes -> x scale x weight scale (float64)."""
-    q, xs, zp = dynamic_quantize(x)
-    acc = (q.astype(np.int64) - int(zp)) @ dense.w.astype(np.int64)
-    return acc.astype(np.float64) * (float(xs) * dense.scale.astype(np.float64))
+    """Per-row activation quantization (`rowwise_quantize`) -> exact integer GEMM with the codes -> row scale
+    x weight scale (float64). Row i depends on row i of x only."""
+    q, xs, zp = rowwise_quantize(x)
+    acc = (q.astype(np.int64) - zp.astype(np.int64)) @ dense.w.astype(np.int64)
+    return acc.astype(np.float64) * (xs.astype(np.float64) * dense.scale.astype(np.float64))
 
 
 def _dequantized(dense: DenseWeights) -> np.ndarray:
     return dense.w.astype(np.float32) * dense.scale.astype(np.float32)
 
 
-def _emit_integer(graph: Graph, x: str, codes: str, w_zero_point: str | None, scale: str) -> str:
-    xq, xs, xz = graph.op("DynamicQuantizeLinear", [x], 3)
-    (acc,) = graph.op("MatMulInteger", [xq, codes, xz] + ([w_zero_point] if w_zero_point else []))
+def emit_row_quantize(graph: Graph, x: str, name: str) -> tuple[str, str, str]:
+    """Quantize x [B, K] to uint8 with one scale and zero point per row (ONNX ops; `rowwise_quantize` is the
+    NumPy twin). Why not DynamicQuantizeLinear: its single scale for the whole batch makes one environment's
+    action depend on what the other environments of a vectorized actor observe. MatMulInteger on ORT's CPU
+    takes only a scalar activation zero point, so the codes go in with zero point 0 and the caller subtracts
+    zp[B, 1] x colsum(codes)[N] in int32 afterwards (exact). Returns (codes uint8, scale [B, 1] float,
+    zero point [B, 1] float)."""
     from onnx import TensorProto
 
-    (accf,) = graph.op("Cast", [acc], to=TensorProto.FLOAT)
-    (step,) = graph.op("Mul", [xs, scale])
-    (y,) = graph.op("Mul", [accf, step])
-    return y
+    zero = graph.const(f"{name}.rq_zero", np.float32(0))
+    levels = graph.const(f"{name}.rq_levels", np.float32(255))
+    floor = graph.const(f"{name}.rq_floor", _MIN_ROW_SCALE)
+    (mn,) = graph.op("ReduceMin", [x], axes=[1], keepdims=1)
+    (mx,) = graph.op("ReduceMax", [x], axes=[1], keepdims=1)
+    (lo,) = graph.op("Min", [mn, zero])
+    (hi,) = graph.op("Max", [mx, zero])
+    (span,) = graph.op("Sub", [hi, lo])
+    (scale,) = graph.op("Div", [span, levels])
+    (scale,) = graph.op("Max", [scale, floor])
+    (zp,) = graph.op("Div", [lo, scale])
+    (zp,) = graph.op("Neg", [zp])
+    (zp,) = graph.op("Round", [zp])
+    (zp,) = graph.op("Clip", [zp, zero, levels])
+    (q,) = graph.op("Div", [x, scale])
+    (q,) = graph.op("Round", [q])
+    (q,) = graph.op("Add", [q, zp])
+    (q,) = graph.op("Clip", [q, zero, levels])
+    (q,) = graph.op("Cast", [q], to=TensorProto.UINT8)
+    return q, scale, zp
+
+
+def column_sums(codes: np.ndarray) -> np.ndarray:
+    """Sum of each column's signed weight codes (int32 [N]): the zero-point correction's factor."""
+    return np.asarray(codes, np.int64).sum(axis=0).astype(np.int32)
+
+
+def emit_zero_point_correction(graph: Graph, acc: str, zp: str, colsum: str) -> str:
+    """acc[B, N] int32 - zp[B, 1] x colsum[N], in int32 (exact), then Cast to float."""
+    from onnx import TensorProto
+
+    (zi,) = graph.op("Cast", [zp], to=TensorProto.INT32)
+    (corr,) = graph.op("Mul", [zi, colsum])
+    (acc,) = graph.op("Sub", [acc, corr])
+    return graph.op("Cast", [acc], to=TensorProto.FLOAT)[0]
+
+
+def _emit_integer(graph: Graph, x: str, codes: str, w_zero_point: str | None, name: str) -> str:
+    xq, xs, xz = emit_row_quantize(graph, x, name)
+    (acc,) = graph.op("MatMulInteger", [xq, codes] + (["", w_zero_point] if w_zero_point else []))
+    accf = emit_zero_point_correction(graph, acc, xz, f"{name}.colsum")
+    (y,) = graph.op("Mul", [accf, xs])
+    return graph.op("Mul", [y, f"{name}.scale"])[0]
+
+
+def _int_initializers(name: str, dense: DenseWeights, codes: np.ndarray) -> dict[str, np.ndarray]:
+    return {f"{name}.codes": np.ascontiguousarray(codes), f"{name}.colsum": column_sums(dense.w),
+            f"{name}.scale": np.ascontiguousarray(dense.scale, np.float32)}
 
 
 def _vnni(cpu: dict[str, Any]) -> bool:
@@ -132,9 +200,8 @@ U8S8 = KernelForm(
     name="u8s8",
     doc="uint8 activations x int8 codes (zero point 0); exact with VNNI/AMX, saturates on AVX2 for int8",
     max_bits=8,
-    initializers=lambda n, d: {f"{n}.codes": np.ascontiguousarray(d.w, np.int8),
-                               f"{n}.scale": np.ascontiguousarray(d.scale, np.float32)},
-    emit=lambda g, x, n: _emit_integer(g, x, f"{n}.codes", None, f"{n}.scale"),
+    initializers=lambda n, d: _int_initializers(n, d, d.w.astype(np.int8)),
+    emit=lambda g, x, n: _emit_integer(g, x, f"{n}.codes", None, n),
     rank=lambda cpu, bits: 0 if _vnni(cpu) else 1,
     reference=exact_int_reference,
 )
@@ -143,10 +210,8 @@ U8U8 = KernelForm(
     name="u8u8",
     doc="uint8 activations x (codes + 128) as uint8 with zero point 128; exact without VNNI (AVX2, Arm)",
     max_bits=8,
-    initializers=lambda n, d: {f"{n}.codes": (d.w.astype(np.int16) + 128).astype(np.uint8),
-                               f"{n}.scale": np.ascontiguousarray(d.scale, np.float32)},
-    emit=lambda g, x, n: _emit_integer(g, x, f"{n}.codes", g.const(f"{n}.codes_zp", np.uint8(128)),
-                                       f"{n}.scale"),
+    initializers=lambda n, d: _int_initializers(n, d, (d.w.astype(np.int16) + 128).astype(np.uint8)),
+    emit=lambda g, x, n: _emit_integer(g, x, f"{n}.codes", g.const(f"{n}.codes_zp", np.uint8(128)), n),
     rank=lambda cpu, bits: 1 if _vnni(cpu) else 0,
     reference=exact_int_reference,
 )

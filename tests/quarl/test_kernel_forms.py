@@ -19,9 +19,12 @@ from quarl.runtimes.kernel_forms import (
     candidates,
     check_form,
     dynamic_quantize,
+    emit_row_quantize,
+    emit_zero_point_correction,
     exact_int_reference,
     forms,
     register_form,
+    rowwise_quantize,
     select_form,
     unregister_form,
 )
@@ -55,9 +58,9 @@ def test_exact_reference_is_exact_integer_arithmetic():
     codes = rng.integers(-127, 128, (64, 16)).astype(np.int8)
     dense = DenseWeights("int", codes, np.zeros(16, np.float32), np.full(16, 0.5, np.float32))
     x = rng.normal(size=(3, 64)).astype(np.float32)
-    q, s, z = dynamic_quantize(x)
-    manual = np.array([[sum((int(q[b, k]) - int(z)) * int(codes[k, n]) for k in range(64)) for n in range(16)]
-                       for b in range(3)]) * float(s) * 0.5
+    q, s, z = rowwise_quantize(x)
+    manual = np.array([[sum((int(q[b, k]) - int(z[b, 0])) * int(codes[k, n]) for k in range(64)) * float(s[b, 0])
+                        for n in range(16)] for b in range(3)]) * 0.5
     np.testing.assert_array_equal(exact_int_reference(x, dense), manual)
 
 
@@ -116,7 +119,7 @@ def _emit_saturating(g: Graph, x: str, name: str) -> str:
     (pmaddubsw), pairs accumulated in int32, then the activation zero point corrected with column sums."""
     from onnx import TensorProto
 
-    xq, xs, xz = g.op("DynamicQuantizeLinear", [x], 3)
+    xq, xs, xz = emit_row_quantize(g, x, name)
     (xi,) = g.op("Cast", [xq], to=TensorProto.INT32)
     (xi,) = g.op("Pad", [xi, g.const(f"{name}.pad", np.array([0, 0, 0, 0], np.int64))])
     (xr,) = g.op("Reshape", [xi, g.const(f"{name}.shape", np.array([0, -1, 2, 1], np.int64))])
@@ -124,12 +127,9 @@ def _emit_saturating(g: Graph, x: str, name: str) -> str:
     (pair,) = g.op("ReduceSum", [prod, g.const(f"{name}.ax2", np.array([2], np.int64))], keepdims=0)
     (pair,) = g.op("Clip", [pair, g.const(f"{name}.lo", np.int32(-32768)), g.const(f"{name}.hi", np.int32(32767))])
     (acc,) = g.op("ReduceSum", [pair, g.const(f"{name}.ax1", np.array([1], np.int64))], keepdims=0)
-    (zi,) = g.op("Cast", [xz], to=TensorProto.INT32)
-    (corr,) = g.op("Mul", [zi, f"{name}.colsum"])
-    (acc,) = g.op("Sub", [acc, corr])
-    (accf,) = g.op("Cast", [acc], to=TensorProto.FLOAT)
-    (step,) = g.op("Mul", [xs, f"{name}.scale"])
-    return g.op("Mul", [accf, step])[0]
+    accf = emit_zero_point_correction(g, acc, xz, f"{name}.colsum")
+    (y,) = g.op("Mul", [accf, xs])
+    return g.op("Mul", [y, f"{name}.scale"])[0]
 
 
 @pytest.fixture

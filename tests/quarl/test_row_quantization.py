@@ -1,0 +1,93 @@
+"""Batched int actors must not couple rows: a vectorized actor runs K environments' observations as one
+[K, d] batch, and each environment's action has to be the one it would get alone. Checked per integer kernel
+form on real ORT graphs (rows 100x apart in magnitude, the case a per-tensor activation scale gets wrong),
+for the NumPy emulation the self-check trusts, and for the JAX/AQT int8 backend."""
+from __future__ import annotations
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from quarl.policy import layer_norm_mlp_policy, reference_apply
+from quarl.quantization import dequantize_params, quantize_params
+from quarl.runtimes import make_executor
+from quarl.runtimes.kernel_forms import _check_graph, _random_dense, exact_int_reference, get_form, rowwise_quantize
+from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM
+
+
+def _mixed_rows(rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Rows whose magnitudes differ by 100x (every other row small), some one-signed, one all zero."""
+    x = rng.normal(size=(rows, k)).astype(np.float32)
+    x[1::2] *= np.float32(0.01)
+    x[2] = np.abs(x[2])  # ReLU-like row: zero point 0
+    x[3] = -np.abs(x[3]) * 3
+    x[4] = 0
+    return x
+
+
+# u8s8 with |codes| <= 63: no CPU saturates it (AVX2's pmaddubsw only does past 63), so the row test below
+# holds on every CPU class; saturation itself is the self-check's business (test_kernel_forms).
+@pytest.mark.parametrize("form, bits", [("u8s8", 7), ("u8u8", 8), (NBITS_FORM, 4)])
+def test_each_row_is_bit_identical_alone_or_in_a_mixed_batch(form, bits):
+    rng = np.random.default_rng(0)
+    layers = [_random_dense(bits, k, n, rng) for k, n in [(24, 256), (256, 3)]]
+    session = ort.InferenceSession(_check_graph(get_form(form), layers).SerializeToString(),
+                                   providers=["CPUExecutionProvider"])
+    feeds = {f"x{i}": _mixed_rows(16, d.w.shape[0], rng) for i, d in enumerate(layers)}
+    batched = session.run(None, feeds)
+    for r in range(16):
+        alone = session.run(None, {name: x[r:r + 1] for name, x in feeds.items()})
+        for i in range(len(layers)):
+            np.testing.assert_array_equal(alone[i][0], batched[i][r], err_msg=f"{form}: row {r}, layer {i}")
+    # ...and the batch still matches the form's exact reference (small rows included, each to its own scale).
+    for i, d in enumerate(layers):
+        ref = get_form(form).reference(feeds[f"x{i}"], d)
+        err = np.abs(batched[i] - ref).max(axis=1) / np.maximum(np.abs(ref).max(axis=1), 1e-30)
+        assert err[np.abs(ref).max(axis=1) > 0].max() < 1e-3 and not batched[i][4].any()
+
+
+def test_row_emulation_is_the_per_row_formula():
+    """Each row of `rowwise_quantize` is quantized with that row's own range, zero included; the product
+    recovers every row to within half a code step, however small the row is next to the others."""
+    x = _mixed_rows(8, 300, np.random.default_rng(1))
+    q, scale, zp = rowwise_quantize(x)
+    for r in range(8):
+        qr, sr, zr = rowwise_quantize(x[r:r + 1])
+        assert np.array_equal(qr[0], q[r]) and sr[0, 0] == scale[r, 0] and zr[0, 0] == zp[r, 0]
+    recon = (q.astype(np.float64) - zp) * scale
+    assert np.all(np.abs(recon - x) <= scale * 0.5 + 1e-12)
+    assert zp[2, 0] == 0 and zp[3, 0] == 255 and not q[4].any()
+
+
+def test_exact_reference_rows_do_not_depend_on_each_other():
+    rng = np.random.default_rng(2)
+    dense = _random_dense(8, 64, 5, rng)
+    x = _mixed_rows(6, 64, rng)
+    full = exact_int_reference(x, dense)
+    for r in range(6):
+        np.testing.assert_array_equal(exact_int_reference(x[r:r + 1], dense)[0], full[r])
+
+
+@pytest.mark.parametrize("backend", ["onnx", "jax"])
+def test_int8_executor_actions_do_not_depend_on_the_other_environments(backend):
+    """The regression the per-row quantizer fixes: a 256x3 int8 policy, half the observations 100x smaller.
+    Batched, each row stays as close to fp32 as it is alone (a per-tensor scale gave the small rows ~75x
+    the error)."""
+    spec = layer_norm_mlp_policy(24, [256, 256, 256], [-1.0] * 6, [1.0] * 6)
+    rng = np.random.default_rng(3)
+    params = {}
+    for layer, (k, n) in zip(spec.linear_layers, [(24, 256), (256, 256), (256, 256), (256, 6)]):
+        params[layer.name] = {"w": rng.normal(0, 1 / np.sqrt(k), (k, n)).astype(np.float32),
+                              "b": rng.normal(0, 0.1, n).astype(np.float32)}
+    for layer in spec.layers:
+        if type(layer).__name__ == "LayerNorm":
+            params[layer.name] = {"scale": np.ones(256, np.float32), "offset": np.zeros(256, np.float32)}
+    qp = quantize_params(params, "int8")
+    obs = _mixed_rows(16, 24, rng)
+    ex = make_executor(spec, qp, backend, batch_size=16)
+    batched = ex(obs)
+    alone = np.concatenate([ex(obs[r:r + 1]) for r in range(16)])
+    ref = reference_apply(spec, dequantize_params(qp), obs)
+    err_batched, err_alone = np.abs(batched - ref).max(), np.abs(alone - ref).max()
+    assert err_batched <= err_alone * 1.01 + 1e-6, (err_batched, err_alone)
+    np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-6)
