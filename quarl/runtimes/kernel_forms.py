@@ -45,6 +45,9 @@ class Graph:
         # [in, out] of each int layer by name, set before its `emit`: forms whose ops take the sizes as
         # attributes (MatMulNBits' K and N) read them here.
         self.shapes: dict[str, tuple[int, int]] = {}
+        # False: the graph only ever sees one row (the executor's batch-1 session), so forms may quantize
+        # activations per tensor (one fused DynamicQuantizeLinear, the same result as per row for one row).
+        self.per_row = True
         self._n = 0
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> list[str]:
@@ -116,7 +119,8 @@ def rowwise_quantize(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]
     lo = np.minimum(x.min(axis=1, keepdims=True), zero)
     hi = np.maximum(x.max(axis=1, keepdims=True), zero)
     scale = np.maximum((hi - lo) / levels, _MIN_ROW_SCALE).astype(np.float32)
-    zp = np.clip(np.rint(-(lo / scale)), zero, levels).astype(np.float32)
+    # -lo / scale lies in [0, 255] (lo <= 0, scale >= -lo / 255), and rint is odd: no Neg or Clip needed.
+    zp = -np.rint(lo / scale).astype(np.float32)
     q = np.clip(np.rint(x / scale) + zp, zero, levels).astype(np.uint8)
     return q, scale, zp
 
@@ -139,7 +143,7 @@ def emit_row_quantize(graph: Graph, x: str, name: str) -> tuple[str, str, str]:
     action depend on what the other environments of a vectorized actor observe. MatMulInteger on ORT's CPU
     takes only a scalar activation zero point, so the codes go in with zero point 0 and the caller subtracts
     zp[B, 1] x colsum(codes)[N] in int32 afterwards (exact). Returns (codes uint8, scale [B, 1] float,
-    zero point [B, 1] float)."""
+    the *negated* zero point [B, 1] float: one op fewer a layer)."""
     from onnx import TensorProto
 
     zero = graph.const(f"{name}.rq_zero", np.float32(0))
@@ -152,16 +156,12 @@ def emit_row_quantize(graph: Graph, x: str, name: str) -> tuple[str, str, str]:
     (span,) = graph.op("Sub", [hi, lo])
     (scale,) = graph.op("Div", [span, levels])
     (scale,) = graph.op("Max", [scale, floor])
-    (zp,) = graph.op("Div", [lo, scale])
-    (zp,) = graph.op("Neg", [zp])
-    (zp,) = graph.op("Round", [zp])
-    (zp,) = graph.op("Clip", [zp, zero, levels])
-    (q,) = graph.op("Div", [x, scale])
-    (q,) = graph.op("Round", [q])
-    (q,) = graph.op("Add", [q, zp])
+    (zr,) = graph.op("Round", [graph.op("Div", [lo, scale])[0]])  # -zero point (see rowwise_quantize)
+    (q,) = graph.op("Round", [graph.op("Div", [x, scale])[0]])
+    (q,) = graph.op("Sub", [q, zr])
     (q,) = graph.op("Clip", [q, zero, levels])
     (q,) = graph.op("Cast", [q], to=TensorProto.UINT8)
-    return q, scale, zp
+    return q, scale, zr
 
 
 def column_sums(codes: np.ndarray) -> np.ndarray:
@@ -169,17 +169,25 @@ def column_sums(codes: np.ndarray) -> np.ndarray:
     return np.asarray(codes, np.int64).sum(axis=0).astype(np.int32)
 
 
-def emit_zero_point_correction(graph: Graph, acc: str, zp: str, colsum: str) -> str:
-    """acc[B, N] int32 - zp[B, 1] x colsum[N], in int32 (exact), then Cast to float."""
+def emit_zero_point_correction(graph: Graph, acc: str, neg_zp: str, colsum: str) -> str:
+    """acc[B, N] int32 - zp[B, 1] x colsum[N] (given -zp), in int32 (exact), then Cast to float."""
     from onnx import TensorProto
 
-    (zi,) = graph.op("Cast", [zp], to=TensorProto.INT32)
+    (zi,) = graph.op("Cast", [neg_zp], to=TensorProto.INT32)
     (corr,) = graph.op("Mul", [zi, colsum])
-    (acc,) = graph.op("Sub", [acc, corr])
+    (acc,) = graph.op("Add", [acc, corr])
     return graph.op("Cast", [acc], to=TensorProto.FLOAT)[0]
 
 
 def _emit_integer(graph: Graph, x: str, codes: str, w_zero_point: str | None, name: str) -> str:
+    from onnx import TensorProto
+
+    if not graph.per_row:  # one row: DynamicQuantizeLinear is that row's quantizer, in one fused op
+        xq, xs, xz = graph.op("DynamicQuantizeLinear", [x], 3)
+        (acc,) = graph.op("MatMulInteger", [xq, codes, xz] + ([w_zero_point] if w_zero_point else []))
+        (accf,) = graph.op("Cast", [acc], to=TensorProto.FLOAT)
+        (step,) = graph.op("Mul", [xs, f"{name}.scale"])
+        return graph.op("Mul", [accf, step])[0]
     xq, xs, xz = emit_row_quantize(graph, x, name)
     (acc,) = graph.op("MatMulInteger", [xq, codes] + (["", w_zero_point] if w_zero_point else []))
     accf = emit_zero_point_correction(graph, acc, xz, f"{name}.colsum")
@@ -283,10 +291,11 @@ def _random_dense(bits: int, k: int, n: int, rng: np.random.Generator) -> DenseW
     return DenseWeights("int", codes, np.zeros(n, np.float32), scale)
 
 
-def _check_graph(form: KernelForm, layers: list[DenseWeights]) -> Any:
+def _check_graph(form: KernelForm, layers: list[DenseWeights], per_row: bool = True) -> Any:
     from onnx import TensorProto, helper, numpy_helper
 
     graph = Graph()
+    graph.per_row = per_row
     inputs, outputs = [], []
     for i, dense in enumerate(layers):
         for name, arr in form.initializers(f"l{i}", dense).items():
@@ -308,7 +317,8 @@ def _check_graph(form: KernelForm, layers: list[DenseWeights]) -> Any:
 
 def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int = 0) -> dict[str, Any]:
     """Run form `name` on random int`bits` layers of these [in, out] shapes (each width capped at 512) through
-    ORT and compare with the form's exact reference on uniform inputs at batch 1 and 8.
+    ORT and compare with the form's exact reference on uniform inputs at batch 1 and 8 (and its batch-1
+    graph, `Graph.per_row` False, at batch 1).
     Returns {"form", "ok", "max_rel_err", "tolerance"} (plus "error" when ORT refused the graph); cached
     per process."""
     import onnxruntime as ort
@@ -326,13 +336,15 @@ def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
     try:
-        session = ort.InferenceSession(_check_graph(form, layers).SerializeToString(), so,
-                                       providers=["CPUExecutionProvider"])
+        graphs = {per_row: _check_graph(form, layers, per_row).SerializeToString() for per_row in (True, False)}
+        sessions = {per_row: ort.InferenceSession(g, so, providers=["CPUExecutionProvider"])
+                    for per_row, g in graphs.items()}
         worst = 0.0
-        for rows in _CHECK_ROWS:
+        # The executor's batch-1 graph (per-tensor activations, where the form has one) is checked at batch 1.
+        for rows, per_row in [(r, True) for r in _CHECK_ROWS] + [(1, False)] * (graphs[True] != graphs[False]):
             feeds = {f"x{i}": rng.uniform(-1, 1, (rows, d.w.shape[0])).astype(np.float32)
                      for i, d in enumerate(layers)}
-            outs = session.run(None, feeds)
+            outs = sessions[per_row].run(None, feeds)
             for i, d in enumerate(layers):
                 ref = form.reference(feeds[f"x{i}"], d)
                 err = float(np.abs(outs[i].astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))

@@ -26,6 +26,7 @@ builds it on a background thread while the actor keeps acting on the old session
 """
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -59,14 +60,17 @@ def _initializers(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | N
     return arrays
 
 
-def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | None = None) -> Any:
+def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | None = None, *,
+                per_row: bool = True) -> Any:
     """The ONNX ModelProto of `spec` with `lowered` weights as initializers; dynamic batch dimension.
-    Int layers are emitted by `form` (required when there are any)."""
+    Int layers are emitted by `form` (required when there are any). `per_row=False` lets the form quantize
+    activations per tensor: only for a session that is only ever fed one row."""
     from onnx import TensorProto, helper, numpy_helper
 
     if form is None and any(d.kind == "int" for d in lowered.dense.values()):
         raise ValueError("int layers need a kernel form")
     graph = Graph()
+    graph.per_row = per_row
     for name, arr in _initializers(spec, lowered, form).items():
         graph.const(name, arr)
     x = _INPUT
@@ -128,8 +132,13 @@ class OnnxExecutor(PolicyExecutor):
         self.kernel_form: str | None = None
         self.kernel_check: dict[str, Any] = {}
         self._model: Any = None  # the graph as first built (its initializers hold the first weights)
-        self._model_bytes = b""
-        self._state: tuple[Any, list[Any]] = (None, [])  # (session, OrtValues it reads), swapped as one
+        # Serialized graphs by kind: "row" (per-row activation quantization, any batch) and, where the form
+        # has a cheaper one-row variant, "one" (per tensor; used only for batch-1 calls).
+        self._models: dict[str, bytes] = {}
+        self._kinds: set[str] = set()  # kinds whose sessions each update rebuilds (those called so far)
+        self._state_lock = threading.Lock()
+        # (sessions by kind, OrtValues they read by name), swapped as one; empty OrtValues: the model's own.
+        self._state: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         super().__init__(spec, qparams, batch_size=batch_size, threads=threads)
 
     def _session_options(self) -> Any:
@@ -153,29 +162,53 @@ class OnnxExecutor(PolicyExecutor):
         if not self._form.integer:
             self.simulated = True
 
-    def _load(self, lowered: LoweredParams) -> None:
+    def _kind(self, rows: int) -> str:
+        return "one" if rows == 1 and "one" in self._models else "row"
+
+    def _session(self, kind: str, values: dict[str, Any]) -> Any:
         import onnxruntime as ort
 
         so = self._session_options()
-        keep: list[Any] = []
+        for name, value in values.items():
+            so.add_initializer(name, value)
+        return ort.InferenceSession(self._models[kind], so, providers=["CPUExecutionProvider"])
+
+    def _load(self, lowered: LoweredParams) -> None:
+        import onnxruntime as ort
+
+        values: dict[str, Any] = {}
         if self._model is None:
             self._choose_form(lowered)
             self._model = build_model(self.spec, lowered, self._form)
-            self._model_bytes = self._model.SerializeToString()
+            self._models["row"] = self._model.SerializeToString()
+            # Per-row quantization costs ~15 small ops a layer (2.4x a 256x3 policy's batch-1 call); one row
+            # needs none of them, so batch-1 calls get their own graph when the form has a cheaper one.
+            one = build_model(self.spec, lowered, self._form, per_row=False).SerializeToString()
+            if one != self._models["row"]:
+                self._models["one"] = one
+            self._kinds = {self._kind(self.batch_size)}
         else:
-            # New weights go in as session initializers over the graph serialized once: no rewriting and
+            # New weights go in as session initializers over the graphs serialized once: no rewriting and
             # re-serialising the model per update (about a third of an update at H=2048). ORT reads the
-            # OrtValues' memory, so they live as long as the session.
-            for name, array in _initializers(self.spec, lowered, self._form).items():
-                keep.append(ort.OrtValue.ortvalue_from_numpy(array))
-                so.add_initializer(name, keep[-1])
-        session = ort.InferenceSession(self._model_bytes, so, providers=["CPUExecutionProvider"])
-        self._state = (session, keep)  # one assignment: a concurrent call sees the old or the new session
+            # OrtValues' memory, so they live as long as the sessions.
+            values = {name: ort.OrtValue.ortvalue_from_numpy(array)
+                      for name, array in _initializers(self.spec, lowered, self._form).items()}
+        sessions = {kind: self._session(kind, values) for kind in sorted(self._kinds)}
+        with self._state_lock:
+            self._state = (sessions, values)  # one assignment: a concurrent call sees old or new sessions
 
     def _run(self, obs: np.ndarray) -> np.ndarray:
         # Hold the whole state for the call: the session reads its initializers' OrtValues in place, so they
         # must outlive a call that a background update's swap overlaps.
-        session, _alive = self._state  # a local reference keeps both alive until the call returns
+        state = self._state  # a local reference keeps both alive until the call returns
+        kind = self._kind(obs.shape[0])
+        session = state[0].get(kind)
+        if session is None:  # first call of this batch kind: build it on the weights this call runs on
+            session = self._session(kind, state[1])
+            with self._state_lock:
+                self._kinds.add(kind)
+                if self._state is state:  # an update swapped in meanwhile builds its own on first use
+                    self._state = ({**state[0], kind: session}, state[1])
         return session.run([_OUTPUT], {_INPUT: obs})[0]
 
 
