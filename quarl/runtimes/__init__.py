@@ -8,7 +8,8 @@
 Backends: `jax` (XLA; fp32/fp16/bf16 native, int2..int8 via AQT v2 with an s8 x s8 dot), `onnx` (ONNX
 Runtime; fp32 native, int2..int8 via MatMulInteger), `onnx-nbits` (as `onnx`, but int2..int4 via
 MatMulNBits on 4-bit packed weights) and `auto` (the one measured fastest here, see `quarl.runtimes.auto`;
-`onnx-nbits` is a candidate only for int2..int4, where it differs from `onnx`). Precisions without a
+`onnx-nbits` is a candidate only for int2..int4, where it differs from `onnx`; for int2..int8 the int
+weights dequantized in fp32 on ONNX are one too, so auto never picks an int kernel slower than fp32). Precisions without a
 native kernel on a backend run simulated in fp32 with the precision's rounded weights (`ex.simulated`); see each backend module for which.
 """
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any, Callable, Mapping
 from quarl.policy import PolicySpec
 from quarl.quantization import Precision, QuantizedParams, parse_precision, quantize_params
 from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
-from quarl.runtimes.base import PolicyExecutor, check_sizes, layer_widths
+from quarl.runtimes.base import MAX_KERNEL_BITS, PolicyExecutor, check_sizes, layer_widths
 from quarl.runtimes.jax_backend import JaxExecutor
-from quarl.runtimes.kernel_forms import KernelForm, candidates, forms, kernel_summary, register_form, select_form
+from quarl.runtimes.kernel_forms import FALLBACK_FORM, KernelForm, candidates, forms, kernel_summary, register_form, select_form
 from quarl.runtimes.onnx_backend import OnnxExecutor, OnnxNBitsExecutor
 from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 
@@ -30,19 +31,32 @@ BACKENDS: dict[str, Callable[..., PolicyExecutor]] = {"jax": JaxExecutor, "onnx"
 BACKEND_NAMES = (*BACKENDS, "auto")
 
 __all__ = [
-    "BACKENDS", "BACKEND_NAMES", "PolicyExecutor", "JaxExecutor", "OnnxExecutor", "OnnxNBitsExecutor",
+    "BACKENDS", "BACKEND_NAMES", "DEQUANTIZED_CANDIDATE", "PolicyExecutor", "JaxExecutor", "OnnxExecutor", "OnnxNBitsExecutor",
     "auto_candidates", "make_executor",
     "make_executor_from_params", "auto_decisions", "clear_auto_decisions", "cache_path", "KernelForm",
     "candidates", "forms", "kernel_summary", "register_form", "select_form",
 ]
 
 
-def auto_candidates(precision: str | Precision) -> dict[str, Callable[..., PolicyExecutor]]:
+# The `auto` candidate that runs int weights dequantized through fp32 MatMuls (ONNX's `fp32` kernel form).
+DEQUANTIZED_CANDIDATE = "onnx-dequantized"
+
+
+def auto_candidates(precision: str | Precision,
+                    kernel_form: str | None = None) -> dict[str, Callable[..., PolicyExecutor]]:
     """The backends `auto` measures for `precision`: all of them, except `onnx-nbits` where it would build
-    the very same graph as `onnx` (every precision but int2..int4)."""
+    the very same graph as `onnx` (every precision but int2..int4); plus, for
+    precisions with an integer kernel (int2..int8), the int weights dequantized in fp32 on ONNX
+    (`DEQUANTIZED_CANDIDATE`, simulated): where no integer kernel beats fp32 here (small layers, no VNNI),
+    auto then never makes a quantized actor slower than an fp32 one. The payload stays int; only the compute
+    changes, and the executor reports itself as simulated. `kernel_form` is ONNX's forced form, if any."""
     prec = parse_precision(precision)
     nbits = prec.is_int and prec.bits <= MAX_NBITS_PRECISION
-    return {name: make for name, make in BACKENDS.items() if nbits or name != "onnx-nbits"}
+    out = {name: make for name, make in BACKENDS.items() if nbits or name != "onnx-nbits"}
+    out["onnx"] = functools.partial(OnnxExecutor, kernel_form=kernel_form)
+    if prec.is_int and prec.bits <= MAX_KERNEL_BITS and kernel_form != FALLBACK_FORM:
+        out[DEQUANTIZED_CANDIDATE] = functools.partial(OnnxExecutor, kernel_form=FALLBACK_FORM)
+    return out
 
 
 def make_executor(spec: PolicySpec, qparams: QuantizedParams, backend: str = "auto", *, batch_size: int = 1,
@@ -64,8 +78,7 @@ def make_executor(spec: PolicySpec, qparams: QuantizedParams, backend: str = "au
     layer_widths(spec)
     name = str(backend).lower()
     if name == "auto":
-        factories = {**auto_candidates(qparams.precision),
-                     "onnx": functools.partial(OnnxExecutor, kernel_form=kernel_form)}
+        factories = auto_candidates(qparams.precision, kernel_form)
         return make_auto_executor(spec, qparams, factories, batch_size=batch_size, threads=threads,
                                   kernel_form=kernel_form)
     if name not in BACKENDS:

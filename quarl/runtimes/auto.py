@@ -2,7 +2,9 @@
 
 Which runtime wins depends on the machine (ORT's int8 GEMM needs VNNI to shine; XLA's int8 dot is slower
 than its fp32 one on CPU) and on the shape (at tiny sizes per-call overhead dominates), so the choice is
-measured, not hard-coded. The first executor for a key builds every candidate, times them interleaved
+measured, not hard-coded. For int2..int8 one candidate is the int weights dequantized through fp32 MatMuls
+(`quarl.runtimes.DEQUANTIZED_CANDIDATE`, simulated), so a quantized actor never runs slower than fp32 would.
+The first executor for a key builds every candidate, times them interleaved
 for a few dozen calls (budget ~1 s in total), keeps the fastest and records the decision in-process and in
 a JSON file ($QUARL_CACHE_DIR or ~/.cache/quarl, `auto_backend.json`), keyed by a machine fingerprint, so
 later processes (every actor of a run) reuse it without measuring.

@@ -14,6 +14,7 @@ import pytest
 from quarl.policy import PolicySpec, haiku_forward, layer_norm_mlp_policy, mlp_q_network, reference_apply
 from quarl.quantization import dequantize_params, quantize, quantize_params
 from quarl.runtimes import (
+    DEQUANTIZED_CANDIDATE,
     auto_decisions,
     cache_path,
     clear_auto_decisions,
@@ -254,18 +255,22 @@ def test_auto_picks_a_backend_and_caches(cases, tmp_path, monkeypatch, form):
     qp = quantize_params(params, "int8")
     ex = make_executor(spec, qp, "auto", batch_size=4, kernel_form=form)
     assert ex.backend in BACKENDS and ex.precision == "int8"
-    if ex.backend == "onnx":
-        _check_form(ex, form)
     assert _rel_err(ex(obs), reference_apply(spec, params, obs)) < TOLERANCE["int8"]
     (key, entry), = auto_decisions().items()
-    assert entry["source"] == "measured" and entry["backend"] == ex.backend
-    assert set(entry["us_per_call"]) == {"jax", "onnx"}  # onnx-nbits would build the same graph as onnx
+    assert entry["source"] == "measured"
+    if entry["backend"] == "onnx":
+        _check_form(ex, form)
+    elif entry["backend"] == DEQUANTIZED_CANDIDATE:
+        assert ex.kernel_form == "fp32" and ex.simulated
+    # onnx-nbits would build the same graph as onnx; the dequantized candidate is onnx's fp32 form (unless forced).
+    assert set(entry["us_per_call"]) == {"jax", "onnx"} | ({DEQUANTIZED_CANDIDATE} if form != "fp32" else set())
     assert entry["backend"] == min(entry["us_per_call"], key=entry["us_per_call"].get)
+    assert _concrete(entry["backend"]) == ex.backend
     assert "|b4|int8|t1" in key
     # The key names the ONNX form the CPU settled on (a forced form, or what replaced a refused one).
     assert key.endswith("|k" + select_form(8, [(8, 64), (64, 64), (64, 5)], form)["form"])
     stored = json.loads(cache_path().read_text())
-    assert stored["decisions"][key]["backend"] == ex.backend
+    assert _concrete(stored["decisions"][key]["backend"]) == ex.backend
 
     # A new process (simulated by clearing the in-process table) reads the decision instead of measuring.
     clear_auto_decisions()
@@ -277,6 +282,43 @@ def test_auto_picks_a_backend_and_caches(cases, tmp_path, monkeypatch, form):
     assert len(auto_decisions()) == 2
 
 
+def _concrete(candidate: str) -> str:
+    """The executor backend an auto candidate builds (the dequantized candidate is ONNX's fp32 form)."""
+    return "onnx" if candidate == DEQUANTIZED_CANDIDATE else candidate
+
+
+@pytest.mark.parametrize("fastest", [DEQUANTIZED_CANDIDATE, "onnx", "jax"])
+def test_auto_weighs_dequantized_fp32_against_the_int_kernels(cases, tmp_path, monkeypatch, fastest):
+    """int8: auto also times the int weights dequantized in fp32 and picks whichever is fastest (fake
+    timings); picked, it runs the same int8 weights in fp32 and says so (simulated, form fp32)."""
+    import quarl.runtimes.auto as auto
+
+    monkeypatch.setenv("QUARL_CACHE_DIR", str(tmp_path))
+    seen = {}
+
+    def fake_timings(executors, obs):
+        seen.update(executors)
+        return {name: (1.0 if name == fastest else 5.0 + i) for i, name in enumerate(executors)}
+
+    monkeypatch.setattr(auto, "_time_interleaved", fake_timings)
+    clear_auto_decisions()
+    spec, params, _, obs = cases["dqn"]
+    qp = quantize_params(params, "int8")
+    ex = make_executor(spec, qp, "auto", batch_size=4)
+    (_, entry), = auto_decisions().items()
+    assert set(entry["us_per_call"]) == set(seen) == {"jax", "onnx", DEQUANTIZED_CANDIDATE}
+    assert seen[DEQUANTIZED_CANDIDATE].kernel_form == "fp32" and seen[DEQUANTIZED_CANDIDATE].simulated
+    assert entry["backend"] == fastest and ex is seen[fastest] and ex.precision == "int8"
+    deq = reference_apply(spec, dequantize_params(qp), obs)
+    if fastest == DEQUANTIZED_CANDIDATE:  # the int8 weights exactly, in fp32 arithmetic
+        assert ex.backend == "onnx" and ex.simulated and _rel_err(ex(obs), deq) < TOLERANCE["fp32"]
+    # fp32 policies get no such candidate (it would be the onnx one).
+    make_executor(spec, quantize_params(params, "fp32"), "auto", batch_size=4)
+    fp32_entry = [e for k, e in auto_decisions().items() if "|fp32|" in k][0]
+    assert set(fp32_entry["us_per_call"]) == {"jax", "onnx"}
+    clear_auto_decisions()
+
+
 def test_auto_measures_matmulnbits_for_int4_and_narrower(cases, tmp_path, monkeypatch):
     """int2..int4: the onnx-nbits backend (MatMulNBits) is a third candidate, measured like the others."""
     monkeypatch.setenv("QUARL_CACHE_DIR", str(tmp_path))
@@ -285,8 +327,9 @@ def test_auto_measures_matmulnbits_for_int4_and_narrower(cases, tmp_path, monkey
     qp = quantize_params(params, "int4")
     ex = make_executor(spec, qp, "auto", batch_size=4)
     (key, entry), = auto_decisions().items()
-    assert "|b4|int4|t1" in key and set(entry["us_per_call"]) == set(BACKENDS)
-    assert entry["backend"] == ex.backend == min(entry["us_per_call"], key=entry["us_per_call"].get)
+    assert "|b4|int4|t1" in key and set(entry["us_per_call"]) == {*BACKENDS, DEQUANTIZED_CANDIDATE}
+    assert entry["backend"] == min(entry["us_per_call"], key=entry["us_per_call"].get)
+    assert _concrete(entry["backend"]) == ex.backend
     assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp), obs)) < TOLERANCE["int4"]
     clear_auto_decisions()
 
