@@ -91,3 +91,34 @@ def test_int8_executor_actions_do_not_depend_on_the_other_environments(backend):
     err_batched, err_alone = np.abs(batched - ref).max(), np.abs(alone - ref).max()
     assert err_batched <= err_alone * 1.01 + 1e-6, (err_batched, err_alone)
     np.testing.assert_allclose(batched, alone, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("wait", [True, False])
+def test_batch_one_and_batched_graphs_both_follow_weight_updates(wait):
+    """ONNX keeps a fused per-tensor graph for batch-1 calls and the per-row one for larger batches; an
+    update must reach both, whichever was built first, and batch 1 must equal the batched row."""
+    spec = layer_norm_mlp_policy(12, [64, 64], [-1.0], [1.0])
+    rng = np.random.default_rng(4)
+
+    def params(seed):
+        r = np.random.default_rng(seed)
+        p = {layer.name: {"w": r.normal(0, 1 / np.sqrt(k), (k, n)).astype(np.float32),
+                          "b": r.normal(0, 0.1, n).astype(np.float32)}
+             for layer, (k, n) in zip(spec.linear_layers, [(12, 64), (64, 64), (64, 1)])}
+        for layer in spec.layers:
+            if type(layer).__name__ == "LayerNorm":
+                p[layer.name] = {"scale": np.ones(64, np.float32), "offset": np.zeros(64, np.float32)}
+        return p
+
+    obs = _mixed_rows(8, 12, rng)
+    first, second = quantize_params(params(0), "int8"), quantize_params(params(1), "int8")
+    ex = make_executor(spec, first, "onnx", batch_size=1)
+    before = ex(obs)
+    ex(obs[:1])
+    ex.update(second, wait=wait)
+    ex.wait_for_update()
+    batched, alone = ex(obs), np.concatenate([ex(obs[r:r + 1]) for r in range(8)])
+    ref = reference_apply(spec, dequantize_params(second), obs)
+    assert np.abs(before - ref).max() > 0.1  # the update changed the policy...
+    assert np.abs(batched - ref).max() / np.ptp(ref) < 3e-2  # ...and both graphs run the new weights
+    np.testing.assert_allclose(alone, batched, rtol=0, atol=1e-5)
