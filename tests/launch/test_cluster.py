@@ -192,3 +192,12 @@ def test_unpack_refuses_paths_outside_the_run_folder(tmp_path: Path) -> None:
     assert not (tmp_path / "runs" / "escape.txt").exists() and not (tmp_path / "runs" / "r").exists()
     assert not list((tmp_path / "runs").iterdir())
 
+
+
+@pytest.mark.parametrize("address, loopback", [
+    ("127.0.0.1:6379", True), ("localhost:6379", True), ("127.0.0.2:1", True), ("[::1]:6379", True),
+    ("10.0.0.5:6379", False), ("head.example:6379", False), ("ray://127.0.0.1:10001", True), ("", False)])
+def test_a_loopback_address_is_joined_on_loopback(address: str, loopback: bool) -> None:
+    from launch.ray_runner import _is_loopback_address  # pylint: disable=import-outside-toplevel
+
+    assert _is_loopback_address(address) is loopback
