@@ -331,7 +331,8 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
         table.add_row(str(s["hidden"]), str(s["batch"]), *cells)
     console.print(table)
     console.print("speed-up = fp32 us / int8 us (> 1: int8 faster). jax int8 = AQT s8xs8->s32 dot on XLA CPU; "
-                  "onnx int8 = per-row activation quantization (batch 1: DynamicQuantizeLinear) + MatMulInteger in the self-checked kernel form "
+                  "onnx int8 = per-row activation quantization (batch 1: DynamicQuantizeLinear) + MatMulInteger "
+                  "in the self-checked kernel form "
                   f"({', '.join(sorted({str(r['kernel_form']) for r in rows if r['variant'] == 'onnx int8'}))}); "
                   "onnx-nbits int4 = MatMulNBits (4-bit packed weights, int8 activations per 128-block); "
                   f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}; ORT 1 intra-op thread.")

@@ -29,8 +29,9 @@ How it is built, and why:
   `_sign_of_residual`), and they are handed to AQT as a complete rhs `QTensor`, exactly as the runtime
   hands over the learner's codes; the float weights go in as AQT's rhs operand so that the VJP returns dW.
   AQT's own rhs calibration then runs but its result is discarded (XLA removes it).
-* The ONNX runtime uses the same weight codes but quantizes activations asymmetrically to uint8
-  (DynamicQuantizeLinear), so there the trained and deployed networks differ by activation rounding only;
+* The ONNX runtime uses the same weight codes but quantizes activations asymmetrically to uint8 (per row,
+  as AQT does, but with a zero point), so there the trained and deployed networks differ by activation
+  rounding only;
   the jax runtime matches exactly.
 * Only `Linear` weights are quantized; biases, LayerNorm and activations in between stay float32, as on
   the actors. Critics and target networks never reach an actor, so they stay plain fp32.
