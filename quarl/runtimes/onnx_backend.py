@@ -196,7 +196,9 @@ class OnnxExecutor(PolicyExecutor):
             # OrtValues' memory, so they live as long as the sessions.
             values = {name: ort.OrtValue.ortvalue_from_numpy(array)
                       for name, array in _initializers(self.spec, lowered, self._form).items()}
-        sessions = {kind: self._session(kind, values) for kind in sorted(self._kinds)}
+        with self._state_lock:  # a concurrent first call of a new kind adds to the set
+            kinds = sorted(self._kinds)
+        sessions = {kind: self._session(kind, values) for kind in kinds}
         with self._state_lock:
             self._state = (sessions, values)  # one assignment: a concurrent call sees old or new sessions
 
