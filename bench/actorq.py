@@ -42,6 +42,7 @@ import numpy as np
 from bench import actor_sweep
 from bench.machine import add_allow_busy, finish, machine_info, refuse_if_busy
 from quarl.vector_env import env_implementation
+from quarl.io import jsonable
 
 TASK = "cartpole:balance"
 PAPER_POLICY = (2048, 2048, 2048)
@@ -285,7 +286,7 @@ def bench_e2e(budget: Budget, seeds: list[int], logroot: Path) -> dict[str, Any]
         by = {r["precision"]: r for r in runs if r["seed"] == seed}
         if by["int8"]["time_to_target_s"] and by["fp32"]["time_to_target_s"]:
             ratios.append(by["fp32"]["time_to_target_s"] / by["int8"]["time_to_target_s"])
-    return {"target_return": budget.e2e_target, "policy": [256, 256, 256], "overrides": _jsonable(overrides),
+    return {"target_return": budget.e2e_target, "policy": [256, 256, 256], "overrides": jsonable(overrides),
             "runs": runs, "time_ratio_fp32_vs_int8": _median(ratios) if ratios else None,
             "per_seed_ratios": ratios}
 
@@ -296,10 +297,6 @@ def _fresh(logdir: Path) -> Path:
 
     shutil.rmtree(logdir, ignore_errors=True)
     return logdir
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=list))
 
 
 # --------------------------------------------------------------------------------------------- output
@@ -455,7 +452,7 @@ def run(quick: bool, out: Path, seeds: list[int], e2e: bool, allow_busy: bool = 
     finally:
         ray.shutdown()
     finish(result["machine"])
-    (out / "actorq.json").write_text(json.dumps(_jsonable(result), indent=1) + "\n", encoding="utf-8")
+    (out / "actorq.json").write_text(json.dumps(jsonable(result), indent=1) + "\n", encoding="utf-8")
     plot(result, out / "actorq.png")
     (out / "actorq.md").write_text(markdown(result), encoding="utf-8")
     print(f"wrote {out / 'actorq.json'}, {out / 'actorq.png'} and {out / 'actorq.md'}")

@@ -35,6 +35,8 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
+from quarl.io import jsonable, write_text_atomic
+
 FORMAT_VERSION = 2  # 2: per-file learner checksums and a manifest checksum
 CHECKPOINT_DIR = "checkpoints"
 MANIFEST = "manifest.json"
@@ -76,12 +78,7 @@ def _manifest_digest(manifest: Mapping[str, Any]) -> str:
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=2, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
 def _read_json(path: Path, what: str) -> dict:
@@ -276,18 +273,18 @@ def check_compatible(manifest: Mapping[str, Any], *, agent: str, task: str,
             raise CheckpointError(f"checkpoint was made with --{key} {saved.get(key)!r}, this run uses {value!r}")
     saved_cfg = manifest["agent_config"]
     for key in sorted(set(saved_cfg) | set(agent_config)):
-        if _jsonable(saved_cfg.get(key)) != _jsonable(agent_config.get(key)):
+        if _json_round_trip(saved_cfg.get(key)) != _json_round_trip(agent_config.get(key)):
             raise CheckpointError(f"checkpoint was made with {key}={saved_cfg.get(key)!r}, "
                                   f"this run has {key}={agent_config.get(key)!r}")
 
 
-def _jsonable(value: Any) -> Any:
+def _json_round_trip(value: Any) -> Any:
     """Config values as they look after a JSON round trip (tuples become lists)."""
-    return json.loads(json.dumps(value))
+    return json.loads(json.dumps(jsonable(value)))
 
 
 def agent_config_dict(config: Any) -> dict:
     """A frozen agent config as JSON-able data (what the manifest stores and compares)."""
     import dataclasses  # pylint: disable=import-outside-toplevel
 
-    return _jsonable(dataclasses.asdict(config))
+    return _json_round_trip(dataclasses.asdict(config))

@@ -26,6 +26,7 @@ from quarl.logs import CSVLogger, write_json_atomic
 from quarl.policy_io import save_policy
 from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.quantization import parse_precision, quantize_params
+from quarl.io import jsonable
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes come from their own env instance and seed
 LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows
@@ -307,7 +308,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         "backend": actor.backend,
         "kernel": getattr(actor, "kernel", None),  # integer kernel form + self-check (None on float runs)
         "seed": seed,
-        "config": _jsonable(dataclasses.asdict(config)),
+        "config": jsonable(dataclasses.asdict(config)),
         "actor_steps": times.env_steps,  # a multiple of envs_per_actor: the last step may pass max_actor_steps
         "envs_per_actor": num_envs,
         "learner_steps": learner.steps,
@@ -366,13 +367,3 @@ def _insert(table: Any, transitions: Any, learn: Callable[[], None]) -> None:
     if not table.can_insert(len(items)):
         learn()
     table.insert(batch, timeout=60.0)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, (np.integer, np.floating)):
-        return value.item()
-    return value

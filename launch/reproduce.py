@@ -31,6 +31,7 @@ from typing import Any, Mapping, Sequence
 from agents.dqn.config import MOUNTAINCAR_OVERRIDES
 from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_precision, fail
 from analysis.runs import PANELS, is_finished, read_summary
+from quarl.io import jsonable
 
 PROG = "launch.reproduce"
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -362,7 +363,7 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     inv.root.mkdir(parents=True, exist_ok=True)
     meta = _read_json(inv.root / "grid.json") or {}
     budgets = dict(meta.get("budgets") or {})  # panels run earlier under this name keep their entry
-    budgets.update({r.panel: _jsonable(dataclasses.asdict(r.budget)) for r in plan})
+    budgets.update({r.panel: jsonable(dataclasses.asdict(r.budget)) for r in plan})
     write_json_atomic(inv.root / "grid.json", {"budget": inv.budget, "runner": inv.runner, "backend": inv.backend,
                                                "budgets": budgets, "cluster": inv.ray_address is not None,
                                                "cpus_per_run": inv.cpus_per_run if inv.ray_address else None})
@@ -414,14 +415,6 @@ def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: Any, 
 
     assert inv.ray_address is not None
     run_on_cluster(todo, inv.root, inv.backend, inv.ray_address, inv.cpus_per_run, on_done)
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def draw(inv: Invocation, *, filtered: bool) -> Any:

@@ -8,15 +8,15 @@ credentials) is ever added.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import numbers
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+
+from quarl.io import write_json_atomic  # noqa: F401 - re-exported: the logging API's JSON writer
 
 
 def _scalar(value: Any) -> bool | int | float | str | None:
@@ -170,38 +170,3 @@ class Logger:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.ndarray):
-        return obj.tolist()
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, os.PathLike):
-        return os.fspath(obj)
-    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
-    """Writes `obj` as JSON to `path` atomically (temporary file in the same folder, fsync, rename).
-
-    NumPy scalars/arrays and paths are converted; NaN/inf are written as JSON's NaN/Infinity tokens
-    (which Python's json and pandas read back). Anything else unserialisable is a ValueError.
-    """
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        text = json.dumps(obj, indent=2, sort_keys=True, default=_json_default)
-    except (TypeError, ValueError) as err:
-        raise ValueError(f"cannot write {target} as JSON: {err}") from None
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.write("\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

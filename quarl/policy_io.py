@@ -17,12 +17,12 @@ import dataclasses
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
+from quarl.io import write_bytes_atomic
 from quarl.payload import decode_payload, encode_payload
 from quarl.policy import PolicySpec
 from quarl.quantization import dequantize_params, quantize_params
@@ -32,6 +32,7 @@ POLICY_FILE = "policy_fp32.qrlp"
 META_FILE = "policy_fp32.json"
 META_FORMAT = 1
 _POLICY_SUFFIX = ".qrlp"
+_READABLE = 0o644  # mkstemp's 0600 would hide the policy from other users' analyses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,23 +62,6 @@ def _check_name(what: str, value: Any) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")
     return value
-
-
-def _write_bytes_atomic(target: Path, data: bytes) -> None:
-    """Temp file + fsync + rename: a reader sees the old file or the new one, never half of one."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)  # mkstemp's 0600 would hide the policy from other users' analyses
-        os.replace(tmp, target)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def save_policy(path: str | os.PathLike, spec: PolicySpec, params: Mapping, *, task: str, agent: str,
@@ -118,8 +102,8 @@ def save_policy(path: str | os.PathLike, spec: PolicySpec, params: Mapping, *, t
             "extra": extra_json}
     # Payload first, sidecar last: a crash in between leaves a sidecar whose hash does not match, which
     # `load_policy` reports, rather than a sidecar pointing at a missing or older payload silently.
-    _write_bytes_atomic(payload_path, data)
-    _write_bytes_atomic(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
+    write_bytes_atomic(payload_path, data, mode=_READABLE)
+    write_bytes_atomic(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode(), mode=_READABLE)
     return payload_path
 
 

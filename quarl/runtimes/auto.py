@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import platform
-import tempfile
 import threading
 import time
 import warnings
@@ -25,6 +24,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from quarl.io import write_text_atomic
 from quarl.policy import PolicySpec
 from quarl.quantization import QuantizedParams
 from quarl.policy import Linear
@@ -118,10 +118,8 @@ def _write_file(key: str, entry: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         decisions = _read_file()
         decisions[key] = entry
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".auto_backend.", suffix=".json")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump({"version": _FORMAT_VERSION, "decisions": decisions}, f, indent=1, sort_keys=True)
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps({"version": _FORMAT_VERSION, "decisions": decisions}, indent=1,
+                                           sort_keys=True))
     except OSError as e:  # a read-only home must not stop an actor from acting
         warnings.warn(f"could not write auto-backend cache {path}: {e}", stacklevel=3)
 

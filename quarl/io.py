@@ -1,0 +1,76 @@
+"""Atomic file writes and JSON conversion shared by the library, the launchers and the benchmarks.
+
+Every results file, policy, checkpoint manifest and cache is written through `write_bytes_atomic` so a
+reader (another process, a resumed run, an analysis notebook) sees the old file or the new one, never half
+of one, and a failed write leaves no temporary file behind.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
+    """Temp file in the same folder + fsync + rename; `mode` (e.g. 0o644) replaces mkstemp's private 0600."""
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
+        os.replace(tmp, target)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, *, mode: int | None = None) -> None:
+    """`write_bytes_atomic` for UTF-8 text."""
+    write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Writes `obj` as JSON to `path` atomically (indented, keys sorted, trailing newline).
+
+    NumPy scalars/arrays and paths are converted; NaN/inf are written as JSON's NaN/Infinity tokens
+    (which Python's json and pandas read back). Anything else unserialisable is a ValueError.
+    """
+    try:
+        text = json.dumps(obj, indent=2, sort_keys=True, default=_json_default)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"cannot write {Path(path)} as JSON: {err}") from None
+    write_text_atomic(path, text + "\n")
+
+
+def jsonable(value: Any) -> Any:
+    """`value` as plain JSON data: mappings with str keys, tuples as lists, NumPy scalars/arrays as Python
+    numbers/lists; NaN stays a float NaN (json writes it as NaN). Other values are returned unchanged."""
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
