@@ -9,8 +9,9 @@ Backends: `jax` (XLA; fp32/fp16/bf16 native, int2..int8 via AQT v2 with an s8 x 
 Runtime; fp32 native, int2..int8 via MatMulInteger), `onnx-nbits` (as `onnx`, but int2..int4 via
 MatMulNBits on 4-bit packed weights) and `auto` (the one measured fastest here, see `quarl.runtimes.auto`;
 `onnx-nbits` is a candidate only for int2..int4, where it differs from `onnx`; for int2..int8 the int
-weights dequantized in fp32 on ONNX are one too, so auto never picks an int kernel slower than fp32). Precisions without a
-native kernel on a backend run simulated in fp32 with the precision's rounded weights (`ex.simulated`); see each backend module for which.
+weights dequantized in fp32 on ONNX are one too, so auto never picks an int kernel slower than fp32).
+Precisions without a native kernel on a backend run simulated in fp32 with the precision's rounded weights
+(`ex.simulated`); see each backend module for which.
 """
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from quarl.quantization import Precision, QuantizedParams, parse_precision, quan
 from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
 from quarl.runtimes.base import MAX_KERNEL_BITS, PolicyExecutor, check_sizes, layer_widths
 from quarl.runtimes.jax_backend import JaxExecutor
-from quarl.runtimes.kernel_forms import FALLBACK_FORM, KernelForm, candidates, forms, kernel_summary, register_form, select_form
+from quarl.runtimes.kernel_forms import (FALLBACK_FORM, KernelForm, candidates, forms, kernel_summary, register_form,
+                                         select_form)
 from quarl.runtimes.onnx_backend import OnnxExecutor, OnnxNBitsExecutor
 from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 
@@ -31,7 +33,8 @@ BACKENDS: dict[str, Callable[..., PolicyExecutor]] = {"jax": JaxExecutor, "onnx"
 BACKEND_NAMES = (*BACKENDS, "auto")
 
 __all__ = [
-    "BACKENDS", "BACKEND_NAMES", "DEQUANTIZED_CANDIDATE", "PolicyExecutor", "JaxExecutor", "OnnxExecutor", "OnnxNBitsExecutor",
+    "BACKENDS", "BACKEND_NAMES", "DEQUANTIZED_CANDIDATE", "PolicyExecutor", "JaxExecutor", "OnnxExecutor",
+    "OnnxNBitsExecutor",
     "auto_candidates", "make_executor",
     "make_executor_from_params", "auto_decisions", "clear_auto_decisions", "cache_path", "KernelForm",
     "candidates", "forms", "kernel_summary", "register_form", "select_form",
