@@ -6,11 +6,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
+
+from quarl.machine import machine_info
 
 from analysis.plots import plot_figure, plot_ptq, plot_runtime_breakdown, plot_weight_stats, pyplot, load_ptq
 from analysis.runs import (BASELINE, PANELS, RUN_COLUMNS, STAGES, Panel, curves, describe_method, find_run_dirs,
@@ -20,32 +21,6 @@ from analysis.tables import (carbon_ratio_table, carbon_table, markdown_table, p
 
 
 # ------------------------------------------------------------------------------------------------ report
-
-
-def machine_info() -> dict[str, Any]:
-    """What the numbers were measured on: OS, Python, CPU model, cores, memory and the main libraries."""
-    info: dict[str, Any] = {"platform": platform.platform(), "python": platform.python_version(),
-                            "machine": platform.machine(), "logical_cpus": os.cpu_count()}
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            models = [ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")]
-        if models:
-            info["cpu_model"] = models[0]
-    except OSError:
-        pass
-    try:
-        import psutil  # pylint: disable=import-outside-toplevel
-        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
-        info["physical_cpus"] = psutil.cpu_count(logical=False)
-    except Exception:  # pylint: disable=broad-except
-        pass
-    from importlib import metadata  # pylint: disable=import-outside-toplevel
-    for pkg in ("jax", "jaxlib", "onnxruntime", "dm-control", "gymnasium", "ray", "codecarbon"):
-        try:
-            info[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            pass
-    return info
 
 
 @dataclasses.dataclass

@@ -105,11 +105,9 @@ def machine_info(quick: bool) -> dict[str, Any]:
     from quarl.runtimes.cpu import cpu_class, cpu_info
 
     info = {**cpu_info(), "cpu_class": cpu_class()}
-    try:
-        from importlib.metadata import version
-        aqt_version = version("aqtp")
-    except Exception:  # noqa: BLE001 - a missing dist-info only loses one informational field
-        aqt_version = "unknown"
+    from quarl.machine import package_versions
+
+    aqt_version = package_versions(["aqtp"]).get("aqtp", "unknown")
     return {
         **info,
         "platform": platform.platform(),

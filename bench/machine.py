@@ -11,6 +11,8 @@ import os
 import platform
 from typing import Any, NoReturn, Sequence
 
+from quarl.machine import cpu_model_name, load_average
+
 ALLOW_BUSY_HELP = ("start even when the 1-minute load average exceeds the number of cores (the load at start "
                    "and end is recorded with the results either way)")
 
@@ -21,20 +23,7 @@ class BusyMachineError(RuntimeError):
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (the platform's processor string elsewhere)."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            return next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    except OSError:
-        return cpu
-
-
-def load_average() -> list[float] | None:
-    """The 1, 5 and 15-minute load averages, or None where the OS has none."""
-    try:
-        return [round(x, 2) for x in os.getloadavg()]
-    except OSError:
-        return None
+    return cpu_model_name() or platform.processor() or platform.machine()
 
 
 def check_load(allow_busy: bool = False, *, load: Sequence[float] | None = None,

@@ -42,6 +42,7 @@ import numpy as np
 
 from bench.machine import describe_load, finish
 from bench.machine import machine_info as base_machine_info
+from quarl.machine import package_versions
 
 TASK = "CartPole-v1"
 HIDDEN = (64, 64)
@@ -258,14 +259,8 @@ def run(plan: Plan) -> dict[str, Any]:
 def machine_info(allow_busy: bool = False) -> dict[str, Any]:
     """bench.machine's record (load at start; `finish` adds the end) plus the JAX and AQT versions."""
     import jax  # pylint: disable=import-outside-toplevel
-    from importlib.metadata import version  # pylint: disable=import-outside-toplevel
 
-    info = {**base_machine_info(allow_busy), "jax": jax.__version__}
-    try:
-        info["aqtp"] = version("aqtp")
-    except Exception:  # noqa: BLE001 - a missing dist-info only loses one informational field
-        info["aqtp"] = None
-    return info
+    return {**base_machine_info(allow_busy), "jax": jax.__version__, "aqtp": package_versions(["aqtp"]).get("aqtp")}
 
 
 _VERDICT = {"qat": "**QAT**", "ptq": "**PTQ**", "neither": "neither", None: "n/a (1 seed)"}
@@ -363,7 +358,7 @@ def plot(path: Path, result: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from quarl.logs import write_json_atomic  # pylint: disable=import-outside-toplevel
+    from quarl.io import write_json_atomic  # pylint: disable=import-outside-toplevel
 
     plan = parse_args(argv)
     plan.out.mkdir(parents=True, exist_ok=True)

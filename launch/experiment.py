@@ -22,7 +22,8 @@ from quarl.env_loop import VectorEnvLoop
 from quarl.envs import environment_spec, make_environment
 from quarl.vector_env import make_vector_environment
 from quarl.carbon import start_tracking, stop_tracking
-from quarl.logs import CSVLogger, write_json_atomic
+from quarl.io import write_json_atomic
+from quarl.logs import CSVLogger
 from quarl.policy_io import save_policy
 from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.quantization import parse_precision, quantize_params

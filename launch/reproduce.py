@@ -357,7 +357,7 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     """Runs every planned run that is not finished yet; returns (runs started, failure lines)."""
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
     from analysis.report import machine_info  # pylint: disable=import-outside-toplevel
-    from quarl.logs import write_json_atomic  # pylint: disable=import-outside-toplevel
+    from quarl.io import write_json_atomic  # pylint: disable=import-outside-toplevel
 
     plan = inv.plan()
     inv.root.mkdir(parents=True, exist_ok=True)

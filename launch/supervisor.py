@@ -17,7 +17,8 @@ from launch.program import NodeLost
 from launch.progress import ProgressView, Snapshot
 from launch.ray_runner import RayRunner
 from launch.summary import make_summary, solved_at
-from quarl.logs import CSVLogger, write_json_atomic
+from quarl.io import write_json_atomic
+from quarl.logs import CSVLogger
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 POLL_S = 0.5

@@ -42,7 +42,8 @@ from typing import Any, Callable, Iterable
 
 import psutil
 
-from quarl.logs import write_json_atomic
+from quarl.io import write_json_atomic
+from quarl.machine import cpu_model_name
 
 # Watts per busy CPU thread for the fallback model: codecarbon's own default for CPUs it cannot match
 # (codecarbon.core.cpu.DEFAULT_POWER_PER_CORE, 4 W per thread). A default, not any CPU's TDP.
@@ -261,18 +262,7 @@ def _process_cpu_seconds(process: psutil.Process) -> float:
     return float(total)
 
 
-def _cpu_model_line() -> str | None:
-    """The CPU model as /proc/cpuinfo names it (cheap; no subprocess), or None off Linux."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        return None
-    return None
-
-
+_cpu_model_line = cpu_model_name  # the TDP cache key
 def _tdp_cache_path() -> Path:
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "quarl" / "codecarbon_tdp.json"
