@@ -5,7 +5,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -175,4 +175,69 @@ def plot_weight_stats(weights: pd.DataFrame, *, path: str | os.PathLike | None =
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
+    return fig
+
+
+def plot_ptq_returns(rows: Sequence[Mapping[str, Any]], title: str, *,
+                     granularities: Sequence[str] = ("per-tensor", "per-channel"),
+                     path: str | os.PathLike | None = None) -> Any:
+    """`launch.ptq`'s rows: return vs bits per granularity with std error bars, float precisions as reference
+    lines, and the bit widths above the integer kernels' (simulated in fp32) shaded. Returns the Figure."""
+    from quarl.runtimes.base import MAX_KERNEL_BITS  # pylint: disable=import-outside-toplevel - JAX-free reports
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ints = [r for r in rows if str(r["precision"]).startswith("int")]
+    for granularity, marker in zip(granularities, ("o", "s")):
+        pts = sorted((r["bits"], r["mean_return"], r["std_return"]) for r in ints if r["granularity"] == granularity)
+        if pts:
+            b, m, s = map(np.asarray, zip(*pts))
+            ax.errorbar(b, m, yerr=s, marker=marker, capsize=3, label=f"int, {granularity}")
+    styles = {"fp32": ("black", "-"), "fp16": ("tab:green", "--"), "bf16": ("tab:red", ":")}
+    for r in rows:
+        if not str(r["precision"]).startswith("int"):
+            color, style = styles[r["precision"]]
+            ax.axhline(r["mean_return"], color=color, linestyle=style, label=f"{r['precision']}")
+    int_bits = [r["bits"] for r in ints]
+    if int_bits and max(int_bits) > MAX_KERNEL_BITS:
+        ax.axvspan(MAX_KERNEL_BITS + 0.5, max(int_bits) + 0.5, color="0.9", zorder=0, label="simulated (fp32)")
+    ax.set_xticks(sorted(set(int_bits)))
+    ax.set_xlabel("weight bits")
+    ax.set_ylabel("mean episode return")
+    ax.set_title(title)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+    return fig
+
+
+def plot_weight_histograms(params: Mapping, stats: Sequence[Mapping[str, Any]], *,
+                           path: str | os.PathLike | None = None) -> Any:
+    """One histogram per weight matrix named in `stats` (`launch.ptq.weight_stats`), its min and max marked
+    (wide ranges are what low bit widths lose). Returns the Figure."""
+    from quarl.quantization import path_str, tree_items  # pylint: disable=import-outside-toplevel
+
+    plt = pyplot()
+    leaves = {path_str(p): leaf for p, leaf in tree_items(params)}
+    cols = min(3, len(stats))
+    rows = math.ceil(len(stats) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
+    for ax in axes.ravel()[len(stats):]:
+        ax.set_visible(False)
+    for ax, s in zip(axes.ravel(), stats):
+        ax.hist(np.asarray(leaves[s["layer"]], np.float64).ravel(), bins=60, color="tab:blue")
+        for value, label in ((s["min"], "min"), (s["max"], "max")):
+            ax.axvline(value, color="tab:red", linestyle="--", linewidth=1)
+            ax.annotate(f"{label} {value:.3g}", (value, 1), xycoords=("data", "axes fraction"), fontsize=8,
+                        ha="left" if label == "min" else "right", va="top", color="tab:red")
+        ax.set_title(f"{s['layer']} [{s['shape']}]\nstd {s['std']:.3g}, |max|/std {s['absmax_over_std']:.1f}",
+                     fontsize=9)
+        ax.set_xlabel("weight")
+        ax.set_ylabel("count")
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
     return fig

@@ -1,7 +1,7 @@
 """The reproduction grid's runs as Ray tasks on a cluster (`launch.reproduce --ray-address ADDR`).
 
 Each run is one task that asks for `cpus_per_run` CPUs, so Ray runs as many at once as the cluster has room for
-and queues the rest. A task runs `launch.reproduce.run_single` in a scratch folder on whichever machine Ray picks
+and queues the rest. A task runs `launch.grid_runs.run_single` in a scratch folder on whichever machine Ray picks
 and returns the finished run folder as a tar archive (bytes); the driver unpacks it into the grid's usual
 place. So nodes need the project's code but no shared filesystem, and only finished runs ever appear in the
 results folder (an interrupted grid resumes exactly as on one machine).
@@ -28,7 +28,7 @@ _SLICE_S = 0.2  # longest uninterruptible wait in the driver (Ctrl-C)
 
 def _run_packed(run: Any, backend: str) -> bytes:
     """One grid run in a scratch folder on this node; its folder as a tar.gz archive."""
-    from launch.reproduce import run_single  # pylint: disable=import-outside-toplevel
+    from launch.grid_runs import run_single  # pylint: disable=import-outside-toplevel
     from analysis.runs import is_finished  # pylint: disable=import-outside-toplevel
 
     with tempfile.TemporaryDirectory(prefix="quarl-grid-") as tmp:

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from analysis.plots import plot_ptq_returns, plot_weight_histograms
 from launch.cli import (
     OneLineArgumentParser,
     UsageError,
@@ -337,63 +338,6 @@ def write_markdown(path: Path, run: PTQArgs, rows: Sequence[dict[str, Any]]) -> 
     return text
 
 
-def plot_returns(path: Path, rows: Sequence[dict[str, Any]], title: str) -> None:
-    """Return vs bits, per-tensor and per-channel with std error bars; float precisions as reference lines."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for (granularity, _), marker in zip(GRANULARITIES, ("o", "s")):
-        pts = sorted((r["bits"], r["mean_return"], r["std_return"]) for r in rows if r["granularity"] == granularity)
-        if pts:
-            b, m, s = map(np.asarray, zip(*pts))
-            ax.errorbar(b, m, yerr=s, marker=marker, capsize=3, label=f"int, {granularity}")
-    styles = {"fp32": ("black", "-"), "fp16": ("tab:green", "--"), "bf16": ("tab:red", ":")}
-    for r in rows:
-        if r["granularity"] == NO_GRANULARITY:
-            color, style = styles[r["precision"]]
-            ax.axhline(r["mean_return"], color=color, linestyle=style, label=f"{r['precision']}")
-    int_bits = [r["bits"] for r in rows if r["granularity"] != NO_GRANULARITY]
-    if int_bits and max(int_bits) > MAX_KERNEL_BITS:
-        ax.axvspan(MAX_KERNEL_BITS + 0.5, max(int_bits) + 0.5, color="0.9", zorder=0, label="simulated (fp32)")
-    ax.set_xticks(sorted(set(int_bits)))
-    ax.set_xlabel("weight bits")
-    ax.set_ylabel("mean episode return")
-    ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def plot_weights(path: Path, params: dict, stats: Sequence[dict[str, Any]]) -> None:
-    """One histogram per weight matrix, its min and max marked (wide ranges are what low bit widths lose)."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
-    leaves = {path_str(p): leaf for p, leaf in tree_items(params)}
-    cols = min(3, len(stats))
-    rows = math.ceil(len(stats) / cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3.4 * rows), squeeze=False)
-    for ax in axes.ravel()[len(stats):]:
-        ax.set_visible(False)
-    for ax, s in zip(axes.ravel(), stats):
-        ax.hist(np.asarray(leaves[s["layer"]], np.float64).ravel(), bins=60, color="tab:blue")
-        for value, label in ((s["min"], "min"), (s["max"], "max")):
-            ax.axvline(value, color="tab:red", linestyle="--", linewidth=1)
-            ax.annotate(f"{label} {value:.3g}", (value, 1), xycoords=("data", "axes fraction"), fontsize=8,
-                        ha="left" if label == "min" else "right", va="top", color="tab:red")
-        ax.set_title(f"{s['layer']} [{s['shape']}]\nstd {s['std']:.3g}, |max|/std {s['absmax_over_std']:.1f}",
-                     fontsize=9)
-        ax.set_xlabel("weight")
-        ax.set_ylabel("count")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def write_outputs(run: PTQArgs, rows: list[dict[str, Any]], episode_rows: list[dict[str, Any]]) -> str:
     out = run.out
     out.mkdir(parents=True, exist_ok=True)
@@ -402,8 +346,9 @@ def write_outputs(run: PTQArgs, rows: list[dict[str, Any]], episode_rows: list[d
               ("precision", "granularity", "episode", "seed", "return", "length"))
     stats = weight_stats(run.policy.params)
     write_csv(out / "weights.csv", stats, ("layer", "shape", "min", "max", "mean", "std", "absmax_over_std"))
-    plot_returns(out / "ptq_returns.png", rows, f"PTQ: {run.policy.agent} on {run.policy.task}")
-    plot_weights(out / "weights.png", run.policy.params, stats)
+    plot_ptq_returns(rows, f"PTQ: {run.policy.agent} on {run.policy.task}", granularities=[g for g, _ in GRANULARITIES],
+                     path=out / "ptq_returns.png")
+    plot_weight_histograms(run.policy.params, stats, path=out / "weights.png")
     return write_markdown(out / "ptq.md", run, rows)
 
 
