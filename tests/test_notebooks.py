@@ -5,11 +5,15 @@ tests do not depend on a kernel registered on the machine, or on `python` on PAT
 """
 from __future__ import annotations
 
+import base64
+import io
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import nbformat
+import pandas as pd
 import pytest
 from nbclient import NotebookClient
 
@@ -31,12 +35,31 @@ def kernel(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return KERNEL
 
 
-def run_notebook(name: str, kernel: str) -> nbformat.NotebookNode:
+# Appended to each notebook before it runs: every DataFrame a cell displayed (IPython's `Out`, keyed by the
+# cell's execution count), as JSON on one marked line, so the test reads the values the notebook computed.
+PROBE = """import json as _json, pandas as _pd
+print("QUARL_PROBE " + _json.dumps({str(k): v.reset_index().to_json(orient="records")
+                                    for k, v in Out.items() if isinstance(v, _pd.DataFrame)}))"""
+MARK = "QUARL_PROBE "
+
+
+def run_notebook(name: str, kernel: str) -> tuple[nbformat.NotebookNode, dict[str, pd.DataFrame]]:
+    """Executes notebook `name` (an error in any cell fails the test); returns it with outputs, and each
+    displayed DataFrame by the first line of the cell that displayed it."""
     path = NOTEBOOKS / name
     book = nbformat.read(path, as_version=4)
     assert all(not c.get("outputs") for c in book.cells if c.cell_type == "code"), f"{name} is stored with outputs"
+    book.cells.append(nbformat.v4.new_code_cell(PROBE))
     NotebookClient(book, kernel_name=kernel, timeout=180, resources={"metadata": {"path": str(NOTEBOOKS)}}).execute()
-    return book
+    probe = book.cells.pop()
+    line = next(ln for o in probe.outputs for ln in o.get("text", "").splitlines() if ln.startswith(MARK))
+    by_count = json.loads(line[len(MARK):])
+    frames = {}
+    for cell in book.cells:
+        if cell.cell_type == "code" and str(cell.execution_count) in by_count:
+            frames[cell.source.splitlines()[-1]] = pd.read_json(io.StringIO(by_count[str(cell.execution_count)]),
+                                                               orient="records")
+    return book, frames
 
 
 def texts(book: nbformat.NotebookNode) -> str:
@@ -48,25 +71,50 @@ def texts(book: nbformat.NotebookNode) -> str:
     return "\n".join(out)
 
 
-def images(book: nbformat.NotebookNode) -> int:
-    return sum("image/png" in o.get("data", {}) for c in book.cells for o in c.get("outputs", []))
+def images_by_cell(book: nbformat.NotebookNode) -> dict[str, int]:
+    """PNG outputs of each plotting cell (keyed by its source), each checked to be a real PNG."""
+    out = {}
+    for cell in book.cells:
+        pngs = [base64.b64decode(o["data"]["image/png"]) for o in cell.get("outputs", []) if "image/png" in o.get("data", {})]
+        assert all(p.startswith(b"\x89PNG") and len(p) > 1000 for p in pngs)
+        if pngs:
+            out[cell.source] = len(pngs)
+    return out
+
+
+def row(frame: pd.DataFrame, **match: Any) -> pd.Series:
+    hits = frame
+    for key, value in match.items():
+        hits = hits[hits[key] == value]
+    assert len(hits) == 1, f"{match}: {len(hits)} rows"
+    return hits.iloc[0]
 
 
 def test_reproduction_and_runtime_notebooks(tmp_path: Path, kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
     results = make_synthetic_results(tmp_path / "results")
     monkeypatch.setenv("QUARL_RESULTS", str(results))
 
-    book = run_notebook("01_reproduction.ipynb", kernel)
-    out = texts(book)
-    assert "6 finished runs of 6" in out
-    assert "2.2" in out  # CartPole int8 reaches 90% of fp32 at 25 s vs 55 s
-    assert images(book) >= 2
+    book, frames = run_notebook("01_reproduction.ipynb", kernel)
+    assert "6 finished runs of 6" in texts(book)
+    speedup = frames["report.speedup_table(runs, FRACTION)"]
+    # CartPole: int8 reaches 90% of fp32's return at 25 s vs fp32's 55 s; Acrobot: 30 s vs 50 s.
+    assert row(speedup, panel="CartPole", precision="int8")["speedup_vs_fp32"] == pytest.approx(55 / 25)
+    assert row(speedup, panel="Acrobot", precision="int8")["speedup_vs_fp32"] == pytest.approx(50 / 30)
+    assert row(speedup, panel="CartPole", precision="fp32")["speedup_vs_fp32"] == pytest.approx(1.0)
+    grid = frames[next(k for k in frames if k.startswith("report.grid_table"))]
+    assert len(grid) == 6 and set(grid["state"]) == {"finished"}
+    plots = images_by_cell(book)
+    assert sum(n for src, n in plots.items() if "plot_figure" in src) == 2  # time and actor-steps figures
 
-    book = run_notebook("02_runtime_breakdown.ipynb", kernel)
-    out = texts(book)
-    assert "500.0" in out  # int8 inference: 0.5 s over 1000 steps
-    assert "4.0" in out  # payload compression 400 / 100 bytes
-    assert images(book) >= 2
+    book, frames = run_notebook("02_runtime_breakdown.ipynb", kernel)
+    table = frames["table"]
+    assert set(table["precision"]) == {"fp32", "int8"}
+    # int8 inference: 0.5 s of policy time over 1000 steps; fp32: 2 s.
+    assert row(table, panel="CartPole", precision="int8")["policy_ms_per_1k_steps"] == pytest.approx(500.0)
+    assert row(table, panel="CartPole", precision="fp32")["policy_ms_per_1k_steps"] == pytest.approx(2000.0)
+    payload = frames["payload"]
+    assert list(payload["compression"]) == pytest.approx([4.0] * len(payload))  # 400 / 100 bytes
+    assert sum(n for src, n in images_by_cell(book).items() if "plot_runtime_breakdown" in src) == 2
 
 
 def test_ptq_notebook(tmp_path: Path, kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -92,7 +140,13 @@ def test_ptq_notebook(tmp_path: Path, kernel: str, monkeypatch: pytest.MonkeyPat
     write_csv(ptq_dir / "weights.csv", weights, list(weights[0]))
     monkeypatch.setenv("QUARL_PTQ_DIR", str(ptq_dir))
 
-    book = run_notebook("03_ptq_weights.ipynb", kernel)
-    out = texts(book)
-    assert str(ptq_dir) in out and "0.123" in out and "linear_1/w" in out
-    assert images(book) >= 2
+    book, frames = run_notebook("03_ptq_weights.ipynb", kernel)
+    assert str(ptq_dir) in texts(book)
+    shown = frames[next(k for k in frames if k.startswith('ptq[["precision"'))]
+    assert row(shown, precision="int4", granularity="per-channel")["error_mean"] == pytest.approx(0.123)
+    assert row(shown, precision="int8", granularity="per-tensor")["mean_return"] == pytest.approx(99.0)
+    assert len(shown) == len(rows)
+    assert list(frames["weights"]["layer"]) == ["linear_0/w", "linear_1/w"]
+    assert list(frames["weights"]["absmax_over_std"]) == [4.0, 2.0]
+    plots = images_by_cell(book)
+    assert sum(n for src, n in plots.items() if "plot_ptq" in src or "plot_weight_stats" in src) == 2
