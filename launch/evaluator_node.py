@@ -12,6 +12,7 @@ from launch.program import NodeHandle
 from launch.weights_client import ActorTimes, PolicyClient, precision_name
 from quarl.carbon import stop_tracking
 from quarl.envs import make_environment
+from quarl.evaluation import EpisodeInterrupted, run_episode
 
 EVAL_ENV_STREAM = 11
 
@@ -87,16 +88,11 @@ class Evaluator(NodeBase):
         client.fetch(apply=apply)
         if actor is None:
             return None
-        returns = []
-        for _ in range(self._episodes):
-            timestep = env.reset()
-            total = 0.0
-            while not timestep.last():
-                if self._stop.is_set() and not final:
-                    return actor
-                timestep = env.step(actor.select_action(timestep.observation))
-                total += float(timestep.reward or 0.0)
-            returns.append(total)
+        stop = None if final else self._stop.is_set
+        try:
+            returns = [run_episode(env, actor.select_action, should_stop=stop)[0] for _ in range(self._episodes)]
+        except EpisodeInterrupted:
+            return actor
         row = {"actor_steps": int(totals["actor_steps"]), "wall_clock_s": float(totals["wall_clock_s"]),
                "return": float(np.mean(returns)), "return_std": float(np.std(returns)),
                "episodes": len(returns), "learner_steps": int(totals["learner_steps"]),

@@ -20,6 +20,7 @@ import numpy as np
 
 from quarl.env_loop import VectorEnvLoop
 from quarl.envs import environment_spec, make_environment
+from quarl.evaluation import run_episode
 from quarl.vector_env import make_vector_environment
 from quarl.carbon import start_tracking, stop_tracking
 from quarl.io import write_json_atomic
@@ -113,15 +114,7 @@ def _validate(max_actor_steps: int, seed: int, eval_every: int | None, eval_epis
 
 def evaluate(actor: Any, env: Any, episodes: int) -> list[float]:
     """Undiscounted returns of `episodes` full episodes with the (evaluation-mode) actor."""
-    returns = []
-    for _ in range(episodes):
-        timestep = env.reset()
-        total = 0.0
-        while not timestep.last():
-            timestep = env.step(actor.select_action(timestep.observation))
-            total += float(timestep.reward)
-        returns.append(total)
-    return returns
+    return [run_episode(env, actor.select_action)[0] for _ in range(episodes)]
 
 
 @contextlib.contextmanager

@@ -93,13 +93,24 @@ class EpisodeStats:
         return float(np.std(self.returns))
 
 
-def run_episode(env: dm_env.Environment, policy: Callable[[np.ndarray], Any]) -> tuple[float, int]:
-    """Play one full episode greedily; returns (undiscounted return, steps)."""
+class EpisodeInterrupted(Exception):
+    """`run_episode`'s `should_stop` said stop before the episode ended (its partial return is discarded)."""
+
+
+def run_episode(env: dm_env.Environment, policy: Callable[[np.ndarray], Any], *,
+                should_stop: Callable[[], bool] | None = None) -> tuple[float, int]:
+    """Play one full episode; returns (undiscounted return, steps). The one episode loop of the evaluators
+    (PTQ sweeps, the single-process runner, the distributed evaluator node).
+
+    `should_stop` is checked before each step; when it returns True the episode is abandoned with
+    EpisodeInterrupted (a stopping program must not wait for a 1000-step episode to end)."""
     timestep = env.reset()
     total, steps = 0.0, 0
     while not timestep.last():
+        if should_stop is not None and should_stop():
+            raise EpisodeInterrupted(f"stopped after {steps} steps")
         timestep = env.step(policy(timestep.observation))
-        total += float(timestep.reward)
+        total += float(timestep.reward or 0.0)
         steps += 1
     return total, steps
 

@@ -129,3 +129,20 @@ def test_non_finite_outputs_never_become_actions():
     policy = GreedyPolicy(_NaNExecutor(), env.action_spec())
     with pytest.raises(ValueError, match="non-finite"):
         policy(np.zeros(4, np.float32))
+
+
+def test_run_episode_stops_when_asked_and_counts_every_step():
+    from quarl.evaluation import EpisodeInterrupted, run_episode
+
+    env = make_environment("CartPole-v1", 0)
+    total, steps = run_episode(env, lambda obs: 0)  # always push left: the pole falls within ~10 steps
+    assert 0 < steps < 100 and total == float(steps)  # CartPole pays 1 per step
+    checks = []
+
+    def stop_after_three() -> bool:
+        checks.append(1)
+        return len(checks) > 3
+
+    with pytest.raises(EpisodeInterrupted, match="after 3 steps"):
+        run_episode(env, lambda obs: 0, should_stop=stop_after_three)
+    env.close()
