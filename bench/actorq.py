@@ -90,28 +90,25 @@ class ActorProbe:
         return self._clients[precision]
 
     def update_cost(self, precision: str) -> dict[str, float]:
-        """One weight update as an actor does it: pull -> deserialize -> load. Seconds per stage."""
-        from quarl.payload import decode_payload  # pylint: disable=import-outside-toplevel
-
+        """One weight update as an actor does it (`PolicyClient.fetch`: pull -> deserialize -> load, timed
+        by the client itself). Seconds per stage."""
         client = self._client(precision)
-        t0 = time.perf_counter()
-        blob = self._servers[precision].call("get_payload", client.version)
-        data = None if blob is None else blob.get()
-        t1 = time.perf_counter()
-        if data is None:
-            raise RuntimeError(f"no new {precision} weights to pull")
-        payload = decode_payload(data)
-        t2 = time.perf_counter()
-        client.version = payload.version
-        actor = self._actors.get(precision)
-        if actor is None:
-            actor = self._builder.make_actor(self._env_spec, payload.params, seed=self._seed, backend="auto")
-            self._actors[precision] = actor
-        else:
-            actor.update(payload.params)
-        t3 = time.perf_counter()
-        return {"pull_s": t1 - t0, "deserialize_s": t2 - t1, "load_s": t3 - t2, "bytes": len(data),
-                "backend": actor.backend}
+        before = dataclasses.replace(client.times)
+
+        def apply(payload: Any) -> None:
+            actor = self._actors.get(precision)
+            if actor is None:
+                self._actors[precision] = self._builder.make_actor(self._env_spec, payload.params, seed=self._seed,
+                                                                   backend="auto")
+            else:
+                actor.update(payload.params)
+
+        if client.fetch(apply=apply) is None:
+            raise RuntimeError(f"no new {precision} weights to pull ({client.last_rejection or 'none published'})")
+        after = client.times
+        return {"pull_s": after.pull_s - before.pull_s, "deserialize_s": after.deserialize_s - before.deserialize_s,
+                "load_s": after.load_s - before.load_s, "bytes": after.payload_bytes - before.payload_bytes,
+                "backend": self._actors[precision].backend}
 
     def throughput(self, precisions: list[str], steps: int, chunk: int) -> dict[str, dict[str, float]]:
         """`steps` env steps per precision, the precisions taking turns every `chunk` steps (so a burst of

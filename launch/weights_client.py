@@ -60,6 +60,11 @@ class PolicyClient:
         self.last_rejection: str | None = None
         self._last_rejected_digest = b""
 
+    @property
+    def times(self) -> ActorTimes:
+        """The stage times this client adds to (shared with the actor that owns it)."""
+        return self._times
+
     def fetch(self, apply: Callable[[Any], Any] | None = None) -> Any:
         """The newest payload if it is newer than ours and valid (decoded, and `apply(payload)` done), else
         None (nothing new, or rejected)."""
