@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from quarl.io import jsonable, write_text_atomic
+from quarl.io import atomic_output, jsonable, write_text_atomic
 
 FORMAT_VERSION = 2  # 2: per-file learner checksums and a manifest checksum
 CHECKPOINT_DIR = "checkpoints"
@@ -107,10 +107,8 @@ def save_replay(path: str | os.PathLike, state: Mapping[str, Any]) -> dict[str, 
                 arrays[_DATA_PREFIX + column] = np.asarray(arr)
         else:
             arrays[key] = np.asarray(value)
-    tmp = path.with_name(path.name + ".tmp.npz")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(tmp, **arrays)
-    os.replace(tmp, path)
+    with atomic_output(path) as f:
+        np.savez(f, **arrays)
     return {"sha256": _sha256_file(path), "items": int(np.asarray(state["keys"]).shape[0])}
 
 

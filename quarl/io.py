@@ -6,23 +6,27 @@ of one, and a failed write leaves no temporary file behind.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping
 
 import numpy as np
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
-    """Temp file in the same folder + fsync + rename; `mode` (e.g. 0o644) replaces mkstemp's private 0600."""
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike, *, mode: int | None = None) -> Iterator[BinaryIO]:
+    """A binary file that becomes `path` only when the block ends without an exception: temp file in the same
+    folder, fsync, rename (a writer such as `np.savez` streams into it, nothing is held in memory twice).
+    `mode` (e.g. 0o644) replaces mkstemp's private 0600. On any failure the temp file is removed."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data)
+            yield f
             f.flush()
             os.fsync(f.fileno())
         if mode is not None:
@@ -32,6 +36,12 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, mode: int | None
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, mode: int | None = None) -> None:
+    """`data` to `path` through `atomic_output`: a reader sees the old file or the new one, never half of one."""
+    with atomic_output(path, mode=mode) as f:
+        f.write(data)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str, *, mode: int | None = None) -> None:

@@ -58,3 +58,16 @@ def test_jsonable_numpy_scalars_arrays_nan_and_keys():
     assert math.isnan(out["nested"][0]["x"]) and type(out["nested"][0]["x"]) is float
     assert out["s"] == "text" and out["none"] is None and out["flag"] is True
     json.dumps(out)  # plain JSON data now: no default= needed
+
+
+def test_atomic_output_streams_a_writer_and_cleans_up_when_it_fails(tmp_path):
+    path = tmp_path / "replay.npz"
+    with io.atomic_output(path) as f:
+        np.savez(f, a=np.arange(4))
+    assert np.load(path)["a"].tolist() == [0, 1, 2, 3]
+    with pytest.raises(RuntimeError, match="writer failed"):
+        with io.atomic_output(path) as f:
+            f.write(b"half a snapshot")
+            raise RuntimeError("writer failed")
+    assert np.load(path)["a"].tolist() == [0, 1, 2, 3]  # the old file, whole
+    assert [p.name for p in tmp_path.iterdir()] == ["replay.npz"]
