@@ -28,6 +28,7 @@ from quarl.runtimes.kernel_forms import (
     select_form,
     unregister_form,
 )
+from tests.quarl.helpers import random_params
 
 SATURATING = "test_pmaddubsw"
 
@@ -156,13 +157,7 @@ def test_self_check_refuses_a_saturating_int8_kernel(saturating_form):
 def test_executor_falls_back_from_a_refused_form_and_says_so(saturating_form, caplog):
     spec = layer_norm_mlp_policy(12, [64, 64], [-1.0], [1.0])
     rng = np.random.default_rng(3)
-    params = {layer.name: {"w": rng.normal(0, 1 / np.sqrt(k), (k, n)).astype(np.float32),
-                           "b": np.zeros(n, np.float32)}
-              for layer, k, n in [(spec.linear_layers[0], 12, 64), (spec.linear_layers[1], 64, 64),
-                                  (spec.linear_layers[2], 64, 1)]}
-    for layer in spec.layers:
-        if type(layer).__name__ == "LayerNorm":
-            params[layer.name] = {"scale": np.ones(64, np.float32), "offset": np.zeros(64, np.float32)}
+    params = random_params(spec, 3, bias_std=0.0)
     obs = rng.normal(size=(32, 12)).astype(np.float32)
     with caplog.at_level(logging.WARNING, logger="quarl.runtimes.kernel_forms"):
         ex = make_executor(spec, quantize_params(params, "int8"), "onnx", batch_size=32, kernel_form=saturating_form)

@@ -13,6 +13,7 @@ from quarl.quantization import dequantize_params, quantize_params
 from quarl.runtimes import make_executor
 from quarl.runtimes.kernel_forms import _check_graph, _random_dense, exact_int_reference, get_form, rowwise_quantize
 from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM
+from tests.quarl.helpers import random_params
 
 
 def _mixed_rows(rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -75,13 +76,7 @@ def test_int8_executor_actions_do_not_depend_on_the_other_environments(backend):
     the error)."""
     spec = layer_norm_mlp_policy(24, [256, 256, 256], [-1.0] * 6, [1.0] * 6)
     rng = np.random.default_rng(3)
-    params = {}
-    for layer, (k, n) in zip(spec.linear_layers, [(24, 256), (256, 256), (256, 256), (256, 6)]):
-        params[layer.name] = {"w": rng.normal(0, 1 / np.sqrt(k), (k, n)).astype(np.float32),
-                              "b": rng.normal(0, 0.1, n).astype(np.float32)}
-    for layer in spec.layers:
-        if type(layer).__name__ == "LayerNorm":
-            params[layer.name] = {"scale": np.ones(256, np.float32), "offset": np.zeros(256, np.float32)}
+    params = random_params(spec, 3)
     qp = quantize_params(params, "int8")
     obs = _mixed_rows(16, 24, rng)
     ex = make_executor(spec, qp, backend, batch_size=16)

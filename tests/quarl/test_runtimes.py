@@ -22,6 +22,7 @@ from quarl.runtimes import (
     make_executor_from_params,
     select_form,
 )
+from tests.quarl.helpers import random_params
 
 BACKENDS = ("jax", "onnx", "onnx-nbits")
 PRECISIONS = ("fp32", "fp16", "bf16", "int8", "int4")
@@ -391,10 +392,8 @@ def test_int4_and_narrower_run_on_matmulnbits_with_packed_weights(cases, precisi
 def test_matmulnbits_pads_inputs_that_are_not_a_block_multiple():
     """K = 200 is one full 128-block plus a padded one; K = 5 is far below the 16 minimum."""
     spec = mlp_q_network(200, [5, 150], 7)
-    rng = np.random.default_rng(3)  # plain NumPy params: a haiku init would compile for seconds for new shapes
-    params = {f"linear_{i}": {"w": rng.normal(0, 1 / np.sqrt(k), (k, n)).astype(np.float32),
-                              "b": rng.normal(0, 0.1, n).astype(np.float32)}
-              for i, (k, n) in enumerate([(200, 5), (5, 150), (150, 7)])}
+    rng = np.random.default_rng(3)
+    params = random_params(spec, 3)  # plain NumPy params: a haiku init would compile for seconds for new shapes
     obs = rng.normal(size=(9, 200)).astype(np.float32)
     qp = quantize_params(params, "int4")
     ex = make_executor(spec, qp, "onnx-nbits", batch_size=9)
