@@ -155,15 +155,24 @@ def _time_interleaved(executors: dict[str, PolicyExecutor], obs: np.ndarray) -> 
     return {name: float(np.percentile(s, 25) * 1e6) for name, s in samples.items()}
 
 
+def _measured_all(entry: dict[str, Any], factories: dict[str, Callable[..., Any]]) -> bool:
+    """A decision is reused only if it timed exactly today's candidates: one cached before a candidate
+    existed (e.g. the dequantized fp32 path for int weights) would otherwise pin a slower backend forever."""
+    timed = entry.get("us_per_call")
+    return entry.get("backend") in factories and isinstance(timed, dict) and set(timed) == set(factories)
+
+
 def make_auto_executor(spec: PolicySpec, qparams: QuantizedParams, factories: dict[str, Callable[..., Any]], *,
                        batch_size: int, threads: int, kernel_form: str | None = None) -> PolicyExecutor:
     """Return a concrete executor of the fastest backend for this key, measuring on first use."""
     key = decision_key(spec, str(qparams.precision), batch_size, threads, kernel_form)
     with _lock:
         entry = _decisions.get(key)
+    if entry is not None and not _measured_all(entry, factories):
+        entry = None
     if entry is None:
         stored = _read_file().get(key)
-        if isinstance(stored, dict) and stored.get("backend") in factories:
+        if isinstance(stored, dict) and _measured_all(stored, factories):
             entry = {**stored, "source": "file"}
             with _lock:
                 _decisions[key] = entry

@@ -335,6 +335,29 @@ def test_auto_measures_matmulnbits_for_int4_and_narrower(cases, tmp_path, monkey
     clear_auto_decisions()
 
 
+def test_auto_remeasures_a_cached_decision_that_did_not_time_todays_candidates(cases, tmp_path, monkeypatch):
+    """A decision stored before a candidate existed (here: without the dequantized fp32 path) is measured
+    again, not reused; one that timed every candidate is reused."""
+    monkeypatch.setenv("QUARL_CACHE_DIR", str(tmp_path))
+    clear_auto_decisions()
+    spec, params, _, _ = cases["dqn"]
+    qp = quantize_params(params, "int8")
+    make_executor(spec, qp, "auto", batch_size=4)
+    (key, entry), = auto_decisions().items()
+    assert set(entry["us_per_call"]) == {"jax", "onnx", DEQUANTIZED_CANDIDATE}
+    stale = {"version": 1, "decisions": {key: {"backend": "jax", "us_per_call": {"jax": 1.0, "onnx": 2.0},
+                                               "measured_at": "2026-01-01T00:00:00"}}}
+    cache_path().write_text(json.dumps(stale))
+    clear_auto_decisions()
+    make_executor(spec, qp, "auto", batch_size=4)
+    assert auto_decisions()[key]["source"] == "measured"
+    assert set(json.loads(cache_path().read_text())["decisions"][key]["us_per_call"]) == set(entry["us_per_call"])
+    clear_auto_decisions()
+    make_executor(spec, qp, "auto", batch_size=4)
+    assert auto_decisions()[key]["source"] == "file"
+    clear_auto_decisions()
+
+
 def test_auto_survives_a_corrupt_cache(cases, tmp_path, monkeypatch):
     monkeypatch.setenv("QUARL_CACHE_DIR", str(tmp_path))
     clear_auto_decisions()
