@@ -106,6 +106,11 @@ def _solved(summary: dict) -> str | None:
             f"steps, {solved['wall_clock_s']:.0f} s")
 
 
+def _solved_label(summary: dict) -> str:
+    streak = (summary.get("solved") or {}).get("streak", 1)
+    return "solved (first eval >= target)" if streak == 1 else f"solved ({streak} evals in a row >= target)"
+
+
 def _fmt(value: Any, spec: str = ",.1f") -> str:
     if value is None:
         return "—"
@@ -129,7 +134,7 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         ("status", summary.get("status")),
         ("final eval return", summary.get("final_eval_return")),
         ("best eval return", summary.get("best_eval_return")),
-        ("solved (first eval >= target)", _solved(summary)),
+        (_solved_label(summary), _solved(summary)),
         ("wall clock (s)", summary.get("wall_clock_s")),
         ("actor steps", summary.get("actor_steps")),
         ("learner steps", summary.get("learner_steps")),
