@@ -170,8 +170,11 @@ def measure(policy: Sequence[int], critic: Sequence[int], batch_size: int, *, st
         compile_s = time.perf_counter() - t
 
         def learner_block() -> None:
+            metrics = None
             for b in per_step_host:
-                learner.step(b)  # returns host floats: waits for every step
+                metrics = learner.step(b)  # device arrays: the host does not wait for each step
+            # The last step's metrics depend on every earlier update, so this waits for the whole block.
+            jax.block_until_ready(metrics)
         out["modes"]["learner.step"] = {"rates": _time_blocks(learner_block, steps, rounds),
                                         "first_call_s": compile_s}
 
