@@ -11,7 +11,7 @@ walker shapes (obs 24, action 6) three ways:
 - `loop`: the jitted step called K times on device-resident batches, waiting only after the K-th
   (asynchronous dispatch, no per-step host round trip; the per-call dispatch overhead remains);
 - `learner.step`: `D4PGLearner.step` as `launch.experiment` drives it: a NumPy batch in (checked and copied
-  to the device) and the scalar metrics read back after every step (one host round trip per step).
+  to the device) and the metrics kept on device, as the learner node runs it; a block waits for its last step.
 
 Configurations: D4PG with 256x3 policy and 256x3 critic at batch 256 (the issue's setting), and, unless
 --no-paper, the ActorQ paper's 2048x3 policy with the same critic (its learner cost is dominated by the
@@ -207,7 +207,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "## Steps per second (median over timed blocks; min..max in brackets)",
         "",
         "| policy | critic | batch | params (policy / critic) | scan (K steps per jit call) | "
-        "loop (jitted step, async) | learner.step (host batch, metrics read back) | ms/step (scan) |",
+        "loop (jitted step, async) | learner.step (host batch in, metrics on device) | ms/step (scan) |",
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in result["configs"]:
@@ -227,7 +227,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "with no host round trip between them: the learner's compute alone. **loop** calls the jitted step K "
         "times on device-resident batches and waits once at the end (asynchronous dispatch; per-call dispatch "
         "cost remains). **learner.step** is what `launch.experiment` runs: a NumPy batch is validated and copied "
-        "in and the metrics are read back as floats every step.",
+        "in every step, the metrics stay on device and each timed block waits for its last step.",
         "",
         "First-call seconds (compile + one step): "
         + "; ".join(f"{'x'.join(map(str, r['policy_layer_sizes']))} policy: "
