@@ -14,7 +14,11 @@ load hits all alike. Ours is `launch.train` (single process); Acme's is `bench/a
 unless `--allow-busy`; the load at the start and end of each `run` is kept in RUNS/machine.json and reported.
 Both evaluate every `eval_every` env steps with a noiseless actor on a separate environment (seed + 10000) for
 `eval_episodes` episodes and record two protocols: the mean over the episodes, and the first episode alone
-(Acme's usual protocol). Runs are resumable (a finished run is skipped).
+(Acme's usual protocol). Runs are resumable (a finished run is skipped), also across machines and sessions:
+a run whose evaluations are already in OUT/fidelity_curves.csv (to its last step) is not run again, and the
+report merges those rows with the runs under RUNS, so a long benchmark (walker: hours) can be split into
+parts that each commit their results. Every row names the CPU it ran on, and OUT/fidelity_sessions.json keeps
+each part's machine and load.
 
 Writes OUT/fidelity_curves.csv (every evaluation of every run), OUT/fidelity_tests.csv (a paired test per
 checkpoint: ours - Acme over seeds, both protocols), OUT/fidelity.md (summary) and OUT/fidelity.png (return
@@ -134,9 +138,13 @@ def run_all(args: argparse.Namespace) -> None:
     runs.mkdir(parents=True, exist_ok=True)
     machine = machine_info(args.allow_busy)
     jobs = [(t, s, a) for t in args.tasks for s in args.seeds for a in args.arms]
+    recorded = recorded_runs(Path(args.out) / "fidelity_curves.csv")
     for i, (task, seed, arm) in enumerate(jobs, 1):
         logdir = run_dir(runs, task, arm, seed)
         if finished(logdir, arm):
+            continue
+        if recorded.get((task, arm, seed), 0) >= args.steps[task]:
+            print(f"[{i}/{len(jobs)}] {task} {arm} seed {seed}: in {args.out}/fidelity_curves.csv already", flush=True)
             continue
         if logdir.exists():  # an interrupted run: start it again from scratch
             for p in sorted(logdir.rglob("*"), reverse=True):
@@ -147,20 +155,60 @@ def run_all(args: argparse.Namespace) -> None:
             logdir.mkdir()
         print(f"[{i}/{len(jobs)}] {task} {arm} seed {seed} ...", flush=True)
         log = logdir.parent / f"{arm}_s{seed}.log"
+        run_machine = machine_info(True)
         code, _, seconds = run_subprocess(command(args, task, arm, seed, logdir), log, RUN_TIMEOUT_S, REPO)
         if code != 0 or not finished(logdir, arm):
             raise RuntimeError(f"{task} {arm} seed {seed} failed (exit {code}); see {log}")
+        (logdir / MACHINE_FILE).write_text(json.dumps(finish(run_machine)), encoding="utf-8")
         print(f"    done in {seconds:.0f} s", flush=True)
-    sessions_file = runs / "machine.json"
-    sessions = json.loads(sessions_file.read_text(encoding="utf-8")) if sessions_file.exists() else []
+    sessions_file = runs / MACHINE_FILE
+    sessions = _read_sessions(sessions_file)
     sessions.append(finish(machine))
     sessions_file.write_text(json.dumps(sessions, indent=1), encoding="utf-8")
 
 
-def load_curves(runs: Path) -> list[dict[str, Any]]:
-    """Every evaluation of every finished run under `runs`."""
+MACHINE_FILE = "machine.json"  # in a run folder: the CPU and load the run had
+CURVE_KEYS = ("task", "arm", "seed", "actor_steps", "learner_steps", "wall_clock_s", "train_clock_s", "return",
+              "return_first", "cpu")
+
+
+def recorded_runs(curves_csv: Path) -> dict[tuple[str, str, int], int]:
+    """(task, arm, seed) -> last evaluated env step of the runs already in a fidelity_curves.csv."""
+    out: dict[tuple[str, str, int], int] = {}
+    for r in read_curves_csv(curves_csv):
+        key = (r["task"], r["arm"], r["seed"])
+        out[key] = max(out.get(key, 0), r["actor_steps"])
+    return out
+
+
+def read_curves_csv(path: Path) -> list[dict[str, Any]]:
+    """The rows of a fidelity_curves.csv written by `report` (none if the file is absent); a file from before the
+    `cpu` column reads with an empty one."""
+    if not path.exists():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        return [{"task": r["task"], "arm": r["arm"], "seed": int(r["seed"]), "actor_steps": int(r["actor_steps"]),
+                 "learner_steps": int(r["learner_steps"]), "wall_clock_s": float(r["wall_clock_s"]),
+                 "train_clock_s": float(r["train_clock_s"]), "return": float(r["return"]),
+                 "return_first": float(r["return_first"]), "cpu": r.get("cpu") or ""}
+                for r in csv.DictReader(f)]
+
+
+def _run_cpu(logdir: Path, fallback: str) -> str:
+    try:
+        return str(json.loads((logdir / MACHINE_FILE).read_text(encoding="utf-8"))["cpu"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return fallback
+
+
+def load_curves(runs: Path, previous: Path | None = None) -> list[dict[str, Any]]:
+    """Every evaluation of every finished run under `runs`, plus the rows of `previous` (an earlier
+    fidelity_curves.csv) for runs that are not under `runs`."""
     if not runs.is_dir():
         raise UsageError(f"no finished runs under {str(runs)!r} (not a directory)")
+    sessions = _read_sessions(runs / MACHINE_FILE)
+    # Runs from before per-run machine records: the CPU of their run session (one machine per runs folder).
+    fallback = str(sessions[-1].get("cpu", "")) if sessions else ""
     rows = []
     for task_dir in sorted(p for p in runs.iterdir() if p.is_dir()):
         for logdir in sorted(p for p in task_dir.iterdir() if p.is_dir()):
@@ -172,8 +220,19 @@ def load_curves(runs: Path) -> list[dict[str, Any]]:
                     rows.append({"task": task_dir.name.replace("_", ":", 1), "arm": arm, "seed": int(seed),
                                  "actor_steps": int(r["actor_steps"]), "learner_steps": int(r["learner_steps"]),
                                  "wall_clock_s": float(r["wall_clock_s"]), "train_clock_s": float(r["train_clock_s"]),
-                                 "return": float(r["return"]), "return_first": float(r["return_first"])})
-    return rows
+                                 "return": float(r["return"]), "return_first": float(r["return_first"]),
+                                 "cpu": _run_cpu(logdir, fallback)})
+    have = {(r["task"], r["arm"], r["seed"]) for r in rows}
+    rows += [r for r in read_curves_csv(previous) if (r["task"], r["arm"], r["seed"]) not in have] if previous else []
+    return sorted(rows, key=lambda r: (r["task"], r["arm"], r["seed"], r["actor_steps"]))
+
+
+def _read_sessions(path: Path) -> list[dict[str, Any]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
 
 
 def sign_flip_p(diffs: Sequence[float]) -> float:
@@ -263,11 +322,13 @@ def markdown(curves: list[dict], tests: list[dict], aucs: list[dict], command_li
              sessions: Sequence[dict[str, Any]] = ()) -> str:
     seeds = sorted({r["seed"] for r in curves})
     machine = machine_info()
-    loads = "; ".join(describe_load(m) for m in sessions) or "no run sessions recorded"
+    loads = "; ".join(f"{m.get('cpu', 'unknown CPU')}: {describe_load(m)}" for m in sessions) \
+        or "no run sessions recorded"
+    cpus = sorted({r.get("cpu") or "not recorded" for r in curves})
     lines = [
         "# D4PG fidelity: this project vs Acme 0.4.0 (JAX D4PG), same settings, same seeds", "",
-        f"`{command_line}`, {time.strftime('%Y-%m-%d')}. Machine: {machine['cpu']}, {machine['cores']} cores, "
-        f"Python {machine['python']}; runs: {loads}.", "",
+        f"`{command_line}`, {time.strftime('%Y-%m-%d')}, reported on {machine['cpu']}, {machine['cores']} cores, "
+        f"Python {machine['python']}. Runs on: {', '.join(cpus)}. Run sessions: {loads}.", "",
         "Both at Acme's control-suite settings; single process each, one run at a time, arms interleaved per "
         "seed. Evaluation every checkpoint: a noiseless actor on its own environment, two protocols: the mean "
         "over the evaluation episodes, and the first episode alone (Acme's usual protocol). Return per env step "
@@ -333,7 +394,7 @@ def plot(curves: list[dict[str, Any]], path: Path) -> None:
 
 
 def report(runs: Path, out: Path, command_line: str) -> str:
-    curves = load_curves(runs)
+    curves = load_curves(runs, out / "fidelity_curves.csv")
     if not curves:
         raise UsageError(f"no finished runs under {str(runs)!r}")
     out.mkdir(parents=True, exist_ok=True)
@@ -341,8 +402,10 @@ def report(runs: Path, out: Path, command_line: str) -> str:
     _write_csv(out / "fidelity_curves.csv", curves)
     if tests:
         _write_csv(out / "fidelity_tests.csv", tests)
-    sessions_file = runs / "machine.json"
-    sessions = json.loads(sessions_file.read_text(encoding="utf-8")) if sessions_file.exists() else []
+    # Run sessions (machine, load at start and end) of this runs folder and of earlier parts, each once.
+    sessions = _read_sessions(out / "fidelity_sessions.json")
+    sessions += [m for m in _read_sessions(runs / MACHINE_FILE) if m not in sessions]
+    (out / "fidelity_sessions.json").write_text(json.dumps(sessions, indent=1), encoding="utf-8")
     text = markdown(curves, tests, aucs, command_line, sessions)
     (out / "fidelity.md").write_text(text, encoding="utf-8")
     plot(curves, out / "fidelity.png")

@@ -114,3 +114,39 @@ def test_cli_errors_are_one_line_with_exit_code_2(argv, message, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_runs_in_the_committed_curves_are_merged_and_not_run_again(tmp_path, monkeypatch):
+    """A long benchmark split into parts: part 2's report keeps part 1's rows (from OUT/fidelity_curves.csv, with
+    their CPU) and part 2's `run` skips the runs part 1 recorded to their last step."""
+    out = tmp_path / "out"
+    part1, part2 = tmp_path / "runs1", tmp_path / "runs2"
+    for seed in (0, 1):
+        for arm in ("acme", "fp32"):
+            _fake_run(part1, "cartpole:balance", arm, seed, [(5000, 1.0, 100.0 + seed, 90.0), (10000, 2.0, 200.0, 190.0)])
+            (fidelity.run_dir(part1, "cartpole:balance", arm, seed) / "machine.json").write_text(json.dumps({"cpu": "CPU-A"}))
+    fidelity.report(part1, out, "part 1")
+    for arm in ("acme", "fp32"):
+        _fake_run(part2, "cartpole:balance", arm, 2, [(5000, 1.0, 300.0, 290.0), (10000, 2.0, 400.0, 390.0)])
+    (part2 / "machine.json").write_text(json.dumps([{"cpu": "CPU-B", "cores": 2, "load_start": [0.1], "load_end": [0.2]}]))
+    text = fidelity.report(part2, out, "part 2")
+    curves = list(csv.DictReader(open(out / "fidelity_curves.csv", encoding="utf-8")))
+    assert sorted({(r["seed"], r["cpu"]) for r in curves}) == [("0", "CPU-A"), ("1", "CPU-A"), ("2", "CPU-B")]
+    assert len(curves) == 3 * 2 * 2
+    assert "CPU-A" in text and "CPU-B" in text
+    tests = list(csv.DictReader(open(out / "fidelity_tests.csv", encoding="utf-8")))
+    assert {int(r["seeds"]) for r in tests} == {3}
+    assert json.loads((out / "fidelity_sessions.json").read_text())[0]["cpu"] == "CPU-B"
+    assert fidelity.recorded_runs(out / "fidelity_curves.csv")[("cartpole:balance", "fp32", 1)] == 10000
+
+    ran = []
+    monkeypatch.setattr(fidelity, "run_subprocess", lambda cmd, *a, **k: ran.append(cmd) or (1, "", 0.0))
+    args = fidelity.parse_args(["run", "--tasks", "cartpole:balance", "--seeds", "0,1", "--arms", "fp32",
+                                "--steps", "cartpole:balance=10000", "--runs", str(tmp_path / "runs3"),
+                                "--out", str(out), "--allow-busy"])
+    fidelity.run_all(args)  # both runs are recorded to step 10000: nothing is started
+    assert ran == []
+    args.steps = {"cartpole:balance": 20000}  # a longer run than recorded: it must run (and here fails)
+    with pytest.raises(RuntimeError):
+        fidelity.run_all(args)
+    assert len(ran) == 1
