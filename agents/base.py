@@ -7,6 +7,7 @@ details").
 """
 from __future__ import annotations
 
+import abc
 from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
 
 import numpy as np
@@ -79,9 +80,10 @@ class Builder(Protocol):
     def make_table(self, env_spec: EnvSpec, seed: int | None = None) -> Table: ...
 
 
-class BuilderBase:
+class BuilderBase(abc.ABC):
     """The parts of a builder that are the same for every agent. Subclasses set `name` and `config_class` and
-    implement `policy_spec`, `make_learner`, `make_actor`, `action_column` and `sampler_settings`."""
+    implement the abstract methods (`policy_spec`, `make_learner`, `make_actor`, `action_column`,
+    `sampler_settings`): a builder missing one fails when it is instantiated, not mid-run."""
 
     name: ClassVar[str]
     config_class: ClassVar[type]
@@ -92,13 +94,27 @@ class BuilderBase:
             raise ValueError(f"{self.name} Builder needs a {self.config_class.__name__}, got {type(config).__name__}")
         self.config = config
 
+    @abc.abstractmethod
+    def policy_spec(self, env_spec: EnvSpec) -> PolicySpec:
+        """The actor's policy network as a `PolicySpec` (what the runtimes execute)."""
+
+    @abc.abstractmethod
+    def make_learner(self, env_spec: EnvSpec, seed: int) -> Learner:
+        """The fp32 learner, its networks initialised from `seed`."""
+
+    @abc.abstractmethod
+    def make_actor(self, env_spec: EnvSpec, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
+                   evaluation: bool = False, backend: str = "auto", num_actors: int = 1,
+                   executor_factory: Any = None, batch_size: int = 1) -> Actor:
+        """An actor acting through `qparams` on `backend` (see `Builder.make_actor`)."""
+
+    @abc.abstractmethod
     def action_column(self, env_spec: EnvSpec) -> tuple[tuple[int, ...], np.dtype]:
         """(per-item shape, dtype) of the action column."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def sampler_settings(self) -> dict[str, Any]:
         """The table's `sampler` and `priority_exponent`."""
-        raise NotImplementedError
 
     def error_buffer_setting(self) -> float | tuple[float, float]:
         """The rate limiter's `error_buffer` (a number, or a (min_diff, max_diff) pair)."""

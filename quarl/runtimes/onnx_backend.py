@@ -134,9 +134,10 @@ class OnnxExecutor(PolicyExecutor):
         self._form: KernelForm | None = None
         self.kernel_form: str | None = None
         self.kernel_check: dict[str, Any] = {}
-        self._model: Any = None  # the graph as first built (its initializers hold the first weights)
         # Serialized graphs by kind: "row" (per-row activation quantization, any batch) and, where the form
-        # has a cheaper one-row variant, "one" (per tensor; used only for batch-1 calls).
+        # has a cheaper one-row variant, "one" (per tensor; used only for batch-1 calls). Built once, on the
+        # first weights; empty until then. Only the bytes are kept (a parsed copy would double the weights'
+        # memory, ~33 MB at fp32 2048x3): `model()` parses them for inspection.
         self._models: dict[str, bytes] = {}
         self._kinds: set[str] = set()  # kinds whose sessions each update rebuilds (those called so far)
         self._state_lock = threading.Lock()
@@ -165,6 +166,17 @@ class OnnxExecutor(PolicyExecutor):
         if not self._form.integer:
             self.simulated = True
 
+    def model(self, kind: str = "row") -> Any:
+        """The ONNX ModelProto of graph `kind` ("row" or "one"), parsed from its serialized bytes: a fresh
+        copy (editing it changes nothing here) whose initializers hold the first weights loaded."""
+        from onnx import ModelProto  # pylint: disable=import-outside-toplevel
+
+        if kind not in self._models:
+            raise ValueError(f"no {kind!r} graph (built: {', '.join(sorted(self._models)) or 'none yet'})")
+        model = ModelProto()
+        model.ParseFromString(self._models[kind])
+        return model
+
     def _kind(self, rows: int) -> str:
         return "one" if rows == 1 and "one" in self._models else "row"
 
@@ -180,10 +192,9 @@ class OnnxExecutor(PolicyExecutor):
         import onnxruntime as ort
 
         values: dict[str, Any] = {}
-        if self._model is None:
+        if not self._models:  # first weights: build and serialize the graphs
             self._choose_form(lowered)
-            self._model = build_model(self.spec, lowered, self._form)
-            self._models["row"] = self._model.SerializeToString()
+            self._models["row"] = build_model(self.spec, lowered, self._form).SerializeToString()
             # Per-row quantization costs ~15 small ops a layer (2.4x a 256x3 policy's batch-1 call); one row
             # needs none of them, so batch-1 calls get their own graph when the form has a cheaper one.
             one = build_model(self.spec, lowered, self._form, per_row=False).SerializeToString()

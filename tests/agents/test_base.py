@@ -44,3 +44,19 @@ def test_error_buffer_is_never_less_than_one_batch():
 def test_a_builder_refuses_another_agents_config():
     with pytest.raises(ValueError, match="needs a DQNConfig"):
         agents.builder_class("dqn")(agents.make_config("d4pg"))
+
+
+def test_a_builder_missing_a_hook_fails_when_instantiated():
+    """The agent-specific hooks are abstract: a builder that forgets one cannot be built at all."""
+    from agents.base import BuilderBase  # pylint: disable=import-outside-toplevel
+
+    full = agents.builder_class("dqn")
+
+    class NoSampler(full):  # drops one hook the replay table needs
+        sampler_settings = BuilderBase.sampler_settings
+
+    with pytest.raises(TypeError, match="sampler_settings"):
+        NoSampler()
+    with pytest.raises(TypeError, match="abstract"):
+        BuilderBase()
+    assert full().sampler_settings()["sampler"]  # the concrete builders implement every hook

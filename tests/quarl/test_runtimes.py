@@ -379,7 +379,7 @@ def test_int8_runs_integer_kernels(cases):
     qp = quantize_params(params, "int8")
     onnx_ex = make_executor(spec, qp, "onnx")
     assert "onnx" in repr(onnx_ex) and "int8" in repr(onnx_ex)
-    ops = [n.op_type for n in onnx_ex._model.graph.node]
+    ops = [n.op_type for n in onnx_ex.model().graph.node]
     assert ops.count("MatMulInteger") == len(spec.linear_layers) and "MatMul" not in ops
     jax_ex = make_executor(spec, qp, "jax")
     hlo = jax_ex._jitted.lower(jax_ex._params, obs[:1]).as_text()
@@ -397,10 +397,10 @@ def test_int4_and_narrower_run_on_matmulnbits_with_packed_weights(cases, precisi
     assert ex.kernel_form == "nbits4" and make_executor(spec, qp, "onnx").kernel_form != "nbits4"
     # the self-check held MatMulNBits to an exact emulation of its block-wise int8 activations, first try
     assert not ex.kernel_check["fallback"] and ex.kernel_check["checks"][0]["max_rel_err"] < 1e-4
-    ops = [n.op_type for n in ex._model.graph.node]
+    ops = [n.op_type for n in ex.model().graph.node]
     assert ops.count("MatMulNBits") == len(spec.linear_layers)
     assert not {"MatMul", "MatMulInteger", "DynamicQuantizeLinear"} & set(ops)
-    weights = {t.name: t for t in ex._model.graph.initializer if t.name.endswith(".nbits")}
+    weights = {t.name: t for t in ex.model().graph.initializer if t.name.endswith(".nbits")}
     for layer in spec.linear_layers:
         width_in, width_out = qp.tree[layer.name]["w"].values.shape
         packed = weights[f"{layer.name}.nbits"]
@@ -483,3 +483,16 @@ def test_failed_background_update_keeps_the_old_weights(cases, monkeypatch):
     assert ex.wait_for_update(60)
     assert "MemoryError" in ex.update_error
     np.testing.assert_array_equal(ex(obs), before)
+
+
+def test_onnx_executor_keeps_only_serialized_graphs_and_parses_them_on_request(cases):
+    """No parsed ModelProto is kept beside the serialized graphs; `model()` parses a fresh copy per call."""
+    spec, params, _, _ = cases["d4pg"]
+    ex = make_executor(spec, quantize_params(params, "int8"), "onnx")
+    assert not hasattr(ex, "_model")
+    first, second = ex.model(), ex.model()
+    assert first is not second and first.SerializeToString() == ex._models["row"]
+    del first.graph.node[:]  # editing the copy leaves the executor's graph alone
+    assert len(ex.model().graph.node) == len(second.graph.node) > 0
+    with pytest.raises(ValueError, match="no 'nope' graph"):
+        ex.model("nope")
