@@ -77,14 +77,17 @@ class EnvpoolVectorEnvironment:
         return self._act_spec
 
     def _observations(self, state: Any) -> np.ndarray:
-        parts = [np.asarray(getattr(state, k), np.float32).reshape(len(state.env_id), -1) for k in self._keys]
+        rows = len(state.env_id)
+        parts = [np.asarray(getattr(state, k), np.float32).reshape(rows, -1) for k in self._keys]
         return _check_finite(np.concatenate(parts, axis=1))
 
     def _timesteps(self, batch: dm_env.TimeStep, first: bool) -> list[dm_env.TimeStep]:
         """One TimeStep per environment, in env-id order, built from the batch arrays in a few numpy ops."""
         obs = self._observations(batch.observation)
-        ids = np.asarray(batch.observation.env_id)
-        order = np.argsort(ids) if np.any(ids[1:] < ids[:-1]) else None  # envpool may answer out of order
+        order = None
+        if len(obs) > 1:  # envpool may answer out of order (one row needs no check: a per-step cost at K=1)
+            ids = np.asarray(batch.observation.env_id)
+            order = np.argsort(ids) if (ids[1:] < ids[:-1]).any() else None
         if first:
             rows = obs if order is None else obs[order]
             return [dm_env.restart(o) for o in rows]
