@@ -89,7 +89,7 @@ def _block(fp32_policy: float, policy: dict[str, float], env_us: float = 200.0) 
     return out
 
 
-def test_ratios_table_and_target_verdict_name_each_precision():
+def test_ratios_table_and_target_verdict_name_each_precision(tmp_path):
     """Each precision's ratio vs fp32 is the median over rounds; the table has a column per precision and the
     verdict says which precision meets the 4x target on the CPU class given."""
     from bench import actorq
@@ -118,3 +118,5 @@ def test_ratios_table_and_target_verdict_name_each_precision():
     text = actorq.markdown({"actor": a, "cpu_flags": ["x86-vnni", "avx2"],
                             "machine": {"cpu": "Xeon", "cores": 2, "load_start": [0.1], "load_end": [0.2]}})
     assert table[0] in text and "meets the >= 4x target on this CPU (x86-vnni, avx2)" in text
+    actorq.plot({"actor": a}, tmp_path / "actorq.png")  # one bar per precision in both panels
+    assert (tmp_path / "actorq.png").stat().st_size > 0
