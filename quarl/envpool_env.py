@@ -12,6 +12,13 @@ Each timestep is converted to our single-environment contract (`quarl.envs`): ob
 concatenated to float32, actions taken in [-1, 1] and mapped onto the task's bounds, float32 reward and
 discount, non-finite observations refused. envpool restarts a finished environment itself on its next step;
 here `reset_one(i)` restarts it explicitly instead, as `VectorEnvironment` prescribes.
+
+Per-step cost at K=1 (one actor, one environment): envpool's physics is ~20 us, but a step also pays the hand-off
+to envpool's worker thread and back (~80-100 us, more when the policy ran long enough for the worker to sleep)
+and envpool's per-call Python (~50 us: its config dict rebuilt twice per step, a tree unflattening and a TimeStep
+per batch). `step` therefore calls envpool's C++ send/receive directly when the pool has the key layout of
+envpool 1.2.5 (`_direct_layout`, checked at construction; any other layout steps through the public API), and
+converts with plain ufuncs; the results are identical either way (tests/quarl/test_envpool_env.py).
 """
 from __future__ import annotations
 
@@ -31,6 +38,25 @@ ENVPOOL_TASKS = {
 }
 _NOT_OBSERVATIONS = ("env_id", "players", "elapsed_step")  # envpool's bookkeeping fields in its State
 _STEP_TYPES = tuple(dm_env.StepType)  # index = envpool's step_type code (FIRST 0, MID 1, LAST 2)
+# envpool 1.2.5's flat action layout for a single-player task (what its public `send` builds per call).
+_DIRECT_ACTION_KEYS = ("env_id", "players.env_id", "action")
+
+
+def _direct_layout(pool: Any, keys: list[str]) -> dict[str, Any] | None:
+    """Positions of the fields `step` reads in the list envpool's C++ `_recv` returns, or None when the pool
+    is not laid out as envpool 1.2.5's single-player DM tasks are (then `step` uses the public API)."""
+    try:
+        action_keys, state_keys = tuple(pool._action_keys), list(pool._state_keys)
+        single = pool.config.get("max_num_players", 1) == 1
+        callable_ = callable(pool._send) and callable(pool._recv)
+    except (AttributeError, TypeError):
+        return None
+    needed = ["step_type", "reward", "discount", *(f"obs:{k}" for k in keys)]
+    if not (single and callable_ and action_keys == _DIRECT_ACTION_KEYS and all(k in state_keys for k in needed)):
+        return None
+    return {"env_id": state_keys.index("info:env_id") if "info:env_id" in state_keys else None,
+            "step_type": state_keys.index("step_type"), "reward": state_keys.index("reward"),
+            "discount": state_keys.index("discount"), "obs": [state_keys.index(f"obs:{k}") for k in keys]}
 
 
 @functools.lru_cache(maxsize=1)
@@ -46,7 +72,9 @@ def envpool_available() -> bool:
 class EnvpoolVectorEnvironment:
     """K environments of one envpool DM Control task, one C++ thread, each seeded with its own seed."""
 
-    def __init__(self, task: str, seeds: list[int]):
+    def __init__(self, task: str, seeds: list[int], direct: bool = True):
+        """`direct=False` steps through envpool's public send/recv only (the reference the tests compare
+        the direct path with)."""
         if task not in ENVPOOL_TASKS:
             raise ValueError(f"no envpool task verified against dm_control for {task!r}; "
                              f"verified: {', '.join(ENVPOOL_TASKS)}")
@@ -65,6 +93,9 @@ class EnvpoolVectorEnvironment:
         self._high = np.broadcast_to(np.asarray(act.maximum, np.float64), act.shape).copy()
         self._act_spec = specs.BoundedArray(act.shape, np.float32, -1.0, 1.0, name="action")
         self._all = np.arange(self._k, dtype=np.int32)
+        self._direct = _direct_layout(self._pool, self._keys) if direct else None
+        if self._direct is not None and self._direct["env_id"] is None and self._k > 1:
+            self._direct = None  # without env ids an out-of-order answer could not be reordered
 
     @property
     def num_envs(self) -> int:
@@ -76,40 +107,57 @@ class EnvpoolVectorEnvironment:
     def action_spec(self) -> specs.BoundedArray:
         return self._act_spec
 
-    def _observations(self, state: Any) -> np.ndarray:
-        rows = len(state.env_id)
-        parts = [np.asarray(getattr(state, k), np.float32).reshape(rows, -1) for k in self._keys]
-        return _check_finite(np.concatenate(parts, axis=1))
+    @property
+    def direct(self) -> bool:
+        """Whether `step` calls envpool's C++ send/receive directly (see the module docstring)."""
+        return self._direct is not None
 
-    def _timesteps(self, batch: dm_env.TimeStep, first: bool) -> list[dm_env.TimeStep]:
-        """One TimeStep per environment, in env-id order, built from the batch arrays in a few numpy ops."""
-        obs = self._observations(batch.observation)
+    def _rows(self, ids: Any, obs_parts: list[Any], step_types: Any = None, rewards: Any = None,
+              discounts: Any = None) -> list[dm_env.TimeStep]:
+        """One TimeStep per environment, in env-id order, from envpool's batch fields (observation fields in
+        `self._keys` order; FIRST timesteps when `step_types` is None), in a few numpy ops."""
+        n = len(ids)
+        obs = _check_finite(np.concatenate([np.asarray(x, np.float32).reshape(n, -1) for x in obs_parts], axis=1))
         order = None
-        if len(obs) > 1:  # envpool may answer out of order (one row needs no check: a per-step cost at K=1)
-            ids = np.asarray(batch.observation.env_id)
+        if n > 1:  # envpool may answer out of order (one row needs no check: a per-step cost at K=1)
+            ids = np.asarray(ids)
             order = np.argsort(ids) if (ids[1:] < ids[:-1]).any() else None
-        if first:
-            rows = obs if order is None else obs[order]
-            return [dm_env.restart(o) for o in rows]
-        step_types = np.asarray(batch.step_type)
-        rewards = np.asarray(batch.reward, np.float32)
-        discounts = np.asarray(batch.discount, np.float32)
+        if step_types is None:
+            return [dm_env.restart(o) for o in (obs if order is None else obs[order])]
+        step_types = np.asarray(step_types)
+        rewards = np.asarray(rewards, np.float32)
+        discounts = np.asarray(discounts, np.float32)
         if order is not None:
             obs, step_types, rewards, discounts = obs[order], step_types[order], rewards[order], discounts[order]
         return [dm_env.TimeStep(_STEP_TYPES[t], r, d, o)
                 for t, r, d, o in zip(step_types.tolist(), rewards, discounts, obs)]
 
+    def _first(self, batch: dm_env.TimeStep) -> list[dm_env.TimeStep]:
+        state = batch.observation
+        return self._rows(state.env_id, [getattr(state, k) for k in self._keys])
+
     def reset(self) -> list[dm_env.TimeStep]:
-        return self._timesteps(self._pool.reset(self._all), first=True)
+        return self._first(self._pool.reset(self._all))
 
     def reset_one(self, index: int) -> dm_env.TimeStep:
-        return self._timesteps(self._pool.reset(np.array([index], np.int32)), first=True)[0]
+        return self._first(self._pool.reset(np.array([index], np.int32)))[0]
 
     def step(self, actions: Any) -> list[dm_env.TimeStep]:
         if len(actions) != self._k:
             raise ValueError(f"got {len(actions)} actions for {self._k} environments")
         scaled = canonical_to_bounds(actions, self._low, self._high, self._act_dtype, batch=self._k)
-        return self._timesteps(self._pool.step(scaled, self._all), first=False)
+        d = self._direct
+        if d is None:
+            batch = self._pool.step(scaled, self._all)
+            state = batch.observation
+            return self._rows(state.env_id, [getattr(state, k) for k in self._keys], batch.step_type, batch.reward,
+                              batch.discount)
+        # What envpool's public send would pass (its layout checked at construction), minus its Python.
+        self._pool._send([self._all, self._all, scaled])  # pylint: disable=protected-access
+        fields = self._pool._recv()  # pylint: disable=protected-access
+        ids = self._all if d["env_id"] is None else fields[d["env_id"]]
+        return self._rows(ids, [fields[i] for i in d["obs"]], fields[d["step_type"]], fields[d["reward"]],
+                          fields[d["discount"]])
 
     def close(self) -> None:
         self._pool.close()

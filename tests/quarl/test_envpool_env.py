@@ -3,6 +3,7 @@ actor step envpool's C++ version of a task instead of dm_control's (same specs a
 trajectory from the same physics state under the same actions, same initial-state distribution)."""
 from __future__ import annotations
 
+import dm_env
 import numpy as np
 import pytest
 from scipy import stats
@@ -137,3 +138,40 @@ def test_implementation_choice():
         env_implementation("walker:stand", "envpool")
     with pytest.raises(ValueError, match="unknown environment implementation"):
         env_implementation("cartpole:balance", "mujoco")
+
+
+def _timestep_fields(t):
+    return (t.step_type, None if t.reward is None else (float(t.reward), type(t.reward)),
+            None if t.discount is None else (float(t.discount), type(t.discount)), t.observation.dtype,
+            t.observation.tobytes())
+
+
+@pytest.mark.parametrize("num_envs", [1, 3])
+def test_direct_stepping_gives_exactly_the_public_api_trajectory(num_envs):
+    """`step` calls envpool's C++ send/receive directly (the pinned envpool's layout), skipping its per-call
+    Python; over episode ends and out-of-range actions the timesteps are bit-identical to the public API's."""
+    seeds = list(range(num_envs))
+    direct = EnvpoolVectorEnvironment("cartpole:swingup", seeds)
+    public = EnvpoolVectorEnvironment("cartpole:swingup", seeds, direct=False)
+    assert direct.direct and not public.direct
+    actions = np.random.default_rng(1).uniform(-1.5, 1.5, (1005, num_envs, 1)).astype(np.float32)
+    trajectories = []
+    for env in (direct, public):
+        steps = [env.reset()]
+        for a in actions:
+            steps.append(env.step(a))
+            steps += [[env.reset_one(i)] for i, t in enumerate(steps[-1]) if t.last()]
+        trajectories.append([[_timestep_fields(t) for t in row] for row in steps])
+    assert trajectories[0] == trajectories[1]
+    assert sum(row[0][0] == dm_env.StepType.LAST for row in trajectories[0]) >= 1  # an episode ended
+
+
+def test_an_unknown_envpool_layout_steps_through_the_public_api():
+    from quarl.envpool_env import _direct_layout
+
+    pool = EnvpoolVectorEnvironment("cartpole:balance", [0])._pool
+    keys = ["position", "velocity"]
+    assert _direct_layout(pool, keys)["obs"] == [pool._state_keys.index("obs:position"),
+                                                 pool._state_keys.index("obs:velocity")]
+    assert _direct_layout(pool, ["position", "no_such_field"]) is None
+    assert _direct_layout(object(), keys) is None  # no private entry points at all
