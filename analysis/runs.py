@@ -264,7 +264,7 @@ def load_runs(results_dir: str | os.PathLike) -> pd.DataFrame:
         rows.append({
             "panel": panel, "precision": precision, "seed": seed, "finished": is_finished(summary),
             "status": None if summary is None else str(s.get("status", "completed")),
-            "runner": "actorq" if "num_actors" in s or "run_config" in s else ("single" if summary else None),
+            "runner": "actorq" if "num_actors" in s else ("single" if summary else None),
             "agent": s.get("agent"), "task": s.get("task"), "num_actors": _num(s.get("num_actors", 1 if s else None)),
             "backend": ",".join(backend) if isinstance(backend, list) else backend,
             "actor_steps": _num(s.get("actor_steps")), "learner_steps": _num(s.get("learner_steps")),

@@ -276,20 +276,20 @@ def _perturb(params: dict, rng: np.random.Generator) -> dict:
 
 def bench_e2e(budget: Budget, seeds: list[int], logroot: Path) -> dict[str, Any]:
     """Part 3: time to a target return, int8 vs fp32, same seeds, precisions alternating first."""
-    from launch.actorq import QUICK_OVERRIDES  # pylint: disable=import-outside-toplevel
+    from launch.actorq import quick_preset  # pylint: disable=import-outside-toplevel
     from launch.supervisor import run_program  # pylint: disable=import-outside-toplevel
-    from launch.run_config import RunConfig  # pylint: disable=import-outside-toplevel
+    from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
     from launch.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
 
-    overrides = dict(QUICK_OVERRIDES["d4pg"], policy_layer_sizes=(256, 256, 256))
+    overrides = dict(quick_preset("d4pg", TASK)["overrides"], policy_layer_sizes=(256, 256, 256))
     runs = []
     for i, seed in enumerate(seeds):
         for precision in (("int8", "fp32") if i % 2 == 0 else ("fp32", "int8")):
             logdir = _fresh(logroot / f"{precision}-seed{seed}")
-            config = RunConfig(agent="d4pg", task=TASK, precision=precision, num_actors=2,
-                               max_actor_steps=budget.e2e_max_steps, seed=seed, logdir=str(logdir),
-                               overrides=overrides, backend="auto", eval_every=2_000, eval_episodes=2,
-                               target_return=budget.e2e_target)
+            config = ExperimentConfig(agent="d4pg", task=TASK, precision=precision, num_actors=2,
+                                      max_actor_steps=budget.e2e_max_steps, seed=seed, logdir=str(logdir),
+                                      overrides=overrides, backend="auto", eval_every=2_000, eval_episodes=2,
+                                      target_return=budget.e2e_target)
             summary, code = run_program(config, RayRunner())
             runs.append({"precision": precision, "seed": seed, "exit_code": code,
                          "time_to_target_s": summary["time_to_target_s"],

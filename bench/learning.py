@@ -91,8 +91,8 @@ def row_set(name: str) -> tuple[LearningRow, ...]:
 def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_at_target: bool = True,
             backend: str = "auto") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One training run; returns its result line and its evaluation curve."""
-    import agents  # pylint: disable=import-outside-toplevel
     from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
 
     reached: dict[str, Any] = {}
 
@@ -101,10 +101,11 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
             reached.update(ev)
         return stop_at_target and bool(reached)
 
-    builder = agents.get_builder(row.agent, **dict(row.overrides))
-    s = run_experiment(builder, row.task, precision=precision, backend=backend,
-                       max_actor_steps=row.max_actor_steps, seed=seed, logdir=logdir, eval_every=row.eval_every,
-                       eval_episodes=row.eval_episodes, progress=False, energy=False, on_eval=on_eval)
+    config = ExperimentConfig(agent=row.agent, task=row.task, precision=precision, backend=backend,
+                              max_actor_steps=row.max_actor_steps, seed=seed, logdir=str(logdir),
+                              eval_every=row.eval_every, eval_episodes=row.eval_episodes,
+                              overrides=dict(row.overrides))
+    s = run_experiment(config, progress=False, energy=False, on_eval=on_eval)
     rt = s["runtime"]
     result = {
         "agent": row.agent, "task": row.task, "precision": s["precision"], "backend": s["backend"], "seed": seed,

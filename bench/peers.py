@@ -162,16 +162,16 @@ def acme_d4pg(python: str, anchors: Path, setting: str, seconds: float, logdir: 
 
 
 def ours_d4pg(setting: str, precision: str, actor_steps: int, seed: int, logdir: Path) -> dict[str, Any]:
-    from launch.run_config import RunConfig  # pylint: disable=import-outside-toplevel
+    from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
     from launch.supervisor import run_program  # pylint: disable=import-outside-toplevel
     from launch.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
 
     policy, critic, batch, spi = D4PG_SETTINGS[setting]
     overrides = {"policy_layer_sizes": policy, "critic_layer_sizes": critic, "batch_size": batch,
                  "samples_per_insert": spi, "min_replay_size": 1000}
-    config = RunConfig(agent="d4pg", task=D4PG_TASK, precision=precision, num_actors=2,
-                       max_actor_steps=actor_steps, seed=seed, logdir=str(logdir), overrides=overrides,
-                       backend="auto", eval_every=max(1000, actor_steps // 4), eval_episodes=1)
+    config = ExperimentConfig(agent="d4pg", task=D4PG_TASK, precision=precision, num_actors=2,
+                              max_actor_steps=actor_steps, seed=seed, logdir=str(logdir), overrides=overrides,
+                              backend="auto", eval_every=max(1000, actor_steps // 4), eval_episodes=1)
     t0 = time.perf_counter()
     summary, code = run_program(config, RayRunner())
     return {"exit_code": code, "wall_clock_s": round(time.perf_counter() - t0, 1),

@@ -130,9 +130,9 @@ def parse_args(argv: Sequence[str] | None) -> Plan:
     return Plan(seeds, steps, max(1000, steps // 16), episodes, bits, out, quick, args.allow_busy)
 
 
-def _capture_learner(builder: Any) -> dict[str, Any]:
-    """run_experiment builds the learner inside; keep a handle so evaluations can snapshot its params."""
-    holder: dict[str, Any] = {}
+def _capture_learner(builder: Any, holder: dict[str, Any]) -> None:
+    """run_experiment builds the learner inside (its `on_builder` hook calls this): keep a handle in `holder` so
+    evaluations can snapshot its params."""
     make = builder.make_learner
 
     def make_learner(env_spec: Any, seed: int) -> Any:
@@ -140,7 +140,6 @@ def _capture_learner(builder: Any) -> dict[str, Any]:
         return holder["learner"]
 
     builder.make_learner = make_learner
-    return holder
 
 
 _POLICIES: dict[tuple[Any, str], Any] = {}  # one compiled greedy policy per (spec, precision); weights swap
@@ -164,11 +163,10 @@ def _returns(spec: Any, params: dict, precision: str, seeds: Sequence[int]) -> n
 
 def train(plan: Plan, seed: int, qat_bits: int | None, select_precisions: Sequence[str]) -> dict[str, Any]:
     """One training run; returns the best checkpoint (by selection return) for each of `select_precisions`."""
-    from agents.dqn import Builder, DQNConfig  # pylint: disable=import-outside-toplevel
     from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
 
-    builder = Builder(DQNConfig(hidden_sizes=HIDDEN, qat_bits=qat_bits))
-    holder = _capture_learner(builder)
+    holder: dict[str, Any] = {}
     spec_box: dict[str, Any] = {}
     selector = CheckpointSelector(select_precisions, lambda params, precision: float(np.mean(
         _returns(spec_box["spec"], params, precision, selection_seeds()))))
@@ -180,10 +178,12 @@ def train(plan: Plan, seed: int, qat_bits: int | None, select_precisions: Sequen
 
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as logdir:
-        summary = run_experiment(builder, TASK, precision="fp32" if qat_bits is None else f"int{qat_bits}",
-                                 backend="jax", max_actor_steps=plan.steps, seed=seed, logdir=logdir,
-                                 eval_every=plan.eval_every, eval_episodes=1, progress=False, energy=False,
-                                 on_eval=on_eval)
+        config = ExperimentConfig(agent="dqn", task=TASK, precision="fp32" if qat_bits is None else f"int{qat_bits}",
+                                  backend="jax", max_actor_steps=plan.steps, seed=seed, logdir=logdir,
+                                  eval_every=plan.eval_every, eval_episodes=1,
+                                  overrides={"hidden_sizes": HIDDEN, "qat_bits": qat_bits})
+        summary = run_experiment(config, progress=False, energy=False, on_eval=on_eval,
+                                 on_builder=lambda builder: _capture_learner(builder, holder))
     return {"spec": spec_box["spec"], "best": selector.best, "wall_s": time.perf_counter() - t0,
             "learner_steps": summary["learner_steps"], "actor_steps": summary["actor_steps"]}
 

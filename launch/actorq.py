@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
+import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any, Mapping, NoReturn, Sequence
+from typing import Any, NoReturn, Sequence
 
 from launch import checkpoint as ckpt
-from launch.cli import (OneLineArgumentParser, UsageError, add_qat_argument, check_agent, check_backend,
-                        check_carbon_country, check_logdir, check_positive, check_precision, check_seed, fail,
-                        parse_overrides, parse_resources, qat_overrides)
+from launch.cli import (OneLineArgumentParser, UsageError, add_qat_argument, build_config, check_agent,
+                        check_agent_task, check_carbon_country, check_logdir, check_positive, check_precision, fail,
+                        flag_names, parse_overrides, parse_resources, qat_overrides)
+from launch.experiment_config import SERVICE_SHARE, ConfigError, ExperimentConfig
 from launch.progress import print_summary
-from launch.run_config import SERVICE_SHARE, RunConfig
 
 DEFAULT_TASKS = {"d4pg": "cartpole:balance", "dqn": "CartPole-v1"}
 # The default job (`make run`): about two minutes on 2 cores, and it ends solved. D4PG: small networks, a value
@@ -46,17 +46,24 @@ DEFAULT_TASKS = {"d4pg": "cartpole:balance", "dqn": "CartPole-v1"}
 # of this setting reach 950 within 20k-60k steps, bench/results/learning_d4pg.md), else at the step budget.
 # DQN's own defaults are already tuned for classic control (CartPole reaches 500 within ~25k steps).
 DEFAULT_STEPS = {"d4pg": 60_000, "dqn": 25_000}
-QUICK_OVERRIDES: dict[str, dict[str, Any]] = {
-    "d4pg": {"policy_layer_sizes": (64, 64), "critic_layer_sizes": (128, 128), "vmin": -10.0, "vmax": 110.0,
-             "batch_size": 128, "learning_rate": 1e-3, "min_replay_size": 1_000, "max_replay_size": 100_000,
-             "samples_per_insert": 32.0},
-    "dqn": {},
-}
-# The default task's target, evaluation cadence and streak with the quick preset (unless given as flags). Two
-# evaluations in a row: D4PG's policy still moves fast when it first scores 950 (a 977 was followed by a 630
-# three hundred learner steps later), and the final evaluation runs on the stop's slightly newer weights.
-QUICK_TARGETS: dict[str, dict[str, float]] = {"d4pg": {"target_return": 950.0, "eval_every": 2_500,
-                                                       "target_streak": 2}}
+
+
+def quick_preset(agent: str, task: str) -> dict[str, Any]:
+    """The quick laptop preset's ExperimentConfig fields for `agent` on `task` (what `--full-size` turns off).
+
+    D4PG's agent config is the small one above on every task; on its default task the preset also sets the
+    target, the evaluation cadence and a streak of two evaluations (D4PG's policy still moves fast when it
+    first scores 950: a 977 was followed by a 630 three hundred learner steps later, and the final evaluation
+    runs on the stop's slightly newer weights). Flags given explicitly win over every preset field."""
+    if agent != "d4pg":
+        return {"overrides": {}}
+    preset: dict[str, Any] = {"overrides": {
+        "policy_layer_sizes": (64, 64), "critic_layer_sizes": (128, 128), "vmin": -10.0, "vmax": 110.0,
+        "batch_size": 128, "learning_rate": 1e-3, "min_replay_size": 1_000, "max_replay_size": 100_000,
+        "samples_per_insert": 32.0}}
+    if task == DEFAULT_TASKS[agent]:
+        preset.update(target_return=950.0, eval_every=2_500, target_streak=2)
+    return preset
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -66,6 +73,9 @@ QUICK_TARGETS: dict[str, dict[str, float]] = {"d4pg": {"target_return": 950.0, "
 
 def build_parser() -> OneLineArgumentParser:
     p = OneLineArgumentParser(prog="launch.actorq", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="run the experiment described in this ExperimentConfig JSON file (what launch.reproduce "
+                        "writes); only --runner, --ray-address and --no-progress may be given with it")
     p.add_argument("--agent", default="d4pg", help="d4pg (DM Control) or dqn (gym classic control)")
     p.add_argument("--task", default=None, help="'domain:task' or a gym id (default: cartpole:balance for "
                                                 "d4pg, CartPole-v1 for dqn)")
@@ -114,72 +124,81 @@ def build_parser() -> OneLineArgumentParser:
     return p
 
 
+RUNTIME_FLAGS = ("config", "runner", "ray_address", "no_progress")  # not part of the experiment
+FLAGS = flag_names()
+_UNSET = "<default>"  # no --logdir: runs/actorq/<run name>, or the --resume run's directory
+
+
 @dataclasses.dataclass(frozen=True)
 class Invocation:
-    config: RunConfig
+    config: ExperimentConfig
     runner: str
     ray_address: str | None
     progress: bool
 
 
 def validate(args: argparse.Namespace) -> Invocation:
-    """Every check that can fail, before anything is started or written (UsageError on a bad flag)."""
-    agent = check_agent(args.agent)
-    task = args.task or DEFAULT_TASKS[agent]
-    precision = check_precision(args.precision)
-    backend = check_backend(args.backend)
-    num_actors = check_positive("--num-actors", args.num_actors)
-    period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
-    envs_per_actor = check_positive("--envs-per-actor", args.envs_per_actor)
-    steps = check_positive("--max-actor-steps", args.max_actor_steps, optional=True) or DEFAULT_STEPS[agent]
-    seed = check_seed(args.seed)
-    quick_target = {} if args.full_size or task != DEFAULT_TASKS[agent] else QUICK_TARGETS.get(agent, {})
-    eval_every = (check_positive("--eval-every", args.eval_every, optional=True)
-                  or int(quick_target.get("eval_every", 0)) or max(1, steps // 10))
-    target_return = quick_target.get("target_return") if args.target_return is None else args.target_return
-    target_streak = (check_positive("--target-streak", args.target_streak, optional=True)
-                     or int(quick_target.get("target_streak", 1)))
-    eval_episodes = check_positive("--eval-episodes", args.eval_episodes)
-    publish_period = check_positive("--publish-period", args.publish_period)
-    insert_batch = check_positive("--insert-batch", args.insert_batch)
-    if args.target_return is not None and not math.isfinite(args.target_return):
-        raise UsageError(f"--target-return must be a finite number, got {args.target_return}")
-    if args.checkpoint_every < 0:
-        raise UsageError(f"--checkpoint-every must be >= 0, got {args.checkpoint_every}")
-    check_carbon_country()
-    overrides = {} if args.full_size else dict(QUICK_OVERRIDES[agent])
-    overrides.update(parse_overrides(agent, args.overrides))
-    overrides.update(qat_overrides(args.qat_bits, precision))
-    if period is not None:
-        overrides["actor_update_period"] = period
-    config_obj = _check_agent_task(agent, task, overrides)
-
-    resume = None
-    if args.resume is not None:
-        resume = _check_resume(args.resume, agent, task, config_obj)
-    logdir = _choose_logdir(args.logdir, args.resume, agent, task, precision)
+    """Every check that can fail, before anything is started or written (UsageError on a bad flag or file)."""
     if args.ray_address is not None and not args.ray_address.strip():
         raise UsageError("--ray-address must not be empty")
-    actor_resources = parse_resources("--actor-resource", args.actor_resources)
-    if any("=" in r for r in args.learner_resources):
-        raise UsageError("--learner-resource takes a resource NAME (each node there asks for 0.01 of it)")
-    learner_resources = {k: SERVICE_SHARE for k in parse_resources("--learner-resource", args.learner_resources)}
-    if (actor_resources or learner_resources) and args.runner != "ray":
+    check_carbon_country()
+    if args.config is not None:
+        defaults = build_parser()
+        given = sorted(k for k, v in vars(args).items() if k not in RUNTIME_FLAGS and v != defaults.get_default(k))
+        if given:
+            raise UsageError(f"--config describes the whole experiment: drop --{given[0].replace('_', '-')}")
+        config = load_config(args.config)
+    else:
+        config = _config_from_flags(args)
+    if (config.actor_resources or config.learner_resources) and args.runner != "ray":
         raise UsageError("--actor-resource and --learner-resource need --runner ray")
-    config = RunConfig(agent=agent, task=task, precision=precision, num_actors=num_actors,
-                       max_actor_steps=steps, seed=seed, logdir=str(logdir), overrides=overrides, backend=backend,
-                       eval_every=eval_every, eval_episodes=eval_episodes, publish_period=publish_period,
-                       insert_batch=insert_batch, checkpoint_every=args.checkpoint_every, resume=resume,
-                       target_return=target_return, target_streak=target_streak, envs_per_actor=envs_per_actor,
-                       actor_resources=actor_resources, learner_resources=learner_resources)
+    agent_config = check_agent_task(config.agent, config.task, dict(config.overrides)).config
+    resume = None if config.resume is None else _check_resume(config.resume, config.agent, config.task,
+                                                              agent_config)
+    logdir = _choose_logdir(None if config.logdir == _UNSET else config.logdir, config.resume, config.agent,
+                            config.task, config.precision)
+    config = config.replace(resume=resume, logdir=str(logdir))
     return Invocation(config, args.runner, args.ray_address, not args.no_progress)
 
 
-def _check_agent_task(agent: str, task: str, overrides: Mapping[str, Any]) -> Any:
-    """The task exists and suits the agent; returns the agent config (all built in-process, no Ray)."""
-    from launch.cli import check_agent_task  # pylint: disable=import-outside-toplevel
+def load_config(path: str) -> ExperimentConfig:
+    """An ExperimentConfig JSON file (ExperimentConfig.to_dict), validated like the flags."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+    except (OSError, ValueError) as e:
+        raise UsageError(f"--config {path!r}: {' '.join(str(e).split())}") from None
+    try:
+        return ExperimentConfig.from_dict(data)
+    except ConfigError as e:
+        raise UsageError(f"--config {path!r}: {e}") from None
 
-    return check_agent_task(agent, task, dict(overrides)).config
+
+def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
+    agent = check_agent(args.agent)
+    task = args.task or DEFAULT_TASKS[agent]
+    preset = {"overrides": {}} if args.full_size else quick_preset(agent, task)
+    overrides = {**preset["overrides"], **parse_overrides(agent, args.overrides)}
+    overrides.update(qat_overrides(args.qat_bits, check_precision(args.precision)))
+    period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
+    if period is not None:
+        overrides["actor_update_period"] = period
+    if any("=" in r for r in args.learner_resources):
+        raise UsageError("--learner-resource takes a resource NAME (each node there asks for 0.01 of it)")
+
+    def given(value: Any, default: Any) -> Any:
+        return default if value is None else value
+
+    return build_config(
+        FLAGS, agent=agent, task=task, precision=args.precision, backend=args.backend, num_actors=args.num_actors,
+        envs_per_actor=args.envs_per_actor, max_actor_steps=given(args.max_actor_steps, DEFAULT_STEPS[agent]),
+        seed=args.seed, logdir=given(args.logdir, _UNSET), overrides=overrides,
+        eval_every=given(args.eval_every, preset.get("eval_every")), eval_episodes=args.eval_episodes,
+        target_return=given(args.target_return, preset.get("target_return")),
+        target_streak=given(args.target_streak, preset.get("target_streak", 1)),
+        publish_period=args.publish_period, insert_batch=args.insert_batch, checkpoint_every=args.checkpoint_every,
+        resume=args.resume, actor_resources=parse_resources("--actor-resource", args.actor_resources),
+        learner_resources={k: SERVICE_SHARE for k in parse_resources("--learner-resource", args.learner_resources)})
 
 
 def _check_resume(path: str, agent: str, task: str, agent_config: Any) -> str:

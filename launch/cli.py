@@ -14,9 +14,10 @@ import tempfile
 import types
 import typing
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import Any, Mapping, NoReturn, Sequence
 
 import agents
+from launch.experiment_config import ConfigError, ExperimentConfig
 
 EXIT_USAGE = 2
 # Files a run writes; a logdir already holding any of them belongs to another run.
@@ -250,24 +251,6 @@ def check_agent_task(agent: str, task: str, overrides: dict[str, Any]) -> Any:
     return builder
 
 
-@dataclasses.dataclass(frozen=True)
-class RunArgs:
-    """Validated common arguments, ready for a runner."""
-
-    agent: str
-    task: str
-    precision: str
-    backend: str
-    steps: int
-    seed: int
-    logdir: Path
-    eval_every: int | None
-    eval_episodes: int
-    actor_update_period: int | None
-    builder: Any  # built from the validated --set overrides (and --qat-bits); the one place they live
-    envs_per_actor: int = 1
-
-
 def check_carbon_country() -> str:
     """The energy trackers' grid country ($QUARL_CARBON_COUNTRY), checked before anything starts."""
     from quarl.carbon import default_country  # pylint: disable=import-outside-toplevel
@@ -292,21 +275,43 @@ def qat_overrides(qat_bits: int | None, precision: str) -> dict[str, Any]:
     return {"qat_bits": bits}
 
 
-def validate_common(args: argparse.Namespace) -> RunArgs:
-    """Checks every common flag (raising UsageError) without writing anything."""
+# ------------------------------------------------------------------------------------------------ the config
+
+
+def flag_names(**renames: str) -> dict[str, str]:
+    """ExperimentConfig field -> the flag that sets it (`--eval-every`), with a CLI's own `renames`."""
+    names = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(ExperimentConfig)}
+    names.update(overrides="--set", actor_resources="--actor-resource", learner_resources="--learner-resource")
+    names.update(renames)
+    return names
+
+
+def build_config(flags: Mapping[str, str], **fields: Any) -> ExperimentConfig:
+    """`ExperimentConfig(**fields)`; its one-line ConfigError becomes a UsageError naming the flag."""
+    try:
+        return ExperimentConfig(**fields)
+    except ConfigError as e:
+        raise UsageError(e.message(flags)) from None
+
+
+TRAIN_FLAGS = flag_names(max_actor_steps="--steps")
+
+
+def validate_common(args: argparse.Namespace) -> ExperimentConfig:
+    """`launch.train`'s experiment from its flags; every check (raising UsageError) before anything is written."""
     check_carbon_country()
-    agent = check_agent(args.agent)
-    precision = check_precision(args.precision)
-    backend = check_backend(args.backend)
-    steps = check_positive("--steps", args.steps)
-    seed = check_seed(args.seed)
-    eval_every = check_positive("--eval-every", args.eval_every, optional=True)
-    eval_episodes = check_positive("--eval-episodes", args.eval_episodes)
+    overrides = parse_overrides(check_agent(args.agent), args.overrides)
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
-    envs_per_actor = check_positive("--envs-per-actor", args.envs_per_actor)
-    logdir = check_logdir(args.logdir)
-    overrides = parse_overrides(agent, args.overrides)
-    overrides.update(qat_overrides(args.qat_bits, precision))
-    builder = check_agent_task(agent, args.task, overrides)
-    return RunArgs(agent, args.task, precision, backend, steps, seed, logdir, eval_every, eval_episodes, period,
-                   builder, envs_per_actor)
+    if period is not None:
+        overrides["actor_update_period"] = period
+    config = build_config(TRAIN_FLAGS, agent=args.agent, task=args.task, precision=args.precision,
+                          backend=args.backend, max_actor_steps=args.steps, seed=args.seed, logdir=args.logdir,
+                          eval_every=args.eval_every, eval_episodes=args.eval_episodes,
+                          envs_per_actor=args.envs_per_actor, overrides=overrides,
+                          eval_fp32=bool(getattr(args, "eval_fp32", False)))
+    qat = qat_overrides(args.qat_bits, config.precision)
+    if qat:
+        config = config.replace(overrides={**config.overrides, **qat})
+    check_logdir(config.logdir)
+    check_agent_task(config.agent, config.task, dict(config.overrides))
+    return config

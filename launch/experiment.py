@@ -29,6 +29,8 @@ from quarl.policy_io import save_policy
 from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.quantization import parse_precision, quantize_params
 from quarl.io import jsonable
+from launch.experiment_config import ExperimentConfig
+from launch.summary import solved_at
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes come from their own env instance and seed
 LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows
@@ -96,22 +98,6 @@ class WeightChannel:
         return payload.params
 
 
-def _validate(max_actor_steps: int, seed: int, eval_every: int | None, eval_episodes: int,
-              actor_update_period: int | None) -> None:
-    def positive(name: str, v: Any) -> None:
-        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
-            raise ValueError(f"{name} must be a positive int, got {v!r}")
-
-    positive("max_actor_steps", max_actor_steps)
-    positive("eval_episodes", eval_episodes)
-    if eval_every is not None:
-        positive("eval_every", eval_every)
-    if actor_update_period is not None:
-        positive("actor_update_period", actor_update_period)
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-
-
 def evaluate(actor: Any, env: Any, episodes: int) -> list[float]:
     """Undiscounted returns of `episodes` full episodes with the (evaluation-mode) actor."""
     return [run_episode(env, actor.select_action)[0] for _ in range(episodes)]
@@ -127,36 +113,36 @@ def _progress(total: int, enabled: bool) -> Iterator[Any]:
         bar.close()
 
 
-def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend: str = "auto",
-                   max_actor_steps: int, seed: int = 0, logdir: str | Path, eval_every: int | None = None,
-                   eval_episodes: int = 10, actor_update_period: int | None = None, eval_fp32: bool = False,
-                   progress: bool = True, energy: bool = True, sync_learner: bool = False,
-                   on_eval: Callable[[dict[str, Any]], bool | None] | None = None,
-                   envs_per_actor: int = 1) -> dict[str, Any]:
-    """Trains `builder`'s agent on `task` for `max_actor_steps` env steps; returns (and writes) the summary.
+def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: bool = True,
+                   sync_learner: bool = False, on_eval: Callable[[dict[str, Any]], bool | None] | None = None,
+                   on_builder: Callable[[Any], None] | None = None) -> dict[str, Any]:
+    """Trains `config`'s agent on its task for `config.max_actor_steps` env steps; returns (and writes) the
+    summary, with the whole config under "experiment". Fields marked [distributed] in ExperimentConfig are
+    ignored here (one actor, no Ray, no checkpoints).
 
-    `eval_every` (actor steps; default max_actor_steps // 10) schedules greedy evaluations at the deployed
-    precision (plus fp32 with `eval_fp32`); a final one always runs. `actor_update_period` defaults to the
-    config's. `on_eval(row)` sees every evaluator row; returning True ends the run early (benchmarks stop at a
-    target return that way).
-    Learner updates are dispatched asynchronously (JAX), so their compute overlaps acting and part of it shows
-    up in the stage that next waits on the device (usually `quantize_encode_s`); `sync_learner=True` waits for every update
-    so each stage's time is its own, at some cost in throughput.
+    Evaluations every `config.eval_every` actor steps run greedily at the deployed precision (plus fp32 with
+    `eval_fp32`); a final one always runs. The run ends early once `target_streak` evaluations in a row reach
+    `target_return`, or when `on_eval(row)` (it sees every evaluator row) returns True.
+    The keyword arguments are how this process runs the experiment, not part of it: `progress` (a bar),
+    `energy` (the energy tracker), `on_builder(builder)` (sees the builder before anything is made from it:
+    benchmarks wrap its factories to keep a handle on the learner). Learner updates are dispatched
+    asynchronously (JAX), so their compute overlaps acting and part of it shows up in the stage that next waits
+    on the device (usually `quantize_encode_s`); `sync_learner=True` waits for every update so each stage's
+    time is its own, at some cost in throughput.
     `envs_per_actor` K > 1 makes the actor step K environments and run its policy once per step on the batch
     of K observations (`quarl.env_loop`); every count (steps, evaluation and update periods) is in env steps,
     so one loop iteration advances them by K.
     Writes evaluator.csv, learner.csv, actor.csv, summary.json and the final fp32 policy
-    (policy_fp32.qrlp + .json, see `quarl.policy_io`) under `logdir`.
+    (policy_fp32.qrlp + .json, see `quarl.policy_io`) under `config.logdir`.
     """
-    _validate(max_actor_steps, seed, eval_every, eval_episodes, actor_update_period)
-    if isinstance(envs_per_actor, bool) or not isinstance(envs_per_actor, (int, np.integer)) or envs_per_actor < 1:
-        raise ValueError(f"envs_per_actor must be a positive int, got {envs_per_actor!r}")
-    num_envs = int(envs_per_actor)
-    prec = parse_precision(precision).name
-    config = builder.config
-    update_period = int(actor_update_period or config.actor_update_period)
-    eval_every = int(eval_every or max(1, max_actor_steps // 10))
-    seed = int(seed)
+    builder = config.builder()
+    if on_builder is not None:
+        on_builder(builder)
+    task, prec, seed, num_envs = config.task, config.precision, config.seed, config.envs_per_actor
+    max_actor_steps, eval_every, eval_episodes = config.max_actor_steps, int(config.eval_every), config.eval_episodes
+    backend = config.backend
+    agent_config = builder.config
+    update_period = int(agent_config.actor_update_period)
 
     env = make_vector_environment(task, seed, num_envs)
     eval_env = make_environment(task, seed + EVAL_SEED_OFFSET)
@@ -166,9 +152,9 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     table = builder.make_table(env_spec, seed=seed)
     loop = VectorEnvLoop(env, builder.make_adder)
     prioritized = getattr(table, "sampler", "uniform") == "prioritized"
-    batch_size = int(config.batch_size)
+    batch_size = int(agent_config.batch_size)
 
-    logdir = Path(logdir)
+    logdir = Path(config.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
     times = StageTimes()
     channel = WeightChannel(learner, spec, prec, times)
@@ -181,7 +167,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
                                     backend=backend)
     fp32_channel = WeightChannel(learner, spec, "fp32", StageTimes())
     fp32_actor = None
-    if eval_fp32 and prec != "fp32":
+    if config.eval_fp32 and prec != "fp32":
         fp32_actor = builder.make_actor(env_spec, fp32_channel.pull(), seed=seed + 2, actor_id=0,
                                         evaluation=True, backend=backend)
 
@@ -209,7 +195,9 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
         evaluator_log.write(row)
         evals.append(row)
         times.evaluation_s += time.perf_counter() - t
-        return bool(on_eval(row)) if on_eval is not None else False
+        solved = solved_at(evals, config.target_return, config.target_streak) is not None
+        stop = bool(on_eval(row)) if on_eval is not None else False
+        return stop or solved
 
     last_metrics: dict[str, Any] = {}
 
@@ -296,13 +284,13 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     fp32_bytes = fp32_payload_nbytes(final_params, version=max(channel.version, 0), spec_hash=spec.digest())
     returns = [row["return"] for row in evals]
     summary = {
-        "agent": getattr(builder, "name", type(builder).__module__.split(".")[1]),
+        "agent": config.agent,
         "task": task,
         "precision": prec,
         "backend": actor.backend,
         "kernel": getattr(actor, "kernel", None),  # integer kernel form + self-check (None on float runs)
         "seed": seed,
-        "config": jsonable(dataclasses.asdict(config)),
+        "config": jsonable(dataclasses.asdict(agent_config)),
         "actor_steps": times.env_steps,  # a multiple of envs_per_actor: the last step may pass max_actor_steps
         "envs_per_actor": num_envs,
         "learner_steps": learner.steps,
@@ -331,6 +319,7 @@ def run_experiment(builder: Any, task: str, *, precision: str = "int8", backend:
     summary["policy_file"] = save_policy(
         logdir, spec, final_params, task=task, agent=summary["agent"], steps=int(learner.steps),
         extra={"seed": seed, "precision": prec, "final_eval_return": returns[-1]}).name
+    summary["experiment"] = config.to_dict()
     write_json_atomic(logdir / "summary.json", summary)
     return summary
 

@@ -9,13 +9,13 @@ from typing import Any, Sequence
 from launch import nodes
 from launch.agent_spec import AgentSpec, derive_seed, table_spec
 from launch.program import SINGLE_THREAD_ENV, Node, Program
-from launch.run_config import RunConfig
+from launch.experiment_config import ExperimentConfig
 
 
 LEARNER_STREAM, ACTOR_STREAM, EVAL_STREAM, REPLAY_STREAM = 0, 1, 2, 3
 
 
-def build_actorq_program(config: RunConfig, node_classes: Any = None) -> Program:
+def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> Program:
     """The ActorQ graph for `config`. `node_classes` (a module or namespace with the node classes) lets tests
     substitute instrumented nodes; by default `launch.nodes`."""
     nc = nodes if node_classes is None else node_classes

@@ -14,6 +14,8 @@ from typing import Any, Mapping
 
 from agents.dqn.config import MOUNTAINCAR_OVERRIDES
 from analysis.runs import PANELS, is_finished, read_summary
+from launch.experiment_config import ExperimentConfig
+from quarl.io import write_json_atomic
 
 
 # ------------------------------------------------------------------------------------------------ budgets
@@ -21,13 +23,14 @@ from analysis.runs import PANELS, is_finished, read_summary
 
 @dataclasses.dataclass(frozen=True)
 class RunBudget:
-    """How long one run of a panel is, how often it is evaluated, and the agent config it uses."""
+    """A panel's part of an ExperimentConfig: how long a run is, how often it is evaluated, and the agent config
+    it uses (fields named as ExperimentConfig's; PlannedRun.config completes them)."""
 
-    steps: int  # actor (environment) steps, over all actors
+    max_actor_steps: int  # actor (environment) steps, over all actors
     eval_every: int  # actor steps between evaluations (the figure's time resolution)
     eval_episodes: int  # episodes per evaluation (the figure's noise)
     overrides: Mapping[str, Any]  # agent config fields (agents.get_builder(agent, **overrides))
-    num_actors: int = 1  # used by the actorq runner only
+    num_actors: int = 1  # ignored by the single-process runner
 
 
 # Small budget, D4PG: 64x64 policy and critic, batch 64; 32 samples per insert gives one learner step per two
@@ -135,34 +138,32 @@ class PlannedRun:
     def run_dir(self, root: Path) -> Path:
         return root / "runs" / self.panel / self.precision / f"seed{self.seed}"
 
+    def config(self, run_dir: Path, backend: str) -> ExperimentConfig:
+        """The experiment this run is: what either runner runs and summary.json records."""
+        return ExperimentConfig(agent=self.agent, task=self.task, precision=self.precision, seed=self.seed,
+                                logdir=str(run_dir), backend=backend, **dataclasses.asdict(self.budget))
+
 
 # ------------------------------------------------------------------------------------------------ running
 
 
 def run_single(run: PlannedRun, run_dir: Path, backend: str) -> dict[str, Any]:
     """One run in this process with `launch.experiment.run_experiment`."""
-    import agents  # pylint: disable=import-outside-toplevel
     from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
 
-    b = run.budget
-    builder = agents.get_builder(run.agent, **dict(b.overrides))
-    return run_experiment(builder, run.task, precision=run.precision, backend=backend, max_actor_steps=b.steps,
-                          seed=run.seed, logdir=run_dir, eval_every=b.eval_every, eval_episodes=b.eval_episodes,
-                          progress=False)
+    return run_experiment(run.config(run_dir, backend), progress=False)
+
+
+CONFIG_FILE = "experiment.json"  # the ExperimentConfig a `launch.actorq` grid run is started with
 
 
 def actorq_command(run: PlannedRun, run_dir: Path, backend: str) -> list[str]:
-    """`python -m launch.actorq ...` for one run: the budget's config is passed in full (--full-size plus
-    every override), so the budget table is the only source of the agent settings."""
-    b = run.budget
-    cmd = [sys.executable, "-m", "launch.actorq", "--agent", run.agent, "--task", run.task,
-           "--precision", run.precision, "--num-actors", str(b.num_actors), "--max-actor-steps", str(b.steps),
-           "--seed", str(run.seed), "--logdir", str(run_dir), "--eval-every", str(b.eval_every),
-           "--eval-episodes", str(b.eval_episodes), "--backend", backend, "--full-size", "--no-progress"]
-    for key, value in b.overrides.items():
-        text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
-        cmd += ["--set", f"{key}={text}"]
-    return cmd
+    """Writes the run's ExperimentConfig into `run_dir` and returns `python -m launch.actorq --config FILE`:
+    the subprocess runs exactly this config (no flags to parse back, no preset applied)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / CONFIG_FILE
+    write_json_atomic(path, run.config(run_dir, backend).to_dict())
+    return [sys.executable, "-m", "launch.actorq", "--config", str(path), "--no-progress"]
 
 
 def run_actorq(run: PlannedRun, run_dir: Path, backend: str) -> dict[str, Any]:

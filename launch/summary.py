@@ -75,7 +75,7 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
         "kernel_fallback": any(bool((a.get("kernel") or {}).get("fallback")) for a in actors),
         "num_actors": config.num_actors,
         "seed": config.seed,
-        "run_config": config.to_dict(),
+        "experiment": config.to_dict(),  # the whole ExperimentConfig, as the single-process runner writes it
         "logdir": str(Path(config.logdir).absolute()),
         "final_eval_return": final,
         "best_eval_return": max(evals) if evals else None,

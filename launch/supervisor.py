@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from launch.experiment_config import ExperimentConfig
 from launch.graph import actor_names, build_actorq_program
 from launch.local_runner import LocalRunner
 from launch.node_base import log_event
@@ -54,7 +55,7 @@ def make_runner(kind: str, ray_address: str | None = None) -> Any:
     return LocalRunner() if kind == "local" else RayRunner(ray_address)
 
 
-def run_program(config: Any, runner: Any, *, progress: bool = False, node_classes: Any = None,
+def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False, node_classes: Any = None,
                 on_launch: Any = None) -> tuple[dict[str, Any], int]:
     """Builds and runs the ActorQ program; returns (summary, exit code). Writes summary.json.
 

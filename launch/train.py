@@ -27,15 +27,11 @@ def build_parser() -> OneLineArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        run = validate_common(args)
+        config = validate_common(args)
     except UsageError as e:
         fail(f"launch.train: error: {e}")
     from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
-    summary = run_experiment(run.builder, run.task, precision=run.precision, backend=run.backend,
-                             max_actor_steps=run.steps, seed=run.seed, logdir=run.logdir,
-                             eval_every=run.eval_every, eval_episodes=run.eval_episodes,
-                             actor_update_period=run.actor_update_period, eval_fp32=args.eval_fp32,
-                             progress=not args.no_progress, envs_per_actor=run.envs_per_actor)
+    summary = run_experiment(config, progress=not args.no_progress)
     keys = ("agent", "task", "precision", "backend", "actor_steps", "learner_steps", "final_eval_return",
             "best_eval_return", "wall_clock_s")
     print(json.dumps({k: summary[k] for k in keys}))

@@ -387,10 +387,10 @@ def test_d4pg_learns_cartpole_balance_with_int8_actors(tmp_path):
     and a near-constant push keeps the pole up for a while), so the bar is 850, above any untrained episode,
     and the run stops at the first evaluation averaging >= 850."""
     from launch.experiment import evaluate
-    config = D4PGConfig(policy_layer_sizes=(64, 64), critic_layer_sizes=(128, 128), num_atoms=51, vmin=-10.0,
-                        vmax=110.0, batch_size=128, learning_rate=1e-3, min_replay_size=1000,
-                        max_replay_size=100_000, samples_per_insert=32.0)
-    builder = Builder(config)
+    overrides = dict(policy_layer_sizes=(64, 64), critic_layer_sizes=(128, 128), num_atoms=51, vmin=-10.0,
+                     vmax=110.0, batch_size=128, learning_rate=1e-3, min_replay_size=1000,
+                     max_replay_size=100_000, samples_per_insert=32.0)
+    builder = Builder(D4PGConfig(**overrides))
     task, seed = "cartpole:balance", 0
     # The untrained agent (same seed, same initial weights the run starts from), at the same precision.
     env = make_environment(task, seed=123)
@@ -400,9 +400,11 @@ def test_d4pg_learns_cartpole_balance_with_int8_actors(tmp_path):
     untrained_return = float(np.mean(evaluate(untrained, env, 5)))
 
     from launch.experiment import run_experiment
-    summary = run_experiment(builder, task, precision="int8", backend="onnx", max_actor_steps=60_000, seed=seed,
-                             logdir=tmp_path, eval_every=2500, eval_episodes=5, progress=False, energy=False,
-                             on_eval=lambda row: row["return"] >= 850.0)
+    from launch.experiment_config import ExperimentConfig
+    summary = run_experiment(ExperimentConfig(agent="d4pg", task=task, precision="int8", backend="onnx",
+                                              max_actor_steps=60_000, seed=seed, logdir=tmp_path, eval_every=2500,
+                                              eval_episodes=5, overrides=overrides),
+                             progress=False, energy=False, on_eval=lambda row: row["return"] >= 850.0)
     assert summary["precision"] == "int8" and summary["backend"] == "onnx"
     assert summary["learner_steps"] > 1000
     assert summary["best_eval_return"] >= 850.0, summary["best_eval_return"]

@@ -13,6 +13,7 @@ from agents.dqn import Builder, DQNConfig, apex_epsilon, linear_epsilon
 from agents.dqn.actor import DQNActor, EpsilonSchedule
 from agents.dqn.learning import DQNLearner, double_q_targets, importance_weights
 from agents.dqn.networks import make_q_spec
+from launch.experiment_config import ExperimentConfig
 
 OBS_DIM, NUM_ACTIONS, BATCH = 4, 3, 32
 
@@ -321,9 +322,10 @@ def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
     untrained = builder.make_actor(env_spec, quantize_params(builder.make_learner(env_spec, 0).policy_params(),
                                                              "int8"), seed=0, evaluation=True, backend="onnx")
     untrained_return = float(np.mean(evaluate(untrained, make_environment("CartPole-v1", 123), 5)))
-    summary = run_experiment(builder, "CartPole-v1", precision="int8", backend="onnx", max_actor_steps=20_000,
-                             seed=0, logdir=tmp_path, eval_every=2500, eval_episodes=5, progress=False,
-                             energy=False, on_eval=lambda row: row["return"] >= 150.0)
+    summary = run_experiment(ExperimentConfig(agent="dqn", task="CartPole-v1", precision="int8", backend="onnx",
+                                              max_actor_steps=20_000, seed=0, logdir=tmp_path, eval_every=2500,
+                                              eval_episodes=5),
+                             progress=False, energy=False, on_eval=lambda row: row["return"] >= 150.0)
     assert summary["precision"] == "int8" and summary["backend"] == "onnx"
     assert summary["best_eval_return"] >= 150.0, summary["best_eval_return"]
     assert summary["best_eval_return"] > untrained_return + 100.0, (summary["best_eval_return"], untrained_return)
@@ -335,17 +337,19 @@ def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
 def test_dqn_solves_cartpole(tmp_path, precision):
     """Full CartPole target (average evaluation return >= 475) within 50k env steps."""
     from launch.experiment import run_experiment
-    summary = run_experiment(Builder(DQNConfig()), "CartPole-v1", precision=precision, backend="onnx",
-                             max_actor_steps=50_000, seed=1, logdir=tmp_path, eval_every=2500, eval_episodes=10,
+    summary = run_experiment(ExperimentConfig(agent="dqn", task="CartPole-v1", precision=precision, backend="onnx",
+                                              max_actor_steps=50_000, seed=1, logdir=tmp_path, eval_every=2500,
+                                              eval_episodes=10),
                              progress=False, energy=False, on_eval=lambda row: row["return"] >= 475.0)
     assert summary["best_eval_return"] >= 475.0, summary["best_eval_return"]
 
 
 def test_run_experiment_with_prioritized_replay_updates_priorities(tmp_path):
     from launch.experiment import run_experiment
-    builder = Builder(DQNConfig(hidden_sizes=(32, 32), min_replay_size=200, prioritized_replay=True))
-    summary = run_experiment(builder, "CartPole-v1", precision="int4", backend="jax", max_actor_steps=600,
-                             seed=0, logdir=tmp_path, eval_episodes=1, progress=False, energy=False)
+    config = ExperimentConfig(agent="dqn", task="CartPole-v1", precision="int4", backend="jax", max_actor_steps=600,
+                              seed=0, logdir=tmp_path, eval_episodes=1,
+                              overrides={"hidden_sizes": (32, 32), "min_replay_size": 200, "prioritized_replay": True})
+    summary = run_experiment(config, progress=False, energy=False)
     assert summary["table"]["sampler"] == "prioritized" and summary["precision"] == "int4"
     assert summary["learner_steps"] >= 350  # ~one update per insert after the 200-item warm-up
     assert summary["table"]["samples"] == summary["learner_steps"] * 64

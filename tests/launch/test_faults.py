@@ -29,7 +29,7 @@ from launch import checkpoint as ckpt
 from launch import nodes
 from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
 from launch.agent_spec import AgentSpec
-from launch.run_config import RunConfig
+from launch.experiment_config import ExperimentConfig
 from launch.shared_blob import Blob
 from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC, encode_payload
 from quarl.quantization import quantize_params
@@ -306,7 +306,7 @@ def test_a_checkpoint_that_fails_half_way_leaves_nothing_and_the_previous_one_st
 # ------------------------------------------------------------------------------------ lost nodes on Ray (slow)
 
 
-def _config(logdir: Path, **kw) -> RunConfig:
+def _config(logdir: Path, **kw) -> ExperimentConfig:
     """A run that goes on until a fault ends it: no step budget, no evaluations."""
     return tiny_config(logdir, **{"max_actor_steps": 10_000_000, "eval_every": 1_000_000, **kw})
 

@@ -459,14 +459,12 @@ RUNTIME_STAGES = {"env_step_s", "policy_s", "insert_s", "pull_s", "deserialize_s
 def test_both_runners_time_the_same_stages_in_seconds_and_version_weights_by_learner_step(tmp_path):
     """One vocabulary: the single-process and the distributed runner report the same stage names with the same
     meaning (seconds over the run), and a weights version is the learner step it was published at."""
-    import agents
     from launch.experiment import run_experiment
 
     distributed, code = run_program(tiny_config(tmp_path / "ray", num_actors=1, max_actor_steps=400), LocalRunner())
     assert code == 0, distributed["error"]
-    single = run_experiment(agents.get_builder("dqn", **TINY_DQN), "CartPole-v1", precision="int8", backend="onnx",
-                            max_actor_steps=400, seed=0, logdir=tmp_path / "single", eval_every=200,
-                            eval_episodes=1, progress=False, energy=False)
+    single = run_experiment(tiny_config(tmp_path / "single", num_actors=1, max_actor_steps=400, eval_every=200),
+                            progress=False, energy=False)
     d, s = distributed["runtime"]["summed_s"], single["runtime"]
     assert RUNTIME_STAGES <= set(d) and RUNTIME_STAGES <= set(s)
     for stage in RUNTIME_STAGES - {"pull_s"}:  # every stage ran and took time, in both

@@ -236,22 +236,28 @@ def test_budget_table_covers_every_panel_and_builds_valid_configs() -> None:
         assert set(panels) == set(report.PANELS), budget
         for name, b in panels.items():
             agents.make_config(report.PANELS[name].agent, **dict(b.overrides))  # raises on a bad field
-            assert 0 < b.eval_every <= b.steps and b.eval_episodes > 0 and b.num_actors > 0
+            assert 0 < b.eval_every <= b.max_actor_steps and b.eval_episodes > 0 and b.num_actors > 0
     paper = reproduce.BUDGETS["paper"]["walker_stand"]
     assert paper.overrides["policy_layer_sizes"] == (2048, 2048, 2048) and paper.num_actors == 4
 
 
 def test_actorq_command_passes_the_budget_config(tmp_path: Path) -> None:
     run = reproduce.PlannedRun("cartpole_balance", "int8", 3, reproduce.BUDGETS["paper"]["cartpole_balance"])
-    cmd = reproduce.actorq_command(run, tmp_path, "onnx")
-    args = dict(zip(cmd[3::2], cmd[4::2]))
-    assert cmd[1:3] == ["-m", "launch.actorq"] and "--full-size" in cmd
-    assert args["--task"] == "cartpole:balance" and args["--num-actors"] == "4" and args["--seed"] == "3"
-    assert "policy_layer_sizes=2048,2048,2048" in cmd and "batch_size=256" in cmd
+    run_dir = tmp_path / "run"
+    cmd = reproduce.actorq_command(run, run_dir, "onnx")
+    path = run_dir / "experiment.json"
+    assert cmd[1:] == ["-m", "launch.actorq", "--config", str(path), "--no-progress"]  # no argv round trip
+    from launch.experiment_config import ExperimentConfig
+    written = ExperimentConfig.from_dict(json.loads(path.read_text()))
+    assert written == run.config(run_dir, "onnx")  # the file round-trips to the planned run's config
+    assert written.task == "cartpole:balance" and written.num_actors == 4 and written.seed == 3
+    assert written.backend == "onnx" and written.logdir == str(run_dir)
     from launch.actorq import build_parser, validate
-    inv = validate(build_parser().parse_args(cmd[3:]))  # the real CLI accepts it
+    inv = validate(build_parser().parse_args(cmd[3:]))  # the real CLI accepts it, and runs it unchanged
     assert inv.config.overrides["policy_layer_sizes"] == (2048, 2048, 2048)
-    assert inv.config.max_actor_steps == run.budget.steps
+    assert inv.config.overrides["batch_size"] == 256
+    assert inv.config.max_actor_steps == run.budget.max_actor_steps
+    assert inv.config.replace(logdir=str(run_dir)) == written
 
 
 def test_tiny_grid_end_to_end_resumes_and_redraws(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -3,17 +3,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.run_config import RunConfig
+from launch.experiment_config import ExperimentConfig
 
 TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
 TINY_D4PG = {"policy_layer_sizes": (32, 32), "critic_layer_sizes": (32, 32), "num_atoms": 11, "batch_size": 32,
              "min_replay_size": 200, "samples_per_insert": 4.0, "n_step": 3}
 
 
-def tiny_config(logdir: Path, **kw) -> RunConfig:
+def tiny_config(logdir: Path, **kw) -> ExperimentConfig:
     """int8 DQN on CartPole, 2 ONNX actors, 600 actor steps, an evaluation every 300; `kw` overrides fields."""
     base = dict(agent="dqn", task="CartPole-v1", precision="int8", num_actors=2, max_actor_steps=600, seed=0,
                 logdir=str(logdir), overrides=dict(TINY_DQN), backend="onnx", eval_every=300, eval_episodes=1,
                 publish_period=5, insert_batch=32)
     base.update(kw)
-    return RunConfig(**base)
+    return ExperimentConfig(**base)

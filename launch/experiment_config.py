@@ -1,0 +1,190 @@
+"""One experiment, described once (as Acme's `ExperimentConfig`): a frozen, validated record that every CLI,
+`launch.reproduce`, the benchmarks and the tests build, that either runner runs (`launch.experiment.run_experiment`
+in one process, `launch.supervisor.run_program` distributed), and that both write whole into summary.json under
+"experiment".
+
+Plain data: importing this module costs nothing (no JAX, no Ray), so CLIs build and check a config before the
+heavy imports; the few checks that need a library (precision names, agent config keys) import it lazily.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+import os
+from typing import Any, Mapping
+
+SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every service and the evaluator
+
+
+class ConfigError(ValueError):
+    """A bad config value, as one line; `field` names it so a CLI can say which flag was wrong."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"{field} {problem}")
+        self.field, self.problem = field, problem
+
+    def message(self, flags: Mapping[str, str] | None = None) -> str:
+        """The message with the field named by its flag (`--max-actor-steps must be ...`) where one is given."""
+        return f"{(flags or {}).get(self.field, self.field)} {self.problem}"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """Everything one ActorQ training run is made of. Validated at construction (`ConfigError`, one line).
+
+    `overrides` are agent config fields (`agents.get_builder(agent, **overrides)`); the actors' weight-pull
+    period is one of them (`actor_update_period`), so the agent config is its single source of truth.
+    `eval_every=None` is resolved at construction (max_actor_steps // 10), so a saved config is complete.
+    Fields marked [distributed] are ignored by the single-process runner, [single] by the distributed one.
+    """
+
+    agent: str
+    task: str
+    max_actor_steps: int  # environment steps over all actors (with `resume`: including the steps before it)
+    logdir: str  # a path (str or os.PathLike; stored as str)
+    precision: str = "int8"  # the actors' (deployed) precision; the learner is always fp32
+    seed: int = 0
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    backend: str = "auto"  # policy runtime of actors and evaluator: auto | jax | onnx | onnx-nbits
+    eval_every: int | None = None  # actor steps between evaluations (None: max_actor_steps // 10)
+    eval_episodes: int = 10
+    envs_per_actor: int = 1  # environments each actor steps with one batched policy call (the paper: 1)
+    target_return: float | None = None  # end the run once `target_streak` evaluations in a row reach it
+    target_streak: int = 1
+    eval_fp32: bool = False  # [single] also evaluate an fp32 actor next to the deployed-precision one
+    num_actors: int = 1  # [distributed] (the single-process runner has one actor)
+    publish_period: int = 10  # [distributed] learner steps between weight versions
+    insert_batch: int = 64  # [distributed] transitions per replay insert call
+    prefetch: int = 2  # [distributed] sampled batches the learner keeps in flight
+    checkpoint_every: int = 0  # [distributed] learner steps; 0 = only at shutdown
+    resume: str | None = None  # [distributed] checkpoint directory to continue from
+    log_every_s: float = 1.0  # [distributed] learner.csv cadence (seconds)
+    actor_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)  # [distributed] Ray custom
+    # [distributed] Ray custom resources marking the learner's machine: learner, services and evaluator each
+    # ask for SERVICE_SHARE of every one, so they run there together.
+    learner_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self._check()
+        put = object.__setattr__  # frozen: normalised values are set once, here
+        put(self, "precision", _precision(self.precision))
+        put(self, "overrides", {k: _tuples(v) for k, v in dict(self.overrides).items()})
+        put(self, "actor_resources", dict(self.actor_resources))
+        put(self, "learner_resources", dict(self.learner_resources))
+        put(self, "logdir", os.fspath(self.logdir))
+        if self.eval_every is None:
+            put(self, "eval_every", max(1, int(self.max_actor_steps) // 10))
+        for name in _INTS:
+            put(self, name, int(getattr(self, name)))
+        if self.target_return is not None:
+            put(self, "target_return", float(self.target_return))
+
+    def _check(self) -> None:
+        """Every value check, in one place (CLIs map `ConfigError.field` to their flag)."""
+        import agents  # pylint: disable=import-outside-toplevel  (cheap: configs only, no JAX)
+
+        if self.agent not in agents.AGENT_NAMES:
+            raise ConfigError("agent", f"{self.agent!r} is an unknown agent; valid agents: {', '.join(agents.AGENT_NAMES)}")
+        for name, value in (("task", self.task), ("logdir", self.logdir)):
+            if not isinstance(value, (str, os.PathLike)) or not str(value):
+                raise ConfigError(name, f"must be a non-empty string, got {value!r}")
+        for name in ("max_actor_steps", "eval_episodes", "envs_per_actor", "target_streak", "num_actors",
+                     "publish_period", "insert_batch", "prefetch"):
+            _check_int(name, getattr(self, name), minimum=1)
+        if self.eval_every is not None:
+            _check_int("eval_every", self.eval_every, minimum=1)
+        _check_int("seed", self.seed, minimum=0)
+        _check_int("checkpoint_every", self.checkpoint_every, minimum=0)
+        from quarl.runtimes import BACKEND_NAMES  # pylint: disable=import-outside-toplevel
+        if self.backend not in BACKEND_NAMES:
+            raise ConfigError("backend", f"{self.backend!r} is an unknown backend; valid: {', '.join(BACKEND_NAMES)}")
+        if self.target_return is not None and not _finite(self.target_return):
+            raise ConfigError("target_return", f"must be a finite number, got {self.target_return!r}")
+        if not _finite(self.log_every_s) or self.log_every_s <= 0:
+            raise ConfigError("log_every_s", f"must be a finite number > 0, got {self.log_every_s!r}")
+        if not isinstance(self.eval_fp32, bool):
+            raise ConfigError("eval_fp32", f"must be true or false, got {self.eval_fp32!r}")
+        if self.resume is not None and (not isinstance(self.resume, str) or not self.resume):
+            raise ConfigError("resume", f"must be a checkpoint path or null, got {self.resume!r}")
+        for name in ("actor_resources", "learner_resources"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping) or not all(
+                    isinstance(k, str) and k and _finite(v) and v > 0 for k, v in value.items()):
+                raise ConfigError(name, f"must map resource names to finite amounts > 0, got {value!r}")
+        if not isinstance(self.overrides, Mapping):
+            raise ConfigError("overrides", f"must map agent config keys to values, got {self.overrides!r}")
+        try:
+            agents.make_config(self.agent, **{k: _tuples(v) for k, v in self.overrides.items()})
+        except (TypeError, ValueError) as e:
+            raise ConfigError("overrides", f"are not a valid {self.agent} config: {' '.join(str(e).split())}") \
+                from None
+
+    # ------------------------------------------------------------------------------------------ use
+
+    def builder(self) -> Any:
+        """The agent builder this experiment trains (`agents.get_builder(agent, **overrides)`)."""
+        import agents  # pylint: disable=import-outside-toplevel
+
+        return agents.get_builder(self.agent, **dict(self.overrides))
+
+    def replace(self, **changes: Any) -> "ExperimentConfig":
+        """A copy with `changes` (validated again)."""
+        return dataclasses.replace(self, **changes)
+
+    # ------------------------------------------------------------------------------------------ JSON
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types (tuples become lists); `from_dict` restores the identical config."""
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["overrides"] = {k: _lists(v) for k, v in self.overrides.items()}
+        d["actor_resources"] = dict(self.actor_resources)
+        d["learner_resources"] = dict(self.learner_resources)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ExperimentConfig":
+        """The config `to_dict` wrote (lists in overrides become tuples: agent configs hold tuples).
+        Unknown or missing fields raise ConfigError."""
+        if not isinstance(data, Mapping):
+            raise ConfigError("config", f"must be a JSON object, got {type(data).__name__}")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(data) - names)
+        if unknown:
+            raise ConfigError("config", f"has unknown field(s) {', '.join(unknown)}")
+        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in data
+                         and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
+        if missing:
+            raise ConfigError("config", f"lacks required field(s) {', '.join(missing)}")
+        return cls(**dict(data))
+
+
+_INTS = ("max_actor_steps", "seed", "eval_every", "eval_episodes", "envs_per_actor", "target_streak",
+         "num_actors", "publish_period", "insert_batch", "prefetch", "checkpoint_every")
+
+
+def _check_int(name: str, value: Any, *, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        what = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise ConfigError(name, f"must be {what}, got {value!r}")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _precision(name: Any) -> str:
+    from quarl.quantization import parse_precision  # pylint: disable=import-outside-toplevel
+
+    try:
+        return parse_precision(str(name)).name
+    except ValueError as e:
+        raise ConfigError("precision", f"is not valid: {' '.join(str(e).split())}") from None
+
+
+def _tuples(value: Any) -> Any:
+    return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
+
+
+def _lists(value: Any) -> Any:
+    return [_lists(v) for v in value] if isinstance(value, (list, tuple)) else value
