@@ -1,0 +1,136 @@
+"""ExperimentConfig: one description of an experiment, validated once, JSON round trip exact, and the same
+`experiment` record in summary.json from either runner."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from launch import actorq, train
+from launch.experiment_config import ConfigError, ExperimentConfig
+from tests.launch.tiny import TINY_DQN, tiny_config
+
+
+def _roundtrip(config: ExperimentConfig) -> ExperimentConfig:
+    return ExperimentConfig.from_dict(json.loads(json.dumps(config.to_dict())))
+
+
+def test_json_round_trip_is_exact_tuples_included(tmp_path: Path) -> None:
+    config = ExperimentConfig(agent="d4pg", task="cartpole:balance", max_actor_steps=1_000, logdir=tmp_path,
+                              overrides={"policy_layer_sizes": (32, 16), "critic_layer_sizes": [8]},
+                              target_return=950, learner_resources={"gpu_box": 0.01}, resume=None)
+    assert config.overrides["critic_layer_sizes"] == (8,)  # lists normalised to the agent config's tuples
+    back = _roundtrip(config)
+    assert back == config
+    assert back.overrides["policy_layer_sizes"] == (32, 16) and isinstance(back.target_return, float)
+    assert back.logdir == str(tmp_path)
+    assert back.builder().config.policy_layer_sizes == (32, 16)
+
+
+def test_eval_every_is_resolved_so_the_saved_config_is_complete(tmp_path: Path) -> None:
+    config = ExperimentConfig(agent="dqn", task="CartPole-v1", max_actor_steps=995, logdir=tmp_path)
+    assert config.eval_every == 99 and config.to_dict()["eval_every"] == 99
+    assert ExperimentConfig(agent="dqn", task="CartPole-v1", max_actor_steps=5, logdir=tmp_path).eval_every == 1
+
+
+@pytest.mark.parametrize("change,field", [
+    ({"agent": "ppo"}, "agent"), ({"max_actor_steps": 0}, "max_actor_steps"), ({"seed": -1}, "seed"),
+    ({"eval_every": -3}, "eval_every"), ({"num_actors": True}, "num_actors"), ({"precision": "int99"}, "precision"),
+    ({"backend": "tpu"}, "backend"), ({"target_return": float("nan")}, "target_return"),
+    ({"checkpoint_every": -1}, "checkpoint_every"), ({"overrides": {"no_such_key": 1}}, "overrides"),
+    ({"overrides": {"batch_size": 0}}, "overrides"), ({"actor_resources": {"x": 0}}, "actor_resources"),
+    ({"task": ""}, "task"),
+])
+def test_every_bad_value_is_one_line_naming_its_field(tmp_path: Path, change: dict, field: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        tiny_config(tmp_path, **change)
+    assert info.value.field == field and str(info.value).startswith(field)
+    assert len(str(info.value).splitlines()) == 1
+    assert info.value.message({field: "--flag"}).startswith("--flag ")
+
+
+def test_from_dict_refuses_unknown_and_missing_fields(tmp_path: Path) -> None:
+    good = tiny_config(tmp_path).to_dict()
+    with pytest.raises(ConfigError, match="unknown field.*steps"):
+        ExperimentConfig.from_dict({**good, "steps": 5})
+    with pytest.raises(ConfigError, match="lacks required field.*task"):
+        ExperimentConfig.from_dict({k: v for k, v in good.items() if k != "task"})
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--max-actor-steps", "0"], "--max-actor-steps must be a positive integer"),
+    (["--num-actors", "-2"], "--num-actors must be a positive integer"),
+    (["--target-return", "inf"], "--target-return must be a finite number"),
+    (["--checkpoint-every", "-1"], "--checkpoint-every must be a non-negative integer"),
+    (["--backend", "tpu"], "unknown backend"),
+])
+def test_actorq_flags_are_checked_by_the_config_one_line_exit_2(tmp_path, capsys, argv, needle) -> None:
+    logdir = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        actorq.main(["--agent", "dqn", "--logdir", str(logdir), *argv])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert not logdir.exists()
+
+
+def test_train_steps_flag_is_named_in_the_config_error(tmp_path, capsys) -> None:
+    with pytest.raises(SystemExit) as info:
+        train.main(["--agent", "dqn", "--task", "CartPole-v1", "--steps", "0", "--logdir", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and "--steps must be" in err, err
+
+
+def test_actorq_config_file_is_run_as_written_and_bad_files_exit_2(tmp_path, capsys) -> None:
+    config = tiny_config(tmp_path / "run")
+    good = tmp_path / "experiment.json"
+    good.write_text(json.dumps(config.to_dict()))
+    inv = actorq.validate(actorq.build_parser().parse_args(["--config", str(good), "--runner", "local"]))
+    assert inv.config == config and inv.runner == "local"
+    bad_value = tmp_path / "bad_value.json"
+    bad_value.write_text(json.dumps({**config.to_dict(), "num_actors": 0}))
+    unknown = tmp_path / "unknown.json"
+    unknown.write_text(json.dumps({**config.to_dict(), "steps": 3}))
+    not_json = tmp_path / "not.json"
+    not_json.write_text("{agent: dqn")
+    cases = [(["--config", str(bad_value)], "num_actors must be a positive integer"),
+             (["--config", str(unknown)], "unknown field(s) steps"),
+             (["--config", str(not_json)], "--config"),
+             (["--config", str(tmp_path / "missing.json")], "--config"),
+             (["--config", str(good), "--seed", "4"], "drop --seed")]
+    for argv, needle in cases:
+        with pytest.raises(SystemExit) as info:
+            actorq.main(argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, (argv, err)
+    assert not (tmp_path / "run").exists()
+
+
+def test_quick_preset_is_what_the_default_actorq_job_runs(tmp_path: Path) -> None:
+    preset = actorq.quick_preset("d4pg", "cartpole:balance")
+    inv = actorq.validate(actorq.build_parser().parse_args(["--logdir", str(tmp_path / "r")]))
+    assert inv.config.target_return == preset["target_return"] and inv.config.eval_every == preset["eval_every"]
+    assert inv.config.target_streak == preset["target_streak"] == 2
+    assert dict(inv.config.overrides) == preset["overrides"]
+    full = actorq.validate(actorq.build_parser().parse_args(["--logdir", str(tmp_path / "f"), "--full-size"]))
+    assert full.config.overrides == {} and full.config.target_return is None
+    assert actorq.quick_preset("dqn", "CartPole-v1") == {"overrides": {}}
+
+
+def test_both_runners_record_the_same_experiment_in_summary_json(tmp_path: Path) -> None:
+    """The same tiny config run in one process and by `launch.actorq --runner local` (from a --config file):
+    both summary.json files hold it whole, under "experiment", equal but for the log directory."""
+    from launch.experiment import run_experiment
+
+    single_cfg = tiny_config(tmp_path / "single", num_actors=1, max_actor_steps=300, eval_every=300,
+                             overrides={**TINY_DQN, "actor_update_period": 50})
+    run_experiment(single_cfg, progress=False, energy=False)
+    dist_cfg = single_cfg.replace(logdir=str(tmp_path / "dist"))
+    path = tmp_path / "experiment.json"
+    path.write_text(json.dumps(dist_cfg.to_dict()))
+    assert actorq.main(["--config", str(path), "--runner", "local", "--no-progress"]) == 0
+    single = json.loads((tmp_path / "single" / "summary.json").read_text())["experiment"]
+    dist = json.loads((tmp_path / "dist" / "summary.json").read_text())["experiment"]
+    assert single == single_cfg.to_dict() and ExperimentConfig.from_dict(single) == single_cfg
+    assert {**dist, "logdir": None} == {**single, "logdir": None}
+    assert Path(dist["logdir"]).resolve() == (tmp_path / "dist").resolve()
