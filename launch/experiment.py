@@ -27,7 +27,7 @@ from quarl.io import write_json_atomic
 from quarl.logs import CSVLogger
 from quarl.policy_io import save_policy
 from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
-from quarl.quantization import parse_precision, quantize_params
+from quarl.quantization import quantize_params
 from quarl.io import jsonable
 from launch.experiment_config import ExperimentConfig
 from launch.summary import solved_at
