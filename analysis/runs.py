@@ -4,9 +4,10 @@ run, and evaluation curves on a common grid.
 Shared by `launch.reproduce` (which writes figure.png, speedup.csv, carbon.csv, grid.csv, report.md) and the
 notebooks under notebooks/, so a number in a notebook and in report.md always come from the same code.
 
-Both runners' summary.json layouts are read (the single-process `launch.experiment` one and the distributed
-`launch.actorq` one) and flattened into one row per run; keys a runner does not write become NaN/None
-rather than errors, because results folders outlive the code that wrote them.
+Both runners write one summary.json layout (`launch.summary.SUMMARY_KEYS`, described in docs/ARCHITECTURE.md);
+it is flattened into one row per run, a value a run does not have (None) becoming NaN. Summaries written by the
+single-process runner before that layout existed are rewritten once with `python -m analysis.upgrade_summaries
+DIR`.
 
 Definitions used throughout:
 - target return of a panel: `R - (1 - fraction) * |R|`, R = mean over seeds of the baseline's (fp32) final
@@ -118,9 +119,8 @@ def read_summary(run_dir: str | os.PathLike) -> dict[str, Any] | None:
 
 
 def is_finished(summary: Mapping[str, Any] | None) -> bool:
-    """A run counts as done when its summary exists and does not report a failure or interruption
-    (the single-process runner writes no status: it only writes a summary when it finished)."""
-    return summary is not None and str(summary.get("status", "completed")) == "completed"
+    """A run counts as done when its summary exists and reports it completed (not failed or interrupted)."""
+    return summary is not None and summary.get("status") == "completed"
 
 
 def read_evaluator(run_dir: str | os.PathLike) -> pd.DataFrame:
@@ -145,15 +145,9 @@ def read_evaluator(run_dir: str | os.PathLike) -> pd.DataFrame:
 
 
 def _runtime(summary: Mapping[str, Any]) -> dict[str, float]:
-    """Seconds per stage over the run: both runners name the stages alike (the distributed summary sums its
-    actors under runtime.summed_s). Summaries of earlier single-process runs (committed results) called the
-    policy stage inference_s, and their pull_s was the learner's quantize + encode."""
-    rt = summary.get("runtime") or {}
-    if isinstance(rt.get("summed_s"), Mapping):
-        rt = dict(rt["summed_s"])
-    if "policy_s" not in rt and "inference_s" in rt:
-        rt = {**rt, "policy_s": rt["inference_s"]}
-    return {k: _num(rt.get(k)) for k in STAGES}
+    """Seconds per stage over the run (summed over actors): runtime.summed_s."""
+    summed = (summary.get("runtime") or {}).get("summed_s") or {}
+    return {k: _num(summed.get(k)) for k in STAGES}
 
 
 def _nansum(values: Iterable[float]) -> float:
@@ -162,32 +156,15 @@ def _nansum(values: Iterable[float]) -> float:
 
 
 def _energy(summary: Mapping[str, Any]) -> tuple[float, float, str | None]:
-    """(kWh, kg CO2eq, method): a quarl.carbon EnergyReport dict (single process) or the distributed
-    runner's per-node totals."""
-    e = summary.get("energy")
-    if not isinstance(e, Mapping):
-        return math.nan, math.nan, None
-    if "total_kwh" in e or "nodes" in e:
-        nodes = [n for n in (e.get("nodes") or {}).values() if isinstance(n, Mapping)]
-        kwh, kg = _num(e.get("total_kwh")), _num(e.get("total_emissions_kg"))
-        # Sum the per-node reports when a total is missing (older summaries did not total the CO2 key).
-        if nodes and math.isnan(kwh):
-            kwh = _nansum(_num(n.get("energy_kwh")) for n in nodes)
-        if nodes and math.isnan(kg):
-            kg = _nansum(_num(n.get("emissions_kg_co2eq", n.get("emissions_kg"))) for n in nodes)
-        return kwh, kg, e.get("method")
-    return _num(e.get("energy_kwh")), _num(e.get("emissions_kg_co2eq")), e.get("method")
+    """(kWh, kg CO2eq, method): the totals over the run's nodes (`launch.summary.sum_energy`)."""
+    e = summary.get("energy") or {}
+    return _num(e.get("total_kwh")), _num(e.get("total_emissions_kg")), e.get("method")
 
 
 def _ram_kwh(summary: Mapping[str, Any]) -> float:
-    """kWh from codecarbon's RAM model (a model, not a measurement), summed over nodes for distributed runs."""
-    e = summary.get("energy")
-    if not isinstance(e, Mapping):
-        return math.nan
-    if "total_kwh" in e or "nodes" in e:
-        nodes = [n for n in (e.get("nodes") or {}).values() if isinstance(n, Mapping)]
-        return _nansum(_num(n.get("ram_kwh")) for n in nodes) if nodes else math.nan
-    return _num(e.get("ram_kwh"))
+    """kWh from codecarbon's RAM model (a model, not a measurement), summed over the run's nodes."""
+    nodes = [n for n in ((summary.get("energy") or {}).get("nodes") or {}).values() if isinstance(n, Mapping)]
+    return _nansum(_num(n.get("ram_kwh")) for n in nodes) if nodes else math.nan
 
 
 def describe_method(method: Any, cores: Any = None) -> Any:
@@ -259,16 +236,12 @@ def load_runs(results_dir: str | os.PathLike) -> pd.DataFrame:
             best = float(evals["return"].max())
         kwh, kg, method = _energy(s)
         backend = s.get("backend")
-        wall = _num(s.get("wall_clock_s"))
-        run_time = _num(s.get("run_wall_clock_s"))
         rows.append({
             "panel": panel, "precision": precision, "seed": seed, "finished": is_finished(summary),
-            "status": None if summary is None else str(s.get("status", "completed")),
-            "runner": "actorq" if "num_actors" in s else ("single" if summary else None),
-            "agent": s.get("agent"), "task": s.get("task"), "num_actors": _num(s.get("num_actors", 1 if s else None)),
-            "backend": ",".join(backend) if isinstance(backend, list) else backend,
+            "status": s.get("status"), "runner": s.get("runner"), "agent": s.get("agent"), "task": s.get("task"),
+            "num_actors": _num(s.get("num_actors")), "backend": ",".join(map(str, backend)) if backend else None,
             "actor_steps": _num(s.get("actor_steps")), "learner_steps": _num(s.get("learner_steps")),
-            "wall_clock_s": wall, "run_time_s": wall if math.isnan(run_time) else run_time,
+            "wall_clock_s": _num(s.get("wall_clock_s")), "run_time_s": _num(s.get("run_wall_clock_s")),
             "final_return": final, "best_return": best, "evaluations": len(evals),
             "payload_bytes": _num(s.get("payload_bytes")), "payload_bytes_fp32": _num(s.get("payload_bytes_fp32")),
             **_runtime(s), "energy_kwh": kwh, "emissions_kg": kg, "ram_kwh": _ram_kwh(s), "energy_method": method,

@@ -88,10 +88,11 @@ class ActorProbe:
         self._timesteps: dict[str, Any] = {}
 
     def _client(self, precision: str) -> Any:
-        from launch.weights_client import ActorTimes, PolicyClient  # pylint: disable=import-outside-toplevel
+        from launch.stages import StageTimes  # pylint: disable=import-outside-toplevel
+        from launch.weights_client import PolicyClient  # pylint: disable=import-outside-toplevel
 
         if precision not in self._clients:
-            self._clients[precision] = PolicyClient(self._servers[precision], ActorTimes())
+            self._clients[precision] = PolicyClient(self._servers[precision], StageTimes())
         return self._clients[precision]
 
     def update_cost(self, precision: str) -> dict[str, float]:

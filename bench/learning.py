@@ -108,7 +108,8 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
     s = run_experiment(config, progress=False, energy=False, on_eval=on_eval)
     rt = s["runtime"]
     result = {
-        "agent": row.agent, "task": row.task, "precision": s["precision"], "backend": s["backend"], "seed": seed,
+        "agent": row.agent, "task": row.task, "precision": s["precision"], "backend": s["actors"][0]["backend"],
+        "seed": seed,
         "target": row.target, "solved": bool(reached),
         "steps_to_target": reached.get("actor_steps"), "train_s_to_target": reached.get("train_clock_s"),
         "final_return": s["final_eval_return"], "best_return": s["best_eval_return"],
@@ -116,8 +117,9 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
         "env_steps_per_s": round(s["actor_steps"] / max(s["train_clock_s"], 1e-9), 1),
         "payload_bytes": s["payload_bytes"], "payload_bytes_fp32": s["payload_bytes_fp32"],
         # Column names kept from earlier results files: "pull" here is the learner's quantize + encode.
-        "pull_ms_per_update": rt["quantize_encode_ms_per_update"], "load_ms_per_update": rt["load_ms_per_update"],
-        "inference_us_per_step": rt["policy_us_per_step"], "logdir": _relative(logdir),
+        "pull_ms_per_update": rt["per_update"]["quantize_encode_ms"],
+        "load_ms_per_update": rt["per_update"]["load_ms"],
+        "inference_us_per_step": rt["per_step"]["policy_us"], "logdir": _relative(logdir),
     }
     with open(logdir / "evaluator.csv", newline="", encoding="utf-8") as f:
         curve = [{"agent": row.agent, "task": row.task, "precision": s["precision"], "seed": seed,

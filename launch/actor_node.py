@@ -12,7 +12,8 @@ import numpy as np
 from launch.agent_spec import AgentSpec, derive_seed
 from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
 from launch.program import NodeHandle
-from launch.weights_client import ActorTimes, PolicyClient, precision_name
+from launch.stages import StageTimes
+from launch.weights_client import PolicyClient, precision_name
 from quarl.adders import TransitionBuffer
 from quarl.carbon import stop_tracking
 from quarl.env_loop import VectorEnvLoop
@@ -46,7 +47,7 @@ class ActorNode(NodeBase):
         self._stop = threading.Event()
         self._builder = spec.builder()
         self._env_spec = spec.env_spec()
-        self.times = ActorTimes()
+        self.times = StageTimes()
         self.inserted = 0  # transitions this actor put into replay (this process)
 
     def stop(self) -> None:
@@ -63,7 +64,7 @@ class ActorNode(NodeBase):
         t_origin = time.monotonic() - start["wall_clock_s"]
         tracker = energy_tracker(self._logdir, name)
         log = csv_logger(self._logdir, name, self.LOG_FIELDS, "total_actor_steps")
-        times = self.times = ActorTimes()
+        times = self.times = StageTimes()
         client = PolicyClient(
             self._weights, times, spec=self._builder.policy_spec(self._env_spec),
             precision=precision_name(self._precision), logdir=self._logdir, node=name)
@@ -103,6 +104,7 @@ class ActorNode(NodeBase):
                     times.policy_s += out.policy_s
                     times.env_step_s += out.env_s
                     prev, steps = steps, steps + self._num_envs
+                    times.env_steps = steps
                     unreported_steps += self._num_envs
                     for batch in buffer.extend(out.transitions):
                         self._insert(batch)

@@ -9,7 +9,8 @@ import numpy as np
 from launch.agent_spec import AgentSpec, derive_seed
 from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker
 from launch.program import NodeHandle
-from launch.weights_client import ActorTimes, PolicyClient, precision_name
+from launch.stages import StageTimes
+from launch.weights_client import PolicyClient, precision_name
 from quarl.carbon import stop_tracking
 from quarl.envs import make_environment
 from quarl.evaluation import EpisodeInterrupted, run_episode
@@ -50,7 +51,7 @@ class Evaluator(NodeBase):
     def run(self) -> dict[str, Any]:
         tracker = energy_tracker(self._logdir, "evaluator")
         log = csv_logger(self._logdir, "evaluator", self.LOG_FIELDS, "actor_steps")
-        times = ActorTimes()
+        times = StageTimes()
         client = PolicyClient(self._weights, times, spec=self._builder.policy_spec(self._env_spec),
                                precision=precision_name(self._precision), logdir=self._logdir,
                                node="evaluator")

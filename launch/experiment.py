@@ -18,6 +18,9 @@ from typing import Any, Callable, Iterator
 import jax
 import numpy as np
 
+from launch.experiment_config import ExperimentConfig
+from launch.stages import StageTimes, runtime_section
+from launch.summary import build_summary, solved_at, sum_energy
 from quarl.env_loop import VectorEnvLoop
 from quarl.envs import environment_spec, make_environment
 from quarl.evaluation import run_episode
@@ -29,44 +32,9 @@ from quarl.policy_io import save_policy
 from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.quantization import quantize_params
 from quarl.io import jsonable
-from launch.experiment_config import ExperimentConfig
-from launch.summary import solved_at
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes come from their own env instance and seed
 LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows
-
-
-@dataclasses.dataclass
-class StageTimes:
-    """Wall-clock totals (seconds) of each stage of the loop, plus how many times each ran."""
-
-    env_step_s: float = 0.0
-    policy_s: float = 0.0
-    insert_s: float = 0.0  # the adders and the table insert
-    sample_s: float = 0.0
-    learner_s: float = 0.0
-    quantize_encode_s: float = 0.0  # policy_params + quantize + encode (the learner side of a weight update)
-    pull_s: float = 0.0  # fetching the published bytes: nothing to fetch in one process (the distributed runner's
-    # actors pay a round trip to the weight server here), so 0 by construction; same name, same meaning
-    deserialize_s: float = 0.0  # decode_payload (the actor side)
-    load_s: float = 0.0  # actor.update (the executor swapping in the new weights)
-    evaluation_s: float = 0.0
-    actor_build_s: float = 0.0
-    env_steps: int = 0
-    learner_steps: int = 0
-    updates: int = 0
-
-    def summary(self) -> dict[str, float]:
-        out: dict[str, float] = {k: round(v, 6) if isinstance(v, float) else v
-                                 for k, v in dataclasses.asdict(self).items()}
-        per_update = max(1, self.updates)
-        for stage in ("quantize_encode_s", "pull_s", "deserialize_s", "load_s"):
-            out[f"{stage[:-2]}_ms_per_update"] = round(1e3 * getattr(self, stage) / per_update, 4)
-        steps = max(1, self.env_steps)
-        out["env_step_us_per_step"] = round(1e6 * self.env_step_s / steps, 3)
-        out["policy_us_per_step"] = round(1e6 * self.policy_s / steps, 3)
-        out["learner_ms_per_step"] = round(1e3 * self.learner_s / max(1, self.learner_steps), 4)
-        return out
 
 
 class WeightChannel:
@@ -95,6 +63,7 @@ class WeightChannel:
         if count:
             self._times.quantize_encode_s += t1 - t0
             self._times.deserialize_s += t2 - t1
+            self._times.payload_bytes += len(data)
         return payload.params
 
 
@@ -156,13 +125,14 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
 
     logdir = Path(config.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
-    times = StageTimes()
+    times = StageTimes()  # the actor's stages, as a distributed actor times them (`launch.stages`)
+    clock = {"sample_s": 0.0, "learner_s": 0.0, "evaluation_s": 0.0}  # the learner's and the evaluator's share
     channel = WeightChannel(learner, spec, prec, times)
     qparams = channel.pull(count=False)
     t0 = time.perf_counter()
     actor = builder.make_actor(env_spec, qparams, seed=seed, actor_id=0, evaluation=False, backend=backend,
                                batch_size=num_envs)
-    times.actor_build_s = time.perf_counter() - t0  # includes `auto` measuring backends; not an update
+    actor_build_s = time.perf_counter() - t0  # includes `auto` measuring backends; not an update
     eval_actor = builder.make_actor(env_spec, qparams, seed=seed + 1, actor_id=0, evaluation=True,
                                     backend=backend)
     fp32_channel = WeightChannel(learner, spec, "fp32", StageTimes())
@@ -185,7 +155,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
         returns = evaluate(eval_actor, eval_env, eval_episodes)
         # Clocks at the start of this evaluation; train_clock_s leaves out all evaluation time.
         row = {"actor_steps": actor_steps, "learner_steps": learner.steps, "wall_clock_s": round(t - start, 3),
-               "train_clock_s": round(t - start - times.evaluation_s, 3), "return": float(np.mean(returns)),
+               "train_clock_s": round(t - start - clock["evaluation_s"], 3), "return": float(np.mean(returns)),
                "return_std": float(np.std(returns)), "return_min": float(np.min(returns)),
                "return_max": float(np.max(returns)),
                "return_first": returns[0]}  # one noiseless episode: Acme's usual evaluation protocol
@@ -194,7 +164,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
             row["return_fp32"] = float(np.mean(evaluate(fp32_actor, eval_env, eval_episodes)))
         evaluator_log.write(row)
         evals.append(row)
-        times.evaluation_s += time.perf_counter() - t
+        clock["evaluation_s"] += time.perf_counter() - t
         solved = solved_at(evals, config.target_return, config.target_streak) is not None
         stop = bool(on_eval(row)) if on_eval is not None else False
         return stop or solved
@@ -222,9 +192,8 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
             if prioritized:
                 table.update_priorities(sample.keys, metrics["priorities"])
             t2 = time.perf_counter()
-            times.sample_s += t1 - t
-            times.learner_s += t2 - t1
-            times.learner_steps += 1
+            clock["sample_s"] += t1 - t
+            clock["learner_s"] += t2 - t1
             last_metrics.update(metrics)
             if learner.steps % LEARNER_LOG_EVERY == 0:
                 log_learner()
@@ -260,6 +229,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
                     actor.update(qp)
                     times.load_s += time.perf_counter() - t
                     times.updates += 1
+                    times.pulls += 1
 
                 stop = False
                 if _crossed(prev, step, eval_every) or step >= max_actor_steps:
@@ -282,46 +252,56 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     wall = time.perf_counter() - start
     final_params = learner.policy_params()  # one device-to-host copy, for the fp32 size and the saved policy
     fp32_bytes = fp32_payload_nbytes(final_params, version=max(channel.version, 0), spec_hash=spec.digest())
-    returns = [row["return"] for row in evals]
-    summary = {
-        "agent": config.agent,
-        "task": task,
-        "precision": prec,
-        "backend": actor.backend,
-        "kernel": getattr(actor, "kernel", None),  # integer kernel form + self-check (None on float runs)
-        "seed": seed,
-        "config": jsonable(dataclasses.asdict(agent_config)),
-        "actor_steps": times.env_steps,  # a multiple of envs_per_actor: the last step may pass max_actor_steps
-        "envs_per_actor": num_envs,
-        "learner_steps": learner.steps,
-        "episodes": episodes,
-        "wall_clock_s": round(wall, 3),
-        "train_clock_s": round(wall - times.evaluation_s, 3),
-        "sync_learner": bool(sync_learner),
-        "env_steps_per_s": round(times.env_steps / max(wall, 1e-9), 2),
-        "final_eval_return": returns[-1],
-        "best_eval_return": max(returns),
-        "evaluations": len(evals),
-        "eval_episodes": eval_episodes,
-        "actor_update_period": update_period,
-        "weight_updates": times.updates,
-        "weights_version": channel.version,  # the learner step of the last published weights, as on Ray
-        "payload_bytes": channel.payload_bytes,
-        "payload_bytes_fp32": fp32_bytes,
-        "payload_compression": round(fp32_bytes / max(1, channel.payload_bytes), 3),
-        "runtime": times.summary(),
-        "table": {k: v for k, v in table.info().items() if isinstance(v, (int, float, str))},
-        "energy": energy_result,
-    }
-    if fp32_actor is not None:
-        summary["final_eval_return_fp32"] = evals[-1]["return_fp32"]
     # The trained fp32 policy, for offline analysis (`python -m launch.ptq --checkpoint LOGDIR`).
-    summary["policy_file"] = save_policy(
-        logdir, spec, final_params, task=task, agent=summary["agent"], steps=int(learner.steps),
-        extra={"seed": seed, "precision": prec, "final_eval_return": returns[-1]}).name
-    summary["experiment"] = config.to_dict()
+    policy_file = save_policy(logdir, spec, final_params, task=task, agent=config.agent, steps=int(learner.steps),
+                              extra={"seed": seed, "precision": prec,
+                                     "final_eval_return": evals[-1]["return"]}).name
+    summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
+                       actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
+                       table_info=table.info(), energy_result=energy_result, policy_file=policy_file,
+                       sync_learner=sync_learner, update_period=update_period,
+                       agent_config=jsonable(dataclasses.asdict(agent_config)))
     write_json_atomic(logdir / "summary.json", summary)
     return summary
+
+
+def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[str, float], *, channel: WeightChannel,
+             fp32_bytes: int, actor: Any, actor_build_s: float, episodes: int, learner: Any,
+             evals: list[dict[str, Any]], table_info: dict[str, Any], energy_result: Any, policy_file: str,
+             sync_learner: bool, update_period: int, agent_config: dict[str, Any]) -> dict[str, Any]:
+    """This run in summary.json's one layout (`launch.summary.build_summary`): one actor, one learner, and a
+    weight channel that publishes one version per update, all in this process."""
+    steps, updates = int(learner.steps), times.updates
+    publish = {"versions": updates, "quantize_encode_s": times.quantize_encode_s, "put_s": None,
+               "payload_bytes": channel.payload_bytes,
+               "quantize_encode_ms_per_version": 1e3 * times.quantize_encode_s / updates if updates else None,
+               "put_ms_per_version": None}  # no weight server to put the bytes on
+    payload = {"precision": run.precision, "bytes": channel.payload_bytes, "fp32_bytes": fp32_bytes,
+               "compression": round(fp32_bytes / max(1, channel.payload_bytes), 3), **publish,
+               "published": updates, "requests": updates, "payloads_served": updates, "not_modified": 0}
+    del payload["payload_bytes"]
+    actor_entry = {"actor_id": 0, "attempt": 1, "starts": 1, "actor_steps": times.env_steps,
+                   "total_steps": times.env_steps, "episodes": episodes, "envs_per_actor": run.envs_per_actor,
+                   "elapsed_s": wall, "steps_per_s": times.env_steps / max(wall, 1e-9), "backend": actor.backend,
+                   "kernel": getattr(actor, "kernel", None),  # integer kernel form + self-check (None on floats)
+                   "weights_version": channel.version, "first_weights_version": 0,
+                   "transitions_inserted": int(table_info.get("inserts", 0)), "payloads_rejected": 0,
+                   "last_payload_rejection": None, "build_s": actor_build_s, "times": times.summary(),
+                   "energy": None}  # one process: its energy is energy.nodes.run
+    learner_entry = {"learner_steps": steps, "steps_this_run": steps, "training_s": None,
+                     "steps_per_s": steps / max(wall, 1e-9), "step_s": clock["learner_s"],
+                     "step_s_mean": clock["learner_s"] / steps if steps else 0.0,
+                     "sample_wait_s": clock["sample_s"], "weights_version": channel.version,
+                     "resumed_from": None, "policy_file": policy_file, "publish": publish, "energy": None}
+    return build_summary(
+        run, runner="single", status="completed", error=None, wall_clock_s=wall, run_wall_clock_s=wall,
+        counts={"actor_steps": times.env_steps, "learner_steps": steps, "episodes": episodes}, evals=evals,
+        final_eval_return=evals[-1]["return"], actors=[actor_entry], learner=learner_entry,
+        runtime=runtime_section([times.summary()], times.quantize_encode_s, updates), payload=payload,
+        replay=table_info, energy=sum_energy({"run": energy_result}), agent_config=agent_config,
+        train_clock_s=round(wall - clock["evaluation_s"], 3), evaluation_s=clock["evaluation_s"],
+        sync_learner=bool(sync_learner), final_eval_return_fp32=evals[-1].get("return_fp32"),
+        actor_update_period=update_period, policy_file=policy_file)
 
 
 def _crossed(before: int, after: int, period: int) -> bool:

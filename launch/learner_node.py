@@ -189,7 +189,7 @@ class LearnerNode(NodeBase):
         training_s = time.monotonic() - t_first if t_first is not None else 0.0
         return {"learner_steps": self.steps(), "steps_this_run": trained, "training_s": training_s,
                 "steps_per_s": trained / training_s if training_s > 0 else 0.0,
-                "step_s_mean": step_s / trained if trained else 0.0, "sample_wait_s": wait_s,
+                "step_s": step_s, "step_s_mean": step_s / trained if trained else 0.0, "sample_wait_s": wait_s,
                 "weights_version": self._version, "resumed_from": self.resumed_from, "policy_file": policy_file,
                 "publish": self.publish_times.summary(), "energy": energy}
 

@@ -32,7 +32,8 @@ from launch.evaluator_node import Evaluator
 from launch.learner_node import LearnerNode
 from launch.node_base import NodeBase, log_event
 from launch.services import Counter, ReplayServer, WeightServer
-from launch.weights_client import ActorTimes, PolicyClient
+from launch.stages import StageTimes
+from launch.weights_client import PolicyClient
 
-__all__ = ["ActorNode", "ActorTimes", "Counter", "Evaluator", "LearnerNode", "NodeBase", "PolicyClient", "ReplayServer",
-           "WeightServer", "log_event"]
+__all__ = ["ActorNode", "Counter", "Evaluator", "LearnerNode", "NodeBase", "PolicyClient", "ReplayServer",
+           "StageTimes", "WeightServer", "log_event"]

@@ -158,8 +158,8 @@ def print_summary(summary: Mapping[str, Any]) -> None:
         for col in ("actor", "steps/s", "env", "policy", "insert", "updates", "pull", "deser.", "load"):
             t.add_column(col, justify="right")
         for a in actors:
-            tm = a.get("times", {})
-            t.add_row(f"{a.get('actor_id')} ({a.get('backend', '?')})", _fmt(a.get("steps_per_s"), ",.0f"),
+            tm = a.get("times") or {}  # None for an actor that never reported (lost)
+            t.add_row(f"{a.get('actor_id')} ({a.get('backend') or '?'})", _fmt(a.get("steps_per_s"), ",.0f"),
                       _fmt(tm.get("env_step_s"), ".1f"), _fmt(tm.get("policy_s"), ".1f"),
                       _fmt(tm.get("insert_s"), ".1f"), _fmt(tm.get("updates")),
                       _fmt(tm.get("pull_ms_per_update"), ".2f"), _fmt(tm.get("deserialize_ms_per_update"), ".2f"),

@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_precision, fail
 from analysis.runs import PANELS, is_finished, read_summary
+from analysis.upgrade_summaries import is_old_single_process
 from launch.grid_runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, PlannedRun, run_actorq, run_single
 from launch.grid_runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
 from quarl.io import jsonable
@@ -141,6 +142,7 @@ def validate(args: argparse.Namespace) -> Invocation:
     else:
         _check_writable(root)
         _check_same_grid(root, args.budget, runner)
+    _check_current_summaries(root)
     address = args.ray_address
     if address is not None:
         if not address.strip():
@@ -182,6 +184,16 @@ def _read_json(path: Path) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None
+
+
+def _check_current_summaries(root: Path) -> None:
+    """Refuses a results folder holding summaries of the earlier single-process layout: they would count as
+    unfinished, and the grid would clear and redo those runs."""
+    old = next((p for p in sorted((root / "runs").rglob("summary.json"))
+                if is_old_single_process(_read_json(p) or {})), None) if (root / "runs").is_dir() else None
+    if old is not None:
+        raise UsageError(f"{str(old)!r} has the earlier summary.json layout; run `python -m "
+                         f"analysis.upgrade_summaries {str(root)}` first")
 
 
 # ------------------------------------------------------------------------------------------------ running

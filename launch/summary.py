@@ -1,4 +1,5 @@
-"""summary.json of an ActorQ run: outcome, throughput, payload sizes, the actors' runtime breakdown, energy."""
+"""summary.json of an ActorQ run, one layout for both runners (`launch.experiment` in one process, `launch.supervisor`
+distributed): outcome, throughput, payload sizes, the actors' runtime breakdown (`launch.stages`), energy."""
 from __future__ import annotations
 
 import csv
@@ -6,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from launch.stages import runtime_section
 from quarl.carbon import EnergyReport, combine
 
 
@@ -32,14 +34,137 @@ def sum_energy(parts: Mapping[str, Any]) -> dict[str, Any]:
             "untracked_nodes": untracked, "method": "; ".join(methods)}
 
 
+# The one summary.json layout (both runners): top-level keys, and the keys of each actors[] entry, of the learner
+# section and of the payload section. A key a runner has no value for is present with None (see
+# docs/ARCHITECTURE.md, "summary.json"); `runtime` is `launch.stages.runtime_section`.
+SUMMARY_KEYS = (
+    "status", "error", "runner", "agent", "task", "precision", "backend", "kernel_form", "kernel_fallback",
+    "num_actors", "envs_per_actor", "seed", "experiment", "config", "logdir", "final_eval_return",
+    "final_eval_return_fp32", "best_eval_return", "evaluations", "eval_episodes", "target_return",
+    "time_to_target_s", "actor_steps_to_target", "solved", "wall_clock_s", "run_wall_clock_s", "train_clock_s",
+    "evaluation_s", "sync_learner", "actor_steps", "learner_steps", "episodes", "actor_steps_per_s",
+    "learner_steps_per_s", "actor_update_period", "weight_updates", "weights_version", "payload", "payload_bytes",
+    "payload_bytes_fp32", "payloads_rejected", "runtime", "actors", "learner", "replay", "energy", "policy_file",
+    "lost_nodes", "placement", "lost_hosts")
+ACTOR_KEYS = ("actor_id", "attempt", "starts", "actor_steps", "total_steps", "episodes", "envs_per_actor",
+              "elapsed_s", "steps_per_s", "backend", "kernel", "weights_version", "first_weights_version",
+              "transitions_inserted", "payloads_rejected", "last_payload_rejection", "build_s", "times", "energy")
+LEARNER_KEYS = ("learner_steps", "steps_this_run", "training_s", "steps_per_s", "step_s", "step_s_mean",
+                "sample_wait_s", "weights_version", "resumed_from", "policy_file", "publish", "energy")
+PUBLISH_KEYS = ("versions", "quantize_encode_s", "put_s", "payload_bytes", "quantize_encode_ms_per_version",
+                "put_ms_per_version")
+PAYLOAD_KEYS = ("precision", "bytes", "fp32_bytes", "compression", "versions", "published", "requests",
+                "payloads_served", "not_modified", "quantize_encode_s", "put_s", "quantize_encode_ms_per_version",
+                "put_ms_per_version")
+# Facts only one runner has (the other writes None): the single-process loop's clocks and switches.
+RUNNER_FACTS = ("train_clock_s", "evaluation_s", "sync_learner", "final_eval_return_fp32", "actor_update_period",
+                "policy_file")
+
+
+def _keyed(entry: Mapping[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:
+    """`entry` with every key of `keys` (None where absent) first, then whatever else it holds."""
+    entry = dict(entry or {})
+    return {**{k: entry.pop(k, None) for k in keys}, **entry}
+
+
+def build_summary(config: Any, *, runner: str, status: str, error: str | None, wall_clock_s: float,
+                  run_wall_clock_s: float, counts: Mapping[str, Any], evals: Sequence[Mapping[str, Any]],
+                  final_eval_return: float | None, actors: Sequence[Mapping[str, Any]], learner: Mapping[str, Any],
+                  runtime: Mapping[str, Any], payload: Mapping[str, Any], replay: Mapping[str, Any],
+                  energy: Mapping[str, Any], agent_config: Mapping[str, Any] | None = None,
+                  **runner_facts: Any) -> dict[str, Any]:
+    """summary.json of either runner (the single-process one is one actor and one learner in one process).
+
+    `config` is the run's `launch.experiment_config.ExperimentConfig` (written whole under "experiment");
+    `counts` holds actor_steps, learner_steps and episodes; `evals` the evaluator rows (return, actor_steps, wall_clock_s, learner_steps);
+    `runner_facts` are among RUNNER_FACTS (None when not given)."""
+    unknown = sorted(set(runner_facts) - set(RUNNER_FACTS))
+    if unknown:
+        raise ValueError(f"not a runner fact of summary.json: {', '.join(unknown)}")
+    actors = [_keyed(a, ACTOR_KEYS) for a in actors]
+    learner = _keyed(learner, LEARNER_KEYS)
+    learner["publish"] = _keyed(learner["publish"], PUBLISH_KEYS)
+    payload = _keyed(payload, PAYLOAD_KEYS)
+    returns = [float(r["return"]) for r in evals]
+    target = getattr(config, "target_return", None)
+    streak = getattr(config, "target_streak", 1)
+    hit = solved_at(evals, target, streak)
+    if final_eval_return is None and returns:
+        final_eval_return = returns[-1]
+    actor_steps, learner_steps = int(counts.get("actor_steps", 0)), int(counts.get("learner_steps", 0))
+    learner_steps_per_s = learner.get("steps_per_s")
+    summary = {
+        "status": status,
+        "error": error,
+        "runner": runner,
+        "agent": config.agent,
+        "task": config.task,
+        "precision": config.precision,
+        "backend": sorted({str(a["backend"]) for a in actors if a.get("backend")}) or [config.backend],
+        # The actors' integer kernel forms (per-actor self-check details under actors[i].kernel).
+        "kernel_form": sorted({str(a["kernel"]["form"]) for a in actors if (a.get("kernel") or {}).get("form")}),
+        "kernel_fallback": any(bool((a.get("kernel") or {}).get("fallback")) for a in actors),
+        "num_actors": 1 if runner == "single" else config.num_actors,  # [distributed] in ExperimentConfig
+        "envs_per_actor": getattr(config, "envs_per_actor", 1),
+        "seed": config.seed,
+        "experiment": config.to_dict(),
+        "config": None if agent_config is None else dict(agent_config),  # the agent's config, every field
+        "logdir": str(Path(config.logdir).absolute()),
+        "final_eval_return": final_eval_return,
+        "best_eval_return": max(returns) if returns else None,
+        "evaluations": len(returns),
+        "eval_episodes": getattr(config, "eval_episodes", None),
+        "target_return": target,
+        "time_to_target_s": None if hit is None else hit["wall_clock_s"],
+        "actor_steps_to_target": None if hit is None else int(hit["actor_steps"]),
+        # When the run was solved: the evaluation that ended the first streak of `target_streak` evaluations at
+        # or above the target (None: not solved).
+        "solved": None if hit is None else {"target_return": target, "streak": streak, "return": hit["return"],
+                                            "actor_steps": int(hit["actor_steps"]),
+                                            "learner_steps": _int_or_none(hit.get("learner_steps")),
+                                            "wall_clock_s": hit["wall_clock_s"]},
+        "wall_clock_s": round(wall_clock_s, 3),  # the caller's clock, start-up and shutdown included
+        "run_wall_clock_s": round(run_wall_clock_s, 3),  # the run's own clock (what time-to-target is on)
+        "actor_steps": actor_steps,
+        "learner_steps": learner_steps,
+        "episodes": int(counts.get("episodes", 0)),
+        # All actors together, each over its own acting loop (start-up and resumed time excluded).
+        "actor_steps_per_s": round(sum(float(a.get("steps_per_s") or 0.0) for a in actors), 2),
+        "learner_steps_per_s": None if learner_steps_per_s is None else round(float(learner_steps_per_s), 2),
+        "weight_updates": int(runtime.get("updates", 0)),
+        "weights_version": learner.get("weights_version"),  # the learner step of the last published weights
+        "payload": payload,
+        "payload_bytes": payload["bytes"],
+        "payload_bytes_fp32": payload["fp32_bytes"],
+        # Weight payloads actors refused (corrupted, stale, wrong spec/precision) and kept their policy.
+        "payloads_rejected": int(sum(int(a.get("payloads_rejected") or 0) for a in actors)),
+        "runtime": dict(runtime),
+        "actors": actors,
+        "learner": learner,
+        "replay": {k: v for k, v in replay.items() if isinstance(v, (int, float, str))},
+        "energy": dict(energy),
+        "lost_nodes": [], "placement": {}, "lost_hosts": [],
+        **{k: runner_facts.get(k) for k in RUNNER_FACTS},
+    }
+    if summary["policy_file"] is None:
+        summary["policy_file"] = learner.get("policy_file")
+    return {k: summary[k] for k in SUMMARY_KEYS}
+
+
+def _int_or_none(value: Any) -> int | None:
+    return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
+
+
 def make_summary(config: Any, status: str, error: str | None, results: Mapping[str, Any],
-                 stats: Mapping[str, Any], wall_clock_s: float) -> dict[str, Any]:
-    """summary.json: outcome, throughput, payload sizes, per-actor runtime breakdown, energy."""
-    counts = stats.get("counts", {})
-    q = {**stats.get("weights", {}), **((results.get("learner") or {}).get("publish") or {})}
+                 stats: Mapping[str, Any], wall_clock_s: float,
+                 agent_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The distributed runner's summary.json, from its nodes' results and the services' final stats."""
+    counts = stats.get("counts") or {}
     learner = results.get("learner", {}) or {}
+    learner = learner if isinstance(learner, Mapping) else {}
+    publish = learner.get("publish") or {}
+    q = {**(stats.get("weights") or {}), **publish}
     evaluator = results.get("evaluator", {}) or {}
-    actor_results = [results[k] for k in sorted(results) if k.startswith("actor_")]
     actors = []
     for name in sorted(k for k in results if k.startswith("actor_")):
         r = dict(results[name] or {})
@@ -47,83 +172,21 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
         r["starts"] = int(counts.get(f"{name}_starts", 0))
         r["total_steps"] = int(counts.get(f"{name}_steps", 0))
         actors.append(r)
-    eval_rows = read_evals(Path(config.logdir) / "evaluator.csv")
-    evals = [r["return"] for r in eval_rows]
-    target = getattr(config, "target_return", None)
-    hit = solved_at(eval_rows, target, getattr(config, "target_streak", 1))
-    final = (evaluator.get("final") or {}).get("return") if isinstance(evaluator, Mapping) else None
-    if final is None and evals:
-        final = evals[-1]
-    run_s = float(counts.get("wall_clock_s", wall_clock_s))
-    actor_steps = int(counts.get("actor_steps", 0))
-    learner_steps = int(counts.get("learner_steps", 0))
     payload_bytes, fp32_bytes = int(q.get("payload_bytes", 0)), int(q.get("fp32_payload_bytes", 0))
-    breakdown = _breakdown([a.get("times", {}) for a in actor_results if isinstance(a, Mapping)])
-    # The learner's side of each weight update, under the same stage name the single-process runner uses.
-    publish = (learner.get("publish") or {}) if isinstance(learner, Mapping) else {}
-    breakdown["summed_s"]["quantize_encode_s"] = float(publish.get("quantize_encode_s", 0.0))
+    payload = {"precision": config.precision, "bytes": payload_bytes, "fp32_bytes": fp32_bytes,
+               "compression": round(fp32_bytes / payload_bytes, 3) if payload_bytes else None,
+               **{k: v for k, v in q.items() if k not in ("payload_bytes", "fp32_payload_bytes")}}
+    runtime = runtime_section([a.get("times") or {} for a in actors],
+                              float(publish.get("quantize_encode_s", 0.0)), int(publish.get("versions", 0)))
     energy = sum_energy({name: (r or {}).get("energy") for name, r in results.items() if isinstance(r, Mapping)})
-    return {
-        "status": status,
-        "error": error,
-        "agent": config.agent,
-        "task": config.task,
-        "precision": config.precision,
-        "backend": sorted({str(a.get("backend")) for a in actors if a.get("backend")}) or [config.backend],
-        # The actors' integer kernel forms (per-actor self-check details under actors[i].kernel).
-        "kernel_form": sorted({str(a["kernel"]["form"]) for a in actors if (a.get("kernel") or {}).get("form")}),
-        "kernel_fallback": any(bool((a.get("kernel") or {}).get("fallback")) for a in actors),
-        "num_actors": config.num_actors,
-        "seed": config.seed,
-        "experiment": config.to_dict(),  # the whole ExperimentConfig, as the single-process runner writes it
-        "logdir": str(Path(config.logdir).absolute()),
-        "final_eval_return": final,
-        "best_eval_return": max(evals) if evals else None,
-        "evaluations": len(evals),
-        "target_return": target,
-        "time_to_target_s": None if hit is None else hit["wall_clock_s"],
-        "actor_steps_to_target": None if hit is None else int(hit["actor_steps"]),
-        # When the run was solved: the evaluation that ended the first streak of `target_streak` evaluations at
-        # or above the target (None: not solved).
-        "solved": None if hit is None else {"target_return": target, "streak": getattr(config, "target_streak", 1),
-                                            "return": hit["return"],
-                                            "actor_steps": int(hit["actor_steps"]),
-                                            "learner_steps": None if math.isnan(hit["learner_steps"])
-                                            else int(hit["learner_steps"]),
-                                            "wall_clock_s": hit["wall_clock_s"]},
-        "wall_clock_s": round(wall_clock_s, 3),
-        "run_wall_clock_s": round(run_s, 3),
-        "actor_steps": actor_steps,
-        "learner_steps": learner_steps,
-        "episodes": int(counts.get("episodes", 0)),
-        # All actors together, each over its own acting loop (start-up and resumed time excluded).
-        "actor_steps_per_s": round(sum(float(a.get("steps_per_s", 0.0)) for a in actors), 2),
-        "learner_steps_per_s": round(learner.get("steps_per_s", 0.0), 2) if isinstance(learner, Mapping) else None,
-        "payload": {"precision": config.precision, "bytes": payload_bytes, "fp32_bytes": fp32_bytes,
-                    "compression": round(fp32_bytes / payload_bytes, 3) if payload_bytes else None,
-                    **{k: v for k, v in q.items() if k not in ("payload_bytes", "fp32_payload_bytes")}},
-        "payload_bytes": payload_bytes,
-        "payload_bytes_fp32": fp32_bytes,
-        "runtime": breakdown,
-        # Weight payloads actors refused (corrupted, stale, wrong spec/precision) and kept their policy.
-        "payloads_rejected": int(sum(int(a.get("payloads_rejected") or 0) for a in actors)),
-        "actors": actors,
-        "learner": learner,
-        "replay": {k: v for k, v in stats.get("replay", {}).items() if isinstance(v, (int, float, str))},
-        "energy": energy,
-    }
-
-
-def _breakdown(times: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """The paper's runtime breakdown over all actors: seconds summed, and per weight update."""
-    keys = ("env_step_s", "policy_s", "pull_s", "deserialize_s", "load_s", "insert_s")
-    total = {k: float(sum(t.get(k, 0.0) for t in times)) for k in keys}
-    updates = int(sum(t.get("updates", 0) for t in times))
-    pulls = int(sum(t.get("pulls", 0) for t in times))
-    per_update = {f"{k[:-2]}_ms": (1e3 * total[k] / updates if updates else None)
-                  for k in ("pull_s", "deserialize_s", "load_s")}
-    per_update["update_ms"] = (sum(v for v in per_update.values() if v is not None) if updates else None)
-    return {"summed_s": total, "updates": updates, "pulls": pulls, "per_update": per_update}
+    final = (evaluator.get("final") or {}).get("return") if isinstance(evaluator, Mapping) else None
+    return build_summary(
+        config, runner="actorq", status=status, error=error, wall_clock_s=wall_clock_s,
+        run_wall_clock_s=float(counts.get("wall_clock_s", wall_clock_s)), counts=counts,
+        evals=read_evals(Path(config.logdir) / "evaluator.csv"), final_eval_return=final, actors=actors,
+        learner=learner, runtime=runtime, payload=payload, replay=stats.get("replay") or {}, energy=energy,
+        agent_config=agent_config,
+        actor_update_period=None if agent_config is None else agent_config.get("actor_update_period"))
 
 
 def solved_at(evals: Sequence[Mapping[str, Any]], target: float | None, streak: int = 1) -> Mapping[str, Any] | None:

@@ -3,6 +3,7 @@ workers, poll progress, notice failures and lost nodes, stop every node in depen
 (also on Ctrl-C), and write summary.json."""
 from __future__ import annotations
 
+import dataclasses
 import math
 import signal
 import threading
@@ -18,7 +19,7 @@ from launch.program import NodeLost
 from launch.progress import ProgressView, Snapshot
 from launch.ray_runner import RayRunner
 from launch.summary import make_summary, solved_at
-from quarl.io import write_json_atomic
+from quarl.io import jsonable, write_json_atomic
 from quarl.logs import CSVLogger
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -149,7 +150,7 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
         if in_main:
             for s, handler in previous.items():
                 signal.signal(s, handler)
-    summary = make_summary(config, status, error, results, stats, time.monotonic() - t_start)
+    summary = make_summary(config, status, error, results, stats, time.monotonic() - t_start, _agent_config(config))
     summary["lost_nodes"] = sorted(lost)
     summary["placement"] = placement
     summary["lost_hosts"] = sorted(lost_hosts)
@@ -165,6 +166,14 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
         log_event(config.logdir, "driver", f"run completed: {summary['actor_steps']} actor steps, "
                                            f"{summary['learner_steps']} learner steps")
     return summary, code
+
+
+def _agent_config(config: Any) -> dict[str, Any] | None:
+    """The agent's whole config (defaults + overrides) for summary.json, as the single-process runner writes it."""
+    try:
+        return jsonable(dataclasses.asdict(config.builder().config))
+    except (TypeError, ValueError):
+        return None
 
 
 def _in_main_thread() -> bool:

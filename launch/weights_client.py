@@ -1,7 +1,6 @@
-"""An actor's (or the evaluator's) side of the weight channel, and where an actor's time goes."""
+"""An actor's (or the evaluator's) side of the weight channel (its stages are timed in a `launch.stages.StageTimes`)."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import logging
 import threading
@@ -10,31 +9,9 @@ from typing import Any, Callable
 
 from launch.node_base import log_event
 from launch.program import NodeHandle
+from launch.stages import StageTimes
 from quarl.payload import decode_payload
 from quarl.quantization import parse_precision
-
-
-@dataclasses.dataclass
-class ActorTimes:
-    """Where an actor's time goes (the paper's runtime breakdown). Seconds, summed over the run."""
-
-    env_step_s: float = 0.0
-    policy_s: float = 0.0
-    pull_s: float = 0.0  # weight requests (including the cheap "not modified" ones) + reading the published bytes
-    deserialize_s: float = 0.0
-    load_s: float = 0.0  # building / refreshing the executor with new weights
-    insert_s: float = 0.0  # replay inserts, including time blocked by the rate limiter
-    pulls: int = 0
-    updates: int = 0  # pulls that brought a new version
-    payload_bytes: int = 0
-
-    def summary(self) -> dict[str, float]:
-        d = dataclasses.asdict(self)
-        n = max(self.updates, 1)
-        for key in ("pull_s", "deserialize_s", "load_s"):
-            d[f"{key[:-2]}_ms_per_update"] = 1e3 * getattr(self, key) / n
-        d["update_ms"] = d["pull_ms_per_update"] + d["deserialize_ms_per_update"] + d["load_ms_per_update"]
-        return d
 
 
 class PolicyClient:
@@ -48,7 +25,7 @@ class PolicyClient:
     newer version exists), and the caller keeps acting with its last good policy. This is the one place a
     payload is validated: the learner that made it does not check it again."""
 
-    def __init__(self, weights: NodeHandle, times: ActorTimes, *, spec: Any = None, precision: str | None = None,
+    def __init__(self, weights: NodeHandle, times: StageTimes, *, spec: Any = None, precision: str | None = None,
                  logdir: str | None = None, node: str = "actor"):
         self._weights = weights
         self._times = times
@@ -61,7 +38,7 @@ class PolicyClient:
         self._last_rejected_digest = b""
 
     @property
-    def times(self) -> ActorTimes:
+    def times(self) -> StageTimes:
         """The stage times this client adds to (shared with the actor that owns it)."""
         return self._times
 

@@ -326,7 +326,7 @@ def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
                                               max_actor_steps=20_000, seed=0, logdir=tmp_path, eval_every=2500,
                                               eval_episodes=5),
                              progress=False, energy=False, on_eval=lambda row: row["return"] >= 150.0)
-    assert summary["precision"] == "int8" and summary["backend"] == "onnx"
+    assert summary["precision"] == "int8" and summary["backend"] == ["onnx"]
     assert summary["best_eval_return"] >= 150.0, summary["best_eval_return"]
     assert summary["best_eval_return"] > untrained_return + 100.0, (summary["best_eval_return"], untrained_return)
     assert summary["weight_updates"] == summary["actor_steps"] // builder.config.actor_update_period
@@ -350,6 +350,6 @@ def test_run_experiment_with_prioritized_replay_updates_priorities(tmp_path):
                               seed=0, logdir=tmp_path, eval_episodes=1,
                               overrides={"hidden_sizes": (32, 32), "min_replay_size": 200, "prioritized_replay": True})
     summary = run_experiment(config, progress=False, energy=False)
-    assert summary["table"]["sampler"] == "prioritized" and summary["precision"] == "int4"
+    assert summary["replay"]["sampler"] == "prioritized" and summary["precision"] == "int4"
     assert summary["learner_steps"] >= 350  # ~one update per insert after the 200-item warm-up
-    assert summary["table"]["samples"] == summary["learner_steps"] * 64
+    assert summary["replay"]["samples"] == summary["learner_steps"] * 64

@@ -64,7 +64,7 @@ def test_tiny_distributed_dqn_run_writes_every_log_and_a_sane_summary(ray_sessio
     assert payload["versions"] == payload["published"] >= 1  # each version encoded once, by the learner
     assert 0 < payload["bytes"] < payload["fp32_bytes"]
     rt = summary["runtime"]
-    assert set(rt["per_update"]) == {"pull_ms", "deserialize_ms", "load_ms", "update_ms"}
+    assert set(rt["per_update"]) == {"quantize_encode_ms", "pull_ms", "deserialize_ms", "load_ms", "update_ms"}
     assert rt["updates"] == sum(a["times"]["updates"] for a in summary["actors"])
     assert summary["replay"]["inserts"] >= 600 - 2 * config.insert_batch
     energy = summary["energy"]

@@ -164,7 +164,7 @@ def test_policy_client_refuses_a_payload_the_executor_cannot_load_without_changi
     spec = agent.builder().policy_spec(agent.env_spec())
     weights = ScriptedWeights([_payload(spec, 3)])
     client_cls = nodes.PolicyClient
-    client = client_cls(LocalNodeHandle(weights, None), nodes.ActorTimes(), spec=spec, precision="int8")
+    client = client_cls(LocalNodeHandle(weights, None), nodes.StageTimes(), spec=spec, precision="int8")
 
     def refuse(payload) -> None:
         raise ValueError("linear_1/w has shape (16, 2), expected (16, 16)")

@@ -153,7 +153,7 @@ def test_learner_publishes_each_version_once_as_encoded_bytes_and_refuses_non_fi
 def test_actor_weight_client_fetches_only_when_the_version_changed():
     spec, params = _policy_params(hidden=(32, 32))
     w = nodes.WeightServer("int8")
-    times = nodes.ActorTimes()
+    times = nodes.StageTimes()
     client = nodes.PolicyClient(LocalNodeHandle(w, None), times, spec=spec, precision="int8")
     w.publish(3, _blob(spec, params, 3))
     first = client.fetch()
@@ -454,22 +454,82 @@ def test_the_default_d4pg_job_stops_at_950_twice_in_a_row_within_60k_steps(tmp_p
 
 
 RUNTIME_STAGES = {"env_step_s", "policy_s", "insert_s", "pull_s", "deserialize_s", "load_s", "quantize_encode_s"}
+# Sections whose keys name things rather than fields (nodes, agent config fields, CPU checks): not compared.
+FREE_FORM = {"energy.nodes", "experiment.overrides", "config", "placement", "actors[].kernel", "actors[].energy",
+             "learner.energy"}
 
 
-def test_both_runners_time_the_same_stages_in_seconds_and_version_weights_by_learner_step(tmp_path):
-    """One vocabulary: the single-process and the distributed runner report the same stage names with the same
-    meaning (seconds over the run), and a weights version is the learner step it was published at."""
+def _layout_differences(a, b, path=""):
+    """Where two summaries differ in layout: key sets (recursively, `actors` entries alike) and value kinds
+    (number vs text vs section), a None on either side standing for "this runner has no value"."""
+    if path in FREE_FORM or a is None or b is None:
+        return []
+    if isinstance(a, dict) and isinstance(b, dict):
+        out = [f"{path}: keys {sorted(set(a) ^ set(b))}"] if set(a) != set(b) else []
+        for k in sorted(set(a) & set(b)):
+            out += _layout_differences(a[k], b[k], f"{path}.{k}".lstrip("."))
+        return out
+    if isinstance(a, list) and isinstance(b, list):
+        return [d for x in a for y in b for d in _layout_differences(x, y, f"{path}[]")]
+    kinds = ["number" if isinstance(v, (int, float)) and not isinstance(v, bool) else type(v).__name__
+             for v in (a, b)]
+    return [] if kinds[0] == kinds[1] else [f"{path}: {kinds[0]} vs {kinds[1]}"]
+
+
+def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_versions(tmp_path):
+    """One schema, one vocabulary: the single-process and the distributed runner write summary.json with the same
+    keys (every section, every actors[] entry), the same stage names with the same meaning and units (seconds
+    over the run, ms per update, µs per env step), and a weights version is the learner step it was published at."""
     from launch.experiment import run_experiment
+    from launch.summary import SUMMARY_KEYS
 
     distributed, code = run_program(tiny_config(tmp_path / "ray", num_actors=1, max_actor_steps=400), LocalRunner())
     assert code == 0, distributed["error"]
     single = run_experiment(tiny_config(tmp_path / "single", num_actors=1, max_actor_steps=400, eval_every=200),
-                            progress=False, energy=False)
-    d, s = distributed["runtime"]["summed_s"], single["runtime"]
-    assert RUNTIME_STAGES <= set(d) and RUNTIME_STAGES <= set(s)
+                            progress=False, energy=True)
+    on_disk = [json.loads((tmp_path / name / "summary.json").read_text()) for name in ("ray", "single")]
+    assert on_disk == json.loads(json.dumps([distributed, single]))  # what the runners return is what they wrote
+    assert list(single) == list(distributed) == list(SUMMARY_KEYS)
+    assert _layout_differences(*on_disk) == []
+    assert (single["runner"], distributed["runner"]) == ("single", "actorq")
+    assert single["status"] == "completed" and single["num_actors"] == len(single["actors"]) == 1
+    assert single["experiment"]["num_actors"] == 1 and single["experiment"]["max_actor_steps"] == 400
+    assert single["config"] == distributed["config"]  # the same agent config, written whole by both
+    for s in on_disk:  # energy: per-node reports and totals, in both
+        assert s["energy"]["nodes"] and s["energy"]["total_kwh"] > 0
+
+    d, s = distributed["runtime"], single["runtime"]
+    assert RUNTIME_STAGES == set(d["summed_s"]) == set(s["summed_s"])
     for stage in RUNTIME_STAGES - {"pull_s"}:  # every stage ran and took time, in both
-        assert d[stage] > 0 and s[stage] > 0, stage
-        assert d[stage] < distributed["wall_clock_s"] and s[stage] < single["wall_clock_s"], stage  # seconds
-    assert d["pull_s"] > 0 and s["pull_s"] == 0.0  # a round trip to the weight server vs nothing to fetch
-    assert distributed["learner"]["weights_version"] == distributed["learner_steps"] > 0
-    assert single["weights_version"] == single["learner_steps"] > 0
+        assert d["summed_s"][stage] > 0 and s["summed_s"][stage] > 0, stage
+        assert d["summed_s"][stage] < distributed["wall_clock_s"] and s["summed_s"][stage] < single["wall_clock_s"]
+    assert d["summed_s"]["pull_s"] > 0 and s["summed_s"]["pull_s"] == 0.0  # a weight server round trip vs nothing
+    for run, rt in ((distributed, d), (single, s)):  # ms per update and µs per env step, from the summed seconds
+        assert rt["env_steps"] == run["actor_steps"] and rt["updates"] == run["weight_updates"] > 0
+        assert rt["per_update"]["load_ms"] == pytest.approx(1e3 * rt["summed_s"]["load_s"] / rt["updates"])
+        assert rt["per_step"]["policy_us"] == pytest.approx(1e6 * rt["summed_s"]["policy_s"] / rt["env_steps"])
+        assert rt["per_update"]["quantize_encode_ms"] == pytest.approx(
+            1e3 * rt["summed_s"]["quantize_encode_s"] / rt["versions"])
+        times = run["actors"][0]["times"]  # one actor: its own entry says the same in the same units
+        assert times["env_steps"] == rt["env_steps"] and times["load_ms_per_update"] == pytest.approx(
+            rt["per_update"]["load_ms"])
+    assert distributed["weights_version"] == distributed["learner"]["weights_version"] == distributed["learner_steps"]
+    assert single["weights_version"] == single["learner"]["weights_version"] == single["learner_steps"] > 0
+
+
+def test_a_failed_run_whose_nodes_reported_nothing_still_gets_the_whole_layout(tmp_path, capsys):
+    """Lost actors and learner leave None results: summary.json keeps every key (None where nothing is known) and
+    the final table prints instead of failing on the missing sections."""
+    from launch.progress import print_summary
+    from launch.summary import ACTOR_KEYS, LEARNER_KEYS, SUMMARY_KEYS, make_summary
+
+    config = tiny_config(tmp_path)
+    results = {"actor_0": None, "actor_1": None, "learner": None, "evaluator": None}
+    summary = make_summary(config, "failed", "cluster node lost", results, {"counts": None, "replay": None}, 3.0)
+    assert list(summary) == list(SUMMARY_KEYS) and summary["runner"] == "actorq"
+    assert [list(a)[:len(ACTOR_KEYS)] for a in summary["actors"]] == [list(ACTOR_KEYS)] * 2
+    assert all(a["times"] is None for a in summary["actors"]) and list(summary["learner"]) == list(LEARNER_KEYS)
+    assert summary["runtime"]["updates"] == 0 and summary["runtime"]["per_update"]["load_ms"] is None
+    assert summary["energy"]["total_kwh"] is None and summary["energy"]["nodes"] == {}
+    print_summary(summary)
+    assert "failed" in capsys.readouterr().out

@@ -21,8 +21,8 @@ def write_run(root: Path, panel: str, precision: str, seed: int, times: Sequence
               returns: Sequence[float], *, steps: int = 1000, kwh: float | None = 1e-3,
               runtime: dict[str, float] | None = None, summary: bool = True, distributed: bool = False,
               status: str = "completed") -> Path:
-    """A run folder as a runner leaves it: evaluator.csv and (unless interrupted) summary.json, in the
-    single-process layout or the distributed one."""
+    """A run folder as a runner leaves it: evaluator.csv and (unless interrupted) summary.json, in the one
+    layout both runners write (the fields analysis reads), as one process or as a learner and actors."""
     run_dir = root / "runs" / panel / precision / f"seed{seed}"
     run_dir.mkdir(parents=True)
     n = len(times)
@@ -31,25 +31,23 @@ def write_run(root: Path, panel: str, precision: str, seed: int, times: Sequence
     evals.to_csv(run_dir / "evaluator.csv", index=False)
     if not summary:
         return run_dir
-    stages = runtime or {"env_step_s": 1.0, "inference_s": 2.0, "pull_s": 0.1, "deserialize_s": 0.01,
+    stages = runtime or {"env_step_s": 1.0, "policy_s": 2.0, "pull_s": 0.1, "deserialize_s": 0.01,
                          "load_s": 0.05}
     p = report.PANELS[panel]
-    s: dict[str, Any] = {"agent": p.agent, "task": p.task, "precision": precision, "seed": seed,
-                         "actor_steps": steps, "learner_steps": steps // 4, "wall_clock_s": float(times[-1]) + 1.0,
-                         "final_eval_return": float(returns[-1]), "best_eval_return": float(max(returns)),
-                         "payload_bytes": 100, "payload_bytes_fp32": 400}
-    if distributed:
-        summed = dict(stages)
-        summed["policy_s"] = summed.pop("inference_s")
-        s.update(status=status, num_actors=2, run_wall_clock_s=float(times[-1]),
-                 runtime={"summed_s": summed, "updates": 10},
-                 energy={"nodes": {"learner": {"energy_kwh": kwh / 2, "emissions_kg_co2eq": kwh / 4},
-                                   "actor_0": {"energy_kwh": kwh / 2, "emissions_kg_co2eq": kwh / 4}},
-                         "total_kwh": kwh, "total_emissions_kg": None, "method": "cpu=estimated: test"})
-    else:
-        s.update(runtime=stages, energy=None if kwh is None else {
-            "energy_kwh": kwh, "emissions_kg_co2eq": kwh / 2, "method": "cpu=estimated: test"})
-        s["wall_clock_s"] = float(times[-1])
+    nodes = ["learner", "actor_0"] if distributed else ["run"]
+    s: dict[str, Any] = {"status": status, "runner": "actorq" if distributed else "single",
+                         "num_actors": 2 if distributed else 1, "agent": p.agent, "task": p.task,
+                         "precision": precision, "seed": seed, "actor_steps": steps, "learner_steps": steps // 4,
+                         "wall_clock_s": float(times[-1]) + (1.0 if distributed else 0.0),
+                         "run_wall_clock_s": float(times[-1]), "final_eval_return": float(returns[-1]),
+                         "best_eval_return": float(max(returns)), "payload_bytes": 100, "payload_bytes_fp32": 400,
+                         "runtime": {"summed_s": dict(stages), "updates": 10},
+                         "energy": {"nodes": {}, "total_kwh": None, "total_emissions_kg": None,
+                                    "untracked_nodes": nodes, "method": "unavailable: no energy tracker reported"}}
+    if kwh is not None:
+        share = {"energy_kwh": kwh / len(nodes), "emissions_kg_co2eq": kwh / 2 / len(nodes)}
+        s["energy"] = {"nodes": {name: dict(share) for name in nodes}, "total_kwh": kwh,
+                       "total_emissions_kg": kwh / 2, "untracked_nodes": [], "method": "cpu=estimated: test"}
     (run_dir / "summary.json").write_text(json.dumps(s), encoding="utf-8")
     return run_dir
 
@@ -61,9 +59,9 @@ def make_synthetic_results(root: Path) -> Path:
     write_run(root, "CartPole", "fp32", 0, t, [0, 10, 20, 50, 95, 100], kwh=4e-3)
     write_run(root, "CartPole", "fp32", 1, t, [0, 10, 20, 50, 80, 100], kwh=4e-3)
     write_run(root, "CartPole", "int8", 0, t, [0, 92, 95, 100, 100, 100], kwh=2e-3,
-              runtime={"env_step_s": 1.0, "inference_s": 0.5, "pull_s": 0.05, "deserialize_s": 0.01, "load_s": 0.02})
+              runtime={"env_step_s": 1.0, "policy_s": 0.5, "pull_s": 0.05, "deserialize_s": 0.01, "load_s": 0.02})
     write_run(root, "CartPole", "int8", 1, t, [0, 50, 91, 100, 100, 100], kwh=2e-3,
-              runtime={"env_step_s": 1.0, "inference_s": 0.5, "pull_s": 0.05, "deserialize_s": 0.01, "load_s": 0.02})
+              runtime={"env_step_s": 1.0, "policy_s": 0.5, "pull_s": 0.05, "deserialize_s": 0.01, "load_s": 0.02})
     # Acrobot (negative returns): fp32 final -100 -> target -110.
     write_run(root, "Acrobot", "fp32", 0, t, [-500, -400, -300, -200, -105, -100], distributed=True)
     write_run(root, "Acrobot", "int8", 0, t, [-500, -300, -108, -100, -100, -100], distributed=True)
@@ -150,7 +148,7 @@ def test_carbon_table_scales_energy_to_time_to_target_and_gives_ratios(tmp_path:
     assert acro.loc["int8", "emissions_kg"] == pytest.approx(5e-4)
 
 
-def test_load_runs_reads_both_layouts_and_flags_unfinished_runs(tmp_path: Path) -> None:
+def test_load_runs_reads_both_runners_and_flags_unfinished_runs(tmp_path: Path) -> None:
     make_synthetic_results(tmp_path)
     write_run(tmp_path, "CartPole", "fp16", 0, [10.0], [5.0], summary=False)
     write_run(tmp_path, "Acrobot", "fp16", 0, [10.0], [-400.0], distributed=True, status="interrupted")
@@ -161,7 +159,7 @@ def test_load_runs_reads_both_layouts_and_flags_unfinished_runs(tmp_path: Path) 
     assert not by.loc[("Acrobot", "fp16", 0), "finished"]
     assert by.loc[("Acrobot", "int8", 0), "runner"] == "actorq"
     assert by.loc[("Acrobot", "int8", 0), "policy_s"] == pytest.approx(2.0)
-    assert by.loc[("CartPole", "int8", 1), "policy_s"] == pytest.approx(0.5)  # an earlier summary's inference_s
+    assert by.loc[("CartPole", "int8", 1), "policy_s"] == pytest.approx(0.5)
     assert by.loc[("CartPole", "int8", 1), "runner"] == "single"
     assert list(runs["precision"][runs["panel"] == "CartPole"]) == ["fp32", "fp32", "fp16", "int8", "int8"]
     grid = report.grid_table(runs)
@@ -228,6 +226,20 @@ def test_report_only_without_runs_is_a_usage_error(tmp_path: Path, capsys: pytes
     with pytest.raises(SystemExit) as exc:
         reproduce.main(["--report-only", "--out", str(tmp_path)])
     assert exc.value.code == 2 and "no runs" in capsys.readouterr().err
+
+
+def test_a_grid_with_summaries_of_the_earlier_layout_is_refused_not_redone(tmp_path: Path,
+                                                                           capsys: pytest.CaptureFixture) -> None:
+    from tests.analysis.test_upgrade_summaries import OLD
+    run_dir = tmp_path / "small" / "runs" / "Acrobot" / "fp32" / "seed1"
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.json").write_text(json.dumps(OLD))
+    for flags in (["--report-only"], ["--panels", "Acrobot", "--precisions", "32", "--seeds", "1"]):
+        with pytest.raises(SystemExit) as exc:
+            reproduce.main([*flags, "--out", str(tmp_path), "--no-progress"])
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "analysis.upgrade_summaries" in err and len(err.strip().splitlines()) == 1
+    assert json.loads((run_dir / "summary.json").read_text()) == OLD  # nothing cleared
 
 
 def test_budget_table_covers_every_panel_and_builds_valid_configs() -> None:

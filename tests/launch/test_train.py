@@ -36,10 +36,11 @@ def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
     assert printed["final_eval_return"] == summary["final_eval_return"]
 
     assert summary["agent"] == "dqn" and summary["task"] == "CartPole-v1"
-    assert summary["precision"] == "int8" and summary["backend"] == "onnx" and summary["seed"] == 3
+    assert summary["precision"] == "int8" and summary["backend"] == ["onnx"] and summary["seed"] == 3
     assert summary["actor_steps"] == 1200 and summary["config"]["hidden_sizes"] == [32, 32]
     # The int8 kernel form the CPU settled on, and the self-check that confirmed it.
-    kernel = summary["kernel"]
+    kernel = summary["actors"][0]["kernel"]
+    assert summary["kernel_form"] == [kernel["form"]]
     assert kernel["form"] in ("u8s8", "u8u8", "fp32") and kernel["checks"][-1] == {**kernel["checks"][-1], "ok": True}
     assert kernel["checks"][-1]["form"] == kernel["form"] and kernel["cpu_class"] and "fallback" in kernel
     # 900 inserts after the 300-item warm-up at one update per insert (64 samples per insert, batch 64).
@@ -48,11 +49,13 @@ def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
     # int8 weights + fp32 scales/biases: well under the fp32 payload, above a quarter of it.
     assert summary["payload_bytes_fp32"] / 4 < summary["payload_bytes"] < summary["payload_bytes_fp32"] / 2
     runtime = summary["runtime"]
-    for key in ("env_step_s", "policy_s", "quantize_encode_s", "deserialize_s", "load_s",
-                "quantize_encode_ms_per_update", "deserialize_ms_per_update", "load_ms_per_update"):
-        assert runtime[key] > 0, key
-    assert runtime["pull_s"] == 0.0  # one process: no weight server to fetch from
-    assert "energy" in summary
+    for key in ("env_step_s", "policy_s", "quantize_encode_s", "deserialize_s", "load_s"):
+        assert runtime["summed_s"][key] > 0, key
+    for key in ("quantize_encode_ms", "deserialize_ms", "load_ms"):
+        assert runtime["per_update"][key] > 0, key
+    assert runtime["summed_s"]["pull_s"] == 0.0  # one process: no weight server to fetch from
+    assert summary["status"] == "completed" and summary["runner"] == "single" and summary["num_actors"] == 1
+    assert set(summary["energy"]["nodes"]) == {"run"}
 
     evals = _read_csv(logdir / "evaluator.csv")
     assert [int(r["actor_steps"]) for r in evals] == [600, 1200]
@@ -174,7 +177,7 @@ def test_qat_bits_flag_trains_through_fake_quantization(tmp_path):
     assert code in (0, None)
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["config"]["qat_bits"] == 4 and summary["precision"] == "int4"
-    assert summary["backend"] == "onnx-nbits"  # the actors acted through MatMulNBits on packed int4 weights
+    assert summary["backend"] == ["onnx-nbits"]  # the actors acted through MatMulNBits on packed int4 weights
     assert summary["learner_steps"] > 0
 
 

@@ -33,7 +33,7 @@ def test_train_cli_with_four_envs_per_actor_counts_env_steps(tmp_path):
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["envs_per_actor"] == 4 and summary["actor_steps"] == 800
     assert summary["weight_updates"] == 800 // 50  # periods count env steps, K per loop iteration
-    assert summary["learner_steps"] > 0 and summary["table"]["inserts"] == summary["table"]["size"]
+    assert summary["learner_steps"] > 0 and summary["replay"]["inserts"] == summary["replay"]["size"]
     with open(logdir / "evaluator.csv", newline="", encoding="utf-8") as f:
         assert [int(r["actor_steps"]) for r in csv.DictReader(f)] == [400, 800]
     with open(logdir / "actor.csv", newline="", encoding="utf-8") as f:
@@ -42,7 +42,7 @@ def test_train_cli_with_four_envs_per_actor_counts_env_steps(tmp_path):
     assert len(episodes) == summary["episodes"] >= 4
     assert sum(int(r["episode_length"]) for r in episodes) <= 800
     # Transitions in replay: every env step except the <= n-1 still open per environment at the end.
-    assert 800 - 4 * 2 <= summary["table"]["inserts"] <= 800
+    assert 800 - 4 * 2 <= summary["replay"]["inserts"] <= 800
 
 
 def test_dqn_learns_cartpole_with_four_envs_per_actor_through_launch_train(tmp_path):
