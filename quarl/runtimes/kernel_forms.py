@@ -139,29 +139,28 @@ def _dequantized(dense: DenseWeights) -> np.ndarray:
 
 def emit_row_quantize(graph: Graph, x: str, name: str) -> tuple[str, str, str]:
     """Quantize x [B, K] to uint8 with one scale and zero point per row (ONNX ops; `rowwise_quantize` is the
-    NumPy twin). Why not DynamicQuantizeLinear: its single scale for the whole batch makes one environment's
-    action depend on what the other environments of a vectorized actor observe. MatMulInteger on ORT's CPU
-    takes only a scalar activation zero point, so the codes go in with zero point 0 and the caller subtracts
-    zp[B, 1] x colsum(codes)[N] in int32 afterwards (exact). Returns (codes uint8, scale [B, 1] float,
-    the *negated* zero point [B, 1] float: one op fewer a layer)."""
+    NumPy twin, bit for bit). Why not DynamicQuantizeLinear: its single scale for the whole batch makes one
+    environment's action depend on what the other environments of a vectorized actor observe.
+    The row statistics are a few ops on [B]; the codes come from one QuantizeLinear with per-axis (per-row)
+    scale and zero point, a single vectorized pass over x (five elementwise passes before: Div, Round, Sub,
+    Clip, Cast). Returns (codes uint8 [B, K], scale [B, 1] float, the *negated* zero point [B, 1] float)."""
     from onnx import TensorProto
 
     zero = graph.const(f"{name}.rq_zero", np.float32(0))
     levels = graph.const(f"{name}.rq_levels", np.float32(255))
     floor = graph.const(f"{name}.rq_floor", _MIN_ROW_SCALE)
-    (mn,) = graph.op("ReduceMin", [x], axes=[1], keepdims=1)
-    (mx,) = graph.op("ReduceMax", [x], axes=[1], keepdims=1)
+    (mn,) = graph.op("ReduceMin", [x], axes=[1], keepdims=0)
+    (mx,) = graph.op("ReduceMax", [x], axes=[1], keepdims=0)
     (lo,) = graph.op("Min", [mn, zero])
     (hi,) = graph.op("Max", [mx, zero])
     (span,) = graph.op("Sub", [hi, lo])
     (scale,) = graph.op("Div", [span, levels])
     (scale,) = graph.op("Max", [scale, floor])
     (zr,) = graph.op("Round", [graph.op("Div", [lo, scale])[0]])  # -zero point (see rowwise_quantize)
-    (q,) = graph.op("Round", [graph.op("Div", [x, scale])[0]])
-    (q,) = graph.op("Sub", [q, zr])
-    (q,) = graph.op("Clip", [q, zero, levels])
-    (q,) = graph.op("Cast", [q], to=TensorProto.UINT8)
-    return q, scale, zr
+    (zp,) = graph.op("Cast", [graph.op("Neg", [zr])[0]], to=TensorProto.UINT8)
+    (q,) = graph.op("QuantizeLinear", [x, scale, zp], axis=0)
+    axis = graph.const(f"{name}.rq_axis", np.array([1], np.int64))
+    return q, graph.op("Unsqueeze", [scale, axis])[0], graph.op("Unsqueeze", [zr, axis])[0]
 
 
 def column_sums(codes: np.ndarray) -> np.ndarray:
@@ -188,16 +187,23 @@ def _emit_integer(graph: Graph, x: str, codes: str, w_zero_point: str | None, na
         (accf,) = graph.op("Cast", [acc], to=TensorProto.FLOAT)
         (step,) = graph.op("Mul", [xs, f"{name}.scale"])
         return graph.op("Mul", [accf, step])[0]
+    # Per row: ORT's integer GEMMs take only a scalar activation zero point, so the codes go in with zero point
+    # 0 and zp[B, 1] x colsum[N] is taken off afterwards. MatMulIntegerToFloat applies the weight scale inside
+    # the GEMM's output stage, so the correction is done on scaled sums, with colsum x scale precomputed:
+    # y = (acc * scale - zp x (colsum * scale)) * row_scale, three passes over [B, N] where the int32 route
+    # took five (float rounding only, ~1e-7 relative; the int32 route stays in `emit_zero_point_correction`).
     xq, xs, xz = emit_row_quantize(graph, x, name)
-    (acc,) = graph.op("MatMulInteger", [xq, codes] + (["", w_zero_point] if w_zero_point else []))
-    accf = emit_zero_point_correction(graph, acc, xz, f"{name}.colsum")
-    (y,) = graph.op("Mul", [accf, xs])
-    return graph.op("Mul", [y, f"{name}.scale"])[0]
+    one = graph.const(f"{name}.one", np.float32(1))
+    (acc,) = graph.op("MatMulIntegerToFloat", [xq, codes, one, f"{name}.scale"]
+                      + (["", w_zero_point] if w_zero_point else []), domain="com.microsoft")
+    (y,) = graph.op("Add", [acc, graph.op("Mul", [xz, f"{name}.colsum_scaled"])[0]])
+    return graph.op("Mul", [y, xs])[0]
 
 
 def _int_initializers(name: str, dense: DenseWeights, codes: np.ndarray) -> dict[str, np.ndarray]:
-    return {f"{name}.codes": np.ascontiguousarray(codes), f"{name}.colsum": column_sums(dense.w),
-            f"{name}.scale": np.ascontiguousarray(dense.scale, np.float32)}
+    scale = np.ascontiguousarray(dense.scale, np.float32)
+    return {f"{name}.codes": np.ascontiguousarray(codes), f"{name}.scale": scale,
+            f"{name}.colsum_scaled": (column_sums(dense.w) * scale.astype(np.float64)).astype(np.float32)}
 
 
 def _vnni(cpu: dict[str, Any]) -> bool:

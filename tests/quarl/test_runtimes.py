@@ -374,13 +374,15 @@ def test_auto_survives_a_corrupt_cache(cases, tmp_path, monkeypatch):
 
 
 def test_int8_runs_integer_kernels(cases):
-    """The int paths must really multiply integers: MatMulInteger in ONNX, an s8 x s8 -> s32 dot in XLA."""
+    """The int paths must really multiply integers: integer GEMMs in ONNX (MatMulInteger in the batch-1 graph,
+    MatMulIntegerToFloat in the per-row one), an s8 x s8 -> s32 dot in XLA."""
     spec, params, _, obs = cases["d4pg"]
     qp = quantize_params(params, "int8")
     onnx_ex = make_executor(spec, qp, "onnx")
     assert "onnx" in repr(onnx_ex) and "int8" in repr(onnx_ex)
-    ops = [n.op_type for n in onnx_ex.model().graph.node]
-    assert ops.count("MatMulInteger") == len(spec.linear_layers) and "MatMul" not in ops
+    for kind, int_op in (("one", "MatMulInteger"), ("row", "MatMulIntegerToFloat")):
+        ops = [n.op_type for n in onnx_ex.model(kind).graph.node]
+        assert ops.count(int_op) == len(spec.linear_layers) and "MatMul" not in ops, (kind, ops)
     jax_ex = make_executor(spec, qp, "jax")
     hlo = jax_ex._jitted.lower(jax_ex._params, obs[:1]).as_text()
     int_dots = [line for line in hlo.splitlines() if "dot_general" in line and "xi8>" in line and "xi32>" in line]
