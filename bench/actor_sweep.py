@@ -1,6 +1,6 @@
 """Vectorized actors, int8 vs fp32 side by side: env steps per core-second for K environments per actor.
 
-    python -m bench.actor_sweep [--quick] [--out DIR] [--envs 1,4,16] [--sizes 256,2048] [--allow-busy]
+    python -m bench.actor_sweep [--quick] [--out DIR] [--envs 1,4,16,64] [--sizes 256,2048] [--allow-busy]
 
 (`python -m bench.actorq` runs the same sweep as its part 4.) One D4PG actor on cartpole:balance, in a Ray
 actor pinned to one thread like a real ActorQ actor, steps K environments and calls its policy once per step
@@ -35,7 +35,7 @@ import numpy as np
 TASK = "cartpole:balance"
 PRECISIONS = ("fp32", "int8")
 DEFAULT_SIZES = (256, 2048)
-DEFAULT_ENVS = (1, 4, 16)
+DEFAULT_ENVS = (1, 4, 16, 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="a minute or two; writes to runs/bench/actor-sweep-quick")
     parser.add_argument("--out", default=None, help="output directory (default: bench/results, or "
                                                     "runs/bench/actor-sweep-quick with --quick)")
-    parser.add_argument("--envs", default="1,4,16", help="environments per actor to sweep (default 1,4,16)")
+    parser.add_argument("--envs", default=",".join(map(str, DEFAULT_ENVS)),
+                        help="environments per actor to sweep (default 1,4,16,64)")
     parser.add_argument("--sizes", default="256,2048", help="hidden widths of the 3-layer policy (default 256,2048)")
     add_allow_busy(parser)
     args = parser.parse_args(argv)

@@ -20,7 +20,7 @@
    network is the laptop preset of `launch.actorq` with a 256x3 policy; on a 2-core machine the learner, not
    the actors, bounds the pace, which the result states rather than hides.
 
-4. Vectorized actors (`bench.actor_sweep`): K environments per actor (1, 4, 16) with one policy call per step,
+4. Vectorized actors (`bench.actor_sweep`): K environments per actor (1, 4, 16, 64) with one policy call per step,
    fp32 and int8 at 256x3 and 2048x3, env steps per core-second, each precision also at its best K.
 
 Peers (legacy Acme D4PG, SB3 DQN) are measured beside this project in the same run by `bench.peers`.

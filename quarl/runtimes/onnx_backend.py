@@ -3,13 +3,14 @@
 * fp32: MatMul + Add, LayerNormalization (opset 17), Relu / Elu / Tanh, TanhToSpec as Tanh -> Mul -> Add.
 * int2..int8: per Linear, in the *kernel form* chosen for this CPU (`quarl.runtimes.kernel_forms`): usually
   the activations quantized to uint8 *per row* (each row its own scale and zero point, computed each call,
-  so a vectorized actor's environments do not affect each other's actions) -> MatMulInteger with the weight
-  codes (`u8s8`: int8 codes; `u8u8`: codes + 128 as uint8 with zero point 128) -> the row zero point
-  corrected in int32 -> Cast to float -> Mul by (row scale x weight scale[out]) -> Add the fp32 bias.
-  Batch-1 calls run a second session whose graph uses DynamicQuantizeLinear instead (one row: the same
-  quantizer; ORT fuses it with the GEMM, and per-row ops would cost a 256x3 policy 2.4x its batch-1 call). u8s8 is exact
-  and fastest with VNNI/AMX; on AVX2 without VNNI MLAS's u8 x s8 kernel saturates int16 pair sums, so
-  u8u8 is preferred there. The choice is confirmed by a self-check at construction (fallback: u8u8, then
+  so a vectorized actor's environments do not affect each other's actions; one per-axis QuantizeLinear) ->
+  MatMulIntegerToFloat with the weight codes and their per-column scales (`u8s8`: int8 codes; `u8u8`: codes
+  + 128 as uint8 with zero point 128) -> the row zero point corrected on the scaled sums -> Mul by the row
+  scale -> Add the fp32 bias; ELU, which ORT runs as a scalar loop, is written as five vectorized ops there.
+  Batch-1 calls run a second session whose graph uses DynamicQuantizeLinear + MatMulInteger instead (one row:
+  the same quantizer; ORT fuses them into one op, and per-row ops would cost a 256x3 policy 2.4x its batch-1
+  call). u8s8 is exact and fastest with VNNI/AMX; on AVX2 without VNNI MLAS's u8 x s8 kernel saturates int16
+  pair sums, so u8u8 is preferred there. The choice is confirmed by a self-check at construction (fallback: u8u8, then
   the dequantized weights in fp32, logged).
 * int2..int4 on the `onnx-nbits` backend: the `nbits4` form (`quarl.runtimes.onnx_nbits`), MatMulNBits with
   the codes packed 4 bits each and activations quantized to int8 per K-block inside the kernel. The plain
