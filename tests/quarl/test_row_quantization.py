@@ -117,3 +117,37 @@ def test_batch_one_and_batched_graphs_both_follow_weight_updates(wait):
     assert np.abs(before - ref).max() > 0.1  # the update changed the policy...
     assert np.abs(batched - ref).max() / np.ptp(ref) < 3e-2  # ...and both graphs run the new weights
     np.testing.assert_allclose(alone, batched, rtol=0, atol=1e-5)
+
+
+def test_the_row_quantizer_graph_is_its_numpy_twin_bit_for_bit():
+    """`emit_row_quantize` (row statistics + one per-axis QuantizeLinear) gives `rowwise_quantize`'s codes, scales
+    and zero points exactly, half-way ties (round half to even) and all-zero rows included."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from quarl.runtimes.kernel_forms import Graph, emit_row_quantize, opset_imports
+
+    g = Graph()
+    for out, name in zip(emit_row_quantize(g, "x", "l"), ("q", "s", "z")):
+        g.op("Identity", [out])
+        g.nodes[-1].output[0] = name
+    outputs = [helper.make_tensor_value_info(n, t, None)
+               for n, t in (("q", TensorProto.UINT8), ("s", TensorProto.FLOAT), ("z", TensorProto.FLOAT))]
+    model = helper.make_model(
+        helper.make_graph(g.nodes, "rq", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "k"])], outputs,
+                          initializer=[numpy_helper.from_array(a, n) for n, a in g.inits.items()]),
+        opset_imports=opset_imports(g.nodes, 17))
+    model.ir_version = 8
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(5)
+    for trial in range(60):
+        rows, k = int(rng.integers(1, 20)), int(rng.integers(1, 3000))
+        x = (rng.standard_normal((rows, k)) * 10.0 ** rng.uniform(-3, 3)).astype(np.float32)
+        if trial % 3 == 0:
+            x = np.round(x * 4) / 4  # many exact half-code ties
+        if trial % 5 == 0:
+            x[0] = 0
+        q, scale, neg_zp = session.run(None, {"x": x})
+        q_ref, scale_ref, zp_ref = rowwise_quantize(x)
+        np.testing.assert_array_equal(q, q_ref)
+        np.testing.assert_array_equal(scale, scale_ref)
+        np.testing.assert_array_equal(-neg_zp, zp_ref)
