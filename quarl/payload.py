@@ -246,7 +246,10 @@ def _decode_array(d: Any, where: str, *, packed_bits: int | None = None, signed:
         except ValueError as e:
             raise PayloadError(f"malformed payload: {where}: {e}") from None
         offset = signed_offset(packed_bits) if signed else 0
-        arr = (codes.astype(np.int16) - offset).astype(dtype).reshape(shape)
+        if dtype == np.int8:  # codes - offset in uint8 wraps to the int8 bit pattern: one pass, exact
+            arr = np.subtract(codes, np.uint8(offset)).view(np.int8).reshape(shape)
+        else:
+            arr = (codes.astype(np.int16) - offset).astype(dtype).reshape(shape)
         arr.flags.writeable = False  # like the zero-copy views of every other array
         return arr
     if count * dtype.itemsize != len(data):
