@@ -24,8 +24,10 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -164,10 +166,15 @@ def bench_sweep(budget: SweepBudget, sizes: list[int], envs: list[int], seed: in
 
     from launch.program import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
 
+    from quarl.runtimes.auto import CACHE_ENV  # pylint: disable=import-outside-toplevel
+
     cells = []
+    # A fresh auto cache: each cell's backends are measured in this run, not read from an earlier one.
+    cache = tempfile.mkdtemp(prefix="quarl-sweep-auto-")
+    env_vars = {**SINGLE_THREAD_ENV, CACHE_ENV: cache}
     for hidden in sizes:
         for k in envs:
-            probe = ray.remote(SweepProbe).options(num_cpus=1, runtime_env={"env_vars": SINGLE_THREAD_ENV}).remote()
+            probe = ray.remote(SweepProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote()
             try:
                 raw = ray.get(probe.measure.remote(hidden, k, dataclasses.asdict(budget), seed))
             finally:
@@ -178,6 +185,7 @@ def bench_sweep(budget: SweepBudget, sizes: list[int], envs: list[int], seed: in
             print(f"  {hidden}x3 K={k}: env steps per core-second fp32 {cell['fp32']['steps_per_core_s']:.0f}, "
                   f"int8 {cell['int8']['steps_per_core_s']:.0f} ({cell['ratio_core_s']:.2f}x; env-matched "
                   f"{cell['ratio_env_matched']:.2f}x, policy only {cell['ratio_policy_only']:.2f}x)", flush=True)
+    shutil.rmtree(cache, ignore_errors=True)
     from quarl.vector_env import env_implementation  # pylint: disable=import-outside-toplevel
 
     return {"task": TASK, "env_implementation": env_implementation(TASK), "cpu_flags": cpu_flags(),

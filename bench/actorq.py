@@ -34,8 +34,10 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,6 +48,7 @@ from bench import actor_sweep
 from bench.machine import add_allow_busy, finish, machine_info, refuse_if_busy
 from quarl.vector_env import env_implementation
 from quarl.io import jsonable
+from quarl.runtimes.auto import CACHE_ENV
 
 TASK = "cartpole:balance"
 PAPER_POLICY = (2048, 2048, 2048)
@@ -152,6 +155,19 @@ class ActorProbe:
         return {p: {"steps_per_s": n / (env_s[p] + policy_s[p]), "env_us": 1e6 * env_s[p] / n,
                     "policy_us": 1e6 * policy_s[p] / n} for p in precisions}
 
+    def auto_choices(self) -> dict[str, dict[str, Any]]:
+        """What `backend="auto"` measured for each precision's actor in this process: the backend it chose and
+        every candidate's microseconds per call (so a reader sees the fp32 baseline was the fastest fp32)."""
+        from quarl.runtimes import auto_decisions  # pylint: disable=import-outside-toplevel
+
+        out = {}
+        for key, entry in auto_decisions().items():
+            precision = key.split("|")[3]  # decision_key: fingerprint|shape|batch|precision|threads|form
+            if precision in self._actors:
+                out[precision] = {"backend": entry["backend"], "us_per_call": entry.get("us_per_call"),
+                                  "source": entry.get("source")}
+        return out
+
     def threads(self) -> dict[str, str]:
         return {k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "XLA_FLAGS")}
 
@@ -188,8 +204,10 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
                                                       max_concurrency=4).remote(p)
     handles = {p: RayNodeHandle(f"weights_{p}", namespace) for p in precisions}
     quantize_s: dict[str, list[float]] = {p: [] for p in precisions}
-    probe = ray.remote(ActorProbe).options(num_cpus=1, runtime_env={"env_vars": SINGLE_THREAD_ENV}).remote(
-        handles, seed)
+    # A fresh auto cache: the actors' backends are measured in this run, not read from an earlier one.
+    cache = tempfile.mkdtemp(prefix="quarl-bench-auto-")
+    env_vars = {**SINGLE_THREAD_ENV, CACHE_ENV: cache}
+    probe = ray.remote(ActorProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote(handles, seed)
     try:
         rng = np.random.default_rng(seed)
         updates: dict[str, list[dict[str, float]]] = {p: [] for p in precisions}
@@ -211,7 +229,9 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
             for p, row in ray.get(probe.throughput.remote(precisions, budget.block_steps, CHUNK)).items():
                 blocks[p].append(row)
         threads = ray.get(probe.threads.remote())
+        auto_choices = ray.get(probe.auto_choices.remote())
     finally:
+        shutil.rmtree(cache, ignore_errors=True)
         for actor in (probe, *servers.values()):
             ray.kill(actor)
     throughput = {p: {k: _median([b[k] for b in blocks[p]]) for k in ("steps_per_s", "env_us", "policy_us")}
@@ -230,6 +250,7 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
     return {
         "policy": list(PAPER_POLICY),
         "threads": threads,
+        "auto": auto_choices,
         "throughput": throughput,
         "throughput_blocks": blocks,
         **ratios,
@@ -449,7 +470,18 @@ def actor_table(a: dict[str, Any]) -> list[str]:
             [f"{a['payload_ratio_fp32_vs'][p]:.2f}x smaller" for p in others]),
         row("quantize+encode ms/version (once, learner)", [f"{up[p]['quantize_ms_per_version']:.1f}" for p in cols]),
         row("backend (auto)", [str(up[p]["backend"]) for p in cols]),
+        *([row("auto's candidates, us/call at batch 1", [_candidates(a["auto"].get(p)) for p in cols])]
+          if a.get("auto") else []),
     ]
+
+
+def _candidates(choice: dict[str, Any] | None) -> str:
+    """`auto`'s timings for one precision, fastest first (its pick in bold)."""
+    if not choice or not isinstance(choice.get("us_per_call"), dict):
+        return ""
+    timed = sorted(choice["us_per_call"].items(), key=lambda kv: kv[1])
+    return ", ".join(f"**{name} {us:.0f}**" if name == choice["backend"] else f"{name} {us:.0f}"
+                     for name, us in timed)
 
 
 def target_lines(a: dict[str, Any], cpu_class: str) -> list[str]:

@@ -42,6 +42,10 @@ _MIN_CALLS = 5
 _WARMUP_CALLS = 3
 _ROUNDS = 6
 
+# Bumped whenever the graphs the backends build change speed (e.g. the ONNX per-row int graph): timings cached
+# against older graphs would otherwise keep choosing for code that no longer runs.
+GRAPHS_VERSION = 2
+
 _lock = threading.Lock()
 _decisions: dict[str, dict[str, Any]] = {}
 
@@ -54,12 +58,14 @@ def cache_path() -> Path:
 
 @functools.lru_cache(maxsize=1)
 def machine_fingerprint() -> str:
-    """Short hash of what makes a timing transferable: CPU, cores, SIMD flags, runtime versions."""
+    """Short hash of what makes a timing transferable: CPU, cores, SIMD flags, runtime versions and the version
+    of the graphs this code builds (`GRAPHS_VERSION`)."""
     import jax
     import onnxruntime
 
     info = cpu_info()
-    text = json.dumps([info, jax.__version__, onnxruntime.__version__, platform.machine()], sort_keys=True)
+    text = json.dumps([info, jax.__version__, onnxruntime.__version__, platform.machine(), GRAPHS_VERSION],
+                      sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

@@ -79,6 +79,13 @@ def test_throughput_steps_every_precision_on_its_auto_backend(monkeypatch, tmp_p
     # the same recorded actions drove every precision's environment into the same state
     states = {p: probe._timesteps[p].observation for p in rows}
     assert all((states[p] == states["fp32"]).all() for p in rows)
+    # auto's choice per precision, with every candidate it timed (the chosen one among them)
+    choices = probe.auto_choices()
+    assert set(choices) == set(actorq.PRECISIONS)
+    for p, choice in choices.items():
+        timed = choice["us_per_call"]
+        assert len(timed) >= 2 and timed[choice["backend"]] == min(timed.values())
+        assert choice["backend"].startswith(probe._actors[p].backend)  # "onnx-dequantized" runs on onnx
 
 
 def _block(fp32_policy: float, policy: dict[str, float], env_us: float = 200.0) -> dict[str, dict[str, float]]:
@@ -112,6 +119,12 @@ def test_ratios_table_and_target_verdict_name_each_precision(tmp_path):
     assert table[0] == "| | fp32 | int8 | int4 | int8 vs fp32 | int4 vs fp32 | target |"
     assert all(line.count("|") == table[0].count("|") for line in table)  # every row has every column
     assert "| backend (auto) | onnx | onnx | onnx-nbits |" in table[-1]
+    a["auto"] = {"fp32": {"backend": "jax", "us_per_call": {"onnx": 3100.0, "jax": 2500.4}},
+                 "int8": {"backend": "onnx", "us_per_call": {"onnx": 550.0, "jax": 4000.0, "onnx-dequantized": 3000.0}}}
+    with_auto = actorq.actor_table(a)
+    assert with_auto[-1].startswith("| auto's candidates, us/call at batch 1 | **jax 2500**, onnx 3100 | "
+                                    "**onnx 550**, onnx-dequantized 3000, jax 4000 |  |")
+    assert with_auto[-1].count("|") == table[0].count("|")
     verdict = "\n".join(actorq.target_lines(a, "x86-vnni"))
     assert "int8: **2.50x** fp32 env steps/s, misses" in verdict
     assert "int4: **5.00x** fp32 env steps/s, meets the >= 4x target on this CPU (x86-vnni)" in verdict
