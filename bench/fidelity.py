@@ -169,7 +169,7 @@ def run_all(args: argparse.Namespace) -> None:
 
 MACHINE_FILE = "machine.json"  # in a run folder: the CPU and load the run had
 CURVE_KEYS = ("task", "arm", "seed", "actor_steps", "learner_steps", "wall_clock_s", "train_clock_s", "return",
-              "return_first", "cpu")
+              "return_first", "cpu", "load")
 
 
 def recorded_runs(curves_csv: Path) -> dict[tuple[str, str, int], int]:
@@ -183,22 +183,32 @@ def recorded_runs(curves_csv: Path) -> dict[tuple[str, str, int], int]:
 
 def read_curves_csv(path: Path) -> list[dict[str, Any]]:
     """The rows of a fidelity_curves.csv written by `report` (none if the file is absent); a file from before the
-    `cpu` column reads with an empty one."""
+    `cpu` or `load` column reads with an empty one."""
     if not path.exists():
         return []
     with open(path, newline="", encoding="utf-8") as f:
         return [{"task": r["task"], "arm": r["arm"], "seed": int(r["seed"]), "actor_steps": int(r["actor_steps"]),
                  "learner_steps": int(r["learner_steps"]), "wall_clock_s": float(r["wall_clock_s"]),
                  "train_clock_s": float(r["train_clock_s"]), "return": float(r["return"]),
-                 "return_first": float(r["return_first"]), "cpu": r.get("cpu") or ""}
+                 "return_first": float(r["return_first"]), "cpu": r.get("cpu") or "", "load": r.get("load") or ""}
                 for r in csv.DictReader(f)]
 
 
-def _run_cpu(logdir: Path, fallback: str) -> str:
+def _run_machine(logdir: Path, fallback: str) -> tuple[str, str]:
+    """(CPU, "start-end" 1-minute load average) of one run from its machine.json; the load is "" when not
+    recorded. The load says whether its seconds were measured alone: a run's seconds on a busy machine are
+    longer, while its returns per env step are not affected."""
     try:
-        return str(json.loads((logdir / MACHINE_FILE).read_text(encoding="utf-8"))["cpu"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return fallback
+        info = json.loads((logdir / MACHINE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return fallback, ""
+    if not isinstance(info, dict):
+        return fallback, ""
+    try:
+        load = f"{float(info['load_start'][0]):.1f}-{float(info['load_end'][0]):.1f}"
+    except (KeyError, TypeError, IndexError, ValueError):
+        load = ""
+    return str(info.get("cpu") or fallback), load
 
 
 def load_curves(runs: Path, previous: Path | None = None) -> list[dict[str, Any]]:
@@ -215,13 +225,14 @@ def load_curves(runs: Path, previous: Path | None = None) -> list[dict[str, Any]
             arm, _, seed = logdir.name.rpartition("_s")
             if arm not in ARMS or not seed.isdigit() or not finished(logdir, arm):
                 continue
+            cpu, load = _run_machine(logdir, fallback)
             with open(logdir / "evaluator.csv", newline="", encoding="utf-8") as f:
                 for r in csv.DictReader(f):
                     rows.append({"task": task_dir.name.replace("_", ":", 1), "arm": arm, "seed": int(seed),
                                  "actor_steps": int(r["actor_steps"]), "learner_steps": int(r["learner_steps"]),
                                  "wall_clock_s": float(r["wall_clock_s"]), "train_clock_s": float(r["train_clock_s"]),
                                  "return": float(r["return"]), "return_first": float(r["return_first"]),
-                                 "cpu": _run_cpu(logdir, fallback)})
+                                 "cpu": cpu, "load": load})
     have = {(r["task"], r["arm"], r["seed"]) for r in rows}
     rows += [r for r in read_curves_csv(previous) if (r["task"], r["arm"], r["seed"]) not in have] if previous else []
     return sorted(rows, key=lambda r: (r["task"], r["arm"], r["seed"], r["actor_steps"]))
@@ -344,6 +355,7 @@ def markdown(curves: list[dict], tests: list[dict], aucs: list[dict], command_li
         lines.append(f"| {r['task']} | {r['arm']} | {PROTOCOLS[r['protocol']]} | {r['seeds']} | {r['ours_auc']:.1f} "
                      f"| {r['acme_auc']:.1f} | {r['diff_mean']:+.1f} | {r['p_sign_flip']:.3f} | {r['p_t']:.3f} | "
                      f"{verdict(r)} | {r['time_ratio']:.2f}x |")
+    lines += ["", *seconds_table(curves)]
     lines += ["", "## Paired test per checkpoint (ours - Acme over seeds)", "",
               "| task | ours | protocol | env steps | seeds | ours | Acme | ours - Acme | p (sign flip) | p (t) |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -354,6 +366,25 @@ def markdown(curves: list[dict], tests: list[dict], aucs: list[dict], command_li
     lines += ["", "Every evaluation: `fidelity_curves.csv`; these tests: `fidelity_tests.csv`; curves: "
               "`fidelity.png`.", ""]
     return "\n".join(lines)
+
+
+def seconds_table(curves: list[dict[str, Any]]) -> list[str]:
+    """Train seconds of every run to its last checkpoint, each with the 1-minute load average at its start and
+    end: the ratio above is a median over seeds, and this shows which runs had the machine to themselves."""
+    last: dict[tuple[str, int, str], dict[str, Any]] = {}
+    for r in curves:
+        key = (r["task"], r["seed"], r["arm"])
+        if key not in last or r["actor_steps"] > last[key]["actor_steps"]:
+            last[key] = r
+    cell = lambda r: "" if r is None else f"{r['train_clock_s']:.0f}" + (f" ({r['load']})" if r.get("load") else "")
+    lines = ["## Train seconds per run (in brackets: the 1-minute load average at the run's start-end)", "",
+             "| task | seed | env steps | ours fp32 | ours int8 | Acme |", "|---|---:|---:|---:|---:|---:|"]
+    for task, seed in sorted({(t, s) for t, s, _ in last}):
+        runs = {arm: last.get((task, seed, arm)) for arm in ARMS}
+        steps = max(r["actor_steps"] for r in runs.values() if r is not None)
+        lines.append(f"| {task} | {seed} | {steps:,} | {cell(runs['fp32'])} | {cell(runs['int8'])} | "
+                     f"{cell(runs['acme'])} |")
+    return lines
 
 
 def plot(curves: list[dict[str, Any]], path: Path) -> None:

@@ -81,6 +81,8 @@ def test_report_pairs_seeds_per_checkpoint_and_over_the_curve(tmp_path):
     assert "| cartpole:balance | fp32 |" in text and (out / "fidelity.png").stat().st_size > 10_000
     curves = list(csv.DictReader(open(out / "fidelity_curves.csv", encoding="utf-8")))
     assert len(curves) == 5 * 3 * 2 + 1 and statistics.fmean(float(r["return"]) for r in curves) > 0
+    # every run's train seconds to its last checkpoint, with the load its run recorded (none here)
+    assert "| cartpole:balance | 3 | 10,000 | 50 | 50 | 100 |" in text
 
 
 def test_run_commands_use_the_same_settings_for_both_agents(tmp_path):
@@ -124,7 +126,8 @@ def test_runs_in_the_committed_curves_are_merged_and_not_run_again(tmp_path, mon
     for seed in (0, 1):
         for arm in ("acme", "fp32"):
             _fake_run(part1, "cartpole:balance", arm, seed, [(5000, 1.0, 100.0 + seed, 90.0), (10000, 2.0, 200.0, 190.0)])
-            (fidelity.run_dir(part1, "cartpole:balance", arm, seed) / "machine.json").write_text(json.dumps({"cpu": "CPU-A"}))
+            (fidelity.run_dir(part1, "cartpole:balance", arm, seed) / "machine.json").write_text(
+                json.dumps({"cpu": "CPU-A", "load_start": [0.4 + seed, 1, 1], "load_end": [1.5, 1, 1]}))
     fidelity.report(part1, out, "part 1")
     for arm in ("acme", "fp32"):
         _fake_run(part2, "cartpole:balance", arm, 2, [(5000, 1.0, 300.0, 290.0), (10000, 2.0, 400.0, 390.0)])
@@ -132,6 +135,9 @@ def test_runs_in_the_committed_curves_are_merged_and_not_run_again(tmp_path, mon
     text = fidelity.report(part2, out, "part 2")
     curves = list(csv.DictReader(open(out / "fidelity_curves.csv", encoding="utf-8")))
     assert sorted({(r["seed"], r["cpu"]) for r in curves}) == [("0", "CPU-A"), ("1", "CPU-A"), ("2", "CPU-B")]
+    # each run's load survives the merge through the committed CSV, and the seconds table shows it
+    assert {r["load"] for r in curves if r["seed"] == "1"} == {"1.4-1.5"}
+    assert "| cartpole:balance | 1 | 10,000 | 2 (1.4-1.5) |  | 2 (1.4-1.5) |" in text
     assert len(curves) == 3 * 2 * 2
     assert "CPU-A" in text and "CPU-B" in text
     tests = list(csv.DictReader(open(out / "fidelity_tests.csv", encoding="utf-8")))
