@@ -3,8 +3,8 @@
     python -m bench.actor_sweep [--quick] [--out DIR] [--envs 1,4,16,64] [--sizes 256,2048] [--allow-busy]
 
 (`python -m bench.actorq` runs the same sweep as its part 4.) One D4PG actor on cartpole:balance, in a Ray
-actor pinned to one thread like a real ActorQ actor, steps K environments and calls its policy once per step
-on the K observations (`quarl.env_loop`), for policies of 3 hidden layers of each size, K in `--envs`, at
+actor pinned to one core (`bench.machine.pin_to_one_core`: no runtime gets a second core), steps K
+environments and calls its policy once per step on the K observations (`quarl.env_loop`), for policies of 3 hidden layers of each size, K in `--envs`, at
 fp32 and int8. Batching amortises fp32's cost too, so vectorized fp32 is the fair modern baseline: the
 result reports each precision at its best K.
 
@@ -54,9 +54,14 @@ QUICK = SweepBudget(block_steps=128, rounds=2, turn_steps=32)
 class SweepProbe:
     """Runs inside a Ray actor placed like an ActorQ actor (num_cpus=1, one compute thread)."""
 
-    def measure(self, hidden: int, num_envs: int, budget: dict[str, int], seed: int = 0) -> dict[str, Any]:
+    def measure(self, hidden: int, num_envs: int, budget: dict[str, int], seed: int = 0,
+                pin: bool = False) -> dict[str, Any]:
         """fp32 and int8 actors for a `hidden`x3 policy, each with its own K environments seeded alike and
-        stepped with the same recorded actions, alternating turns; per-round totals per precision."""
+        stepped with the same recorded actions, alternating turns; per-round totals per precision. `pin`
+        confines the actor to one core first (`bench.machine.pin_to_one_core`)."""
+        from bench.machine import pin_to_one_core  # pylint: disable=import-outside-toplevel
+
+        core = pin_to_one_core() if pin else None
         import agents  # pylint: disable=import-outside-toplevel
         from quarl.env_loop import VectorEnvLoop  # pylint: disable=import-outside-toplevel
         from quarl.envs import environment_spec  # pylint: disable=import-outside-toplevel
@@ -92,7 +97,8 @@ class SweepProbe:
         for loop in loops.values():
             loop.close()
         return {"hidden": hidden, "envs": num_envs, "backends": backends, "rounds": rounds,
-                "threads": {k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "XLA_FLAGS")}}
+                "threads": {**{k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "XLA_FLAGS")},
+                            "pinned_core": core}}
 
 
 def _turn(loop: Any, actor: Any, actions: np.ndarray) -> dict[str, float]:
@@ -176,7 +182,7 @@ def bench_sweep(budget: SweepBudget, sizes: list[int], envs: list[int], seed: in
         for k in envs:
             probe = ray.remote(SweepProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote()
             try:
-                raw = ray.get(probe.measure.remote(hidden, k, dataclasses.asdict(budget), seed))
+                raw = ray.get(probe.measure.remote(hidden, k, dataclasses.asdict(budget), seed, pin=True))
             finally:
                 ray.kill(probe)
             cell = summarize(raw)

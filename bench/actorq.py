@@ -3,9 +3,10 @@
     python -m bench.actorq [--quick] [--out DIR] [--seeds 0,1,2] [--skip-e2e] [--skip-sweep] [--allow-busy]
 
 1. Actor throughput: environment steps per second of one D4PG actor (the paper's 2048x3 policy) on
-   cartpole:balance, in a Ray actor pinned to one thread exactly like a real ActorQ actor, with fp32, int8
-   and int4 policies taking turns every 50 steps (so load from other processes hits all alike) and stepping
-   the same environment state sequence (same seed, same recorded actions; the policy runs on every
+   cartpole:balance, in a Ray actor (one compute thread, as an ActorQ actor) pinned to one core (so no
+   runtime gets a second core: `bench.machine.pin_to_one_core`), with fp32, int8 and int4 policies taking
+   turns every 50 steps (so load from other processes hits all alike) and stepping the same environment state
+   sequence (same seed, same recorded actions; the policy runs on every
    observation); each ratio vs fp32 is the median over rounds of each round's ratio, also with both charged
    the pair's mean env time. Env step and policy time are reported separately. Every precision runs on
    `backend="auto"`, as real actors do: fp32 on the fastest fp32 executor auto measures (the strongest
@@ -45,7 +46,7 @@ from typing import Any
 import numpy as np
 
 from bench import actor_sweep
-from bench.machine import add_allow_busy, finish, machine_info, refuse_if_busy
+from bench.machine import add_allow_busy, finish, machine_info, pin_to_one_core, refuse_if_busy
 from quarl.vector_env import env_implementation
 from quarl.io import jsonable
 from quarl.runtimes.auto import CACHE_ENV
@@ -76,7 +77,10 @@ QUICK = Budget(block_steps=200, rounds=3, update_rounds=3, e2e_target=500.0, e2e
 class ActorProbe:
     """Runs inside a Ray actor placed like an ActorQ actor (num_cpus=1, one compute thread)."""
 
-    def __init__(self, servers: dict[str, Any], seed: int = 0):
+    def __init__(self, servers: dict[str, Any], seed: int = 0, pin: bool = False):
+        # pin: confine this actor (its runtimes' threads and envpool's worker included) to one core, as the
+        # benchmark's "one actor at the limit of one core" requires; before anything starts a thread.
+        self.core = pin_to_one_core() if pin else None
         import agents  # pylint: disable=import-outside-toplevel
         from launch.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
 
@@ -168,8 +172,8 @@ class ActorProbe:
                                   "source": entry.get("source")}
         return out
 
-    def threads(self) -> dict[str, str]:
-        return {k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "XLA_FLAGS")}
+    def threads(self) -> dict[str, Any]:
+        return {**{k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "XLA_FLAGS")}, "pinned_core": self.core}
 
 
 def _median(values: list[float]) -> float:
@@ -207,7 +211,8 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
     # A fresh auto cache: the actors' backends are measured in this run, not read from an earlier one.
     cache = tempfile.mkdtemp(prefix="quarl-bench-auto-")
     env_vars = {**SINGLE_THREAD_ENV, CACHE_ENV: cache}
-    probe = ray.remote(ActorProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote(handles, seed)
+    probe = ray.remote(ActorProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote(
+        handles, seed, pin=True)
     try:
         rng = np.random.default_rng(seed)
         updates: dict[str, list[dict[str, float]]] = {p: [] for p in precisions}
@@ -402,7 +407,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"{m['load_end'][0]:.1f} at end (shared machine: absolute numbers are noisy, ratios are measured "
         "side by side). Raw data: `actorq.json`; chart: `actorq.png`.",
         "",
-        "## One actor, D4PG policy 2048x3 on cartpole:balance (Ray actor pinned to one thread)",
+        "## One actor, D4PG policy 2048x3 on cartpole:balance (Ray actor pinned to one core)",
         "",
         *actor_table(a),
         "",

@@ -80,3 +80,21 @@ def describe_load(machine: dict[str, Any]) -> str:
     busy = " (started with --allow-busy)" if machine.get("allow_busy") else ""
     return (f"load average {one('load_start')} at the start and {one('load_end')} at the end on "
             f"{machine.get('cores', '?')} cores{busy}")
+
+
+def pin_to_one_core(core: int | None = None) -> int | None:
+    """Pin the calling thread to one CPU (default: the highest-numbered one it may run on) and return it; None
+    where CPU affinity is unavailable (not Linux).
+
+    What an actor benchmark means by "one actor at the limit of one core": threads created afterwards by this
+    thread inherit the mask, so the policy runtime's threads (XLA's dispatch thread, ONNX Runtime's pool) and
+    envpool's worker all share that core, and no backend gets a second core for free. Only the calling thread
+    is pinned, so a benchmark calls this inside the Ray actor that measures, before it builds anything."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    chosen = allowed[-1] if core is None else core
+    if chosen not in allowed:
+        raise ValueError(f"CPU {chosen} is not one this thread may run on ({allowed})")
+    os.sched_setaffinity(0, {chosen})
+    return chosen

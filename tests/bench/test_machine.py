@@ -53,3 +53,35 @@ def test_every_benchmark_refuses_a_busy_machine_before_it_starts(module, extra, 
         main(["--quick", "--out", str(tmp_path / "out"), *extra])
     assert info.value.code == 2 and "--allow-busy" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()  # nothing ran, nothing was written
+
+
+def test_pin_to_one_core_confines_the_calling_thread_and_the_threads_it_starts():
+    """Run in a worker thread: pinning affects only the calling thread (and threads it starts), never the
+    test process's main thread."""
+    import os
+    import threading
+
+    from bench.machine import pin_to_one_core
+
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no CPU affinity on this platform")
+    before = os.sched_getaffinity(0)
+    seen: dict[str, object] = {}
+
+    def worker() -> None:
+        seen["core"] = pin_to_one_core()
+        child = threading.Thread(target=lambda: seen.setdefault("child", os.sched_getaffinity(0)))
+        child.start()
+        child.join()
+        seen["self"] = os.sched_getaffinity(0)
+        try:
+            pin_to_one_core(max(before) + 1000)
+        except ValueError as e:
+            seen["error"] = str(e)
+
+    t = threading.Thread(target=worker)
+    t.start()
+    t.join()
+    assert seen["core"] == max(before) and seen["self"] == seen["child"] == {max(before)}
+    assert "is not one this thread may run on" in seen["error"]
+    assert os.sched_getaffinity(0) == before
