@@ -173,7 +173,8 @@ class ActorProbe:
         return out
 
     def threads(self) -> dict[str, Any]:
-        return {**{k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "XLA_FLAGS")}, "pinned_core": self.core}
+        return {**{k: os.environ.get(k, "") for k in ("OMP_NUM_THREADS", "XLA_FLAGS")}, "pinned_core": self.core,
+                "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None}
 
 
 def _median(values: list[float]) -> float:
