@@ -4,9 +4,9 @@
 
 (`python -m bench.actorq` runs the same sweep as its part 4.) One D4PG actor on cartpole:balance, in a Ray
 actor pinned to one core (`bench.machine.pin_to_one_core`: no runtime gets a second core), steps K
-environments and calls its policy once per step on the K observations (`quarl.env_loop`), for policies of 3 hidden layers of each size, K in `--envs`, at
-fp32 and int8. Batching amortises fp32's cost too, so vectorized fp32 is the fair modern baseline: the
-result reports each precision at its best K.
+environments and calls its policy once per step on the K observations (`quarl.env_loop`), for policies of 3
+hidden layers of each size, K in `--envs`, at fp32 and int8. Batching amortises fp32's cost too, so
+vectorized fp32 is the fair modern baseline: the result reports each precision at its best K.
 
 So that precision alone moves the ratios, both precisions step the *same environment state sequence*: the
 environments are seeded alike and driven by one recorded sequence of random actions (the policy still runs on

@@ -86,15 +86,14 @@ def pin_to_one_core(core: int | None = None) -> int | None:
     """Pin the calling thread to one CPU (default: the highest-numbered one it may run on) and return it; None
     where CPU affinity is unavailable (not Linux).
 
-    What an actor benchmark means by "one actor at the limit of one core": threads created afterwards by this
-    thread inherit the mask, so the policy runtime's threads (XLA's dispatch thread, ONNX Runtime's pool) and
-    envpool's worker all share that core, and no backend gets a second core for free. Only the calling thread
-    is pinned, so a benchmark calls this inside the Ray actor that measures, before it builds anything."""
+    What an actor benchmark means by "one actor at the limit of one core" (`quarl.affinity` says why): threads
+    created afterwards by this thread inherit the mask, so the policy runtime's threads and envpool's worker
+    all share that core, and no backend gets a second core for free. Only the calling thread is pinned, so a
+    benchmark calls this inside the Ray actor that measures, before it builds anything."""
+    from quarl.affinity import pin_thread  # pylint: disable=import-outside-toplevel
+
     if not hasattr(os, "sched_setaffinity"):
         return None
-    allowed = sorted(os.sched_getaffinity(0))
-    chosen = allowed[-1] if core is None else core
-    if chosen not in allowed:
-        raise ValueError(f"CPU {chosen} is not one this thread may run on ({allowed})")
-    os.sched_setaffinity(0, {chosen})
+    chosen = max(os.sched_getaffinity(0)) if core is None else core
+    pin_thread(chosen)
     return chosen

@@ -15,6 +15,7 @@ from launch.program import NodeHandle
 from launch.stages import StageTimes
 from launch.weights_client import PolicyClient, precision_name
 from quarl.adders import TransitionBuffer
+from quarl.affinity import claim_core
 from quarl.carbon import stop_tracking
 from quarl.env_loop import VectorEnvLoop
 from quarl.vector_env import make_vector_environment
@@ -34,7 +35,7 @@ class ActorNode(NodeBase):
 
     def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str,
                  backend: str, replay: NodeHandle, counter: NodeHandle, weights: NodeHandle, logdir: str,
-                 max_actor_steps: int, insert_batch: int = 64, envs_per_actor: int = 1):
+                 max_actor_steps: int, insert_batch: int = 64, envs_per_actor: int = 1, pin: bool = False):
         self._spec = spec
         self._id, self._num_actors = int(actor_id), int(num_actors)
         self._seed = int(seed)
@@ -44,6 +45,8 @@ class ActorNode(NodeBase):
         self._max_steps = int(max_actor_steps)
         self._insert_batch = int(insert_batch)
         self._num_envs = int(envs_per_actor)
+        self._pin = bool(pin)  # claim a core of this machine for the acting thread (quarl.affinity)
+        self.core: int | None = None
         self._stop = threading.Event()
         self._builder = spec.builder()
         self._env_spec = spec.env_spec()
@@ -62,6 +65,11 @@ class ActorNode(NodeBase):
         start = self._counter.call("increment", **{f"{name}_starts": 1})
         attempt = int(start[f"{name}_starts"])  # > 1 after a crash: fresh env seed, resume latest weights
         t_origin = time.monotonic() - start["wall_clock_s"]
+        if self._pin and self.core is None:  # before the runtime and environments start their threads
+            self.core = claim_core()
+            log_event(self._logdir, name, f"pinned to CPU {self.core}" if self.core is not None else
+                      "--pin-actors: every CPU here is claimed by another actor; acting unpinned", logging.INFO
+                      if self.core is not None else logging.WARNING)
         tracker = energy_tracker(self._logdir, name)
         log = csv_logger(self._logdir, name, self.LOG_FIELDS, "total_actor_steps")
         times = self.times = StageTimes()
@@ -135,7 +143,7 @@ class ActorNode(NodeBase):
                                    **{f"{name}_steps": unreported_steps})
             elapsed = time.monotonic() - t_run
             result = {"actor_id": self._id, "attempt": attempt, "actor_steps": steps, "episodes": episodes,
-                      "envs_per_actor": self._num_envs,
+                      "envs_per_actor": self._num_envs, "pinned_core": self.core,
                       "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
                       "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,
                       "kernel": getattr(actor, "kernel", None),

@@ -102,6 +102,9 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--learner-resource", dest="learner_resources", action="append", default=[], metavar="NAME",
                    help="Ray custom resource marking the learner's machine, repeatable: the learner, replay, "
                         "counter, weights server and evaluator each ask for 0.01 of it")
+    p.add_argument("--pin-actors", action="store_true",
+                   help="pin each actor to a core of its machine that no other actor holds (Linux): its policy "
+                        "runtime and environments then share that one core")
     p.add_argument("--resume", default=None, help="continue from the latest checkpoint under this run dir")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="learner steps between checkpoints (0: only when the run ends)")
@@ -197,7 +200,8 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
         target_return=given(args.target_return, preset.get("target_return")),
         target_streak=given(args.target_streak, preset.get("target_streak", 1)),
         publish_period=args.publish_period, insert_batch=args.insert_batch, checkpoint_every=args.checkpoint_every,
-        resume=args.resume, actor_resources=parse_resources("--actor-resource", args.actor_resources),
+        resume=args.resume, pin_actors=args.pin_actors,
+        actor_resources=parse_resources("--actor-resource", args.actor_resources),
         learner_resources={k: SERVICE_SHARE for k in parse_resources("--learner-resource", args.learner_resources)})
 
 

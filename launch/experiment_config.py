@@ -60,6 +60,9 @@ class ExperimentConfig:
     checkpoint_every: int = 0  # [distributed] learner steps; 0 = only at shutdown
     resume: str | None = None  # [distributed] checkpoint directory to continue from
     log_every_s: float = 1.0  # [distributed] learner.csv cadence (seconds)
+    # [distributed] each actor pins its acting thread to a core of its machine that no other actor holds
+    # (`quarl.affinity`); the learner is never pinned
+    pin_actors: bool = False
     actor_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)  # [distributed] Ray custom
     # [distributed] Ray custom resources marking the learner's machine: learner, services and evaluator each
     # ask for SERVICE_SHARE of every one, so they run there together.
@@ -103,8 +106,9 @@ class ExperimentConfig:
             raise ConfigError("target_return", f"must be a finite number, got {self.target_return!r}")
         if not _finite(self.log_every_s) or self.log_every_s <= 0:
             raise ConfigError("log_every_s", f"must be a finite number > 0, got {self.log_every_s!r}")
-        if not isinstance(self.eval_fp32, bool):
-            raise ConfigError("eval_fp32", f"must be true or false, got {self.eval_fp32!r}")
+        for name in ("eval_fp32", "pin_actors"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
         if self.resume is not None and (not isinstance(self.resume, str) or not self.resume):
             raise ConfigError("resume", f"must be a checkpoint path or null, got {self.resume!r}")
         for name in ("actor_resources", "learner_resources"):

@@ -48,7 +48,7 @@ def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> 
              "seed": derive_seed(config.seed, ACTOR_STREAM, i), "precision": config.precision,
              "backend": config.backend, "replay": replay, "counter": counter, "weights": weights,
              "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch,
-             "envs_per_actor": config.envs_per_actor},
+             "envs_per_actor": config.envs_per_actor, "pin": config.pin_actors},
             kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV,
             resources=dict(config.actor_resources)))
     program.add(Node(

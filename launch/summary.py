@@ -47,8 +47,9 @@ SUMMARY_KEYS = (
     "payload_bytes_fp32", "payloads_rejected", "runtime", "actors", "learner", "replay", "energy", "policy_file",
     "lost_nodes", "placement", "lost_hosts")
 ACTOR_KEYS = ("actor_id", "attempt", "starts", "actor_steps", "total_steps", "episodes", "envs_per_actor",
-              "elapsed_s", "steps_per_s", "backend", "kernel", "weights_version", "first_weights_version",
-              "transitions_inserted", "payloads_rejected", "last_payload_rejection", "build_s", "times", "energy")
+              "pinned_core", "elapsed_s", "steps_per_s", "backend", "kernel", "weights_version",
+              "first_weights_version", "transitions_inserted", "payloads_rejected", "last_payload_rejection",
+              "build_s", "times", "energy")
 LEARNER_KEYS = ("learner_steps", "steps_this_run", "training_s", "steps_per_s", "step_s", "step_s_mean",
                 "sample_wait_s", "weights_version", "resumed_from", "policy_file", "publish", "energy")
 PUBLISH_KEYS = ("versions", "quantize_encode_s", "put_s", "payload_bytes", "quantize_encode_ms_per_version",

@@ -90,3 +90,32 @@ def test_distributed_actors_step_k_envs_each(tmp_path, agent):
     per_start = adder.n_step - 1 if adder.start_transitions else 0
     steps = sum(a["actor_steps"] for a in summary["actors"])
     assert summary["replay"]["inserts"] == steps + per_start * starts
+
+
+def test_pinned_actors_each_claim_a_core_of_their_own(tmp_path, monkeypatch):
+    """--pin-actors: each actor's acting thread claims a distinct core (quarl.affinity) and the summary says
+    which; the run is otherwise the same program. `launch.actorq --pin-actors` sets it."""
+    import os
+
+    from launch.actorq import build_parser, validate
+    from launch.local_runner import LocalRunner
+    from launch.supervisor import run_program
+    from quarl import affinity
+    from tests.launch.tiny import tiny_config
+
+    if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs CPU affinity and two CPUs")
+    monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(tmp_path / "locks"))
+    args = build_parser().parse_args(["--agent", "dqn", "--pin-actors", "--logdir", str(tmp_path / "cli")])
+    assert validate(args).config.pin_actors
+    held = len(affinity._held)
+    try:
+        summary, code = run_program(tiny_config(tmp_path / "run", pin_actors=True), LocalRunner())
+        assert code == 0 and summary["status"] == "completed", summary["error"]
+        cores = [a["pinned_core"] for a in summary["actors"]]
+        assert len(set(cores)) == 2 and set(cores) <= os.sched_getaffinity(0)
+        assert summary["experiment"]["pin_actors"] is True
+    finally:  # the local runner's actors are threads of this process: give their claims back
+        for fd in affinity._held[held:]:
+            os.close(fd)
+        del affinity._held[held:]
