@@ -20,7 +20,6 @@ from quarl.runtimes.kernel_forms import (
     check_form,
     dynamic_quantize,
     emit_row_quantize,
-    emit_zero_point_correction,
     exact_int_reference,
     forms,
     register_form,
@@ -113,6 +112,16 @@ def _pair_codes(name: str, d: DenseWeights) -> dict[str, np.ndarray]:
     codes[:k] = d.w
     return {f"{name}.pairs": codes.reshape(-1, 2, n), f"{name}.colsum": codes.sum(0).astype(np.int32),
             f"{name}.scale": d.scale.astype(np.float32)}
+
+
+def emit_zero_point_correction(graph: Graph, acc: str, neg_zp: str, colsum: str) -> str:
+    """acc[B, N] int32 - zp[B, 1] x colsum[N] (given -zp), in int32 (exact), then Cast to float."""
+    from onnx import TensorProto
+
+    (zi,) = graph.op("Cast", [neg_zp], to=TensorProto.INT32)
+    (corr,) = graph.op("Mul", [zi, colsum])
+    (acc,) = graph.op("Add", [acc, corr])
+    return graph.op("Cast", [acc], to=TensorProto.FLOAT)[0]
 
 
 def _emit_saturating(g: Graph, x: str, name: str) -> str:
