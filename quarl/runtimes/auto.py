@@ -44,7 +44,7 @@ _ROUNDS = 6
 
 # Bumped whenever the graphs the backends build change speed (e.g. the ONNX per-row int graph): timings cached
 # against older graphs would otherwise keep choosing for code that no longer runs.
-GRAPHS_VERSION = 2
+GRAPHS_VERSION = 3
 
 _lock = threading.Lock()
 _decisions: dict[str, dict[str, Any]] = {}

@@ -48,6 +48,11 @@ class Graph:
         # False: the graph only ever sees one row (the executor's batch-1 session), so forms may quantize
         # activations per tensor (one fused DynamicQuantizeLinear, the same result as per row for one row).
         self.per_row = True
+        # Known lower bounds of int layers' inputs by layer name, set before `emit` (per-row graphs, forms with
+        # `lifted_inputs` only): the tensor the layer receives is u = x - floor >= 0, the true input plus
+        # -floor (0 after ReLU; -1 after ELU or tanh, whose ops emit x + 1), and the layer's bias is
+        # `lifted_bias_name(name, floor)`, which carries floor x the weights' column sums.
+        self.floors: dict[str, float] = {}
         self._n = 0
 
     def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> list[str]:
@@ -91,6 +96,21 @@ class KernelForm:
     rank: Callable[[dict[str, Any], int], float | None]
     reference: Callable[[np.ndarray, DenseWeights], np.ndarray]
     integer: bool = True  # False: runs in float (the executor reports itself as simulated)
+    # True: `emit` honours `Graph.floors` (a layer whose input is known to be >= floor gets it lifted to
+    # u = x - floor >= 0 and quantizes it with zero point 0), and `initializers` provides the lifted bias.
+    lifted_inputs: bool = False
+
+
+# The lower bounds a per-row int graph lifts inputs by (`Graph.floors`): ReLU's output and ELU/tanh's.
+LIFT_FLOORS = (0.0, -1.0)
+
+
+def lifted_bias_name(name: str, floor: float) -> str:
+    """The bias initializer an int layer with input floor `floor` adds: its own bias at floor 0, else the bias
+    plus floor x the dequantized weights' column sums (`{name}.b_lift`, floor -1)."""
+    if floor not in LIFT_FLOORS:
+        raise ValueError(f"input floor {floor} is not one of {LIFT_FLOORS}")
+    return f"{name}.b" if floor == 0.0 else f"{name}.b_lift"
 
 
 def dynamic_quantize(x: np.ndarray) -> tuple[np.ndarray, np.float32, np.uint8]:
@@ -133,6 +153,24 @@ def exact_int_reference(x: np.ndarray, dense: DenseWeights) -> np.ndarray:
     return acc.astype(np.float64) * (xs.astype(np.float64) * dense.scale.astype(np.float64))
 
 
+def lifted_row_quantize(u: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """What `emit_lifted_row_quantize` computes, bit for bit: a non-negative x [B, K] (a lifted input) to
+    uint8 with zero point 0, each row scaled to its own max. Returns codes [B, K] and scales [B, 1]."""
+    u = np.asarray(u, np.float32)
+    hi = np.maximum(u.max(axis=1, keepdims=True), np.float32(0))
+    scale = np.maximum(hi / np.float32(255), _MIN_ROW_SCALE).astype(np.float32)
+    return np.clip(np.rint(u / scale), 0, 255).astype(np.uint8), scale
+
+
+def lifted_int_reference(u: np.ndarray, dense: DenseWeights, floor: float) -> np.ndarray:
+    """The exact float64 result of an int layer on a lifted input u = x - floor (`lifted_row_quantize`, exact
+    integer GEMM, row x weight scale) plus floor x the dequantized column sums: an estimate of x @ W."""
+    q, us = lifted_row_quantize(u)
+    acc = q.astype(np.int64) @ dense.w.astype(np.int64)
+    scale = dense.scale.astype(np.float64)
+    return acc.astype(np.float64) * (us.astype(np.float64) * scale) + floor * column_sums(dense.w) * scale
+
+
 def _dequantized(dense: DenseWeights) -> np.ndarray:
     return dense.w.astype(np.float32) * dense.scale.astype(np.float32)
 
@@ -163,6 +201,20 @@ def emit_row_quantize(graph: Graph, x: str, name: str) -> tuple[str, str, str]:
     return q, graph.op("Unsqueeze", [scale, axis])[0], graph.op("Unsqueeze", [zr, axis])[0]
 
 
+def emit_lifted_row_quantize(graph: Graph, u: str, name: str) -> tuple[str, str]:
+    """Quantize a non-negative u [B, K] to uint8, zero point 0, one scale per row (`lifted_row_quantize` is the
+    NumPy twin, bit for bit). Against `emit_row_quantize`: no ReduceMin and no zero point, so the GEMM needs no
+    per-row correction afterwards. Returns (codes uint8 [B, K], scale [B, 1] float)."""
+    levels = graph.const(f"{name}.rq_levels", np.float32(255))
+    floor = graph.const(f"{name}.rq_floor", _MIN_ROW_SCALE)
+    (mx,) = graph.op("ReduceMax", [u], axes=[1], keepdims=0)
+    # Max with the scale floor also maps a (never expected) negative max to the floor, as the twin does.
+    (scale,) = graph.op("Max", [graph.op("Div", [mx, levels])[0], floor])
+    (q,) = graph.op("QuantizeLinear", [u, scale], axis=0)  # no zero point: uint8, zero point 0
+    axis = graph.const(f"{name}.rq_axis", np.array([1], np.int64))
+    return q, graph.op("Unsqueeze", [scale, axis])[0]
+
+
 def column_sums(codes: np.ndarray) -> np.ndarray:
     """Sum of each column's signed weight codes (int32 [N]): the zero-point correction's factor."""
     return np.asarray(codes, np.int64).sum(axis=0).astype(np.int32)
@@ -182,8 +234,13 @@ def _emit_integer(graph: Graph, x: str, codes: str, w_zero_point: str | None, na
     # the GEMM's output stage, so the correction is done on scaled sums, with colsum x scale precomputed:
     # y = (acc * scale - zp x (colsum * scale)) * row_scale, three passes over [B, N] where the int32 route
     # took five (float rounding only, ~1e-7 relative to an exact int32 correction).
-    xq, xs, xz = emit_row_quantize(graph, x, name)
     one = graph.const(f"{name}.one", np.float32(1))
+    if name in graph.floors:  # lifted input (>= 0): zero point 0, nothing to correct; floor x colsum is in the bias
+        xq, xs = emit_lifted_row_quantize(graph, x, name)
+        (acc,) = graph.op("MatMulIntegerToFloat", [xq, codes, one, f"{name}.scale"]
+                          + (["", w_zero_point] if w_zero_point else []), domain="com.microsoft")
+        return graph.op("Mul", [acc, xs])[0]
+    xq, xs, xz = emit_row_quantize(graph, x, name)
     (acc,) = graph.op("MatMulIntegerToFloat", [xq, codes, one, f"{name}.scale"]
                       + (["", w_zero_point] if w_zero_point else []), domain="com.microsoft")
     (y,) = graph.op("Add", [acc, graph.op("Mul", [xz, f"{name}.colsum_scaled"])[0]])
@@ -192,8 +249,10 @@ def _emit_integer(graph: Graph, x: str, codes: str, w_zero_point: str | None, na
 
 def _int_initializers(name: str, dense: DenseWeights, codes: np.ndarray) -> dict[str, np.ndarray]:
     scale = np.ascontiguousarray(dense.scale, np.float32)
+    colsum_scaled = column_sums(dense.w) * scale.astype(np.float64)
     return {f"{name}.codes": np.ascontiguousarray(codes), f"{name}.scale": scale,
-            f"{name}.colsum_scaled": (column_sums(dense.w) * scale.astype(np.float64)).astype(np.float32)}
+            f"{name}.colsum_scaled": colsum_scaled.astype(np.float32),
+            lifted_bias_name(name, -1.0): (dense.b.astype(np.float64) - colsum_scaled).astype(np.float32)}
 
 
 def _vnni(cpu: dict[str, Any]) -> bool:
@@ -208,6 +267,7 @@ U8S8 = KernelForm(
     emit=lambda g, x, n: _emit_integer(g, x, f"{n}.codes", None, n),
     rank=lambda cpu, bits: 0 if _vnni(cpu) else 1,
     reference=exact_int_reference,
+    lifted_inputs=True,
 )
 
 U8U8 = KernelForm(
@@ -218,6 +278,7 @@ U8U8 = KernelForm(
     emit=lambda g, x, n: _emit_integer(g, x, f"{n}.codes", g.const(f"{n}.codes_zp", np.uint8(128)), n),
     rank=lambda cpu, bits: 1 if _vnni(cpu) else 0,
     reference=exact_int_reference,
+    lifted_inputs=True,
 )
 
 FP32 = KernelForm(
@@ -287,17 +348,26 @@ def _random_dense(bits: int, k: int, n: int, rng: np.random.Generator) -> DenseW
     return DenseWeights("int", codes, np.zeros(n, np.float32), scale)
 
 
-def _check_graph(form: KernelForm, layers: list[DenseWeights], per_row: bool = True) -> Any:
+def _check_graph(form: KernelForm, layers: list[DenseWeights], per_row: bool = True,
+                 floor: float | None = None) -> Any:
+    """One graph running each of `layers` on its own input x{i} -> y{i}; `floor` (forms with `lifted_inputs`,
+    per-row graphs) makes every input a lifted one (>= 0) and adds the lifted bias, as `build_model` does."""
     from onnx import TensorProto, helper, numpy_helper
 
     graph = Graph()
     graph.per_row = per_row
     inputs, outputs = [], []
     for i, dense in enumerate(layers):
-        for name, arr in form.initializers(f"l{i}", dense).items():
-            graph.const(name, arr)
-        graph.shapes[f"l{i}"] = tuple(dense.w.shape)
-        y = form.emit(graph, f"x{i}", f"l{i}")
+        name = f"l{i}"
+        for init_name, arr in form.initializers(name, dense).items():
+            graph.const(init_name, arr)
+        graph.shapes[name] = tuple(dense.w.shape)
+        if floor is not None:
+            graph.floors[name] = floor
+        y = form.emit(graph, f"x{i}", name)
+        if floor is not None:
+            graph.const(f"{name}.b", dense.b.astype(np.float32))
+            (y,) = graph.op("Add", [y, lifted_bias_name(name, floor)])
         (out,) = graph.op("Identity", [y])
         graph.nodes[-1].output[0] = f"y{i}"
         k, n = dense.w.shape
@@ -313,8 +383,9 @@ def _check_graph(form: KernelForm, layers: list[DenseWeights], per_row: bool = T
 
 def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int = 0) -> dict[str, Any]:
     """Run form `name` on random int`bits` layers of these [in, out] shapes (each width capped at 512) through
-    ORT and compare with the form's exact reference on uniform inputs at batch 1 and 8 (and its batch-1
-    graph, `Graph.per_row` False, at batch 1).
+    ORT and compare with the form's exact reference on uniform inputs at batch 1 and 8, its batch-1 graph
+    (`Graph.per_row` False) at batch 1, and, for forms with `lifted_inputs`, the per-row graph again on lifted
+    inputs (floor -1, as after ELU/tanh) at batch 1 and 8.
     Returns {"form", "ok", "max_rel_err", "tolerance"} (plus "error" when ORT refused the graph); cached
     per process."""
     import onnxruntime as ort
@@ -331,20 +402,27 @@ def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
+    # (per_row, floor) -> the graph; a batch-1 graph identical to the per-row one is not run twice.
     try:
-        graphs = {per_row: _check_graph(form, layers, per_row).SerializeToString() for per_row in (True, False)}
-        sessions = {per_row: ort.InferenceSession(g, so, providers=["CPUExecutionProvider"])
-                    for per_row, g in graphs.items()}
+        variants = {(True, None): _check_graph(form, layers, True).SerializeToString()}
+        one = _check_graph(form, layers, False).SerializeToString()
+        if one != variants[(True, None)]:
+            variants[(False, None)] = one
+        if form.lifted_inputs:  # per-row graphs only (`build_model` does not lift the batch-1 graph)
+            variants[(True, -1.0)] = _check_graph(form, layers, True, -1.0).SerializeToString()
         worst = 0.0
-        # The executor's batch-1 graph (per-tensor activations, where the form has one) is checked at batch 1.
-        for rows, per_row in [(r, True) for r in _CHECK_ROWS] + [(1, False)] * (graphs[True] != graphs[False]):
-            feeds = {f"x{i}": rng.uniform(-1, 1, (rows, d.w.shape[0])).astype(np.float32)
-                     for i, d in enumerate(layers)}
-            outs = sessions[per_row].run(None, feeds)
-            for i, d in enumerate(layers):
-                ref = form.reference(feeds[f"x{i}"], d)
-                err = float(np.abs(outs[i].astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
-                worst = max(worst, err if np.isfinite(err) else np.inf)
+        for (per_row, floor), graph_bytes in variants.items():
+            session = ort.InferenceSession(graph_bytes, so, providers=["CPUExecutionProvider"])
+            for rows in _CHECK_ROWS if per_row else (1,):
+                lo = -1.0 - (floor or 0.0)  # x in [-1, 1]; lifted, it arrives as x - floor
+                feeds = {f"x{i}": rng.uniform(lo, lo + 2, (rows, d.w.shape[0])).astype(np.float32)
+                         for i, d in enumerate(layers)}
+                outs = session.run(None, feeds)
+                for i, d in enumerate(layers):
+                    x = feeds[f"x{i}"]
+                    ref = form.reference(x, d) if floor is None else lifted_int_reference(x, d, floor)
+                    err = float(np.abs(outs[i].astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+                    worst = max(worst, err if np.isfinite(err) else np.inf)
         result = {"form": name, "ok": bool(worst <= CHECK_TOLERANCE), "max_rel_err": worst,
                   "tolerance": CHECK_TOLERANCE}
     except Exception as e:  # pylint: disable=broad-except  # a form ORT cannot run here is refused, not fatal

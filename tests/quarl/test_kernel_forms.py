@@ -177,3 +177,36 @@ def test_executor_falls_back_from_a_refused_form_and_says_so(saturating_form, ca
     assert any(saturating_form in r.getMessage() and "refused" in r.getMessage() for r in caplog.records)
     ref = reference_apply(spec, params, obs)
     assert np.abs(ex(obs) - ref).max() / np.ptp(ref) < 3e-2
+
+
+# ------------------------------------------------- lifted inputs (after ReLU, ELU, tanh)
+
+def test_the_self_check_covers_the_lifted_path():
+    """A form whose lifted bias forgets the column sums (floor x colsum) is right on plain inputs and wrong on
+    lifted ones: the check must refuse it, since the executor's batched graphs feed most layers lifted."""
+    u8u8 = forms()["u8u8"]
+    bad = KernelForm("test_bad_lift", "", 8,
+                     lambda n, d: {**u8u8.initializers(n, d), f"{n}.b_lift": d.b.astype(np.float32)},
+                     u8u8.emit, lambda cpu, bits: None, exact_int_reference, lifted_inputs=True)
+    register_form(bad)
+    try:
+        good, refused = check_form("u8u8", 8, [(24, 256), (256, 6)]), check_form(bad.name, 8, [(24, 256), (256, 6)])
+    finally:
+        unregister_form(bad.name)
+    assert good["ok"] and not refused["ok"] and refused["max_rel_err"] > 1e-2
+
+
+@pytest.mark.parametrize("policy", ["d4pg", "dqn"])
+def test_batched_graphs_quantize_every_layer_after_an_activation_without_a_row_minimum(policy):
+    """D4PG (tanh, ELU) and DQN (ReLU): only the first layer, fed raw observations, needs the row minimum and
+    the zero-point correction; the batch-1 graph keeps DynamicQuantizeLinear for every layer."""
+    from quarl.policy import mlp_q_network
+
+    spec = (layer_norm_mlp_policy(12, [64, 64, 64], [-1.0] * 2, [1.0] * 2) if policy == "d4pg"
+            else mlp_q_network(12, [64, 64, 64], 3))
+    ex = make_executor(spec, quantize_params(random_params(spec, 0), "int8"), "onnx", batch_size=4)
+    ops = [n.op_type for n in ex.model("row").graph.node]
+    assert ops.count("ReduceMin") == 1 and ops.count("QuantizeLinear") == 4 and ops.count("Elu") == 0
+    assert ops.count("MatMulIntegerToFloat") == 4
+    one = [n.op_type for n in ex.model("one").graph.node]
+    assert one.count("DynamicQuantizeLinear") == 4 and "ReduceMin" not in one
