@@ -37,7 +37,7 @@ import numpy as np
 TASK = "cartpole:balance"
 PRECISIONS = ("fp32", "int8")
 DEFAULT_SIZES = (256, 2048)
-DEFAULT_ENVS = (1, 4, 16, 64)
+DEFAULT_ENVS = (1, 4, 16, 32, 64)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +93,8 @@ class SweepProbe:
                     for key, value in _turn(loops[p], actors[p], actions).items():
                         total[p][key] += value
             rounds.append(total)
-        backends = {p: actors[p].backend for p in PRECISIONS}
+        # The kernel form tells the int graph from the dequantized fp32 one: both report backend "onnx".
+        backends = {p: backend_label(actors[p].backend, actors[p].kernel.get("form")) for p in PRECISIONS}
         for loop in loops.values():
             loop.close()
         return {"hidden": hidden, "envs": num_envs, "backends": backends, "rounds": rounds,
@@ -125,6 +126,19 @@ def _median(values: list[float]) -> float:
     return float(statistics.median(values))
 
 
+def backend_label(backend: str, form: str | None) -> str:
+    """What ran a precision's policy: the backend, and for int weights the kernel form ("fp32" = the int
+    weights dequantized through fp32 MatMuls, auto's pick where no int kernel is faster at that batch)."""
+    if form is None:
+        return backend
+    return f"{backend} (dequantized)" if form == "fp32" else f"{backend} {form}"
+
+
+def spread(values: list[float]) -> float:
+    """Half the rounds' range over their median: how far one round strays, the scale of the cell's noise."""
+    return 0.5 * (max(values) - min(values)) / _median(values) if values else 0.0
+
+
 def summarize(raw: dict[str, Any]) -> dict[str, Any]:
     """Per-precision medians over rounds and the int8/fp32 ratios of one (size, K) cell."""
     rounds = raw["rounds"]
@@ -136,6 +150,7 @@ def summarize(raw: dict[str, Any]) -> dict[str, Any]:
             "steps_per_s": _median([r["steps"] / (r["policy_s"] + r["env_s"]) for r in rows]),
             "policy_us": _median([1e6 * r["policy_s"] / r["steps"] for r in rows]),
             "env_us": _median([1e6 * r["env_s"] / r["steps"] for r in rows]),
+            "steps_per_core_s_spread": spread([r["steps"] / r["cpu_s"] for r in rows]),
         }
     # Env-matched: both precisions charged the pair's mean env time (same states), so only the policy differs.
     matched = {p: [] for p in PRECISIONS}
@@ -160,7 +175,8 @@ def best_k(cells: list[dict[str, Any]]) -> dict[str, Any]:
         row: dict[str, Any] = {}
         for p in PRECISIONS:
             top = max((c for c in cells if c["hidden"] == hidden), key=lambda c, p=p: c[p]["steps_per_core_s"])
-            row[p] = {"envs": top["envs"], "steps_per_core_s": top[p]["steps_per_core_s"]}
+            row[p] = {"envs": top["envs"], "steps_per_core_s": top[p]["steps_per_core_s"],
+                      "spread": top[p].get("steps_per_core_s_spread")}
         row["ratio_core_s"] = row["int8"]["steps_per_core_s"] / row["fp32"]["steps_per_core_s"]
         best[str(hidden)] = row
     return best
@@ -216,13 +232,20 @@ def markdown(sweep: dict[str, Any]) -> list[str]:
                      f"{f['policy_us']:.0f} | {i['policy_us']:.0f} | {0.5 * (f['env_us'] + i['env_us']):.0f} | "
                      f"{c['backends']['fp32']}/{c['backends']['int8']} |")
     lines += ["", "Each precision at its best K (env steps per core-second):", "",
-              "| policy | fp32 (best K) | int8 (best K) | int8/fp32 | target |", "|---|---:|---:|---:|---:|"]
+              "| policy | fp32 (best K) | int8 (best K) | int8/fp32 | rounds' spread fp32; int8 | target |",
+              "|---|---:|---:|---:|---:|---:|"]
     for hidden, row in sweep["best_k"].items():
         target = {"2048": ">= 2x", "256": ">= 1x"}.get(hidden, "")
+        spreads = "; ".join("—" if row[p].get("spread") is None else f"±{100 * row[p]['spread']:.1f}%"
+                            for p in PRECISIONS)
         lines.append(f"| {hidden}x3 | {row['fp32']['steps_per_core_s']:.0f} (K={row['fp32']['envs']}) | "
                      f"{row['int8']['steps_per_core_s']:.0f} (K={row['int8']['envs']}) | "
-                     f"**{row['ratio_core_s']:.2f}x** | {target} |")
-    return lines + [""]
+                     f"**{row['ratio_core_s']:.2f}x** | {spreads} | {target} |")
+    return lines + ["", "Backends: `onnx u8s8` etc. is the int8 graph on that integer kernel form; `onnx "
+                        "(dequantized)` is the int8 weights dequantized through fp32 MatMuls, which `auto` picks "
+                        "at a batch where it measures no int kernel faster (so an int8 actor runs at fp32's speed "
+                        "there, not below it). Rounds' spread: half the range of the best cell's per-round "
+                        "steps/core-s over its median, the scale of a ratio's noise.", ""]
 
 
 def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int]:

@@ -24,6 +24,24 @@ def test_summary_ratios_follow_the_definitions():
     assert cell["ratio_policy_only"] == pytest.approx(3.0)
     assert cell["ratio_env_matched"] == pytest.approx(2.0)
     assert cell["int8"]["policy_us"] == pytest.approx(1000.0) and cell["fp32"]["env_us"] == pytest.approx(1000.0)
+    assert cell["int8"]["steps_per_core_s_spread"] == 0.0  # identical rounds: no noise
+
+
+def test_spread_is_half_the_rounds_range_over_their_median():
+    rounds = [_round(0.3, 0.1, 0.1), _round(0.3, 0.1, 0.1), _round(0.3, 0.15, 0.1)]  # int8: 500, 500, 400
+    cell = actor_sweep.summarize({"hidden": 256, "envs": 16, "backends": {}, "rounds": rounds})
+    assert cell["int8"]["steps_per_core_s_spread"] == pytest.approx(0.5 * (500 - 400) / 500)
+    best = actor_sweep.best_k([cell])
+    assert best["256"]["int8"]["spread"] == pytest.approx(0.1)
+    text = "\n".join(actor_sweep.markdown({"task": "cartpole:balance", "env_implementation": "envpool",
+                                            "cpu_flags": ["avx2"], "cells": [], "best_k": best}))
+    assert "±0.0%; ±10.0%" in text
+
+
+@pytest.mark.parametrize("backend, form, label", [("onnx", None, "onnx"), ("onnx", "u8s8", "onnx u8s8"),
+                                                  ("onnx", "fp32", "onnx (dequantized)"), ("jax", None, "jax")])
+def test_backend_label_tells_the_int_graph_from_the_dequantized_one(backend, form, label):
+    assert actor_sweep.backend_label(backend, form) == label
 
 
 def test_env_matched_ratio_charges_both_the_mean_env_time():
@@ -38,8 +56,8 @@ def test_best_k_picks_each_precisions_own_best():
         return {"hidden": hidden, "envs": k, "fp32": {"steps_per_core_s": fp32}, "int8": {"steps_per_core_s": int8}}
 
     best = actor_sweep.best_k([cell(2048, 1, 500, 2000), cell(2048, 16, 1500, 1800), cell(256, 4, 900, 1000)])
-    assert best["2048"]["fp32"] == {"envs": 16, "steps_per_core_s": 1500}
-    assert best["2048"]["int8"] == {"envs": 1, "steps_per_core_s": 2000}
+    assert best["2048"]["fp32"] == {"envs": 16, "steps_per_core_s": 1500, "spread": None}
+    assert best["2048"]["int8"] == {"envs": 1, "steps_per_core_s": 2000, "spread": None}
     assert best["2048"]["ratio_core_s"] == pytest.approx(2000 / 1500)
     assert "| 2048x3 |" in "\n".join(actor_sweep.markdown({
         "task": "cartpole:balance", "env_implementation": "envpool", "cpu_flags": ["avx2"], "cells": [],
