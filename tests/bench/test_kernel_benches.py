@@ -19,7 +19,16 @@ def test_kernel_forms_reports_every_form_and_the_one_used(capsys):
         assert len(used) == 1 and "| pass |" in used[0]  # exactly one form is used, and it passed
 
 
-@pytest.mark.parametrize("argv", [["--bits", "9"], ["--bits", "x"], ["--width", "1"]])
+def test_kernel_forms_page_explains_itself(tmp_path):
+    out = tmp_path / "forms.md"
+    assert kernel_forms.main(["--width", "64", "--bits", "8", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert text.startswith("# int8/int4 kernel forms") and "--width 64 --bits 8" in text and "Host:" in text
+    assert "| this CPU (" in text and "qemu-user" not in text  # no emulated rows, no emulation paragraph
+
+
+@pytest.mark.parametrize("argv", [["--bits", "9"], ["--bits", "x"], ["--width", "1"],
+                                  ["--qemu-arm-cpus", "pentium"]])
 def test_kernel_forms_bad_flags_exit_2(argv, capsys):
     with pytest.raises(SystemExit) as info:
         kernel_forms.main(argv)
