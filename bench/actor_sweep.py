@@ -24,10 +24,8 @@ import argparse
 import dataclasses
 import json
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -184,35 +182,30 @@ def best_k(cells: list[dict[str, Any]]) -> dict[str, Any]:
 
 def bench_sweep(budget: SweepBudget, sizes: list[int], envs: list[int], seed: int = 0) -> dict[str, Any]:
     """Every (size, K) cell in a fresh pinned Ray actor (so one cell's memory and caches do not carry over)."""
-    import ray  # pylint: disable=import-outside-toplevel
-
-    from launch.program import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
-
-    from quarl.runtimes.auto import CACHE_ENV  # pylint: disable=import-outside-toplevel
-
-    cells = []
-    # A fresh auto cache: each cell's backends are measured in this run, not read from an earlier one.
-    cache = tempfile.mkdtemp(prefix="quarl-sweep-auto-")
-    env_vars = {**SINGLE_THREAD_ENV, CACHE_ENV: cache}
-    for hidden in sizes:
-        for k in envs:
-            probe = ray.remote(SweepProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote()
-            try:
-                raw = ray.get(probe.measure.remote(hidden, k, dataclasses.asdict(budget), seed, pin=True))
-            finally:
-                ray.kill(probe)
-            cell = summarize(raw)
-            cell["threads"] = raw["threads"]
-            cells.append(cell)
-            print(f"  {hidden}x3 K={k}: env steps per core-second fp32 {cell['fp32']['steps_per_core_s']:.0f}, "
-                  f"int8 {cell['int8']['steps_per_core_s']:.0f} ({cell['ratio_core_s']:.2f}x; env-matched "
-                  f"{cell['ratio_env_matched']:.2f}x, policy only {cell['ratio_policy_only']:.2f}x)", flush=True)
-    shutil.rmtree(cache, ignore_errors=True)
+    from bench.machine import measuring_actor_env  # pylint: disable=import-outside-toplevel
     from quarl.vector_env import env_implementation  # pylint: disable=import-outside-toplevel
 
+    with measuring_actor_env("quarl-sweep-auto-") as env_vars:
+        cells = [_measure_cell(hidden, k, budget, seed, env_vars) for hidden in sizes for k in envs]
     return {"task": TASK, "env_implementation": env_implementation(TASK), "cpu_flags": cpu_flags(),
             "sizes": sizes, "envs": envs, "budget": dataclasses.asdict(budget), "cells": cells,
             "best_k": best_k(cells)}
+
+
+def _measure_cell(hidden: int, k: int, budget: SweepBudget, seed: int, env_vars: dict[str, str]) -> dict[str, Any]:
+    import ray  # pylint: disable=import-outside-toplevel
+
+    probe = ray.remote(SweepProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote()
+    try:
+        raw = ray.get(probe.measure.remote(hidden, k, dataclasses.asdict(budget), seed, pin=True))
+    finally:
+        ray.kill(probe)
+    cell = summarize(raw)
+    cell["threads"] = raw["threads"]
+    print(f"  {hidden}x3 K={k}: env steps per core-second fp32 {cell['fp32']['steps_per_core_s']:.0f}, "
+          f"int8 {cell['int8']['steps_per_core_s']:.0f} ({cell['ratio_core_s']:.2f}x; env-matched "
+          f"{cell['ratio_env_matched']:.2f}x, policy only {cell['ratio_policy_only']:.2f}x)", flush=True)
+    return cell
 
 
 def markdown(sweep: dict[str, Any]) -> list[str]:

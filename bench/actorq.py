@@ -32,13 +32,13 @@ bench/results/actorq.{json,png,md}; --quick (a few minutes) writes to runs/bench
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,10 +46,10 @@ from typing import Any
 import numpy as np
 
 from bench import actor_sweep
-from bench.machine import add_allow_busy, finish, machine_info, pin_to_one_core, refuse_if_busy
+from bench.machine import (add_allow_busy, finish, machine_info, measuring_actor_env, pin_to_one_core,
+                           refuse_if_busy)
 from quarl.vector_env import env_implementation
 from quarl.io import jsonable
-from quarl.runtimes.auto import CACHE_ENV
 
 TASK = "cartpole:balance"
 PAPER_POLICY = (2048, 2048, 2048)
@@ -192,7 +192,6 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
     from quarl.payload import encode_payload  # pylint: disable=import-outside-toplevel
     from quarl.quantization import quantize_params  # pylint: disable=import-outside-toplevel
     from launch.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
-    from launch.program import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
     from launch.ray_runner import RayNodeHandle  # pylint: disable=import-outside-toplevel
 
     spec = AgentSpec("d4pg", TASK, {"policy_layer_sizes": PAPER_POLICY})
@@ -209,9 +208,8 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
                                                       max_concurrency=4).remote(p)
     handles = {p: RayNodeHandle(f"weights_{p}", namespace) for p in precisions}
     quantize_s: dict[str, list[float]] = {p: [] for p in precisions}
-    # A fresh auto cache: the actors' backends are measured in this run, not read from an earlier one.
-    cache = tempfile.mkdtemp(prefix="quarl-bench-auto-")
-    env_vars = {**SINGLE_THREAD_ENV, CACHE_ENV: cache}
+    stack = contextlib.ExitStack()
+    env_vars = stack.enter_context(measuring_actor_env("quarl-bench-auto-"))
     probe = ray.remote(ActorProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote(
         handles, seed, pin=True)
     try:
@@ -237,7 +235,7 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
         threads = ray.get(probe.threads.remote())
         auto_choices = ray.get(probe.auto_choices.remote())
     finally:
-        shutil.rmtree(cache, ignore_errors=True)
+        stack.close()
         for actor in (probe, *servers.values()):
             ray.kill(actor)
     throughput = {p: {k: _median([b[k] for b in blocks[p]]) for k in ("steps_per_s", "env_us", "policy_us")}

@@ -7,9 +7,12 @@ cores (unless told `--allow-busy`), and every result records the load average at
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
-from typing import Any, NoReturn, Sequence
+import shutil
+import tempfile
+from typing import Any, Iterator, NoReturn, Sequence
 
 from quarl.machine import cpu_model_name, load_average
 
@@ -97,3 +100,18 @@ def pin_to_one_core(core: int | None = None) -> int | None:
     chosen = max(os.sched_getaffinity(0)) if core is None else core
     pin_thread(chosen)
     return chosen
+
+
+@contextlib.contextmanager
+def measuring_actor_env(prefix: str) -> Iterator[dict[str, str]]:
+    """Env vars for a Ray actor that measures: one compute thread per runtime, and an `auto` backend cache of
+    its own (a temporary folder, removed on exit) so the backends it times are chosen in this run, not read
+    from an earlier one measured on other code or another load."""
+    from launch.program import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
+    from quarl.runtimes.auto import CACHE_ENV  # pylint: disable=import-outside-toplevel
+
+    cache = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield {**SINGLE_THREAD_ENV, CACHE_ENV: cache}
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)

@@ -85,3 +85,18 @@ def test_pin_to_one_core_confines_the_calling_thread_and_the_threads_it_starts()
     assert seen["core"] == max(before) and seen["self"] == seen["child"] == {max(before)}
     assert "is not one this thread may run on" in seen["error"]
     assert os.sched_getaffinity(0) == before
+
+
+def test_measuring_actor_env_gives_one_thread_and_a_fresh_auto_cache_then_removes_it():
+    from pathlib import Path
+
+    from bench.machine import measuring_actor_env
+    from launch.program import SINGLE_THREAD_ENV
+    from quarl.runtimes.auto import CACHE_ENV
+
+    with measuring_actor_env("quarl-test-auto-") as env:
+        cache = Path(env[CACHE_ENV])
+        assert cache.is_dir() and not any(cache.iterdir())  # empty: nothing measured earlier is reused
+        assert all(env[k] == v for k, v in SINGLE_THREAD_ENV.items())
+        (cache / "auto_backend.json").write_text("{}")
+    assert not cache.exists()
