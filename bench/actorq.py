@@ -163,10 +163,11 @@ class ActorProbe:
         """What `backend="auto"` measured for each precision's actor in this process: the backend it chose and
         every candidate's microseconds per call (so a reader sees the fp32 baseline was the fastest fp32)."""
         from quarl.runtimes import auto_decisions  # pylint: disable=import-outside-toplevel
+        from quarl.runtimes.auto import parse_decision_key  # pylint: disable=import-outside-toplevel
 
         out = {}
         for key, entry in auto_decisions().items():
-            precision = key.split("|")[3]  # decision_key: fingerprint|shape|batch|precision|threads|form
+            precision = parse_decision_key(key)["precision"]
             if precision in self._actors:
                 out[precision] = {"backend": entry["backend"], "us_per_call": entry.get("us_per_call"),
                                   "source": entry.get("source")}

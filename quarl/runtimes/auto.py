@@ -89,6 +89,21 @@ def decision_key(spec: PolicySpec, precision: str, batch_size: int, threads: int
     return f"{machine_fingerprint()}|{shape}|b{batch_size}|{precision}|t{threads}|k{form}"
 
 
+KEY_FIELDS = ("machine", "shape", "batch", "precision", "threads", "form")
+
+
+def parse_decision_key(key: str) -> dict[str, str]:
+    """`decision_key`'s fields by name (batch, threads and form without their one-letter prefixes), so readers
+    of `auto_decisions()` do not depend on the field order. Raises ValueError on a key of another layout."""
+    parts = key.split("|")
+    if len(parts) != len(KEY_FIELDS) or not (parts[2][:1] == "b" and parts[4][:1] == "t" and parts[5][:1] == "k"):
+        raise ValueError(f"not an auto decision key: {key!r}")
+    fields = dict(zip(KEY_FIELDS, parts))
+    for name in ("batch", "threads", "form"):
+        fields[name] = fields[name][1:]
+    return fields
+
+
 def auto_decisions() -> dict[str, dict[str, Any]]:
     """The decisions made or loaded in this process: key -> {backend, us_per_call, source}."""
     with _lock:

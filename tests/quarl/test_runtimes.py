@@ -501,3 +501,14 @@ def test_onnx_executor_keeps_only_serialized_graphs_and_parses_them_on_request(c
     assert len(ex.model().graph.node) == len(second.graph.node) > 0
     with pytest.raises(ValueError, match="no 'nope' graph"):
         ex.model("nope")
+
+
+def test_decision_keys_parse_back_into_their_fields(cases):
+    from quarl.runtimes.auto import decision_key, parse_decision_key
+
+    spec = cases["dqn"][0]
+    fields = parse_decision_key(decision_key(spec, "int8", 16, 1, "u8u8"))
+    assert (fields["batch"], fields["precision"], fields["threads"], fields["form"]) == ("16", "int8", "1", "u8u8")
+    assert fields["shape"] == "-".join(str(w) for w in (spec.input_dim, *(ly.out for ly in spec.linear_layers)))
+    with pytest.raises(ValueError, match="not an auto decision key"):
+        parse_decision_key("a|b|c")
