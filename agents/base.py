@@ -56,6 +56,32 @@ class Actor(Protocol):
     def update(self, qparams: QuantizedParams) -> None: ...
 
 
+class ExecutorActor:
+    """What every agent's actor shares: the quantized policy executor it acts through (`self._executor`, set by
+    the subclass), what runs it (backend, precision, integer kernel form) and the weight swap."""
+
+    _executor: Any
+
+    @property
+    def backend(self) -> str:
+        return str(getattr(self._executor, "backend", "unknown"))
+
+    @property
+    def precision(self) -> str:
+        return str(getattr(self._executor, "precision", "unknown"))
+
+    @property
+    def kernel(self) -> dict:
+        """The executor's integer kernel form and self-check outcome (`quarl.runtimes.kernel_summary`)."""
+        from quarl.runtimes import kernel_summary  # pylint: disable=import-outside-toplevel
+
+        return kernel_summary(self._executor)
+
+    def update(self, qparams: QuantizedParams) -> None:
+        """New policy weights (same spec); the executor swaps them in place."""
+        self._executor.update(qparams)
+
+
 @runtime_checkable
 class Builder(Protocol):
     """Makes every piece of one agent from its config; precision and backend are run-level arguments."""

@@ -11,13 +11,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from agents.base import ExecutorActor
 from quarl.policy import PolicySpec
 from quarl.quantization import QuantizedParams
 
 ExecutorFactory = Callable[..., Any]
 
 
-class D4PGActor:
+class D4PGActor(ExecutorActor):
     """`select_action(obs) -> action[act_dim]`; `update(qparams)` swaps weights; `evaluation` drops noise."""
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, action_min: Sequence[float],
@@ -53,21 +54,6 @@ class D4PGActor:
         """Exploration std-dev in action units (unused while `evaluation` is set)."""
         return self._sigma
 
-    @property
-    def backend(self) -> str:
-        return str(getattr(self._executor, "backend", "unknown"))
-
-    @property
-    def precision(self) -> str:
-        return str(getattr(self._executor, "precision", "unknown"))
-
-    @property
-    def kernel(self) -> dict:
-        """The executor's integer kernel form and self-check outcome (`quarl.runtimes.kernel_summary`)."""
-        from quarl.runtimes import kernel_summary  # pylint: disable=import-outside-toplevel
-
-        return kernel_summary(self._executor)
-
     def policy_action(self, observation: np.ndarray) -> np.ndarray:
         """The quantized policy's deterministic action for one observation (no noise, no clipping)."""
         obs = np.asarray(observation, np.float32)
@@ -96,7 +82,3 @@ class D4PGActor:
         if self.evaluation or self._sigma == 0.0:
             return np.clip(actions, self._low, self._high)
         return actions + self._rng.normal(0.0, self._sigma, actions.shape).astype(np.float32)
-
-    def update(self, qparams: QuantizedParams) -> None:
-        """New policy weights (same spec); the executor swaps them in place."""
-        self._executor.update(qparams)

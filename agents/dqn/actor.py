@@ -11,6 +11,7 @@ from typing import Callable
 import numpy as np
 
 from agents.dqn.config import linear_epsilon
+from agents.base import ExecutorActor
 from quarl.policy import PolicySpec
 from quarl.quantization import QuantizedParams
 
@@ -36,7 +37,7 @@ class EpsilonSchedule:
         return linear_epsilon(step, self.start, self.end, self.decay_steps)
 
 
-class DQNActor:
+class DQNActor(ExecutorActor):
     """`select_action(obs) -> int`; `update(qparams)` swaps weights; `evaluation` selects `eval_epsilon`."""
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, num_actions: int,
@@ -64,21 +65,6 @@ class DQNActor:
     def epsilon(self) -> float:
         """The exploration rate the next `select_action` uses."""
         return self._eval_epsilon if self.evaluation else self._schedule(self._steps)
-
-    @property
-    def backend(self) -> str:
-        return str(getattr(self._executor, "backend", "unknown"))
-
-    @property
-    def precision(self) -> str:
-        return str(getattr(self._executor, "precision", "unknown"))
-
-    @property
-    def kernel(self) -> dict:
-        """The executor's integer kernel form and self-check outcome (`quarl.runtimes.kernel_summary`)."""
-        from quarl.runtimes import kernel_summary  # pylint: disable=import-outside-toplevel
-
-        return kernel_summary(self._executor)
 
     @property
     def steps(self) -> int:
@@ -120,7 +106,3 @@ class DQNActor:
             q = np.asarray(self._executor(obs))
             actions[greedy] = np.argmax(q[greedy], axis=1)
         return actions
-
-    def update(self, qparams: QuantizedParams) -> None:
-        """New policy weights (same spec); the executor swaps them in place."""
-        self._executor.update(qparams)
