@@ -17,6 +17,7 @@ here is evidence about a CPU class, not a measurement on its hardware.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import re
@@ -66,7 +67,20 @@ def arm_unavailable(root: Path | None = None) -> str | None:
         return "needs root and unshare(1) to give the emulated Python an Arm /proc/cpuinfo"
     if not arm_python(root).exists() or not (root / "site" / "onnxruntime").is_dir():
         return f"no Arm sysroot at {root} (python -m bench.emulation build-arm)"
+    if not _can_bind_cpuinfo():
+        return "this sandbox does not allow a private mount namespace (unshare -m + mount --bind failed)"
     return None
+
+
+@functools.lru_cache(maxsize=1)
+def _can_bind_cpuinfo() -> bool:
+    """Whether `unshare -m` and a bind mount over /proc/cpuinfo work here (root is not always enough)."""
+    try:
+        proc = subprocess.run(["unshare", "-m", "sh", "-c", "mount --bind /proc/version /proc/cpuinfo"],
+                              capture_output=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return proc.returncode == 0
 
 
 def _pinned(names: tuple[str, ...]) -> list[str]:
