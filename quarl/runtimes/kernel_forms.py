@@ -101,8 +101,10 @@ class KernelForm:
     lifted_inputs: bool = False
 
 
-# The lower bounds a per-row int graph lifts inputs by (`Graph.floors`): ReLU's output and ELU/tanh's.
-LIFT_FLOORS = (0.0, -1.0)
+# Activations whose output an int layer right after them can take lifted (u = x - floor >= 0), by their floor
+# (ELU's and tanh's outputs are > -1), and the floors a per-row int graph may therefore lift by (`Graph.floors`).
+ACTIVATION_FLOORS = {"relu": 0.0, "elu": -1.0, "tanh": -1.0}
+LIFT_FLOORS = tuple(sorted(set(ACTIVATION_FLOORS.values()), reverse=True))
 
 
 def lifted_bias_name(name: str, floor: float) -> str:
@@ -235,16 +237,16 @@ def _emit_integer(graph: Graph, x: str, codes: str, w_zero_point: str | None, na
     # y = (acc * scale - zp x (colsum * scale)) * row_scale, three passes over [B, N] where the int32 route
     # took five (float rounding only, ~1e-7 relative to an exact int32 correction).
     one = graph.const(f"{name}.one", np.float32(1))
-    if name in graph.floors:  # lifted input (>= 0): zero point 0, nothing to correct; floor x colsum is in the bias
+    lifted = name in graph.floors  # input >= 0: zero point 0, nothing to correct; floor x colsum is in the bias
+    if lifted:
         xq, xs = emit_lifted_row_quantize(graph, x, name)
-        (acc,) = graph.op("MatMulIntegerToFloat", [xq, codes, one, f"{name}.scale"]
-                          + (["", w_zero_point] if w_zero_point else []), domain="com.microsoft")
-        return graph.op("Mul", [acc, xs])[0]
-    xq, xs, xz = emit_row_quantize(graph, x, name)
+    else:
+        xq, xs, xz = emit_row_quantize(graph, x, name)
     (acc,) = graph.op("MatMulIntegerToFloat", [xq, codes, one, f"{name}.scale"]
                       + (["", w_zero_point] if w_zero_point else []), domain="com.microsoft")
-    (y,) = graph.op("Add", [acc, graph.op("Mul", [xz, f"{name}.colsum_scaled"])[0]])
-    return graph.op("Mul", [y, xs])[0]
+    if not lifted:
+        (acc,) = graph.op("Add", [acc, graph.op("Mul", [xz, f"{name}.colsum_scaled"])[0]])
+    return graph.op("Mul", [acc, xs])[0]
 
 
 def _int_initializers(name: str, dense: DenseWeights, codes: np.ndarray) -> dict[str, np.ndarray]:

@@ -39,7 +39,8 @@ import numpy as np
 
 from quarl.policy import LAYER_NORM_EPS, Activation, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
-from quarl.runtimes.kernel_forms import Graph, KernelForm, get_form, lifted_bias_name, opset_imports, select_form
+from quarl.runtimes.kernel_forms import (ACTIVATION_FLOORS, Graph, KernelForm, get_form, lifted_bias_name,
+                                         opset_imports, select_form)
 from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM
 from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 
@@ -80,10 +81,6 @@ def _emit_elu(graph: Graph, x: str, lifted: bool) -> str:
     return graph.op("Max", [x, graph.op("Sub", [e, one])[0]])[0]
 
 
-# Activations whose output an int layer can take lifted (u = x - floor >= 0), and their floors.
-_FLOORS = {"relu": 0.0, "elu": -1.0, "tanh": -1.0}
-
-
 def _lifted_floor(spec: PolicySpec, lowered: LoweredParams, i: int, form: KernelForm | None,
                   per_row: bool) -> float | None:
     """The floor by which activation layer i lifts its output for the int Linear right after it, or None
@@ -93,7 +90,7 @@ def _lifted_floor(spec: PolicySpec, lowered: LoweredParams, i: int, form: Kernel
     nxt = spec.layers[i + 1]
     if not isinstance(nxt, Linear) or lowered.dense[nxt.name].kind != "int":
         return None
-    return _FLOORS.get(spec.layers[i].fn)
+    return ACTIVATION_FLOORS.get(spec.layers[i].fn)
 
 
 def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | None = None, *,
@@ -105,10 +102,10 @@ def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | Non
     In per-row graphs an activation followed by an int layer hands it a *lifted* input where the form takes
     one (`KernelForm.lifted_inputs`): ReLU's output as is (>= 0), ELU's and tanh's plus 1. The layer then
     quantizes with zero point 0 and no per-row correction, and its bias carries floor x the weights' column
-    sums (`kernel_forms.lifted_bias_name`): four fewer passes over [B, out] a layer (2048x3 at 64 rows: 76
-    instead of 90 us a row). The batch-1 graph does not lift: its fused DynamicQuantizeLinear needs no
-    correction anyway, and the extra Adds cost it ~4%. So after tanh/ELU a row alone is quantized over
-    [min(x, 0), max(x, 0)] and in a batch over [-1, max(x, 0)]: the same int8 policy, actions a code apart."""
+    sums (`kernel_forms.lifted_bias_name`): four fewer passes over [B, out] a layer. The batch-1 graph does
+    not lift: its fused DynamicQuantizeLinear needs no correction anyway, and the extra Adds would only cost
+    it time. So after tanh/ELU a row alone is quantized over [min(x, 0), max(x, 0)] and in a batch over
+    [-1, max(x, 0)]: the same int8 policy, actions a code apart."""
     from onnx import TensorProto, helper, numpy_helper
 
     if form is None and any(d.kind == "int" for d in lowered.dense.values()):
