@@ -32,11 +32,9 @@ bench/results/actorq.{json,png,md}; --quick (a few minutes) writes to runs/bench
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import statistics
 import sys
 import time
@@ -209,36 +207,34 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
                                                       max_concurrency=4).remote(p)
     handles = {p: RayNodeHandle(f"weights_{p}", namespace) for p in precisions}
     quantize_s: dict[str, list[float]] = {p: [] for p in precisions}
-    stack = contextlib.ExitStack()
-    env_vars = stack.enter_context(measuring_actor_env("quarl-bench-auto-"))
-    probe = ray.remote(ActorProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote(
-        handles, seed, pin=True)
-    try:
-        rng = np.random.default_rng(seed)
-        updates: dict[str, list[dict[str, float]]] = {p: [] for p in precisions}
-        for r in range(budget.update_rounds + 1):  # round 0 builds the executors (not a refresh): dropped
-            version = r + 1
-            noisy = _perturb(params, rng)
-            for p in precisions:  # the learner's side: quantize + encode once, put once, publish the reference
-                t0 = time.perf_counter()
-                data = encode_payload(quantize_params(noisy, p), version=version, spec_hash=spec_hash)
-                quantize_s[p].append(time.perf_counter() - t0)
-                ray.get(servers[p].publish.remote(version, Blob.put(data)))
-            for p in (precisions if r % 2 == 0 else precisions[::-1]):
-                cost = ray.get(probe.update_cost.remote(p))
-                if r > 0:
-                    updates[p].append(cost)
-        blocks: dict[str, list[dict[str, float]]] = {p: [] for p in precisions}
-        ray.get(probe.throughput.remote(precisions, 2 * CHUNK, CHUNK))  # warm-up (first-call costs)
-        for _ in range(budget.rounds):
-            for p, row in ray.get(probe.throughput.remote(precisions, budget.block_steps, CHUNK)).items():
-                blocks[p].append(row)
-        threads = ray.get(probe.threads.remote())
-        auto_choices = ray.get(probe.auto_choices.remote())
-    finally:
-        stack.close()
-        for actor in (probe, *servers.values()):
-            ray.kill(actor)
+    with measuring_actor_env("quarl-bench-auto-") as env_vars:  # removed when the actors are gone
+        probe = ray.remote(ActorProbe).options(num_cpus=1, runtime_env={"env_vars": env_vars}).remote(
+            handles, seed, pin=True)
+        try:
+            rng = np.random.default_rng(seed)
+            updates: dict[str, list[dict[str, float]]] = {p: [] for p in precisions}
+            for r in range(budget.update_rounds + 1):  # round 0 builds the executors (not a refresh): dropped
+                version = r + 1
+                noisy = _perturb(params, rng)
+                for p in precisions:  # the learner's side: quantize + encode once, put once, publish the reference
+                    t0 = time.perf_counter()
+                    data = encode_payload(quantize_params(noisy, p), version=version, spec_hash=spec_hash)
+                    quantize_s[p].append(time.perf_counter() - t0)
+                    ray.get(servers[p].publish.remote(version, Blob.put(data)))
+                for p in (precisions if r % 2 == 0 else precisions[::-1]):
+                    cost = ray.get(probe.update_cost.remote(p))
+                    if r > 0:
+                        updates[p].append(cost)
+            blocks: dict[str, list[dict[str, float]]] = {p: [] for p in precisions}
+            ray.get(probe.throughput.remote(precisions, 2 * CHUNK, CHUNK))  # warm-up (first-call costs)
+            for _ in range(budget.rounds):
+                for p, row in ray.get(probe.throughput.remote(precisions, budget.block_steps, CHUNK)).items():
+                    blocks[p].append(row)
+            threads = ray.get(probe.threads.remote())
+            auto_choices = ray.get(probe.auto_choices.remote())
+        finally:
+            for actor in (probe, *servers.values()):
+                ray.kill(actor)
     throughput = {p: {k: _median([b[k] for b in blocks[p]]) for k in ("steps_per_s", "env_us", "policy_us")}
                   for p in precisions}
     ratios = throughput_ratios(blocks)

@@ -10,16 +10,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import os
 import re
 import shlex
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 DEFAULT_TESTS = (
     "tests/quarl/test_runtimes.py",
     "-k", "matches_reference or update_swaps or other_batch or per_tensor or auto_picks",
@@ -29,13 +25,13 @@ DEFAULT_TESTS = (
 
 def run(cpu: str, tests: list[str], timeout: float) -> dict[str, object]:
     """pytest under qemu; returns the command, exit code, summary line and seconds."""
-    qemu = shutil.which("qemu-x86_64")
-    if qemu is None:
-        raise SystemExit("bench.emulated_suite: error: qemu-x86_64 not found (Debian: apt-get install qemu-user)")
-    cmd = [qemu, "-cpu", cpu, sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests]
+    from bench.emulation import run_under_x86  # pylint: disable=import-outside-toplevel
+
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        proc = run_under_x86(cpu, ["-m", "pytest", "-q", "-p", "no:cacheprovider", *tests], timeout=timeout)
+    except RuntimeError as e:
+        raise SystemExit(f"bench.emulated_suite: error: {e}") from None
     lines = [ln for ln in proc.stdout.splitlines() if ln.strip()]
     summary = next((ln.strip("= ") for ln in reversed(lines) if re.search(r"\d+ (passed|failed|error)", ln)), "")
     failed = [ln for ln in lines if ln.startswith(("FAILED", "ERROR"))]
@@ -48,7 +44,8 @@ def page(argv: list[str], cpu: str, tests: list[str], result: dict[str, object])
 
     info = cpu_info()
     lines = ["# The int8 runtime tests on an emulated CPU", "",
-             f"`{shlex.join(['python', '-m', 'bench.emulated_suite', *argv])}`, {datetime.date.today().isoformat()}. Host: "
+             f"`{shlex.join(['python', '-m', 'bench.emulated_suite', *argv])}`, "
+             f"{datetime.date.today().isoformat()}. Host: "
              f"{info['cpu_model']} (class {cpu_class()}); emulated: `qemu-x86_64 -cpu {cpu}` (qemu-user; ONNX "
              "Runtime's MLAS dispatches on the emulated CPUID, so an AVX2-only model gets the AVX2 kernels whose "
              "u8 x s8 sums saturate). /proc/cpuinfo under qemu-user is the host's, so the CPU-based first choice "

@@ -50,6 +50,33 @@ WHEELS = ("numpy", "onnx", "onnxruntime", "protobuf", "jax", "jaxlib", "ml_dtype
           "typing_extensions", "flatbuffers", "packaging", "etils", "filelock", "cloudpickle")
 
 
+X86_UNAVAILABLE = "needs qemu-user on an x86_64 host (Debian: apt-get install qemu-user) to emulate another CPU"
+
+
+def x86_unavailable() -> str | None:
+    """Why this venv's Python cannot run under an emulated x86 CPU here, or None when it can."""
+    if platform.machine() != "x86_64" or shutil.which("qemu-x86_64") is None:
+        return X86_UNAVAILABLE
+    return None
+
+
+def run_under_x86(cpu: str, args: list[str], timeout: float = 900, cwd: Path = REPO) -> subprocess.CompletedProcess:
+    """Run this venv's Python with `args` under `qemu-x86_64 -cpu cpu` (MLAS then dispatches on that CPU's
+    CPUID, e.g. Haswell's AVX2 kernels), this repository on its path."""
+    reason = x86_unavailable()
+    if reason:
+        raise RuntimeError(reason)
+    return subprocess.run([shutil.which("qemu-x86_64"), "-cpu", cpu, sys.executable, *args], cwd=cwd,
+                          capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def stderr_tail(proc: subprocess.CompletedProcess, lines: int = 5) -> str:
+    """The last lines of an emulated run's stderr without qemu's warnings about CPU features it lacks."""
+    kept = [ln for ln in proc.stderr.splitlines() if "TCG doesn't support" not in ln]
+    return " | ".join(kept[-lines:])
+
+
 def default_sysroot() -> Path:
     return Path(os.environ.get(SYSROOT_ENV) or Path.home() / ".cache" / "quarl" / "arm-sysroot")
 

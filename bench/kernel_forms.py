@@ -14,14 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-REPO = Path(__file__).resolve().parents[1]
-
 
 def measure(bits: list[int], width: int) -> dict[str, Any]:
     """Check every registered form at each bit width on one [width, width] layer, in this process."""
@@ -42,21 +37,20 @@ def measure(bits: list[int], width: int) -> dict[str, Any]:
 
 
 def _under_qemu(model: str, bits: list[int], width: int) -> dict[str, Any]:
-    qemu = shutil.which("qemu-x86_64")
-    if qemu is None:
-        raise SystemExit("qemu-x86_64 not found (Debian: apt-get install qemu-user)")
-    cmd = [qemu, "-cpu", model, sys.executable, "-m", "bench.kernel_forms", "--inner",
-           "--bits", ",".join(map(str, bits)), "--width", str(width)]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    from bench.emulation import run_under_x86, stderr_tail  # pylint: disable=import-outside-toplevel
+
+    try:
+        proc = run_under_x86(model, ["-m", "bench.kernel_forms", "--inner", "--bits", ",".join(map(str, bits)),
+                                     "--width", str(width)])
+    except RuntimeError as e:
+        raise SystemExit(f"bench.kernel_forms: error: qemu-x86_64 -cpu {model}: {e}") from None
     if proc.returncode != 0:
-        tail = [ln for ln in proc.stderr.splitlines() if "TCG doesn't support" not in ln][-5:]
-        raise SystemExit(f"qemu -cpu {model} failed: {' | '.join(tail)}")
+        raise SystemExit(f"qemu -cpu {model} failed: {stderr_tail(proc)}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _under_arm(model: str, bits: list[int], width: int) -> dict[str, Any]:
-    from bench.emulation import run_under_arm  # pylint: disable=import-outside-toplevel
+    from bench.emulation import run_under_arm, stderr_tail  # pylint: disable=import-outside-toplevel
 
     try:
         proc = run_under_arm(model, ["-m", "bench.kernel_forms", "--inner", "--bits", ",".join(map(str, bits)),
@@ -64,7 +58,7 @@ def _under_arm(model: str, bits: list[int], width: int) -> dict[str, Any]:
     except (RuntimeError, ValueError) as e:
         raise SystemExit(f"bench.kernel_forms: error: qemu-aarch64 -cpu {model}: {e}") from None
     if proc.returncode != 0:
-        raise SystemExit(f"qemu-aarch64 -cpu {model} failed: {' | '.join(proc.stderr.splitlines()[-5:])}")
+        raise SystemExit(f"qemu-aarch64 -cpu {model} failed: {stderr_tail(proc)}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

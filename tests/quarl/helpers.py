@@ -3,26 +3,19 @@ seconds per new shape), and running a script under an emulated CPU (qemu-user)."
 from __future__ import annotations
 
 import json
-import os
-import platform
-import shutil
-import subprocess
-import sys
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from bench.emulation import X86_UNAVAILABLE, run_under_x86, stderr_tail, x86_unavailable
 from quarl.policy import LayerNorm, PolicySpec
 from quarl.runtimes.base import layer_widths
 
-REPO = Path(__file__).resolve().parents[2]
-QEMU = shutil.which("qemu-x86_64")
-QEMU_SKIP_REASON = "needs qemu-user on an x86_64 host (Debian: apt-get install qemu-user) to emulate another CPU"
+QEMU_SKIP_REASON = X86_UNAVAILABLE
 
 
 def qemu_available() -> bool:
-    return QEMU is not None and platform.machine() == "x86_64"
+    return x86_unavailable() is None
 
 
 def random_params(spec: PolicySpec, seed: int = 0, bias_std: float = 0.1) -> dict[str, dict[str, np.ndarray]]:
@@ -39,9 +32,8 @@ def random_params(spec: PolicySpec, seed: int = 0, bias_std: float = 0.1) -> dic
 
 
 def run_under_qemu(cpu: str, script: str, timeout: float = 900) -> Any:
-    """Run `script` with this venv's Python under `qemu-x86_64 -cpu cpu` (so MLAS dispatches on that CPU's
-    CPUID) and return the JSON its last stdout line prints."""
-    proc = subprocess.run([QEMU, "-cpu", cpu, sys.executable, "-c", script], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env={**os.environ, "PYTHONPATH": str(REPO)})
-    assert proc.returncode == 0, "\n".join(ln for ln in proc.stderr.splitlines() if "TCG" not in ln)[-2000:]
+    """Run `script` with this venv's Python under `qemu-x86_64 -cpu cpu` (`bench.emulation.run_under_x86`) and
+    return the JSON its last stdout line prints."""
+    proc = run_under_x86(cpu, ["-c", script], timeout=timeout)
+    assert proc.returncode == 0, stderr_tail(proc, 40)[-2000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
