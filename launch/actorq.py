@@ -117,6 +117,9 @@ def build_parser() -> OneLineArgumentParser:
                    help="evaluations in a row that must reach --target-return (default: 2 for the default d4pg "
                         "job, else 1)")
     p.add_argument("--publish-period", type=int, default=10, help="learner steps between weight versions")
+    p.add_argument("--publish-min-interval-s", type=float, default=0.0, help="seconds at least between weight versions")
+    p.add_argument("--learner-steps-per-call", type=int, default=1,
+                   help="SGD steps per learner call, one lax.scan over K sampled batches (GPU: 8-32)")
     p.add_argument("--insert-batch", type=int, default=64, help="transitions per replay insert call")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="agent config override, repeatable (e.g. --set batch_size=128)")
@@ -200,6 +203,7 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
         target_return=given(args.target_return, preset.get("target_return")),
         target_streak=given(args.target_streak, preset.get("target_streak", 1)),
         publish_period=args.publish_period, insert_batch=args.insert_batch, checkpoint_every=args.checkpoint_every,
+        publish_min_interval_s=args.publish_min_interval_s, learner_steps_per_call=args.learner_steps_per_call,
         resume=args.resume, pin_actors=args.pin_actors,
         actor_resources=parse_resources("--actor-resource", args.actor_resources),
         learner_resources={k: SERVICE_SHARE for k in parse_resources("--learner-resource", args.learner_resources)})

@@ -55,6 +55,9 @@ class ExperimentConfig:
     eval_fp32: bool = False  # [single] also evaluate an fp32 actor next to the deployed-precision one
     num_actors: int = 1  # [distributed] (the single-process runner has one actor)
     publish_period: int = 10  # [distributed] learner steps between weight versions
+    publish_min_interval_s: float = 0.0  # [distributed] seconds at least between weight versions
+    # [distributed] SGD steps per learner call (one `lax.scan` over K sampled batches): 1 on CPU, 8-32 on a GPU
+    learner_steps_per_call: int = 1
     insert_batch: int = 64  # [distributed] transitions per replay insert call
     prefetch: int = 2  # [distributed] sampled batches the learner keeps in flight
     checkpoint_every: int = 0  # [distributed] learner steps; 0 = only at shutdown
@@ -93,7 +96,7 @@ class ExperimentConfig:
             if not isinstance(value, (str, os.PathLike)) or not str(value):
                 raise ConfigError(name, f"must be a non-empty string, got {value!r}")
         for name in ("max_actor_steps", "eval_episodes", "envs_per_actor", "target_streak", "num_actors",
-                     "publish_period", "insert_batch", "prefetch"):
+                     "publish_period", "insert_batch", "prefetch", "learner_steps_per_call"):
             _check_int(name, getattr(self, name), minimum=1)
         if self.eval_every is not None:
             _check_int("eval_every", self.eval_every, minimum=1)
@@ -104,6 +107,8 @@ class ExperimentConfig:
             raise ConfigError("backend", f"{self.backend!r} is an unknown backend; valid: {', '.join(BACKEND_NAMES)}")
         if self.target_return is not None and not _finite(self.target_return):
             raise ConfigError("target_return", f"must be a finite number, got {self.target_return!r}")
+        if not _finite(self.publish_min_interval_s) or self.publish_min_interval_s < 0:
+            raise ConfigError("publish_min_interval_s", f"must be a finite number >= 0, got {self.publish_min_interval_s!r}")
         if not _finite(self.log_every_s) or self.log_every_s <= 0:
             raise ConfigError("log_every_s", f"must be a finite number > 0, got {self.log_every_s!r}")
         for name in ("eval_fp32", "pin_actors"):
@@ -164,7 +169,7 @@ class ExperimentConfig:
 
 
 _INTS = ("max_actor_steps", "seed", "eval_every", "eval_episodes", "envs_per_actor", "target_streak",
-         "num_actors", "publish_period", "insert_batch", "prefetch", "checkpoint_every")
+         "num_actors", "publish_period", "insert_batch", "prefetch", "checkpoint_every", "learner_steps_per_call")
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

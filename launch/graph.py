@@ -39,7 +39,8 @@ def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> 
         {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
          "weights": weights, "logdir": logdir, "precision": config.precision, "publish_period": config.publish_period,
          "prefetch": config.prefetch, "checkpoint_every": config.checkpoint_every, "resume": config.resume,
-         "run_config": config.to_dict(), "log_every_s": config.log_every_s},
+         "run_config": config.to_dict(), "log_every_s": config.log_every_s,
+         "steps_per_call": config.learner_steps_per_call, "publish_min_interval_s": config.publish_min_interval_s},
         kind="worker", num_cpus=1, use_accelerator=True, max_concurrency=4, resources=near_learner))
     for i in range(config.num_actors):
         program.add(Node(

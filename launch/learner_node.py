@@ -1,10 +1,9 @@
-"""The fp32 learner node: trains on sampled batches and publishes weight versions (version = learner step)."""
+"""The fp32 learner node: trains on sampled batches, K SGD steps per call, and publishes weight versions
+(version = learner step) through a publisher thread."""
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
-import queue
 import threading
 import time
 from typing import Any, Mapping
@@ -13,35 +12,23 @@ import numpy as np
 
 from launch import checkpoint as ckpt
 from launch.agent_spec import AgentSpec
-from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event, wait_or_stop
+from launch.learner_feed import BlockFeed
+from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
 from launch.program import NodeHandle
+from launch.publisher import Publisher, PublishTimes
 from launch.shared_blob import Blob
 from quarl.carbon import stop_tracking
+from quarl.device_quantization import quantize_params_on_device
 from quarl.payload import encode_payload, fp32_payload_nbytes
 from quarl.quantization import parse_precision, quantize_params
 from quarl import policy_io
-from quarl.replay import TableClosed
+
+FINAL_PUBLISH_TIMEOUT_S = 60.0
 
 
-@dataclasses.dataclass
-class PublishTimes:
-    """The learner's side of the weight channel: seconds quantizing + encoding, and publishing the bytes."""
-
-    versions: int = 0
-    quantize_encode_s: float = 0.0
-    put_s: float = 0.0
-    payload_bytes: int = 0
-
-    def add(self, quantize_encode_s: float, put_s: float, nbytes: int) -> None:
-        self.versions += 1
-        self.quantize_encode_s += quantize_encode_s
-        self.put_s += put_s
-        self.payload_bytes = int(nbytes)
-
-    def summary(self) -> dict[str, float]:
-        n = max(self.versions, 1)
-        return {**dataclasses.asdict(self), "quantize_encode_ms_per_version": 1e3 * self.quantize_encode_s / n,
-                "put_ms_per_version": 1e3 * self.put_s / n}
+def crossed(before: int, after: int, period: int) -> bool:
+    """Whether a multiple of `period` lies in (before, after]: cadences on a step count that advances K at a time."""
+    return after // period > before // period
 
 
 def _import_orbax() -> None:
@@ -52,7 +39,11 @@ def _import_orbax() -> None:
 
 
 class LearnerNode(NodeBase):
-    """The fp32 learner and the source of weight versions (version = learner step at publication)."""
+    """The fp32 learner and the source of weight versions (version = learner step at publication).
+
+    The training thread runs blocks of `steps_per_call` SGD steps that `BlockFeed` threads sampled and moved to
+    the device ahead of time; every `publish_period` steps (at most once per `publish_min_interval_s` seconds) it
+    hands a device snapshot of the policy to the `Publisher` thread, which quantizes, encodes and publishes it."""
 
     LOG_FIELDS = ["learner_steps", "wall_clock_s", "steps_per_s", "weights_version",
                   "sample_wait_frac", "loss", "critic_loss", "policy_loss", "q_mean", "td_abs_mean",
@@ -61,26 +52,30 @@ class LearnerNode(NodeBase):
     def __init__(self, spec: AgentSpec, seed: int, replay: NodeHandle, counter: NodeHandle,
                  weights: NodeHandle, logdir: str, precision: str = "int8", publish_period: int = 10,
                  prefetch: int = 2, checkpoint_every: int = 0, resume: str | None = None,
-                 run_config: Mapping[str, Any] | None = None, log_every_s: float = 1.0):
+                 run_config: Mapping[str, Any] | None = None, log_every_s: float = 1.0,
+                 steps_per_call: int = 1, publish_min_interval_s: float = 0.0, publish: bool = True):
         self._spec = spec
         self._builder = spec.builder()
         env_spec = spec.env_spec()
         self._policy_spec = self._builder.policy_spec(env_spec)
         self._learner = self._builder.make_learner(env_spec, seed)
         self._replay, self._counter, self._weights = replay, counter, weights
-        self._precision = parse_precision(precision).name
+        self._precision = parse_precision(precision)
         self._spec_hash = self._policy_spec.digest()
         self._fp32_nbytes = 0
         self.publish_times = PublishTimes()
         self._logdir = logdir
         self._publish_period = max(1, int(publish_period))
+        self._publish_enabled = bool(publish)  # False: only benchmarks (bench.learner_in_program) turn it off
         self._prefetch = max(1, int(prefetch))
+        self._steps_per_call = max(1, int(steps_per_call))
         self._checkpoint_every = int(checkpoint_every)
         self._run_config = dict(run_config or {})
         self._log_every_s = float(log_every_s)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # learner state vs. checkpoint/publish from other threads
         self._version = -1
+        self._publisher = Publisher(self._publish_version, publish_min_interval_s, name="publisher")
         self.resumed_from: int | None = None
         if resume:
             directory = ckpt.find_checkpoint(resume)
@@ -105,61 +100,58 @@ class LearnerNode(NodeBase):
         threading.Thread(target=_import_orbax, name="import-orbax", daemon=True).start()
         tracker = energy_tracker(self._logdir, "learner")
         log = csv_logger(self._logdir, "learner", self.LOG_FIELDS, "learner_steps")
-        batches: queue.Queue = queue.Queue(maxsize=self._prefetch)
-        errors: list[BaseException] = []
-        batch_size = int(self._builder.config.batch_size)
         prioritized = self.sampler_is_prioritized()
-        threads = [threading.Thread(target=self._prefetch_loop, args=(batches, batch_size, errors),
-                                    name=f"prefetch-{i}", daemon=True) for i in range(self._prefetch)]
-        for t in threads:
-            t.start()
-        self._publish(wait=True)
+        feed = BlockFeed(self._replay, self._learner.prepare, int(self._builder.config.batch_size),
+                         self._steps_per_call, threads=self._prefetch).start()
+        self.publish_now()
         t_origin = time.monotonic() - self._counter.call("get")["wall_clock_s"]
         start_steps = reported = self.steps()
         wait_s = step_s = 0.0
         t_first: float | None = None  # first learner step (after replay reached its minimum size)
         last_log = (time.monotonic(), start_steps, 0.0)
         pending: collections.deque = collections.deque()  # priority updates in flight
-        publish_future = counter_future = None
+        counter_future = None
+        publish_owed = False
         last_report = 0.0
         policy_file: str | None = None
+        metrics: dict[str, Any] = {}
         try:
             while not self._stop.is_set():
-                if errors:
-                    raise errors[0]
+                self._publisher.check()  # a failed publication stops the learner with its error
                 t0 = time.perf_counter()
-                try:
-                    sample = batches.get(timeout=POLL_S)
-                except queue.Empty:
+                block = feed.get(timeout=POLL_S)
+                if block is None:
                     wait_s += time.perf_counter() - t0
                     continue
                 t1 = time.perf_counter()
                 with self._lock:
-                    metrics = self._learner.step(sample)
+                    before = int(self._learner.steps)
+                    metrics = self._learner.run_block(block)
                     steps = int(self._learner.steps)
                 step_s += time.perf_counter() - t1
                 now = time.monotonic()
                 if t_first is None:
-                    t_first, last_log = now, (now, steps - 1, wait_s)
+                    t_first, last_log = now, (now, before, wait_s)
                 else:
                     wait_s += t1 - t0
-                if prioritized and "priorities" in metrics:
-                    pending.append(self._replay.submit("update_priorities", sample.keys,
-                                                       np.asarray(metrics["priorities"])))
+                if prioritized and "priorities" in metrics:  # one update per sampled batch, in order
+                    prios = np.reshape(metrics["priorities"], block.keys.shape)
+                    pending.append(self._replay.submit("update_priorities", block.keys.reshape(-1), prios.reshape(-1)))
                 while pending and pending[0].done():
                     pending.popleft().result()
-                if steps % self._publish_period == 0 and (publish_future is None or publish_future.done()):
-                    if publish_future is not None:
-                        publish_future.result()  # surfaces a rejected (non-finite) publication
-                    publish_future = self._publish(wait=False)
+                publish_owed = publish_owed or crossed(before, steps, self._publish_period)
+                if publish_owed and self._publish_enabled and self._publisher.due(now):
+                    self._offer()
+                    publish_owed = False
                 if now - last_report >= POLL_S and (counter_future is None or counter_future.done()):
                     counter_future = self._counter.submit("increment", learner_steps=steps - reported)
                     reported, last_report = steps, now
                 if now - last_log[0] >= self._log_every_s:
                     self._log_row(log, metrics, steps, now - t_origin, last_log, now, wait_s)
                     last_log = (now, steps, wait_s)
-                if self._checkpoint_every and steps % self._checkpoint_every == 0:
+                if self._checkpoint_every and crossed(before, steps, self._checkpoint_every):
                     self.checkpoint()
+            feed.close()
             if t_first is not None and self.steps() > last_log[1]:  # the last (partial) window
                 now = time.monotonic()
                 self._log_row(log, metrics, self.steps(), now - t_origin, last_log, now, wait_s)
@@ -170,7 +162,7 @@ class LearnerNode(NodeBase):
                 counter_future.result(timeout=10)
             self._counter.call("increment", learner_steps=self.steps() - reported)
             policy_file = self.save_policy()  # first: the cheapest and most useful thing to have after Ctrl-C
-            self._publish(wait=True)
+            self.publish_now()
             self.checkpoint()
         except BaseException as e:
             if policy_file is None:  # the learner itself may be fine (a lost replay server): keep its policy
@@ -183,6 +175,8 @@ class LearnerNode(NodeBase):
             raise
         finally:
             self._stop.set()
+            feed.close()
+            self._publisher.close()
             log.close()
             energy = stop_tracking(tracker)
         trained = self.steps() - start_steps
@@ -190,8 +184,10 @@ class LearnerNode(NodeBase):
         return {"learner_steps": self.steps(), "steps_this_run": trained, "training_s": training_s,
                 "steps_per_s": trained / training_s if training_s > 0 else 0.0,
                 "step_s": step_s, "step_s_mean": step_s / trained if trained else 0.0, "sample_wait_s": wait_s,
-                "weights_version": self._version, "resumed_from": self.resumed_from, "policy_file": policy_file,
-                "publish": self.publish_times.summary(), "energy": energy}
+                "steps_per_call": self._steps_per_call, "weights_version": self._version,
+                "resumed_from": self.resumed_from, "policy_file": policy_file,
+                "publish": self.publish_times.summary(), "publish_handoff": self.publish_times.handoff(),
+                "energy": energy}
 
     def save_policy(self) -> str:
         """The current fp32 policy as `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint
@@ -207,57 +203,54 @@ class LearnerNode(NodeBase):
         log_event(self._logdir, "learner", f"saved the fp32 policy at learner step {steps} to {path.name}")
         return str(path)
 
-    def _log_row(self, log: Any, metrics: Mapping[str, Any], steps: int, wall_clock_s: float,
-                 last: tuple[float, int, float], now: float, wait_s: float) -> None:
-        window = max(now - last[0], 1e-9)
-        row = {"learner_steps": steps, "wall_clock_s": wall_clock_s, "steps_per_s": (steps - last[1]) / window,
-               "weights_version": self._version, "sample_wait_frac": min(1.0, (wait_s - last[2]) / window)}
-        row.update({k: float(v) for k, v in metrics.items() if k in self.LOG_FIELDS and np.ndim(v) == 0})
-        log.write(row)
-
     def sampler_is_prioritized(self) -> bool:
         return self._builder.table_config().get("sampler") == "prioritized"
 
-    def _prefetch_loop(self, batches: queue.Queue, batch_size: int, errors: list[BaseException]) -> None:
-        """Keeps one sample call in flight per prefetch thread, so the learner never waits on a round trip."""
-        try:
-            while not self._stop.is_set():
-                finished, sample = wait_or_stop(self._replay.submit("sample", batch_size), self._stop)
-                if not finished:
-                    return
-                while not self._stop.is_set():
-                    try:
-                        batches.put(sample, timeout=POLL_S)
-                        break
-                    except queue.Full:
-                        continue
-        except TableClosed:
-            return
-        except BaseException as e:  # pylint: disable=broad-except
-            if not self._stop.is_set():
-                errors.append(e)
+    # -------------------------------------------------------------- publishing
 
-    def _publish(self, wait: bool) -> Any:
-        """Quantizes and encodes the current policy at the actors' precision, once, here, and publishes the bytes
-        (a `Blob`: on Ray one object-store object that every actor reads) to the weight server. Non-finite
-        weights fail here (quantize_params refuses them): the learner stops with that error."""
-        with self._lock:
-            params = self._learner.policy_params()
-            version = int(self._learner.steps)
+    def _offer(self) -> None:
+        """The training thread's whole share of a publication: a device snapshot of the policy (an asynchronous
+        copy, no host transfer) handed to the publisher thread."""
         t0 = time.perf_counter()
-        data = encode_payload(quantize_params(params, self._precision), version=version, spec_hash=self._spec_hash)
+        with self._lock:
+            params = self._learner.policy_snapshot()
+            version = int(self._learner.steps)
+        self._publisher.offer(version, params)
+        self.publish_times.offered += 1
+        self.publish_times.handoff_s += time.perf_counter() - t0
+
+    def publish_now(self, timeout: float = FINAL_PUBLISH_TIMEOUT_S) -> None:
+        """Publishes the current weights and waits until they are out (the first and the last version)."""
+        self._offer()
+        self._publisher.flush(timeout)
+
+    def _publish_version(self, version: int, params: Any) -> None:
+        """Publisher thread: quantizes the policy at the actors' precision (integer codes computed on the learner's
+        device, only they come to the host), encodes the bytes once, and publishes them (a `Blob`: on Ray one
+        object-store object that every actor reads) to the weight server. Non-finite weights fail here: the
+        learner stops with that error."""
+        t0 = time.perf_counter()
+        qparams = (quantize_params_on_device(params, self._precision.name) if self._precision.is_int
+                   else quantize_params(params, self._precision.name))
+        data = encode_payload(qparams, version=version, spec_hash=self._spec_hash)
         t1 = time.perf_counter()
         blob = Blob.put(data)
         t2 = time.perf_counter()
         if not self._fp32_nbytes:
             self._fp32_nbytes = fp32_payload_nbytes(params, version=version, spec_hash=self._spec_hash)
+        self._weights.call("publish", version, blob, self._fp32_nbytes)
         self.publish_times.add(quantize_encode_s=t1 - t0, put_s=t2 - t1, nbytes=blob.nbytes)
-        self._version = version
-        future = self._weights.submit("publish", version, blob, self._fp32_nbytes)
-        if wait:
-            future.result()
-            return None
-        return future
+        self._version = max(self._version, version)
+
+    def _log_row(self, log: Any, metrics: Mapping[str, Any], steps: int, wall_clock_s: float,
+                 last: tuple[float, int, float], now: float, wait_s: float) -> None:
+        """One learner.csv row; a block's stacked metrics are logged at its last step (the only host read)."""
+        window = max(now - last[0], 1e-9)
+        row = {"learner_steps": steps, "wall_clock_s": wall_clock_s, "steps_per_s": (steps - last[1]) / window,
+               "weights_version": self._version, "sample_wait_frac": min(1.0, (wait_s - last[2]) / window)}
+        row.update({k: float(np.asarray(v).reshape(-1)[-1]) for k, v in metrics.items()
+                    if k in self.LOG_FIELDS and np.ndim(v) <= 1})
+        log.write(row)
 
     # -------------------------------------------------------------- checkpoints
 

@@ -89,6 +89,10 @@ class ReplayServer(NodeBase):
     def sample(self, batch_size: int) -> Any:
         return self._table.sample(batch_size)
 
+    def sample_batches(self, batch_size: int, num_batches: int) -> list[Any]:
+        """`num_batches` batches in one call (a learner running K SGD steps per call: one round trip per K)."""
+        return self._table.sample_batches(batch_size, num_batches)
+
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         return self._table.update_priorities(keys, priorities)
 

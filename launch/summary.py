@@ -51,7 +51,8 @@ ACTOR_KEYS = ("actor_id", "attempt", "starts", "actor_steps", "total_steps", "ep
               "first_weights_version", "transitions_inserted", "payloads_rejected", "last_payload_rejection",
               "build_s", "times", "energy")
 LEARNER_KEYS = ("learner_steps", "steps_this_run", "training_s", "steps_per_s", "step_s", "step_s_mean",
-                "sample_wait_s", "weights_version", "resumed_from", "policy_file", "publish", "energy")
+                "sample_wait_s", "weights_version", "resumed_from", "policy_file", "publish", "energy", "steps_per_call",
+                "publish_handoff")
 PUBLISH_KEYS = ("versions", "quantize_encode_s", "put_s", "payload_bytes", "quantize_encode_ms_per_version",
                 "put_ms_per_version")
 PAYLOAD_KEYS = ("precision", "bytes", "fp32_bytes", "compression", "versions", "published", "requests",

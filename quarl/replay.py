@@ -305,6 +305,19 @@ class Table:
         return Sample(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                       {c: np.concatenate([p[2][c] for p in parts]) for c in self.signature})
 
+    def sample_batches(self, batch_size: int, num_batches: int, timeout: float | None = None) -> list[Sample]:
+        """`num_batches` batches of `batch_size` items in one call: one lock hold and one vectorised draw of
+        `num_batches * batch_size` items, split in order. What a learner running K SGD steps per call asks for
+        (one round trip per K steps); the rate limiter sees the same items as from K `sample` calls."""
+        if not isinstance(num_batches, (int, np.integer)) or isinstance(num_batches, bool) or num_batches < 1:
+            raise ValueError(f"num_batches must be a positive int, got {num_batches!r}")
+        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
+        whole = self.sample(int(batch_size) * int(num_batches), timeout)
+        cut = lambda a, i: a[i * batch_size:(i + 1) * batch_size]  # noqa: E731
+        return [Sample(cut(whole.keys, i), cut(whole.probabilities, i), {c: cut(v, i) for c, v in whole.data.items()})
+                for i in range(num_batches)]
+
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         """Sets new priorities for the items still in the table; evicted keys are ignored.
 

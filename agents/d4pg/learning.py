@@ -18,9 +18,7 @@ import rlax
 
 from agents.d4pg.config import D4PGConfig
 from agents.d4pg.networks import D4PGNetworks, critic_mean
-
-BATCH_KEYS = ("observation", "action", "reward", "discount", "next_observation")
-
+from agents.learner_base import JaxLearner
 
 class TrainingState(NamedTuple):
     policy_params: Any
@@ -117,24 +115,19 @@ def make_update_fn(networks: D4PGNetworks, config: D4PGConfig, optimizer: optax.
     return update
 
 
-def _to_numpy(tree: Any) -> Any:
-    # Real copies: on CPU `device_get` may alias the device buffers, which the next (donating) step reuses.
-    return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), jax.device_get(tree))
+class D4PGLearner(JaxLearner):
+    """fp32 D4PG learner holding its state on device; see `agents.d4pg.builder` for the runner contract and
+    `agents.learner_base` for the scaffold (step counter, K-step scan, batch checks, checkpoints)."""
 
-
-def _check_finite(tree: Any, what: str) -> None:
-    for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
-        arr = np.asarray(leaf)
-        if arr.dtype.kind == "f" and not np.isfinite(arr).all():
-            raise ValueError(f"{what}: non-finite values in {jax.tree_util.keystr(path)}")
-
-
-class D4PGLearner:
-    """fp32 D4PG learner holding its state on device; see `agents.d4pg.builder` for the runner contract."""
+    agent_name = "D4PG"
 
     def __init__(self, networks: D4PGNetworks, config: D4PGConfig, seed: int | jax.Array):
         self._networks = networks
         self._config = config
+        self.columns = {"observation": (np.float32, (networks.obs_dim,)),
+                        "action": (np.float32, (networks.action_dim,)),
+                        "reward": (np.float32, ()), "discount": (np.float32, ()),
+                        "next_observation": (np.float32, (networks.obs_dim,))}
         key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
         policy_key, critic_key = jax.random.split(key)
         obs = jnp.zeros((1, networks.obs_dim), jnp.float32)
@@ -142,7 +135,7 @@ class D4PGLearner:
         policy_params = networks.policy.init(policy_key, obs)
         critic_params = networks.critic.init(critic_key, obs, act)
         optimizer = make_optimizer(config)
-        self._state = TrainingState(
+        state = TrainingState(
             policy_params=policy_params,
             critic_params=critic_params,
             # Copies: the jitted update donates its input state, and a buffer cannot be donated twice.
@@ -152,108 +145,13 @@ class D4PGLearner:
             critic_opt_state=optimizer.init(critic_params),
             steps=jnp.zeros((), jnp.int32),
         )
-        self._steps = 0  # host copy of state.steps: reading the device counter would sync every step
-        self._treedef = jax.tree_util.tree_structure(self._state)
-        self._update = jax.jit(make_update_fn(networks, config, optimizer), donate_argnums=0)
+        super().__init__(state, make_update_fn(networks, config, optimizer), donate=True)
 
-    @property
-    def steps(self) -> int:
-        """Number of SGD steps taken (also drives the periodic target update)."""
-        return self._steps
-
-    def step(self, sample: Any) -> dict[str, Any]:
-        """One SGD step on a `quarl.replay.Sample` (or a plain mapping of columns).
-
-        Returns the scalar metrics as 0-d device arrays, not floats: reading them back would make the host wait
-        for every update, so callers convert (`float(v)`) only when they log."""
-        batch = self._batch(getattr(sample, "data", sample))
-        self._state, metrics = self._update(self._state, batch)
-        self._steps += 1
-        return dict(metrics)
-
-    def policy_params(self) -> dict:
-        """fp32 haiku tree of the policy actors run (NumPy), ready for `quarl.quantization.quantize_params`.
-
-        With `config.actor_policy == "target"` (the default) that is the target policy, as Acme's D4PG
-        learner serves it (`get_variables("policy")` returns `target_policy_params`): actors and evaluators
-        act with weights that change only every `target_update_period` steps. "online" serves the online
-        policy."""
+    def _policy_tree(self) -> Any:
+        """The policy actors run. With `config.actor_policy == "target"` (the default) that is the target policy,
+        as Acme's D4PG learner serves it (`get_variables("policy")` returns `target_policy_params`): actors and
+        evaluators act with weights that change only every `target_update_period` steps. "online" serves the
+        online policy."""
         if self._config.actor_policy == "online":
-            return _to_numpy(self._state.policy_params)
-        return _to_numpy(self._state.target_policy_params)
-
-    def get_state(self) -> dict:
-        """Everything needed to resume, as nested dicts/lists of NumPy arrays (orbax-checkpointable)."""
-        s = self._state
-        return {
-            "policy_params": _to_numpy(s.policy_params),
-            "critic_params": _to_numpy(s.critic_params),
-            "target_policy_params": _to_numpy(s.target_policy_params),
-            "target_critic_params": _to_numpy(s.target_critic_params),
-            # Optax states are namedtuples; store their leaves so checkpoints hold only plain containers.
-            "policy_opt_state": _to_numpy(jax.tree_util.tree_leaves(s.policy_opt_state)),
-            "critic_opt_state": _to_numpy(jax.tree_util.tree_leaves(s.critic_opt_state)),
-            "steps": np.asarray(int(s.steps), np.int64),
-        }
-
-    @property
-    def state(self) -> dict:
-        """Alias of `get_state()` (the short contract name)."""
-        return self.get_state()
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        """Load a `get_state()` tree; ValueError if it does not match this learner's networks or is non-finite."""
-        try:
-            fields = {}
-            for name in ("policy_params", "critic_params", "target_policy_params", "target_critic_params"):
-                fields[name] = self._match(getattr(self._state, name), state[name], name)
-            for name in ("policy_opt_state", "critic_opt_state"):
-                leaves = state[name]
-                if isinstance(leaves, Mapping):  # some checkpointers turn lists into {"0": ..., "1": ...}
-                    leaves = [leaves[k] for k in sorted(leaves, key=int)]
-                template = getattr(self._state, name)
-                treedef = jax.tree_util.tree_structure(template)
-                fields[name] = self._match(template, jax.tree_util.tree_unflatten(treedef, list(leaves)), name)
-            steps = int(np.asarray(state["steps"]))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"malformed D4PG learner state: {e!r}") from None
-        if steps < 0:
-            raise ValueError(f"D4PG learner state: steps must be >= 0, got {steps}")
-        self._state = TrainingState(**fields, steps=jnp.asarray(steps, jnp.int32))
-        self._steps = steps
-
-    @staticmethod
-    def _match(template: Any, value: Any, name: str) -> Any:
-        """`value` as device arrays with `template`'s structure, shapes and dtypes (else ValueError)."""
-        t_leaves, t_def = jax.tree_util.tree_flatten(template)
-        v_leaves, v_def = jax.tree_util.tree_flatten(value)
-        if t_def != v_def:
-            raise ValueError(f"D4PG learner state: {name} has structure {v_def}, expected {t_def}")
-        out = []
-        for t, v in zip(t_leaves, v_leaves):
-            v = np.asarray(v)
-            if v.shape != t.shape:
-                raise ValueError(f"D4PG learner state: {name} leaf shape {v.shape}, expected {t.shape}")
-            out.append(jnp.asarray(v, dtype=t.dtype))
-        _check_finite(out, f"D4PG learner state {name}")
-        return jax.tree_util.tree_unflatten(t_def, out)
-
-    def _batch(self, data: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Columns as float32 arrays with the shapes the update was compiled for (else ValueError)."""
-        try:
-            batch = {k: np.asarray(data[k], np.float32) for k in BATCH_KEYS}
-        except KeyError as e:
-            raise ValueError(f"D4PG batch is missing column {e.args[0]!r} (needs {BATCH_KEYS})") from None
-        for key in ("reward", "discount"):
-            batch[key] = batch[key].reshape(-1)
-        b = batch["reward"].shape[0]
-        dims = {"observation": self._networks.obs_dim, "next_observation": self._networks.obs_dim,
-                "action": self._networks.action_dim, "discount": None}
-        for key, dim in dims.items():
-            shape = (b,) if dim is None else (b, dim)
-            if batch[key].shape != shape:
-                raise ValueError(f"D4PG batch column {key!r} has shape {batch[key].shape}, expected {shape}")
-        for key, arr in batch.items():
-            if not np.isfinite(arr).all():
-                raise ValueError(f"D4PG batch column {key!r} contains NaN or inf")
-        return batch
+            return self._state.policy_params
+        return self._state.target_policy_params

@@ -19,11 +19,8 @@ import rlax
 
 from agents.dqn.config import DQNConfig
 from agents.dqn.networks import init_params, q_apply_fn
+from agents.learner_base import JaxLearner
 from quarl.policy import PolicySpec
-
-# Columns a transition batch must carry (the NStepTransitionAdder's output). `discount` is the full bootstrap
-# multiplier gamma^k * prod(env discounts), so the learner never multiplies by the discount again.
-BATCH_KEYS = ("observation", "action", "reward", "discount", "next_observation")
 
 
 class TrainingState(NamedTuple):
@@ -74,87 +71,64 @@ def make_loss(spec: PolicySpec, huber_loss_parameter: float, qat_bits: int | Non
     return loss_fn
 
 
-class DQNLearner:
-    """`step(sample)` runs one update; `policy_params()` hands the fp32 online params to the quantizer."""
+class DQNLearner(JaxLearner):
+    """`step(sample)` runs one update (`prepare` + `run_block`: K in one scan, see `agents.learner_base`);
+    `policy_params()` hands the fp32 online params to the quantizer. With prioritized replay the metrics carry
+    `priorities` (np.ndarray, |TD|; [B] per step, [K, B] per block)."""
+
+    agent_name = "DQN"
 
     def __init__(self, spec: PolicySpec, config: DQNConfig, seed: int | jax.Array):
         self._spec = spec
         self._config = config
+        # Observations keep whatever item shape the network takes (vectors here, frames for a conv torso).
+        self.columns = {"observation": (np.float32, None), "action": (np.int32, ()), "reward": (np.float32, ()),
+                        "discount": (np.float32, ()), "next_observation": (np.float32, None)}
         key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
         self._optimizer = optax.chain(
             optax.clip_by_global_norm(config.max_gradient_norm),
             optax.adam(config.learning_rate, eps=config.adam_eps),
         )
         params = init_params(spec, key)
-        self._state = TrainingState(
+        state = TrainingState(
             params=params,
             target_params=jax.tree.map(jnp.copy, params),
             opt_state=self._optimizer.init(params),
             steps=jnp.zeros((), jnp.int32),
         )
-        self._steps = 0
-        self._update = jax.jit(functools.partial(
+        update = functools.partial(
             _update, loss_fn=make_loss(spec, config.huber_loss_parameter, config.qat_bits),
             optimizer=self._optimizer,
             target_update_period=config.target_update_period,
-            is_exponent=config.importance_sampling_exponent if config.prioritized_replay else None))
+            is_exponent=config.importance_sampling_exponent if config.prioritized_replay else None)
 
-    @property
-    def steps(self) -> int:
-        return self._steps
+        def update_batch(state: TrainingState, batch: Mapping[str, jax.Array]) -> tuple[TrainingState, dict]:
+            columns = {k: batch[k] for k in self.columns}
+            state, metrics, td_error = update(state, columns, batch.get("probabilities"))
+            return state, dict(metrics, td_error=td_error)
+
+        super().__init__(state, update_batch, donate=False)
 
     @property
     def spec(self) -> PolicySpec:
         return self._spec
 
-    def step(self, sample: Any) -> dict[str, Any]:
-        """One update on a `quarl.replay.Sample` (anything with `.data` columns and `.probabilities`).
+    def _policy_tree(self) -> Any:
+        return self._state.params
 
-        Returns loss/q_mean/td_abs_mean/grad_norm as 0-d device arrays, plus `priorities` (np.ndarray, |TD|)
-        when the config uses prioritized replay."""
-        batch = _as_batch(sample.data)
-        probs = np.asarray(sample.probabilities, np.float32) if self._config.prioritized_replay else None
-        if probs is not None and (probs.shape != batch["reward"].shape or not np.all(probs > 0)):
+    def _extra_columns(self, sample: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if not self._config.prioritized_replay:
+            return {}
+        probs = np.asarray(sample.probabilities, np.float32)
+        if probs.shape != batch["reward"].shape or not np.all(probs > 0):
             raise ValueError("prioritized sample needs one positive probability per item")
-        self._state, metrics, td_error = self._update(self._state, batch, probs)
-        self._steps += 1
+        return {"probabilities": probs}
+
+    def _host_outputs(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        td_error = metrics.pop("td_error")
         if self._config.prioritized_replay:
-            metrics = dict(metrics, priorities=np.abs(np.asarray(td_error, np.float64)))
+            metrics["priorities"] = np.abs(np.asarray(td_error, np.float64))
         return metrics
-
-    def policy_params(self) -> dict:
-        """The online network's fp32 parameters as a NumPy haiku tree (what actors get, after quantization)."""
-        return jax.device_get(self._state.params)
-
-    def get_state(self) -> dict:
-        """Everything needed to resume, as a pytree of NumPy arrays (dicts/lists only, orbax-checkpointable)."""
-        state = jax.device_get(self._state)
-        return {
-            "params": state.params,
-            "target_params": state.target_params,
-            "opt_state": list(jax.tree.leaves(state.opt_state)),
-            "steps": np.asarray(self._steps, np.int64),
-        }
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        """Inverse of `get_state`; shapes must match this learner's network (ValueError otherwise)."""
-        try:
-            params = _check_like(self._state.params, state["params"], "params")
-            target = _check_like(self._state.target_params, state["target_params"], "target_params")
-            treedef = jax.tree.structure(self._state.opt_state)
-            old_leaves = jax.tree.leaves(self._state.opt_state)
-            leaves = list(state["opt_state"])
-            if len(leaves) != len(old_leaves):
-                raise ValueError(f"opt_state has {len(leaves)} leaves, expected {len(old_leaves)}")
-            leaves = [_check_array(o, n, "opt_state") for o, n in zip(old_leaves, leaves)]
-            steps = int(np.asarray(state["steps"]))
-        except (KeyError, TypeError) as e:
-            raise ValueError(f"malformed DQN learner state: {e!r}") from None
-        if steps < 0:
-            raise ValueError(f"learner state steps must be >= 0, got {steps}")
-        self._state = TrainingState(params, target, jax.tree.unflatten(treedef, leaves),
-                                    jnp.asarray(steps, jnp.int32))
-        self._steps = steps
 
 
 def _update(state: TrainingState, batch: dict, probabilities: jax.Array | None, *, loss_fn,
@@ -177,35 +151,3 @@ def _update(state: TrainingState, batch: dict, probabilities: jax.Array | None, 
         "grad_norm": optax.global_norm(grads),
     }
     return TrainingState(params, target_params, opt_state, steps), metrics, td_error
-
-
-def _as_batch(data: Mapping[str, Any]) -> dict[str, np.ndarray]:
-    missing = [k for k in BATCH_KEYS if k not in data]
-    if missing:
-        raise ValueError(f"DQN batch is missing columns {missing}; it needs {list(BATCH_KEYS)}")
-    batch = {
-        "observation": np.asarray(data["observation"], np.float32),
-        "next_observation": np.asarray(data["next_observation"], np.float32),
-        "action": np.asarray(data["action"], np.int32).reshape(-1),
-        "reward": np.asarray(data["reward"], np.float32).reshape(-1),
-        "discount": np.asarray(data["discount"], np.float32).reshape(-1),
-    }
-    n = batch["reward"].shape[0]
-    if any(v.shape[0] != n for v in batch.values()):
-        raise ValueError(f"DQN batch columns disagree on batch size: { {k: v.shape for k, v in batch.items()} }")
-    return batch
-
-
-def _check_array(old: Any, new: Any, what: str) -> np.ndarray:
-    new = np.asarray(new)
-    if new.shape != np.shape(old):
-        raise ValueError(f"{what}: shape {new.shape} does not match {np.shape(old)}")
-    if new.dtype.kind == "f" and not np.all(np.isfinite(new)):
-        raise ValueError(f"{what}: non-finite values")
-    return new.astype(np.asarray(old).dtype, copy=False)
-
-
-def _check_like(old_tree: Any, new_tree: Any, what: str) -> Any:
-    if jax.tree.structure(old_tree) != jax.tree.structure(new_tree):
-        raise ValueError(f"{what}: tree structure does not match this network")
-    return jax.tree.map(lambda o, n: _check_array(o, n, what), old_tree, new_tree)

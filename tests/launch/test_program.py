@@ -127,7 +127,7 @@ def test_learner_publishes_each_version_once_as_encoded_bytes_and_refuses_non_fi
     server, pool = nodes.WeightServer("int8"), DaemonPool(2)
     learner = nodes.LearnerNode(agent, seed=0, replay=None, counter=None, weights=LocalNodeHandle(server, pool),
                                 logdir=str(tmp_path), precision="8")
-    learner._publish(wait=True)  # pylint: disable=protected-access
+    learner.publish_now()
     blob = server.get_payload(-1)
     assert isinstance(blob.ref, bytes) and blob.nbytes == len(blob.ref)
     payload = decode_payload(blob.get())
@@ -135,7 +135,9 @@ def test_learner_publishes_each_version_once_as_encoded_bytes_and_refuses_non_fi
     assert (payload.version, payload.precision, payload.spec) == (0, "int8", None)
     assert payload.spec_hash == policy_spec.digest()
     times = learner.publish_times.summary()
-    assert times["versions"] == 1 and times["payload_bytes"] == blob.nbytes and times["quantize_encode_s"] > 0
+    handoff = learner.publish_times.handoff()
+    assert times["versions"] == handoff["offered"] == 1 and times["payload_bytes"] == blob.nbytes
+    assert times["quantize_encode_s"] > 0 and handoff["ms_per_version"] < times["quantize_encode_ms_per_version"]
     stats = server.stats()
     assert stats["fp32_payload_bytes"] == len(encode_payload(quantize_params(learner._learner.policy_params(),  # pylint: disable=protected-access
                                                                              "fp32"), version=0,
@@ -143,9 +145,9 @@ def test_learner_publishes_each_version_once_as_encoded_bytes_and_refuses_non_fi
     poisoned = learner._learner.policy_params()  # pylint: disable=protected-access
     first = next(iter(poisoned))
     poisoned[first]["w"] = np.full_like(poisoned[first]["w"], np.nan)
-    learner._learner.policy_params = lambda: poisoned  # pylint: disable=protected-access
+    learner._learner.policy_snapshot = lambda: poisoned  # pylint: disable=protected-access
     with pytest.raises(ValueError, match="NaN|non-finite"):
-        learner._publish(wait=True)  # pylint: disable=protected-access
+        learner.publish_now()
     assert server.latest_version() == 0 and learner.publish_times.versions == 1
     pool.shutdown()
 

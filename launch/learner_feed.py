@@ -1,0 +1,87 @@
+"""The learner's feed: prefetch threads that sample K batches per replay call and prepare them for the device.
+
+Why: a learner running at device speed must never wait for a replay round trip, a NumPy check or a host-to-device
+copy. Each thread keeps one `sample_batches(batch_size, K)` call in flight, then checks, stacks and copies the K
+batches to the learner's device (`learner.prepare`, thread-safe) while the training thread runs the current
+block. Every sampled batch goes into exactly one block and every block is taken once; the blocks still queued
+at a stop are dropped with the queue (their samples were never trained on).
+"""
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Any, Callable, Sequence
+
+from launch.node_base import POLL_S, wait_or_stop
+from launch.program import NodeHandle
+from quarl.replay import TableClosed
+
+
+class BlockFeed:
+    """`threads` prefetch threads filling a queue of at most `depth` prepared blocks of `steps_per_call` batches."""
+
+    def __init__(self, replay: NodeHandle, prepare: Callable[[Sequence[Any]], Any], batch_size: int,
+                 steps_per_call: int, threads: int = 2, depth: int | None = None):
+        self._replay = replay
+        self._prepare = prepare
+        self._batch_size = int(batch_size)
+        self._k = int(steps_per_call)
+        self._blocks: queue.Queue = queue.Queue(maxsize=max(1, depth if depth is not None else threads))
+        self._stop = threading.Event()
+        self._errors: list[BaseException] = []
+        self._threads = [threading.Thread(target=self._loop, name=f"prefetch-{i}", daemon=True)
+                         for i in range(max(1, int(threads)))]
+
+    def start(self) -> "BlockFeed":
+        for t in self._threads:
+            t.start()
+        return self
+
+    def get(self, timeout: float = POLL_S) -> Any | None:
+        """The next prepared block, or None after `timeout` seconds without one. Raises a prefetch thread's error."""
+        if self._errors:
+            raise self._errors[0]
+        try:
+            return self._blocks.get(timeout=timeout)
+        except queue.Empty:
+            if self._errors:
+                raise self._errors[0] from None
+            return None
+
+    def close(self, timeout: float = 5.0) -> bool:
+        """Stops the threads (a replay call in flight is abandoned) and drops the queued blocks; True if every
+        thread has ended within `timeout` seconds."""
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout)
+        while True:
+            try:
+                self._blocks.get_nowait()
+            except queue.Empty:
+                break
+        return not any(t.is_alive() for t in self._threads)
+
+    def _sample(self) -> tuple[bool, Any]:
+        if self._k == 1:  # the one-batch call: no list to build or ship
+            finished, sample = wait_or_stop(self._replay.submit("sample", self._batch_size), self._stop)
+            return finished, [sample]
+        return wait_or_stop(self._replay.submit("sample_batches", self._batch_size, self._k), self._stop)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                finished, samples = self._sample()
+                if not finished:
+                    return
+                block = self._prepare(samples)
+                while not self._stop.is_set():
+                    try:
+                        self._blocks.put(block, timeout=POLL_S)
+                        break
+                    except queue.Full:
+                        continue
+        except TableClosed:
+            return
+        except BaseException as e:  # pylint: disable=broad-except  (raised on the training thread by get)
+            if not self._stop.is_set():
+                self._errors.append(e)
