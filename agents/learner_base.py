@@ -60,6 +60,8 @@ class JaxLearner:
         self._scan = jax.jit(lambda s, b: jax.lax.scan(update, s, b), donate_argnums=donate_args)
         # A donating update frees the state's buffers: a snapshot handed to another thread must be a copy.
         self._copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t))
+        if donate:  # compiled now, so that the first hand-over to the publisher costs a dispatch, not a compile
+            jax.block_until_ready(self._copy(self._policy_tree()))
 
     # ------------------------------------------------------------------ hooks
 
@@ -89,6 +91,10 @@ class JaxLearner:
         self._state, metrics = self._update(self._state, batch)
         self._steps += 1
         return self._host_outputs(dict(metrics))
+
+    def wait(self) -> None:
+        """Blocks until every dispatched update has run on the device (updates are asynchronous)."""
+        jax.block_until_ready(self._state)
 
     def prepare(self, samples: Sequence[Any]) -> Block:
         """K samples checked, stacked and copied to the device (thread-safe: touches no learner state)."""

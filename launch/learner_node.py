@@ -92,6 +92,12 @@ class LearnerNode(NodeBase):
     def steps(self) -> int:
         return int(self._learner.steps)
 
+    def synced_steps(self) -> int:
+        """Learner steps completed on the device (waits for the dispatched ones): for rate measurements."""
+        with self._lock:
+            self._learner.wait()
+            return int(self._learner.steps)
+
     # -------------------------------------------------------------- main loop
 
     def run(self) -> dict[str, Any]:
@@ -140,7 +146,7 @@ class LearnerNode(NodeBase):
                 while pending and pending[0].done():
                     pending.popleft().result()
                 publish_owed = publish_owed or crossed(before, steps, self._publish_period)
-                if publish_owed and self._publish_enabled and self._publisher.due(now):
+                if publish_owed and self._publish_enabled and self._publisher.due():
                     self._offer()
                     publish_owed = False
                 if now - last_report >= POLL_S and (counter_future is None or counter_future.done()):

@@ -80,12 +80,13 @@ class Publisher:
             self._pending = (int(version), params)
             self._cond.notify_all()
 
-    def due(self, now: float | None = None) -> bool:
+    def due(self) -> bool:
         """Whether a version offered now would be published without waiting for the minimum interval: lets the
         caller skip making a snapshot that would only be replaced."""
-        now = time.monotonic() if now is None else now
+        if self._min_interval_s <= 0:
+            return True
         with self._cond:
-            return now - self._last_start >= self._min_interval_s
+            return time.monotonic() - self._last_start >= self._min_interval_s
 
     def check(self) -> None:
         """Raises the publisher thread's error, if it had one."""

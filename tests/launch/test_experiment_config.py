@@ -40,7 +40,9 @@ def test_eval_every_is_resolved_so_the_saved_config_is_complete(tmp_path: Path) 
     ({"backend": "tpu"}, "backend"), ({"target_return": float("nan")}, "target_return"),
     ({"checkpoint_every": -1}, "checkpoint_every"), ({"overrides": {"no_such_key": 1}}, "overrides"),
     ({"overrides": {"batch_size": 0}}, "overrides"), ({"actor_resources": {"x": 0}}, "actor_resources"),
-    ({"task": ""}, "task"),
+    ({"task": ""}, "task"), ({"learner_steps_per_call": 0}, "learner_steps_per_call"),
+    ({"publish_min_interval_s": -0.5}, "publish_min_interval_s"),
+    ({"publish_min_interval_s": float("inf")}, "publish_min_interval_s"),
 ])
 def test_every_bad_value_is_one_line_naming_its_field(tmp_path: Path, change: dict, field: str) -> None:
     with pytest.raises(ConfigError) as info:
@@ -64,6 +66,8 @@ def test_from_dict_refuses_unknown_and_missing_fields(tmp_path: Path) -> None:
     (["--target-return", "inf"], "--target-return must be a finite number"),
     (["--checkpoint-every", "-1"], "--checkpoint-every must be a non-negative integer"),
     (["--backend", "tpu"], "unknown backend"),
+    (["--learner-steps-per-call", "0"], "--learner-steps-per-call must be a positive integer"),
+    (["--publish-min-interval-s", "-1"], "--publish-min-interval-s must be a finite number >= 0"),
 ])
 def test_actorq_flags_are_checked_by_the_config_one_line_exit_2(tmp_path, capsys, argv, needle) -> None:
     logdir = tmp_path / "run"

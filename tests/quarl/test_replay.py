@@ -262,3 +262,17 @@ def test_timed_out_insert_reports_its_prefix_and_force_passes_the_limiter():
     assert table.insert(_batch(2, 3), force=True) == 3  # an actor's flush at a stop: nobody samples any more
     assert table.size == 5 and table.info()["inserts"] == 5
     assert not table.can_insert(1)  # the limiter itself is unchanged
+
+
+def test_sample_batches_draws_k_batches_in_one_call_counted_like_k_samples():
+    table = _table(capacity=64, sampler="prioritized")
+    table.insert(_batch(0, 40))
+    batches = table.sample_batches(5, 3)
+    assert len(batches) == 3 and table.info()["samples"] == 15
+    for b in batches:
+        assert b.keys.shape == b.probabilities.shape == (5,) and b.data["obs"].shape == (5, 3)
+        np.testing.assert_array_equal(b.data["action"], b.keys)  # each item's columns travel with its key
+    with pytest.raises(ValueError, match="num_batches"):
+        table.sample_batches(5, 0)
+    with pytest.raises(ValueError, match="batch_size"):
+        table.sample_batches(0, 2)

@@ -1,0 +1,121 @@
+"""The learner node as the program runs it (in process, replay pre-filled, no actors): publishing never blocks
+training, K-step blocks keep PER's per-batch priority updates and the cadences, and the prefetcher neither loses
+nor reuses a sampled batch and stops cleanly."""
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from bench.learner_in_program import make_node, time_node
+from launch import learner_node
+from launch.learner_feed import BlockFeed
+from launch.learner_node import crossed
+from launch.local_runner import DaemonPool, LocalNodeHandle
+from quarl.replay import Sample
+from tests.launch.tiny import TINY_DQN
+
+
+def test_the_publisher_never_blocks_training_in_the_learner_node(tmp_path, monkeypatch):
+    """Encoding slowed to 0.3 s per version, a version due every step: training runs on, the training thread's
+    share of a publication stays under 1 ms, newer versions replace waiting ones, and the last one is published."""
+    encode = learner_node.encode_payload
+
+    def slow_encode(*args, **kwargs):
+        time.sleep(0.3)
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(learner_node, "encode_payload", slow_encode)
+    node, pool, services = make_node("dqn", "CartPole-v1", TINY_DQN, str(tmp_path), publish_period=1)
+    try:
+        timed = time_node(node, warmup_s=0.3, window_s=1.5)
+    finally:
+        pool.shutdown()
+    publish, handoff = timed["publish"], timed["publish_handoff"]
+    steps = node.steps()
+    # ~6 publications fit in the window; training ran far more steps than that meanwhile.
+    assert timed["window_steps"] >= 10 * max(1, 1.5 / 0.3)
+    assert handoff["offered"] > publish["versions"] and handoff["ms_per_version"] < 1.0
+    assert services["weights"].latest_version() == steps  # the last version is not lost at the stop
+
+
+def test_k_step_blocks_update_priorities_per_batch_and_publish_on_crossing(tmp_path):
+    k, period = 4, 6  # steps advance by 4: every multiple of 6 is crossed, never hit
+    overrides = {**TINY_DQN, "prioritized_replay": True}
+    node, pool, services = make_node("dqn", "CartPole-v1", overrides, str(tmp_path), steps_per_call=k,
+                                     publish_period=period)
+    trained, updates = [], []
+    run_block = node._learner.run_block  # pylint: disable=protected-access
+
+    def recording_run_block(block):
+        metrics = run_block(block)
+        trained.append((block.keys.copy(), np.array(metrics["priorities"])))
+        return metrics
+
+    node._learner.run_block = recording_run_block  # pylint: disable=protected-access
+    replay = services["replay"]
+    update = replay.update_priorities
+    replay.update_priorities = lambda keys, prios: updates.append((np.array(keys), np.array(prios))) or update(keys, prios)
+    try:
+        time_node(node, warmup_s=0.2, window_s=0.5)
+    finally:
+        pool.shutdown()
+    steps = node.steps()
+    assert steps % k == 0 and steps == k * len(trained) and len(trained) >= 3
+    assert len(updates) == len(trained)  # one update per block, carrying each of its K batches' own priorities
+    for (keys, prios), (sent_keys, sent_prios) in zip(trained, updates):
+        assert keys.shape == prios.shape == (k, TINY_DQN["batch_size"])
+        np.testing.assert_array_equal(sent_keys, keys.reshape(-1))
+        np.testing.assert_array_equal(sent_prios, prios.reshape(-1))
+    assert node.publish_times.offered == 2 + steps // period  # first, every crossing, last
+
+
+def test_cadences_fire_when_steps_cross_a_multiple():
+    assert crossed(8, 12, 10) and crossed(9, 10, 10) and not crossed(10, 19, 10) and crossed(0, 64, 32)
+
+
+class _NumberedReplay:
+    """Sampled batches with consecutive keys (batch i holds keys i*B .. i*B+B-1); blocks forever after `limit`."""
+
+    def __init__(self, batch_size: int, limit: int):
+        self.batch_size, self.limit, self.drawn = batch_size, limit, 0
+        self.lock = threading.Lock()
+        self.never = threading.Event()
+
+    def _one(self) -> Sample:
+        with self.lock:
+            i, self.drawn = self.drawn, self.drawn + 1
+        if i >= self.limit:
+            self.never.wait()  # a sample call the rate limiter holds: the feed must still stop
+        keys = np.arange(i * self.batch_size, (i + 1) * self.batch_size)
+        return Sample(keys, np.ones(self.batch_size), {"x": keys.astype(np.float32)})
+
+    def sample(self, batch_size: int) -> Sample:
+        return self._one()
+
+    def sample_batches(self, batch_size: int, num_batches: int) -> list[Sample]:
+        return [self._one() for _ in range(num_batches)]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_prefetcher_neither_loses_nor_reuses_a_batch_and_stops_cleanly(k):
+    replay, pool = _NumberedReplay(batch_size=4, limit=60), DaemonPool(8)
+    feed = BlockFeed(LocalNodeHandle(replay, pool), lambda samples: [s.keys for s in samples], 4, k,
+                     threads=2).start()
+    taken = []
+    while len(taken) < 10:
+        block = feed.get(timeout=5)
+        assert block is not None and len(block) == k
+        taken.extend(block)
+    time.sleep(0.2)  # the threads fill the queue and block in the replay (after `limit` batches)
+    assert feed.close(timeout=5)  # every thread ended, although one sample call never returns
+    keys = np.concatenate(taken)
+    assert len(np.unique(keys)) == len(keys)  # no batch trained twice
+    batches = sorted(int(b[0]) // 4 for b in taken)
+    drawn = min(replay.drawn, replay.limit)
+    # Every batch the replay handed out was taken, except those still queued or in flight at the stop.
+    assert len(batches) >= drawn - (2 + 2) * k
+    assert feed.get(timeout=0.01) is None  # the queue was dropped
+    pool.shutdown()
