@@ -6,9 +6,10 @@
                   it must be served by several threads (Node.max_concurrency) or one blocked call stalls all
     WeightServer  hands out the latest published payload (a reference: on Ray an object-store object the
                   learner put once), or "not modified"
-    LearnerNode   fp32 learner: prefetches sampled batches, trains, and every `publish_period` steps quantizes
-                  + encodes its policy at the actors' precision, once, and publishes the bytes; reports
-                  priorities, checkpoints
+    LearnerNode   fp32 learner: prefetches blocks of K sampled batches to the device, trains K steps per
+                  call, and every `publish_period` steps hands its policy to a publisher thread that quantizes
+                  + encodes it at the actors' precision, once, and publishes the bytes; reports priorities,
+                  checkpoints
     ActorNode     K environments (`envs_per_actor`, default 1) and one quantized policy executor called once
                   per step on the K observations; pulls weights every actor_update_period env steps (a pull
                   with an unchanged version costs one small round trip and no payload), sends
