@@ -8,7 +8,7 @@ details").
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar, Mapping, Protocol, runtime_checkable
+from typing import Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -30,11 +30,18 @@ def error_buffer(batch_size: int, min_replay_size: int, samples_per_insert: floa
 
 @runtime_checkable
 class Learner(Protocol):
-    """An fp32 learner: one jitted update per sampled batch, its policy's weights and a checkpointable state."""
+    """An fp32 learner: one jitted update per sampled batch (or K per call: `prepare` + `run_block`), its
+    policy's weights and a checkpointable state (`agents.learner_base.JaxLearner` implements all of it)."""
 
     steps: int
 
     def step(self, sample: Sample) -> Mapping[str, Any]: ...
+
+    def prepare(self, samples: Sequence[Sample]) -> Any: ...
+
+    def run_block(self, block: Any) -> Mapping[str, Any]: ...
+
+    def policy_snapshot(self) -> Any: ...
 
     def policy_params(self) -> dict: ...
 

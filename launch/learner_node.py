@@ -109,7 +109,14 @@ class LearnerNode(NodeBase):
         prioritized = self.sampler_is_prioritized()
         feed = BlockFeed(self._replay, self._learner.prepare, int(self._builder.config.batch_size),
                          self._steps_per_call, threads=self._prefetch).start()
-        self.publish_now()
+        try:
+            self.publish_now()  # the first version, before any training (actors wait for it)
+        except BaseException:
+            feed.close()
+            self._publisher.close()
+            log.close()
+            stop_tracking(tracker)
+            raise
         t_origin = time.monotonic() - self._counter.call("get")["wall_clock_s"]
         start_steps = reported = self.steps()
         wait_s = step_s = 0.0

@@ -122,10 +122,10 @@ class FailingLearner(nodes.LearnerNode):
             def __getattr__(self, name):
                 return getattr(inner, name)
 
-            def step(self, sample):
+            def run_block(self, block):
                 if inner.steps >= 20:
                     raise RuntimeError("injected learner failure")
-                return inner.step(sample)
+                return inner.run_block(block)
 
         self._learner = Failing()
 

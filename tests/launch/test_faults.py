@@ -454,9 +454,9 @@ class SlowLearner(nodes.LearnerNode):
             def __getattr__(self, name):
                 return getattr(inner, name)
 
-            def step(self, sample):
-                time.sleep(0.02)
-                return inner.step(sample)
+            def run_block(self, block):
+                time.sleep(0.02 * block.size)
+                return inner.run_block(block)
 
         self._learner = Slow()
 
