@@ -106,7 +106,7 @@ class JaxLearner:
             raise ValueError(f"{self.agent_name} block: batches of different sizes {sorted(sizes)}")
         # One batch stays unstacked: `run_block` then runs the single-step update, `step`'s exact computation.
         columns = batches[0] if len(batches) == 1 else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-        keys = [getattr(s, "keys", None) for s in samples]
+        keys = [getattr(s, "keys", None) if hasattr(s, "data") else None for s in samples]  # Samples only
         keys_arr = None if any(k is None for k in keys) else np.stack([np.asarray(k, np.int64) for k in keys])
         return Block(jax.device_put(columns), keys_arr, len(samples))
 

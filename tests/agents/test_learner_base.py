@@ -80,6 +80,8 @@ def test_blocks_are_checked_like_single_batches():
     bad["next_observation"][2, 1] = np.nan
     with pytest.raises(ValueError, match="next_observation.*NaN"):
         learner.prepare([good, bad])
+    plain = learner.prepare([good, good])  # plain column mappings: no replay keys
+    assert plain.keys is None and plain.size == 2 and plain.batches["observation"].shape == (2, B, OBS)
     with pytest.raises(ValueError, match="at least one"):
         learner.prepare([])
     short = {k: v[:8] for k, v in good.items()}
