@@ -35,8 +35,8 @@ def test_the_publisher_never_blocks_training_in_the_learner_node(tmp_path, monke
         pool.shutdown()
     publish, handoff = timed["publish"], timed["publish_handoff"]
     steps = node.steps()
-    # ~6 publications fit in the window; training ran far more steps than that meanwhile.
-    assert timed["window_steps"] >= 10 * max(1, 1.5 / 0.3)
+    # At most 5 publications fit in the window; training ran many more steps than that meanwhile.
+    assert timed["window_steps"] >= 5 * (1.5 / 0.3)
     assert handoff["offered"] > publish["versions"] and handoff["ms_per_version"] < 1.0
     assert services["weights"].latest_version() == steps  # the last version is not lost at the stop
 
