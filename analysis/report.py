@@ -131,9 +131,9 @@ def _runtime_note(runtime: pd.DataFrame) -> list[str]:
 def _relative(path: Any, base: Path) -> Any:
     if not isinstance(path, str):
         return path
-    try:
-        return str(Path(path).resolve().relative_to(base.resolve()))
-    except ValueError:
+    try:  # runs beside a report (../../runs/... for a subset report) are named relative to it
+        return os.path.relpath(Path(path).resolve(), base.resolve())
+    except ValueError:  # another drive
         return path
 
 

@@ -1,7 +1,7 @@
 """Post-training quantization (PTQ) sweep of a trained policy: how much return is lost at each precision.
 
     python -m launch.ptq --checkpoint RUN_DIR [--bits 2,3,4,5,6,7,8,16] [--include fp16,bf16] [--episodes 10]
-        [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress]
+        [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress] [--force]
 
 The fp32 policy saved by `quarl.policy_io.save_policy` is evaluated greedily at fp32, at each --include float
 precision and at each integer bit width, per-tensor and per-channel, for --episodes episodes each. Episode i
@@ -14,7 +14,8 @@ jax, MatMulInteger on onnx; both quantize activations to 8 bits per call, so int
 have no integer kernel, so their weights are rounded with `fake_quantize_params` and run in fp32 on the jax
 backend ("simulated", weight-only); fp16/bf16 run natively on jax and simulated on onnx.
 
-Writes to --out: ptq.csv, ptq_episodes.csv, ptq.md, ptq_returns.png, weights.csv, weights.png.
+Writes to --out: ptq.csv, ptq_episodes.csv, ptq.md, ptq_returns.png, weights.csv, weights.png. A folder that
+already holds a sweep is refused (exit 2) unless --force: an earlier sweep is never replaced silently.
 Bad flags print one line on stderr and exit 2 before anything is written.
 """
 from __future__ import annotations
@@ -61,6 +62,7 @@ DEFAULT_BITS = "2,3,4,5,6,7,8,16"
 FLOAT_PRECISIONS = ("fp16", "bf16")  # what --include may name; fp32 is always the baseline
 NO_GRANULARITY = "n/a"  # float casts have no scale, so per-tensor vs per-channel does not apply
 GRANULARITIES = (("per-tensor", False), ("per-channel", True))
+OUTPUT_FILES = ("ptq.csv", "ptq_episodes.csv", "ptq.md", "ptq_returns.png", "weights.csv", "weights.png")
 CSV_FIELDS = ("precision", "bits", "granularity", "backend", "execution", "episodes", "mean_return", "std_return",
               "min_return", "max_return", "error_mean", "error_std", "weight_sqnr_db", "weight_max_rel_err",
               "weight_min_layer_sqnr_db")
@@ -100,6 +102,7 @@ def build_parser() -> OneLineArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="episode i uses environment seed SEED + i")
     parser.add_argument("--backend", default="jax", help="policy runtime for int<=8 and float rows: jax, onnx, auto")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--force", action="store_true", help="replace the sweep already in --out")
     return parser
 
 
@@ -151,6 +154,10 @@ def validate(args: argparse.Namespace) -> PTQArgs:
         out = check_logdir(args.out if args.out is not None else str(default_out))
     except UsageError as e:
         raise UsageError(str(e).replace("--logdir", "--out")) from None
+    held = [name for name in OUTPUT_FILES if (out / name).exists()]
+    if held and not args.force:
+        raise UsageError(f"--out {str(out)!r} already holds a PTQ sweep ({', '.join(held)}); pass --force to "
+                         "replace it or --out for a new folder")
     _check_task(policy)
     return PTQArgs(policy, bits, include, int(episodes), int(seed), backend, out, not args.no_progress)
 

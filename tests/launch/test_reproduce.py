@@ -327,3 +327,66 @@ def test_tiny_grid_on_the_distributed_runner(tmp_path: Path) -> None:
     runs = report.load_runs(tmp_path / "aq")
     assert runs["runner"].tolist() == ["actorq"] and runs["finished"].all()
     assert (tmp_path / "aq" / "figure.png").exists()
+
+
+# ------------------------------------------------------------------------------------------------ nothing lost
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("argv", [
+    # The README's example, and the subset of it that once redrew results/small from 2 runs.
+    ["--panels", "cartpole_balance,CartPole", "--precisions", "32,16,8", "--seeds", "0,1,2", "--budget", "small"],
+    ["--panels", "CartPole", "--precisions", "32,8", "--seeds", "0", "--budget", "small"],
+])
+def test_readme_reproduce_example_on_a_copy_of_results_small_loses_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str]) -> None:
+    import shutil
+    shutil.copytree(REPO / "results" / "small", tmp_path / "small")
+    before = _snapshot(tmp_path / "small")
+    assert reproduce.main([*argv, "--out", str(tmp_path), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "0 run(s) ran" in err and "left as it is" in err
+    assert _snapshot(tmp_path / "small") == before  # every file, byte for byte (grid.json's format too)
+
+    # A narrowed redraw goes to its own folder; the grid's report keeps all its runs.
+    assert reproduce.main(["--report-only", "--panels", "CartPole", "--precisions", "32,8", "--seeds", "0",
+                           "--out", str(tmp_path), "--name", "small"]) == 0
+    sub = tmp_path / "small" / "subsets" / "CartPole_fp32-int8_seed0"
+    assert sorted(pd.read_csv(sub / "grid.csv")["precision"]) == ["fp32", "int8"]
+    assert (sub / "figure.png").stat().st_size > 0 and "figure.png" in (sub / "report.md").read_text()
+    assert {k: v for k, v in _snapshot(tmp_path / "small").items() if not k.startswith("subsets")} == before
+    grid = pd.read_csv(tmp_path / "small" / "grid.csv")
+    assert len(grid) == len(pd.read_csv(REPO / "results" / "small" / "grid.csv")) == 45
+
+
+def test_a_grid_merges_into_the_folder_and_only_force_drops_runs(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    common = ["--budget", "tiny", "--runner", "single", "--out", str(tmp_path), "--name", "m", "--no-progress"]
+    assert reproduce.main(["--panels", "CartPole", "--precisions", "32", "--seeds", "0", *common]) == 0
+    assert reproduce.main(["--panels", "CartPole", "--precisions", "8", "--seeds", "0", *common]) == 0
+    root = tmp_path / "m"
+    grid = pd.read_csv(root / "grid.csv")
+    assert sorted(grid["precision"]) == ["fp32", "int8"] and set(grid["state"]) == {"finished"}  # merged
+    assert set(pd.read_csv(root / "speedup.csv")["precision"]) == {"fp32", "int8"}
+    assert set(json.loads((root / "grid.json").read_text())["budgets"]) == {"CartPole"}
+
+    # A run folder gone: redrawing would drop it from the report; refused (exit 2, one line) without --force.
+    import shutil
+    shutil.rmtree(root / "runs" / "CartPole" / "int8")
+    report_md = (root / "report.md").read_bytes()
+    capsys.readouterr()
+    for argv in (["--report-only", "--out", str(tmp_path), "--name", "m"],
+                 ["--panels", "CartPole", "--precisions", "32", "--seeds", "0", *common]):
+        with pytest.raises(SystemExit) as exc:
+            reproduce.main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "--force" in err and "CartPole int8 seed0" in err and err.count("\n") == 1
+    assert (root / "report.md").read_bytes() == report_md
+    assert reproduce.main(["--report-only", "--force", "--out", str(tmp_path), "--name", "m"]) == 0
+    assert pd.read_csv(root / "grid.csv")["precision"].tolist() == ["fp32"]
