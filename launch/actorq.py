@@ -79,7 +79,8 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--agent", default="d4pg", help="d4pg (DM Control) or dqn (gym classic control)")
     p.add_argument("--task", default=None, help="'domain:task' or a gym id (default: cartpole:balance for "
                                                 "d4pg, CartPole-v1 for dqn)")
-    p.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int16")
+    p.add_argument("--precision", default="int8",
+                   help="actor precision: fp32, fp16, bf16, int2..int8, int16 (shorthands 32, 16, 8..2)")
     p.add_argument("--num-actors", type=int, default=2)
     p.add_argument("--actor-update-period", type=int, default=None,
                    help="actor steps between weight pulls (default: the agent config's)")

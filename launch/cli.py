@@ -48,7 +48,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags every training CLI shares (the distributed one adds its fleet flags on top)."""
     parser.add_argument("--agent", required=True, help=f"one of {', '.join(agents.AGENT_NAMES)}")
     parser.add_argument("--task", required=True, help="a DM Control 'domain:task' or a gym id (CartPole-v1)")
-    parser.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int16")
+    parser.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int8, int16 (shorthands 32, 16, 8..2)")
     parser.add_argument("--backend", default="auto",
                         help="actor runtime: auto, jax, onnx or onnx-nbits (int2..int4 on MatMulNBits)")
     parser.add_argument("--steps", type=int, required=True, help="actor (environment) steps to run")
@@ -82,9 +82,10 @@ def check_agent(name: str) -> str:
 
 
 def check_precision(name: str) -> str:
-    from quarl.quantization import parse_precision  # pylint: disable=import-outside-toplevel
+    """An actor precision (`ACTOR_PRECISIONS`: fp32, bf16, fp16, int2..int8, int16) as its canonical name."""
+    from launch.experiment_config import actor_precision  # pylint: disable=import-outside-toplevel
     try:
-        return parse_precision(name).name
+        return actor_precision(name)
     except ValueError as e:
         raise UsageError(str(e)) from None
 

@@ -177,11 +177,26 @@ def _finite(value: Any) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _precision(name: Any) -> str:
+# What actors may run: int2..int8 have integer kernels and int16 is the paper's wide baseline; int9..int15 (which
+# quarl.quantization keeps for PTQ sweeps) send 2 bytes per weight and run no integer kernel, so on a command
+# line they are almost surely a typo for int8 and are refused.
+ACTOR_PRECISIONS = ("fp32", "bf16", "fp16", *(f"int{b}" for b in range(8, 1, -1)), "int16")
+
+
+def actor_precision(name: Any) -> str:
+    """The canonical name of an actor precision (shorthands 32, 16, 8 ... 2 accepted); ValueError otherwise."""
     from quarl.quantization import parse_precision  # pylint: disable=import-outside-toplevel
 
+    canonical = parse_precision(str(name)).name
+    if canonical not in ACTOR_PRECISIONS:
+        raise ValueError(f"precision {canonical} is not an actor precision (no integer kernel; 2 bytes per weight): "
+                         "valid are fp32, bf16, fp16, int2..int8, int16 (shorthands 32, 16, 8..2)")
+    return canonical
+
+
+def _precision(name: Any) -> str:
     try:
-        return parse_precision(str(name)).name
+        return actor_precision(name)
     except ValueError as e:
         raise ConfigError("precision", f"is not valid: {' '.join(str(e).split())}") from None
 
