@@ -88,7 +88,10 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
              f"## Speedup: training time to reach {pct}% of the fp32 final return", "",
              "`time_to_target_s` is the mean over the seeds that reached the target (`seeds_reached` of `seeds`); "
              "seeds that never reached it are left out of the mean, so each speedup compares those subsets "
-             "(`speedup_over_seeds`: this precision's seeds vs the fp32 seeds behind the ratio).", "",
+             "(`speedup_over_seeds`: this precision's seeds vs the fp32 seeds behind the ratio). `executed` is "
+             "what the actors ran (\"int8 weights, fp32 compute (dequantized)\": `auto` picked the fp32 graph, no "
+             "integer kernel); a row with a `speedup_note` is not its precision's kernel speedup and makes no "
+             "int8 claim.", "",
              markdown_table(speed), "",
              "## Energy and carbon", "",
              "Ratios are fp32 / precision (> 1: the quantized run used less). *Same work*: energy per actor step "

@@ -92,6 +92,10 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--logdir", default=None, help="new directory for logs (default: runs/actorq/<run name>)")
     p.add_argument("--backend", default="auto", help="actor policy runtime: auto, jax, onnx or onnx-nbits")
+    p.add_argument("--kernel-form", default=None, metavar="FORM",
+                   help="ONNX integer kernel form to pin (u8s8, u8u8, fp32 = the dequantized graph, ...; still "
+                        "self-checked): with --backend onnx and the same seed, a rerun on a CPU of the same class "
+                        "computes the same numbers (default: this CPU's choice)")
     p.add_argument("--runner", default="ray", choices=("ray", "local"),
                    help="ray (one process per node) or local (threads in this process, for debugging)")
     p.add_argument("--ray-address", default=None,
@@ -194,7 +198,8 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
         return default if value is None else value
 
     return build_config(
-        FLAGS, agent=agent, task=task, precision=args.precision, backend=args.backend, num_actors=args.num_actors,
+        FLAGS, agent=agent, task=task, precision=args.precision, backend=args.backend,
+        kernel_form=args.kernel_form, num_actors=args.num_actors,
         envs_per_actor=args.envs_per_actor, max_actor_steps=given(args.max_actor_steps, DEFAULT_STEPS[agent]),
         seed=args.seed, logdir=given(args.logdir, _UNSET), overrides=overrides,
         eval_every=given(args.eval_every, preset.get("eval_every")), eval_episodes=args.eval_episodes,

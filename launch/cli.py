@@ -51,6 +51,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int8, int16 (shorthands 32, 16, 8..2)")
     parser.add_argument("--backend", default="auto",
                         help="actor runtime: auto, jax, onnx or onnx-nbits (int2..int4 on MatMulNBits)")
+    parser.add_argument("--kernel-form", default=None, metavar="FORM",
+                        help="ONNX integer kernel form to pin (u8s8, u8u8, fp32 = the dequantized graph, ...; "
+                             "still self-checked): with --backend onnx and the same seed, a rerun on a CPU of the "
+                             "same class computes the same numbers (default: this CPU's choice)")
     parser.add_argument("--steps", type=int, required=True, help="actor (environment) steps to run")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--logdir", required=True, help="new or empty directory for CSV logs and summary.json")
@@ -306,7 +310,7 @@ def validate_common(args: argparse.Namespace) -> ExperimentConfig:
     if period is not None:
         overrides["actor_update_period"] = period
     config = build_config(TRAIN_FLAGS, agent=args.agent, task=args.task, precision=args.precision,
-                          backend=args.backend, max_actor_steps=args.steps, seed=args.seed, logdir=args.logdir,
+                          backend=args.backend, kernel_form=args.kernel_form, max_actor_steps=args.steps, seed=args.seed, logdir=args.logdir,
                           eval_every=args.eval_every, eval_episodes=args.eval_episodes,
                           envs_per_actor=args.envs_per_actor, overrides=overrides,
                           eval_fp32=bool(getattr(args, "eval_fp32", False)))

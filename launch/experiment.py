@@ -130,16 +130,17 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     channel = WeightChannel(learner, spec, prec, times)
     qparams = channel.pull(count=False)
     t0 = time.perf_counter()
+    pinned = config.executor_factory()  # make_executor with the config's kernel form, or None
     actor = builder.make_actor(env_spec, qparams, seed=seed, actor_id=0, evaluation=False, backend=backend,
-                               batch_size=num_envs)
+                               batch_size=num_envs, executor_factory=pinned)
     actor_build_s = time.perf_counter() - t0  # includes `auto` measuring backends; not an update
     eval_actor = builder.make_actor(env_spec, qparams, seed=seed + 1, actor_id=0, evaluation=True,
-                                    backend=backend)
+                                    backend=backend, executor_factory=pinned)
     fp32_channel = WeightChannel(learner, spec, "fp32", StageTimes())
     fp32_actor = None
     if config.eval_fp32 and prec != "fp32":
         fp32_actor = builder.make_actor(env_spec, fp32_channel.pull(), seed=seed + 2, actor_id=0,
-                                        evaluation=True, backend=backend)
+                                        evaluation=True, backend=backend, executor_factory=pinned)
 
     evaluator_log = CSVLogger(logdir / "evaluator.csv")
     learner_log = CSVLogger(logdir / "learner.csv")

@@ -47,6 +47,10 @@ class ExperimentConfig:
     seed: int = 0
     overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     backend: str = "auto"  # policy runtime of actors and evaluator: auto | jax | onnx | onnx-nbits
+    # The ONNX integer kernel form actors and evaluator try first (`quarl.runtimes.kernel_forms`: u8s8, u8u8,
+    # fp32 = the dequantized graph ...; still self-checked), None: this CPU's choice. With backend onnx it pins the
+    # executor, so a rerun computes the same numerics on another machine of the same CPU class.
+    kernel_form: str | None = None
     eval_every: int | None = None  # actor steps between evaluations (None: max_actor_steps // 10)
     eval_episodes: int = 10
     envs_per_actor: int = 1  # environments each actor steps with one batched policy call (the paper: 1)
@@ -102,6 +106,14 @@ class ExperimentConfig:
         from quarl.runtimes import BACKEND_NAMES  # pylint: disable=import-outside-toplevel
         if self.backend not in BACKEND_NAMES:
             raise ConfigError("backend", f"{self.backend!r} is an unknown backend; valid: {', '.join(BACKEND_NAMES)}")
+        if self.kernel_form is not None:
+            from quarl.runtimes.kernel_forms import forms  # pylint: disable=import-outside-toplevel
+            if self.kernel_form not in forms():
+                raise ConfigError("kernel_form", f"{self.kernel_form!r} is an unknown kernel form; valid: "
+                                                 f"{', '.join(sorted(forms()))}")
+            if self.backend == "jax":
+                raise ConfigError("kernel_form", "applies to the onnx backends (jax has one integer kernel); "
+                                                 "use --backend onnx")
         if self.target_return is not None and not _finite(self.target_return):
             raise ConfigError("target_return", f"must be a finite number, got {self.target_return!r}")
         if not _finite(self.log_every_s) or self.log_every_s <= 0:
@@ -136,6 +148,11 @@ class ExperimentConfig:
         """A copy with `changes` (validated again)."""
         return dataclasses.replace(self, **changes)
 
+    def executor_factory(self) -> Any:
+        """What builders make actors' executors with: None (the default) or `make_executor` pinned to
+        `kernel_form`."""
+        return executor_factory(self.kernel_form)
+
     # ------------------------------------------------------------------------------------------ JSON
 
     def to_dict(self) -> dict[str, Any]:
@@ -165,6 +182,16 @@ class ExperimentConfig:
 
 _INTS = ("max_actor_steps", "seed", "eval_every", "eval_episodes", "envs_per_actor", "target_streak",
          "num_actors", "publish_period", "insert_batch", "prefetch", "checkpoint_every")
+
+
+def executor_factory(kernel_form: str | None) -> Any:
+    """None, or `quarl.runtimes.make_executor` with its ONNX kernel form pinned (see ExperimentConfig.kernel_form)."""
+    if kernel_form is None:
+        return None
+    import functools  # pylint: disable=import-outside-toplevel
+    from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
+
+    return functools.partial(make_executor, kernel_form=kernel_form)
 
 
 def _check_int(name: str, value: Any, *, minimum: int) -> None:

@@ -125,13 +125,16 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     from rich.table import Table  # pylint: disable=import-outside-toplevel
 
     console = Console(soft_wrap=False)
-    head = Table(title=f"ActorQ {summary.get('agent')} on {summary.get('task')} — actors at "
-                       f"{summary.get('precision')}", show_header=False)
+    executed = summary.get("executed") or f"{summary.get('precision')} (execution not recorded)"
+    head = Table(title=f"ActorQ {summary.get('agent')} on {summary.get('task')} — actors ran {executed}",
+                 show_header=False)
     head.add_column(style="bold")
     head.add_column(justify="right")
     payload = summary.get("payload", {})
     rows = [
         ("status", summary.get("status")),
+        ("actors executed", executed),
+        ("executor (CPU class)", f"{summary.get('executor') or '?'} ({summary.get('cpu_class') or '?'})"),
         ("final eval return", summary.get("final_eval_return")),
         ("best eval return", summary.get("best_eval_return")),
         (_solved_label(summary), _solved(summary)),

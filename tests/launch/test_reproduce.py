@@ -20,7 +20,7 @@ from launch import reproduce
 def write_run(root: Path, panel: str, precision: str, seed: int, times: Sequence[float],
               returns: Sequence[float], *, steps: int = 1000, kwh: float | None = 1e-3,
               runtime: dict[str, float] | None = None, summary: bool = True, distributed: bool = False,
-              status: str = "completed") -> Path:
+              status: str = "completed", executed: str | None = None) -> Path:
     """A run folder as a runner leaves it: evaluator.csv and (unless interrupted) summary.json, in the one
     layout both runners write (the fields analysis reads), as one process or as a learner and actors."""
     run_dir = root / "runs" / panel / precision / f"seed{seed}"
@@ -44,6 +44,8 @@ def write_run(root: Path, panel: str, precision: str, seed: int, times: Sequence
                          "runtime": {"summed_s": dict(stages), "updates": 10},
                          "energy": {"nodes": {}, "total_kwh": None, "total_emissions_kg": None,
                                     "untracked_nodes": nodes, "method": "unavailable: no energy tracker reported"}}
+    if executed is not None:
+        s["executed"] = executed
     if kwh is not None:
         share = {"energy_kwh": kwh / len(nodes), "emissions_kg_co2eq": kwh / 2 / len(nodes)}
         s["energy"] = {"nodes": {name: dict(share) for name in nodes}, "total_kwh": kwh,
@@ -119,6 +121,26 @@ def test_speedup_table_on_hand_made_runs(tmp_path: Path) -> None:
     assert table.loc[("CartPole", "int8"), "time_to_target_s"] == pytest.approx(25.0)
     # ... and the table says over which seeds each speedup is taken (this precision's vs fp32's).
     assert table.loc[("CartPole", "int8"), "speedup_over_seeds"] == "2/3 vs fp32 2/2"
+
+
+def test_speedup_rows_say_what_ran_and_fp32_compute_is_no_int8_claim(tmp_path: Path) -> None:
+    t = [10.0, 20.0, 30.0]
+    write_run(tmp_path, "CartPole", "fp32", 0, t, [0, 50, 100], executed="fp32 weights, fp32 compute")
+    write_run(tmp_path, "CartPole", "int8", 0, t, [0, 95, 100], executed="int8 weights, fp32 compute (dequantized)")
+    write_run(tmp_path, "Acrobot", "fp32", 0, t, [-300, -200, -100], executed="fp32 weights, fp32 compute")
+    write_run(tmp_path, "Acrobot", "int8", 0, t, [-300, -100, -100], executed="int8 weights, integer kernel (u8s8)")
+    write_run(tmp_path, "Acrobot", "fp16", 0, t, [-300, -100, -100])  # a summary without the words
+    table = report.speedup_table(report.load_runs(tmp_path / "runs"), 0.9).set_index(["panel", "precision"])
+    dq, kernel = table.loc[("CartPole", "int8")], table.loc[("Acrobot", "int8")]
+    assert dq["executed"] == "int8 weights, fp32 compute (dequantized)"
+    assert dq["speedup_note"] == "ran fp32 compute: not an int8-kernel speedup" and dq["speedup_vs_fp32"] == 1.5
+    assert kernel["executed"] == "int8 weights, integer kernel (u8s8)" and kernel["speedup_note"] == ""
+    assert table.loc[("Acrobot", "fp16"), "speedup_note"] == "compute unknown: not a fp16-compute speedup"
+    assert table.loc[("CartPole", "fp32"), "speedup_note"] == ""
+    files = report.write_report(tmp_path)
+    text = files.report.read_text()
+    assert "| CartPole | int8 | int8 weights, fp32 compute (dequantized) |" in text
+    assert "not an int8-kernel speedup" in text
 
 
 def test_recorded_energy_methods_name_codecarbons_default_tdp_as_a_default() -> None:
