@@ -74,8 +74,9 @@ def evaluate(actor: Any, env: Any, episodes: int) -> list[float]:
 
 @contextlib.contextmanager
 def _progress(total: int, enabled: bool) -> Iterator[Any]:
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-    bar = tqdm(total=total, disable=not enabled, unit="step", mininterval=1.0, dynamic_ncols=True)
+    """A bar on a terminal, plain lines every few seconds in a log (`launch.progress.StepProgress`)."""
+    from launch.progress import StepProgress  # pylint: disable=import-outside-toplevel
+    bar = StepProgress(total, enabled)
     try:
         yield bar
     finally:

@@ -1,4 +1,4 @@
-"""Post-training quantization (PTQ) sweep of a trained policy: how much return is lost at each precision.
+r"""Post-training quantization (PTQ) sweep of a trained policy: how much return is lost at each precision.
 
     python -m launch.ptq --checkpoint RUN_DIR [--bits 2,3,4,5,6,7,8,16] [--include fp16,bf16] [--episodes 10]
         [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress] [--force]
@@ -90,7 +90,7 @@ class PTQArgs:
 
 
 def build_parser() -> OneLineArgumentParser:
-    parser = OneLineArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = OneLineArgumentParser(prog=PROG, description=__doc__)
     parser.add_argument("--checkpoint", required=True,
                         help="run directory holding policy_fp32.qrlp (or the .qrlp file itself)")
     parser.add_argument("--bits", default=DEFAULT_BITS,

@@ -1,4 +1,4 @@
-"""One command for the ActorQ paper's figure: a grid of runs (panel x precision x seed), then the report.
+r"""One command for the ActorQ paper's figure: a grid of runs (panel x precision x seed), then the report.
 
     python -m launch.reproduce --panels cartpole_balance,CartPole --precisions 32,16,8 --seeds 0,1,2 \
         --budget small [--name NAME] [--runner single|actorq] [--out results] [--fraction 0.9] [--report-only]
@@ -85,7 +85,7 @@ class Invocation:
 
 
 def build_parser() -> OneLineArgumentParser:
-    p = OneLineArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = OneLineArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--panels", default=None,
                    help=f"comma-separated, from: {', '.join(PANELS)} (default: all; with --report-only: "
                         "whatever the results hold)")

@@ -97,7 +97,7 @@ def test_actorq_config_file_is_run_as_written_and_bad_files_exit_2(tmp_path, cap
              (["--config", str(unknown)], "unknown field(s) steps"),
              (["--config", str(not_json)], "--config"),
              (["--config", str(tmp_path / "missing.json")], "--config"),
-             (["--config", str(good), "--seed", "4"], "drop --seed")]
+             (["--config", str(good), "--num-actors", "4"], "drop --num-actors")]
     for argv, needle in cases:
         with pytest.raises(SystemExit) as info:
             actorq.main(argv)
