@@ -222,6 +222,47 @@ def _fmt(value: Any, spec: str = ",.1f") -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def insert_split(summary: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(seconds inserting, seconds held by the replay table's rate limiter), summed over the actors. An actor's
+    `insert_s` includes the time the limiter held it; the table counts that time (`replay.insert_blocked_s`)."""
+    times = [a.get("times") or {} for a in summary.get("actors") or []]
+    if not times:
+        return None, None
+    insert = sum(float(t.get("insert_s") or 0.0) for t in times)
+    held = float((summary.get("replay") or {}).get("insert_blocked_s") or 0.0)
+    held = min(held, insert)
+    return insert - held, held
+
+
+def actor_tables(summary: Mapping[str, Any]) -> list[Any]:
+    """The paper's runtime breakdown: where each actor's time went (seconds), then what one weight update cost
+    it (ms). An actor's insert includes any time the replay's rate limiter held it back; the "all actors" row
+    splits that out (the table's own count of it)."""
+    from rich.table import Table  # pylint: disable=import-outside-toplevel
+
+    times = Table(title="actor time (s)", caption="insert: adders + replay insert; per actor it includes the "
+                                                  "rate limiter's hold, which the all-actors row splits out")
+    for col in ("actor", "steps/s", "env", "policy", "insert", "held by the rate limiter"):
+        times.add_column(col, justify="right")
+    updates = Table(title="weight updates (ms per update)")
+    for col in ("actor", "updates", "pull", "deserialize", "load"):
+        updates.add_column(col, justify="right")
+    for a in summary.get("actors") or []:
+        tm = a.get("times") or {}  # None for an actor that never reported (lost)
+        name = f"{a.get('actor_id')} ({a.get('backend') or '?'})"
+        times.add_row(name, _fmt(a.get("steps_per_s"), ",.0f"), _fmt(tm.get("env_step_s"), ".1f"),
+                      _fmt(tm.get("policy_s"), ".1f"), _fmt(tm.get("insert_s"), ".1f"), "in insert")
+        updates.add_row(name, _fmt(tm.get("updates")), _fmt(tm.get("pull_ms_per_update"), ".2f"),
+                        _fmt(tm.get("deserialize_ms_per_update"), ".2f"), _fmt(tm.get("load_ms_per_update"), ".2f"))
+    insert, held = insert_split(summary)
+    if insert is not None:
+        summed = (summary.get("runtime") or {}).get("summed_s") or {}
+        times.add_row("all actors", _fmt(summary.get("actor_steps_per_s"), ",.0f"),
+                      _fmt(summed.get("env_step_s"), ".1f"), _fmt(summed.get("policy_s"), ".1f"), _fmt(insert, ".1f"),
+                      _fmt(held, ".1f"))
+    return [times, updates]
+
+
 def print_summary(summary: Mapping[str, Any]) -> None:
     """The end-of-run table: outcome, throughput, weight traffic and the per-actor time breakdown."""
     from rich.console import Console  # pylint: disable=import-outside-toplevel
@@ -259,17 +300,7 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     console.print(head)
     actors = summary.get("actors", [])
     if actors:
-        # The paper's runtime breakdown: where each actor's time went, and what one weight update cost.
-        t = Table(title="actor runtime: seconds in env/policy/insert, ms per weight update")
-        for col in ("actor", "steps/s", "env", "policy", "insert", "updates", "pull", "deser.", "load"):
-            t.add_column(col, justify="right")
-        for a in actors:
-            tm = a.get("times") or {}  # None for an actor that never reported (lost)
-            t.add_row(f"{a.get('actor_id')} ({a.get('backend') or '?'})", _fmt(a.get("steps_per_s"), ",.0f"),
-                      _fmt(tm.get("env_step_s"), ".1f"), _fmt(tm.get("policy_s"), ".1f"),
-                      _fmt(tm.get("insert_s"), ".1f"), _fmt(tm.get("updates")),
-                      _fmt(tm.get("pull_ms_per_update"), ".2f"), _fmt(tm.get("deserialize_ms_per_update"), ".2f"),
-                      _fmt(tm.get("load_ms_per_update"), ".2f"))
-        console.print(t)
+        for table in actor_tables(summary):
+            console.print(table)
     if summary.get("logdir"):
         console.print(f"run folder: {summary['logdir']}")

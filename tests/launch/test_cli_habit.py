@@ -132,3 +132,24 @@ def test_train_in_a_log_prints_plain_progress_lines_the_table_and_the_run_folder
     summary = json.loads((logdir / "summary.json").read_text())
     assert f"actors ran {summary['executed']}" in " ".join(proc.stdout.split())
     assert proc.stdout.strip().splitlines()[-1] == f"run folder: {logdir.absolute()}"
+    # The best policy by evaluation is kept beside the last one, readable by launch.ptq.
+    from quarl.policy_io import load_policy
+    best = load_policy(logdir / summary["best_policy_file"])
+    assert summary["best_policy_file"] == "policy_best_int8.qrlp" and (logdir / "policy_fp32.qrlp").is_file()
+    assert best.meta["extra"]["eval_return"] == summary["best_eval_return"]
+
+
+def test_actor_table_splits_insert_from_time_held_by_the_rate_limiter(capsys) -> None:
+    times = {"env_step_s": 10.0, "policy_s": 5.0, "insert_s": 41.5, "updates": 10, "pull_ms_per_update": 1.0,
+             "deserialize_ms_per_update": 0.5, "load_ms_per_update": 0.2}
+    summary = {"agent": "dqn", "task": "CartPole-v1", "precision": "int8", "payload": {}, "logdir": None,
+               "actors": [{"actor_id": 0, "backend": "onnx", "times": times},
+                          {"actor_id": 1, "backend": "onnx", "times": times}],
+               "replay": {"insert_blocked_s": 61.0}, "runtime": {"summed_s": {"env_step_s": 20.0, "policy_s": 10.0}}}
+    from launch.progress import insert_split
+    assert insert_split(summary) == (22.0, 61.0)  # 83 s in insert, 61 of them held by the limiter
+    print_summary(summary)
+    out = capsys.readouterr().out
+    row = next(line for line in out.splitlines() if "all actors │" in line)
+    assert re.search(r"22\.0\D+61\.0", row), row
+    assert "held by the rate limiter" in out
