@@ -30,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from analysis.plots import plot_ptq_returns, plot_weight_histograms
+from analysis.plots import plot_ptq_returns, plot_weight_histograms, redraw_ptq_returns
 from launch.cli import (
     OneLineArgumentParser,
     UsageError,
@@ -42,6 +42,8 @@ from launch.cli import (
     fail,
 )
 from quarl.evaluation import check_compatible, evaluate_seeds, make_greedy_policy
+from quarl.io import write_json_atomic
+from quarl.machine import machine_info
 from quarl.metrics import layer_errors, sqnr_db
 from quarl.policy_io import LoadedPolicy, load_policy, policy_paths
 from quarl.quantization import (
@@ -91,8 +93,8 @@ class PTQArgs:
 
 def build_parser() -> OneLineArgumentParser:
     parser = OneLineArgumentParser(prog=PROG, description=__doc__)
-    parser.add_argument("--checkpoint", required=True,
-                        help="run directory holding policy_fp32.qrlp (or the .qrlp file itself)")
+    parser.add_argument("--checkpoint", default=None,
+                        help="run directory holding policy_fp32.qrlp (or a .qrlp file); required unless --report-only")
     parser.add_argument("--bits", default=DEFAULT_BITS,
                         help=f"comma-separated integer bit widths in {MIN_BITS}..{MAX_BITS}")
     parser.add_argument("--include", default=",".join(FLOAT_PRECISIONS),
@@ -103,6 +105,8 @@ def build_parser() -> OneLineArgumentParser:
     parser.add_argument("--backend", default="jax", help="policy runtime for int<=8 and float rows: jax, onnx, auto")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--force", action="store_true", help="replace the sweep already in --out")
+    parser.add_argument("--report-only", action="store_true",
+                        help="redraw --out's ptq_returns.png from its ptq.csv, evaluating nothing")
     return parser
 
 
@@ -353,14 +357,23 @@ def write_outputs(run: PTQArgs, rows: list[dict[str, Any]], episode_rows: list[d
               ("precision", "granularity", "episode", "seed", "return", "length"))
     stats = weight_stats(run.policy.params)
     write_csv(out / "weights.csv", stats, ("layer", "shape", "min", "max", "mean", "std", "absmax_over_std"))
-    plot_ptq_returns(rows, f"PTQ: {run.policy.agent} on {run.policy.task}", granularities=[g for g, _ in GRANULARITIES],
-                     path=out / "ptq_returns.png")
+    machine = machine_info()
+    write_json_atomic(out / "machine.json", machine)
+    plot_ptq_returns(rows, f"PTQ: {run.policy.agent} on {run.policy.task}",
+                     granularities=[g for g, _ in GRANULARITIES], machine=machine, path=out / "ptq_returns.png")
     plot_weight_histograms(run.policy.params, stats, path=out / "weights.png")
     return write_markdown(out / "ptq.md", run, rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.report_only:
+        if args.out is None or not (Path(args.out) / "ptq.csv").is_file():
+            fail(f"{PROG}: error: --report-only redraws a sweep: --out must be a folder holding ptq.csv")
+        print(f"wrote {redraw_ptq_returns(args.out)}")
+        return 0
+    if args.checkpoint is None:
+        fail(f"{PROG}: error: the following arguments are required: --checkpoint")
     try:
         run = validate(args)
     except UsageError as e:

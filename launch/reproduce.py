@@ -341,8 +341,9 @@ def draw(inv: Invocation) -> Any:
     def keep(df: pd.DataFrame) -> pd.DataFrame:
         return df[df["panel"].isin(inv.panels) & df["precision"].isin(inv.precisions) & df["seed"].isin(inv.seeds)]
 
+    budget, runner = meta.get("budget", inv.budget), meta.get("runner", inv.runner)
     return report.write_report(inv.report_root, runs_dir=inv.root / "runs", fraction=inv.fraction, plan=plan,
-                                notes=notes, machine=_read_json(inv.root / "machine.json"),
+                                notes=notes, figure_title=f"budget {budget}, runner {runner}", machine=_read_json(inv.root / "machine.json"),
                                 run_filter=keep if inv.narrowed else None)
 
 
