@@ -62,3 +62,13 @@ def test_actorq_figure_names_the_cpu_and_shows_the_spread_of_its_blocks(figures,
     assert "min..max over 8 interleaved blocks" in ax.get_title()
     bars = [c for c in ax.containers if hasattr(c, "errorbar") and c.errorbar is not None]
     assert bars and np.all(np.asarray([p.get_height() for p in bars[0].patches]) > 0)
+
+
+def test_learning_figure_is_redrawn_from_its_curves_with_the_machine_and_the_seeds(figures, tmp_path) -> None:
+    import shutil
+    from bench import learning
+    shutil.copy(RESULTS / "learning_dqn_curves.csv", tmp_path / "learning_dqn_curves.csv")
+    assert learning.main(["--rows", "dqn", "--report-only", "--out", str(tmp_path), "--machine", "test CPU"]) == 0
+    title = figures[0]._suptitle.get_text()  # noqa: SLF001
+    assert "test CPU" in title and "one line per seed (3 seeds)" in title
+    assert len(figures[0].axes) == 3 and all(ax.lines for ax in figures[0].axes)
