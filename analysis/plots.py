@@ -25,44 +25,72 @@ def pyplot() -> Any:
     return plt
 
 
-def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, band: str = "minmax",
-                fraction: float | None = 0.9, path: str | os.PathLike | None = None) -> Any:
-    """The paper's figure: one panel per task, return vs `x`, one curve per precision (mean over seeds) with
-    a min-max (band='minmax') or ±std (band='std') band; a dotted line marks the target return when
-    `fraction` is given. Saves to `path` when given; returns the matplotlib Figure."""
-    if band not in ("minmax", "std"):
-        raise ValueError(f"band must be 'minmax' or 'std', got {band!r}")
+BAND_MEANING = {"sem": "band: ± standard error of the mean over seeds",
+                "std": "band: ± standard deviation over seeds",
+                "minmax": "band: min..max over seeds"}
+
+
+def machine_label(machine: Mapping[str, Any] | None) -> str:
+    """'AMD EPYC, 2 logical CPUs' from a machine.json (`quarl.machine.machine_info`), for figure titles."""
+    if not machine:
+        return "machine not recorded"
+    cpu = machine.get("cpu_model") or machine.get("machine") or "unknown CPU"
+    cores = machine.get("logical_cpus", machine.get("cores"))
+    return f"{cpu}, {cores} logical CPUs" if cores else str(cpu)
+
+
+def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, band: str = "sem",
+                fraction: float | None = 0.9, title: str | None = None,
+                path: str | os.PathLike | None = None) -> Any:
+    """The paper's figure: one panel per task, return vs `x`, one curve per precision (mean over seeds) with a
+    band of ± standard error (band='sem', the default: narrow enough that the precisions stay apart), ± std
+    ('std') or min..max ('minmax'); a dotted line marks the target return when `fraction` is given. Panels fill a
+    grid of at most 3 columns; a spare cell holds the shared legend and what the band means, and `title` (the
+    budget, runner and machine) heads the figure. Saves to `path` when given; returns the matplotlib Figure."""
+    if band not in BAND_MEANING:
+        raise ValueError(f"band must be one of {', '.join(BAND_MEANING)}, got {band!r}")
     plt = pyplot()
     data = curves(runs, x=x, points=points)
     panels = sorted(data["panel"].unique(), key=panel_order) if len(data) else []
     targets = panel_targets(runs, fraction) if fraction else {}
     n = max(1, len(panels))
-    cols = min(4, n)
-    nrows = math.ceil(n / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(4.2 * cols, 3.3 * nrows), squeeze=False)
+    cols = min(3, n + 1) if n > 1 else 1
+    nrows = math.ceil((n + (1 if n > 1 else 0)) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(4.6 * cols, 3.4 * nrows + 0.6), squeeze=False)
     timed = x != "actor_steps"
     scale, unit = _time_unit(float(data["x"].max()) if len(data) and timed else 0.0)
-    for ax in axes.ravel()[n:]:
-        ax.set_visible(False)
+    handles: dict[str, Any] = {}
     for ax, panel in zip(axes.ravel(), panels):
         pdata = data[data["panel"] == panel]
         for precision in sorted(pdata["precision"].unique(), key=precision_order):
             c = pdata[pdata["precision"] == precision]
             xs = c["x"].to_numpy() / (scale if timed else 1.0)
-            lo, hi = (c["min"], c["max"]) if band == "minmax" else (c["mean"] - c["std"], c["mean"] + c["std"])
+            sem = c["std"] / np.sqrt(c["seeds"].clip(lower=1))
+            lo, hi = {"minmax": (c["min"], c["max"]), "std": (c["mean"] - c["std"], c["mean"] + c["std"]),
+                      "sem": (c["mean"] - sem, c["mean"] + sem)}[band]
             color = precision_color(precision)
-            ax.plot(xs, c["mean"], color=color, label=f"{precision} (n={int(c['seeds'].iloc[0])})", lw=1.6)
-            ax.fill_between(xs, lo, hi, color=color, alpha=0.18, lw=0)
+            label = f"{precision} (n={int(c['seeds'].iloc[0])} seeds)"
+            handles.setdefault(label, ax.plot(xs, c["mean"], color=color, label=label, lw=1.5, zorder=3)[0])
+            ax.fill_between(xs, lo, hi, color=color, alpha=0.12, lw=0, zorder=1)
         if panel in targets:
-            ax.axhline(targets[panel], color="0.4", ls=":", lw=1, label=f"{int(round(100 * fraction))}% of fp32")
+            line = ax.axhline(targets[panel], color="0.4", ls=":", lw=1, zorder=2)
+            handles.setdefault(f"target: {int(round(100 * fraction))}% of the fp32 final return", line)
         ax.set_title(panel)
         ax.set_xlabel({"time_s": f"training wall clock ({unit})", "wall_clock_s": f"wall clock ({unit})"}
                       .get(x, "actor steps"))
         ax.set_ylabel("evaluation return")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7, loc="best")
+    spare = list(axes.ravel()[len(panels):])
+    for ax in spare:
+        ax.axis("off")
     if not panels:
         axes[0, 0].text(0.5, 0.5, "no finished runs", ha="center", va="center", transform=axes[0, 0].transAxes)
+    elif spare:
+        spare[0].legend(list(handles.values()), list(handles), loc="center", fontsize=9, frameon=False,
+                        title="curve: mean over seeds\n" + BAND_MEANING[band], title_fontsize=9)
+    else:
+        axes.ravel()[0].legend(list(handles.values()), list(handles), fontsize=7, loc="best")
+    fig.suptitle(f"{title + ' — ' if title else ''}mean over seeds, {BAND_MEANING[band]}", fontsize=11)
     fig.tight_layout()
     if path is not None:
         fig.savefig(path, dpi=120)
@@ -77,22 +105,36 @@ def _time_unit(max_seconds: float) -> tuple[float, str]:
     return 1.0, "s"
 
 
-def plot_runtime_breakdown(table: pd.DataFrame, *, per_1k_steps: bool = True,
+def plot_runtime_breakdown(table: pd.DataFrame, *, per_1k_steps: bool = True, title: str | None = None,
                            path: str | os.PathLike | None = None) -> Any:
     """Stacked bars of the runtime stages, one bar per panel and precision (ms per 1000 actor steps by
-    default, else total seconds). Returns the Figure."""
+    default, else total seconds), grouped by panel; a stage that is zero everywhere (pull in one process, where
+    there is no weight server) says so in the legend instead of drawing nothing. Returns the Figure."""
     plt = pyplot()
     keys = [f"{s[:-2]}_ms_per_1k_steps" for s in STAGES] if per_1k_steps else list(STAGES)
-    labels = [f"{p}\n{q}" for p, q in zip(table["panel"], table["precision"])]
-    fig, ax = plt.subplots(figsize=(max(5.0, 0.9 * len(labels) + 2) + 2.0, 4.2))
+    panels = list(dict.fromkeys(table["panel"])) if len(table) else []
+    # a gap between panels, precision under each bar and the panel name centred under its group
+    xs, pos = [], 0.0
+    for i, p in enumerate(table["panel"] if len(table) else []):
+        if i and p != table["panel"].iloc[i - 1]:
+            pos += 0.6
+        xs.append(pos)
+        pos += 1.0
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.55 * len(xs) + 3.5), 4.6))
     bottom = np.zeros(len(table))
     for stage, key in zip(STAGES, keys):
         values = np.nan_to_num(table[key].to_numpy(float)) if len(table) else np.zeros(0)
-        ax.bar(range(len(table)), values, bottom=bottom, label=STAGE_LABELS[stage])
+        label = STAGE_LABELS[stage] + ("" if values.any() or not len(values) else
+                                       " (0 here: one process, nothing to fetch)")
+        ax.bar(xs, values, bottom=bottom, width=0.85, label=label)
         bottom += values
-    ax.set_xticks(range(len(table)), labels, fontsize=8)
-    ax.set_ylabel("ms per 1000 actor steps" if per_1k_steps else "seconds (summed over actors)")
-    ax.set_title("actor runtime breakdown")
+    ax.set_xticks(xs, list(table["precision"]) if len(table) else [], fontsize=8)
+    for p in panels:
+        centre = np.mean([x for x, q in zip(xs, table["panel"]) if q == p])
+        ax.annotate(p, (centre, 0), xycoords=("data", "axes fraction"), xytext=(0, -24),
+                    textcoords="offset points", ha="center", va="top", fontsize=9)
+    ax.set_ylabel("ms per 1000 actor steps (= µs per step)" if per_1k_steps else "seconds (summed over actors)")
+    ax.set_title(f"{title + ': ' if title else ''}actor runtime breakdown, mean over seeds", fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: bars fill the axes
     ax.grid(axis="y", alpha=0.3)
     fig.tight_layout()
@@ -180,9 +222,11 @@ def plot_weight_stats(weights: pd.DataFrame, *, path: str | os.PathLike | None =
 
 def plot_ptq_returns(rows: Sequence[Mapping[str, Any]], title: str, *,
                      granularities: Sequence[str] = ("per-tensor", "per-channel"),
+                     machine: Mapping[str, Any] | None = None,
                      path: str | os.PathLike | None = None) -> Any:
-    """`launch.ptq`'s rows: return vs bits per granularity with std error bars, float precisions as reference
-    lines, and the bit widths above the integer kernels' (simulated in fp32) shaded. Returns the Figure."""
+    """`launch.ptq`'s rows: return vs bits per granularity with error bars of ± the std of the return over the
+    episodes (the title says how many, and the machine), float precisions as reference lines, and the bit widths
+    above the integer kernels' (simulated in fp32) shaded. Returns the Figure."""
     from quarl.runtimes.base import MAX_KERNEL_BITS  # pylint: disable=import-outside-toplevel - JAX-free reports
 
     plt = pyplot()
@@ -204,7 +248,9 @@ def plot_ptq_returns(rows: Sequence[Mapping[str, Any]], title: str, *,
     ax.set_xticks(sorted(set(int_bits)))
     ax.set_xlabel("weight bits")
     ax.set_ylabel("mean episode return")
-    ax.set_title(title)
+    episodes = sorted({int(r["episodes"]) for r in rows if r.get("episodes") is not None})
+    ax.set_title(f"{title} ({machine_label(machine)})\nbars: ± std of the return over "
+                 f"{'/'.join(map(str, episodes)) or '?'} episodes, the same env seeds at every precision", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     if path is not None:
@@ -241,3 +287,23 @@ def plot_weight_histograms(params: Mapping, stats: Sequence[Mapping[str, Any]], 
         fig.savefig(path, dpi=110)
         plt.close(fig)
     return fig
+
+
+def redraw_ptq_returns(ptq_dir: str | os.PathLike) -> Path:
+    """ptq_returns.png again from a `launch.ptq` folder's ptq.csv (no evaluation): the agent and task from
+    ptq.md's heading, the machine from machine.json when the sweep wrote one."""
+    import json  # pylint: disable=import-outside-toplevel
+
+    d = Path(ptq_dir)
+    ptq, _ = load_ptq(d)
+    heading = (d / "ptq.md").read_text(encoding="utf-8").splitlines()[0]
+    title = "PTQ: " + heading.split(": ", 1)[-1] if ": " in heading else "PTQ"
+    try:
+        machine = json.loads((d / "machine.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        machine = None
+    rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in ptq.to_dict("records")]
+    granularities = [g for g in dict.fromkeys(ptq["granularity"]) if isinstance(g, str) and g != "n/a"]
+    plot_ptq_returns(rows, title, granularities=granularities, machine=machine, path=d / "ptq_returns.png")
+    return d / "ptq_returns.png"

@@ -13,7 +13,8 @@ import pandas as pd
 
 from quarl.machine import machine_info
 
-from analysis.plots import plot_figure, plot_ptq, plot_runtime_breakdown, plot_weight_stats, pyplot, load_ptq
+from analysis.plots import (BAND_MEANING, machine_label, plot_figure, plot_ptq, plot_runtime_breakdown,
+                            plot_weight_stats, pyplot, load_ptq)
 from analysis.runs import (BASELINE, PANELS, RUN_COLUMNS, STAGES, Panel, curves, describe_method, find_run_dirs,
                            finished, is_finished, load_runs, precision_order, read_evaluator, read_summary, sort_runs)
 from analysis.tables import (carbon_ratio_table, carbon_table, markdown_table, panel_targets, runtime_breakdown_table,
@@ -39,14 +40,15 @@ class ReportFiles:
 def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike | None = None,
                  fraction: float = 0.9, plan: pd.DataFrame | None = None,
                  machine: Mapping[str, Any] | None = None, title: str | None = None,
-                 notes: Iterable[str] = (),
+                 notes: Iterable[str] = (), figure_title: str | None = None,
                  run_filter: Callable[[pd.DataFrame], pd.DataFrame] | None = None) -> ReportFiles:
     """Writes figure.png, runtime.png, speedup.csv, carbon.csv, runtime.csv, grid.csv and report.md into
     `results_dir`, from the runs under `runs_dir` (default results_dir/runs).
 
     `plan` (panel, precision, seed rows) adds the planned runs that have no folder yet to grid.csv as
     'pending'; `machine` defaults to results_dir/machine.json (written when the runs ran), else this machine;
-    `run_filter` narrows the loaded runs (e.g. to one grid's panels).
+    `run_filter` narrows the loaded runs (e.g. to one grid's panels); `figure_title` heads the figures (the
+    machine is added to it).
     """
     out = Path(results_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -63,7 +65,8 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
                                                                           "(the runs left no machine.json)"}
     cores = machine.get("logical_cpus", machine.get("cores"))
     plt = pyplot()
-    plt.close(plot_figure(runs, fraction=fraction, path=files.figure))
+    heading = f"{figure_title + ', ' if figure_title else ''}{machine_label(machine)}"
+    plt.close(plot_figure(runs, fraction=fraction, title=heading, path=files.figure))
     speed = speedup_table(runs, fraction)
     speed.to_csv(files.speedup, index=False)
     carbon = carbon_table(runs, fraction)
@@ -72,7 +75,7 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
     ratios = carbon_ratio_table(carbon)
     runtime = runtime_breakdown_table(runs)
     runtime.to_csv(files.runtime, index=False)
-    plt.close(plot_runtime_breakdown(runtime, path=files.runtime_figure))
+    plt.close(plot_runtime_breakdown(runtime, title=heading, path=files.runtime_figure))
     grid = grid_table(runs, plan)
     grid["run_dir"] = [_relative(d, out) for d in grid["run_dir"]]  # a committed grid.csv must not name this disk
     grid.to_csv(files.grid, index=False)
@@ -82,13 +85,16 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
     notes = list(notes)
     text += [*notes, ""] if notes else []
     text += ["![return vs wall clock](figure.png)", "",
-             "Curves: mean over seeds, band min..max, against the training clock (the single-process runner's "
+             f"Curves: mean over seeds, {BAND_MEANING['sem']}, against the training clock (the single-process runner's "
              "clock without its own evaluations, else the wall clock); dotted line: "
              f"{pct}% of the fp32 final return (target = R - (1 - f)|R|, which is f*R for positive returns).", "",
              f"## Speedup: training time to reach {pct}% of the fp32 final return", "",
              "`time_to_target_s` is the mean over the seeds that reached the target (`seeds_reached` of `seeds`); "
              "seeds that never reached it are left out of the mean, so each speedup compares those subsets "
-             "(`speedup_over_seeds`: this precision's seeds vs the fp32 seeds behind the ratio).", "",
+             "(`speedup_over_seeds`: this precision's seeds vs the fp32 seeds behind the ratio). `executed` is "
+             "what the actors ran (\"int8 weights, fp32 compute (dequantized)\": `auto` picked the fp32 graph, no "
+             "integer kernel); a row with a `speedup_note` is not its precision's kernel speedup and makes no "
+             "int8 claim.", "",
              markdown_table(speed), "",
              "## Energy and carbon", "",
              "Ratios are fp32 / precision (> 1: the quantized run used less). *Same work*: energy per actor step "
@@ -131,9 +137,9 @@ def _runtime_note(runtime: pd.DataFrame) -> list[str]:
 def _relative(path: Any, base: Path) -> Any:
     if not isinstance(path, str):
         return path
-    try:
-        return str(Path(path).resolve().relative_to(base.resolve()))
-    except ValueError:
+    try:  # runs beside a report (../../runs/... for a subset report) are named relative to it
+        return os.path.relpath(Path(path).resolve(), base.resolve())
+    except ValueError:  # another drive
         return path
 
 

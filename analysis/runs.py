@@ -36,6 +36,8 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
+from analysis.execution import run_execution
+
 
 # ------------------------------------------------------------------------------------------------ panels
 
@@ -206,7 +208,7 @@ def find_run_dirs(results_dir: str | os.PathLike) -> list[Path]:
 
 
 RUN_COLUMNS = ("panel", "precision", "seed", "finished", "status", "runner", "agent", "task", "num_actors",
-               "backend", "actor_steps", "learner_steps", "wall_clock_s", "run_time_s", "final_return",
+               "backend", "executed", "actor_steps", "learner_steps", "wall_clock_s", "run_time_s", "final_return",
                "best_return", "evaluations", "payload_bytes", "payload_bytes_fp32", *STAGES, "energy_kwh",
                "emissions_kg", "ram_kwh", "energy_method", "run_dir")
 
@@ -240,6 +242,8 @@ def load_runs(results_dir: str | os.PathLike) -> pd.DataFrame:
             "panel": panel, "precision": precision, "seed": seed, "finished": is_finished(summary),
             "status": s.get("status"), "runner": s.get("runner"), "agent": s.get("agent"), "task": s.get("task"),
             "num_actors": _num(s.get("num_actors")), "backend": ",".join(map(str, backend)) if backend else None,
+            # what the actors executed, in words (from the summary's actor records when it predates the words)
+            "executed": (s.get("executed") or run_execution(s)["executed"]) if summary else None,
             "actor_steps": _num(s.get("actor_steps")), "learner_steps": _num(s.get("learner_steps")),
             "wall_clock_s": _num(s.get("wall_clock_s")), "run_time_s": _num(s.get("run_wall_clock_s")),
             "final_return": final, "best_return": best, "evaluations": len(evals),

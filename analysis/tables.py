@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from analysis.execution import integer_kernel
 from analysis.runs import BASELINE, STAGES, check_x, finished, panel_order, precision_order, read_evaluator
 
 
@@ -62,13 +63,15 @@ def speedup_table(runs: pd.DataFrame, fraction: float = 0.9, baseline: str = BAS
     rows = []
     for (panel, precision), g in ttt.groupby(["panel", "precision"], sort=False):
         reached = g["time_to_target"].dropna()
-        rows.append({"panel": panel, "precision": precision, "seeds": len(g), "seeds_reached": len(reached),
+        executed = " / ".join(dict.fromkeys(str(e) for e in g["executed"] if isinstance(e, str))) or "not recorded"
+        rows.append({"panel": panel, "precision": precision, "executed": executed,
+                     "seeds": len(g), "seeds_reached": len(reached),
                      "final_return_mean": g["final_return"].mean(), "final_return_std": g["final_return"].std(ddof=0),
                      "target_return": g["target_return"].iloc[0],
                      "time_to_target_s": reached.mean() if len(reached) else math.nan,
                      "time_to_target_std": reached.std(ddof=0) if len(reached) else math.nan,
                      "run_time_s_mean": g["run_time_s"].mean()})
-    table = pd.DataFrame(rows, columns=["panel", "precision", "seeds", "seeds_reached", "final_return_mean",
+    table = pd.DataFrame(rows, columns=["panel", "precision", "executed", "seeds", "seeds_reached", "final_return_mean",
                                         "final_return_std", "target_return", "time_to_target_s",
                                         "time_to_target_std", "run_time_s_mean"])
     base = table[table["precision"] == baseline].set_index("panel")["time_to_target_s"]
@@ -78,10 +81,28 @@ def speedup_table(runs: pd.DataFrame, fraction: float = 0.9, baseline: str = BAS
     table["speedup_over_seeds"] = [
         f"{r}/{n} vs {baseline} {reached.loc[p, 'seeds_reached']}/{reached.loc[p, 'seeds']}" if p in reached.index
         else f"{r}/{n}" for p, r, n in zip(table["panel"], table["seeds_reached"], table["seeds"])]
+    table["speedup_note"] = [speedup_note(p, e, baseline) for p, e in zip(table["precision"], table["executed"])]
     if x == "actor_steps":
         table = table.rename(columns={"time_to_target_s": f"{x}_to_target", "time_to_target_std":
                                       f"{x}_to_target_std"})
     return _sorted_table(table)
+
+
+def speedup_note(precision: str, executed: str, baseline: str = BASELINE) -> str:
+    """Empty when a row's speedup is its precision's own (an integer kernel for intN, native compute for
+    floats); else what it is instead, so no fp32-compute speed reads as an int8 kernel's."""
+    if precision == baseline:
+        return ""
+    if str(precision).startswith("int"):
+        if integer_kernel(executed) and " / " not in executed:
+            return ""
+        what = "kernel unknown" if "unknown" in executed else "ran fp32 compute" if "fp32 compute" in executed \
+            else "mixed executions"
+        return f"{what}: not an {precision}-kernel speedup"
+    if f"{precision} compute" in executed and " / " not in executed:
+        return ""
+    what = "compute unknown" if "unknown" in executed or executed == "not recorded" else "ran fp32 compute"
+    return f"{what}: not a {precision}-compute speedup"
 
 
 def _sorted_table(table: pd.DataFrame) -> pd.DataFrame:

@@ -4,7 +4,10 @@ write now (`launch.summary.SUMMARY_KEYS`), so `analysis.runs` reads one schema.
     python -m analysis.upgrade_summaries DIR
 
 Every summary.json under DIR in the old layout (no "runner" key, a flat "runtime" section) is rewritten in place;
-summaries already in the new layout are left alone, and anything else is reported and left alone. Values are
+summaries in the new layout that predate the execution record (`executed`, `executor`, `cpu_class`) get it
+(`fill_execution`), others are left alone, and anything else is reported and left alone. Where the actors' kernel
+form was not recorded it is marked "unknown" for integer precisions (it cannot be known afterwards: `auto` may have
+picked the integer graph or the dequantized fp32 one); float precisions have no kernel form ([]). Values are
 carried over, renamed where the old layout named them otherwise (inference_s -> policy_s, adder_insert_s ->
 insert_s, table -> replay, env_steps_per_s -> actor_steps_per_s); the old "pull_s" was the learner's quantize +
 encode, so it becomes quantize_encode_s. Nothing is invented: a field the old layout lacks is None, except
@@ -19,6 +22,7 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping
 
+from analysis.execution import UNKNOWN, run_execution
 from launch.summary import ACTOR_KEYS, LEARNER_KEYS, PAYLOAD_KEYS, PUBLISH_KEYS, SUMMARY_KEYS
 from quarl.io import write_json_atomic
 
@@ -90,7 +94,27 @@ def upgrade(old: Mapping[str, Any]) -> dict[str, Any]:
         evaluation_s=g("evaluation_s"), actor_steps_per_s=old.get("env_steps_per_s"), payload=payload,
         payloads_rejected=None, runtime=runtime, actors=[actor], learner=learner, replay=table,
         energy=_energy(old.get("energy")), lost_nodes=[], placement={}, lost_hosts=[])
-    return new
+    return fill_execution(new)
+
+
+def needs_execution(summary: Mapping[str, Any]) -> bool:
+    """A summary of the current layout written before runs recorded what their actors executed."""
+    return "runner" in summary and any(summary.get(k) is None for k in ("executed", "executor")) \
+        or "runner" in summary and summary.get("kernel_form") is None
+
+
+def fill_execution(summary: Mapping[str, Any]) -> dict[str, Any]:
+    """`summary` with kernel_form, executed, executor and cpu_class filled where they were not recorded: what
+    the actors' records tell, "unknown" for an integer run's kernel form they do not tell; in SUMMARY_KEYS order."""
+    out = dict(summary)
+    if out.get("kernel_form") is None:
+        forms = sorted({str(a["kernel"]["form"]) for a in out.get("actors") or []
+                        if isinstance(a, Mapping) and isinstance(a.get("kernel"), Mapping)
+                        and a["kernel"].get("form")})
+        is_int = str(out.get("precision", "")).startswith("int")
+        out["kernel_form"] = forms or ([UNKNOWN] if is_int else [])
+    out.update(run_execution(out))
+    return {**{k: out.get(k) for k in SUMMARY_KEYS}, **{k: v for k, v in out.items() if k not in SUMMARY_KEYS}}
 
 
 def _energy(report: Any) -> dict[str, Any]:
@@ -106,7 +130,7 @@ def _energy(report: Any) -> dict[str, Any]:
 
 def upgrade_tree(root: Path) -> dict[str, list[Path]]:
     """Upgrades every old summary.json under `root`; returns the paths upgraded, already new, and skipped."""
-    done: dict[str, list[Path]] = {"upgraded": [], "current": [], "skipped": []}
+    done: dict[str, list[Path]] = {"upgraded": [], "filled": [], "current": [], "skipped": []}
     for path in sorted(root.rglob("summary.json")):
         try:
             summary = json.loads(path.read_text(encoding="utf-8"))
@@ -116,6 +140,9 @@ def upgrade_tree(root: Path) -> dict[str, list[Path]]:
         if isinstance(summary, dict) and is_old_single_process(summary):
             write_json_atomic(path, upgrade(summary))
             done["upgraded"].append(path)
+        elif isinstance(summary, dict) and needs_execution(summary):
+            write_json_atomic(path, fill_execution(summary))
+            done["filled"].append(path)
         elif isinstance(summary, dict) and "runner" in summary:
             done["current"].append(path)
         else:
@@ -134,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     done = upgrade_tree(root)
     for path in done["skipped"]:
         print(f"skipped (unreadable or not the earlier single-process layout): {path}", file=sys.stderr)
-    print(f"{len(done['upgraded'])} upgraded, {len(done['current'])} already current, "
+    print(f"{len(done['upgraded'])} upgraded, {len(done['filled'])} given their execution record, "
+          f"{len(done['current'])} already current, "
           f"{len(done['skipped'])} skipped")
     return 0
 

@@ -357,9 +357,18 @@ def plot(result: dict[str, Any], path: Path) -> None:
     precisions = [p for p in PRECISIONS if p in tp]
     colors = {"fp32": "tab:gray", "int8": "tab:blue", "int4": "tab:purple"}
     ax = axes[0]
-    ax.bar(precisions, [tp[p]["steps_per_s"] for p in precisions], color=[colors[p] for p in precisions])
+    means = np.array([tp[p]["steps_per_s"] for p in precisions])
+    blocks = actor.get("throughput_blocks") or {}
+    spread = [[v["steps_per_s"] for v in blocks.get(p) or []] for p in precisions]
+    if all(spread):  # the interleaved measurement blocks: min..max around the headline figure
+        err = [means - np.array([min(v) for v in spread]), np.array([max(v) for v in spread]) - means]
+        ax.bar(precisions, means, yerr=err, capsize=4, color=[colors[p] for p in precisions])
+        what = f"error bars: min..max over {min(len(v) for v in spread)} interleaved blocks"
+    else:
+        ax.bar(precisions, means, color=[colors[p] for p in precisions])
+        what = "no per-block spread recorded"
     vs = ", ".join(f"{p} = {r:.1f}x" for p, r in actor["throughput_ratio_vs_fp32"].items())
-    ax.set_title(f"actor env steps/s (2048x3 policy)\n{vs} fp32")
+    ax.set_title(f"actor env steps/s (2048x3 policy)\n{vs} fp32; {what}", fontsize=9)
     ax.set_ylabel("env steps / s (one pinned actor)")
     ax = axes[1]
     bottom = np.zeros(len(precisions))
@@ -368,7 +377,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.bar(precisions, values, bottom=bottom, label=stage[:-3], color=color)
         bottom += values
     cheaper = ", ".join(f"{r:.1f}x {p}" for p, r in actor["update_ratio_fp32_vs"].items())
-    ax.set_title(f"one weight update (ms)\nfp32 = {cheaper}")
+    ax.set_title(f"one weight update (ms, mean per update)\nfp32 = {cheaper}", fontsize=9)
     ax.legend()
     if panels == 3:
         import csv  # pylint: disable=import-outside-toplevel
@@ -387,6 +396,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("eval return")
         ax.set_title("D4PG cartpole:balance, 2 actors")
         ax.legend(fontsize=7)
+    machine = result.get("machine") or {}
+    load = f"load {machine.get('load_start', ['?'])[0]} -> {machine.get('load_end', ['?'])[0]}"
+    fig.suptitle(f"bench.actorq on {machine.get('cpu', 'an unrecorded CPU')} ({machine.get('cores', '?')} cores, "
+                 f"1-min {load})", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -554,8 +567,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated seeds for the end-to-end runs (default: 0,1,2; 0 with --quick)")
     parser.add_argument("--skip-e2e", action="store_true", help="no end-to-end time-to-target runs")
     parser.add_argument("--skip-sweep", action="store_true", help="no vectorized-actor sweep (part 4)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="redraw OUT/actorq.png from OUT/actorq.json, measuring nothing")
     add_allow_busy(parser)
     args = parser.parse_args(argv)
+    if args.report_only:
+        out = Path(args.out or "bench/results")
+        plot(json.loads((out / "actorq.json").read_text(encoding="utf-8")), out / "actorq.png")
+        print(f"[bench.actorq] redrew {out / 'actorq.png'}")
+        return 0
     try:
         text = args.seeds if args.seeds is not None else ("0" if args.quick else "0,1,2")
         seeds = [int(s) for s in text.split(",") if s.strip()]

@@ -82,6 +82,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     run.add_argument("--small", action="store_true", help="small networks (smoke test only)")
     add_allow_busy(run)
     report = sub.add_parser("report", help="summarise finished runs")
+    replot = sub.add_parser("plot", help="redraw OUT/fidelity.png from OUT/fidelity_curves.csv (nothing else)")
+    replot.add_argument("--out", default=str(REPO / "bench" / "results"))
     report.add_argument("--runs", default=str(REPO / "runs" / "bench" / "fidelity"))
     report.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = parser.parse_args(argv)
@@ -388,18 +390,24 @@ def seconds_table(curves: list[dict[str, Any]]) -> list[str]:
 
 
 def plot(curves: list[dict[str, Any]], path: Path) -> None:
+    """Per task: return vs env steps (mean of the evaluation episodes, then Acme's first-episode protocol) and vs
+    train seconds; curves are the mean over seeds with a ± standard error band, each column titled by what it
+    plots, each env-step panel with the paired p-values ours vs Acme (mean return over the checkpoints, as the
+    README quotes them), and the figure titled with the CPU."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     import numpy as np  # pylint: disable=import-outside-toplevel
     tasks = sorted({r["task"] for r in curves})
-    panels = (("actor_steps", "return", "env steps", "mean of episodes"),
-              ("actor_steps", "return_first", "env steps", "first episode"),
-              ("train_clock_s", "return", "train seconds", "mean of episodes"))
-    fig, axes = plt.subplots(len(tasks), len(panels), figsize=(5 * len(panels), 3.6 * len(tasks)), squeeze=False)
+    panels = (("actor_steps", "return", "env steps", "vs env steps: mean of the evaluation episodes"),
+              ("actor_steps", "return_first", "env steps", "vs env steps: first episode (Acme's protocol)"),
+              ("train_clock_s", "return", "train seconds", "vs train seconds: mean of the evaluation episodes"))
+    auc = {(r["task"], r["arm"], r["protocol"]): r for r in auc_tests(curves)}
+    fig, axes = plt.subplots(len(tasks), len(panels), figsize=(5.2 * len(panels), 3.9 * len(tasks) + 0.5),
+                             squeeze=False)
     colors = {"fp32": "tab:blue", "int8": "tab:orange", "acme": "tab:green"}
     for row, task in enumerate(tasks):
-        for col, (x_key, y_key, x_label, y_label) in enumerate(panels):
+        for col, (x_key, y_key, x_label, what) in enumerate(panels):
             ax = axes[row][col]
             for arm in ARMS:
                 runs = {}
@@ -412,13 +420,22 @@ def plot(curves: list[dict[str, Any]], path: Path) -> None:
                 table = {s: {x["actor_steps"]: x for x in v} for s, v in runs.items()}
                 y = np.array([[table[s][st][y_key] for st in steps] for s in runs])
                 x = np.array([[table[s][st][x_key] for st in steps] for s in runs]).mean(axis=0)
-                label = f"{'Acme' if arm == 'acme' else 'ours ' + arm} (n={len(runs)})"
-                ax.plot(x, y.mean(axis=0), color=colors[arm], label=label)
-                ax.fill_between(x, y.min(axis=0), y.max(axis=0), color=colors[arm], alpha=0.15)
-            ax.set_title(f"{task}: {y_label}", fontsize=10)
+                se = y.std(axis=0, ddof=1) / np.sqrt(len(runs)) if len(runs) > 1 else np.zeros(len(steps))
+                label = f"{'Acme' if arm == 'acme' else 'ours ' + arm} (n={len(runs)} seeds)"
+                ax.plot(x, y.mean(axis=0), color=colors[arm], label=label, zorder=3)
+                ax.fill_between(x, y.mean(axis=0) - se, y.mean(axis=0) + se, color=colors[arm], alpha=0.15, lw=0)
+            title = f"{task} {what}"
+            if x_key == "actor_steps":
+                ps = [f"{arm} p={auc[(task, arm, y_key)]['p_t']:.2f}" for arm in OUR_ARMS if (task, arm, y_key) in auc]
+                title += "\nours vs Acme, mean over checkpoints, paired t: " + ", ".join(ps) if ps else ""
+            ax.set_title(title, fontsize=9)
             ax.set_xlabel(x_label)
-            ax.set_ylabel("return (mean over seeds, band min-max)")
+            ax.set_ylabel("return")
+            ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
+    cpus = sorted({str(r.get("cpu") or "") for r in curves} - {""}) or ["CPU not recorded"]
+    fig.suptitle(f"Fidelity to Acme's D4PG on {'; '.join(cpus)}: mean over seeds, band ± standard error over "
+                 "seeds", fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -447,6 +464,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args = parse_args(argv)
+        if args.command == "plot":
+            plot(read_curves_csv(Path(args.out) / "fidelity_curves.csv"), Path(args.out) / "fidelity.png")
+            print(f"bench.fidelity: redrew {Path(args.out) / 'fidelity.png'}")
+            return 0
         if args.command == "run":
             check_load(args.allow_busy)
             run_all(args)

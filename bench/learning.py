@@ -150,11 +150,12 @@ def run_rows(rows: Sequence[LearningRow], *, name: str, seeds: Sequence[int], pr
     outdir.mkdir(parents=True, exist_ok=True)
     _write_csv(outdir / f"learning_{name}.csv", results)
     _write_csv(outdir / f"learning_{name}_curves.csv", curves)
-    machine = (f"{os.cpu_count()} logical cores; load average {load_start:.1f} at the start and "
+    from bench.machine import cpu_model  # pylint: disable=import-outside-toplevel
+    machine = (f"{cpu_model()}, {os.cpu_count()} logical cores; load average {load_start:.1f} at the start and "
                f"{os.getloadavg()[0]:.1f} at the end of the benchmark")
     (outdir / f"learning_{name}.md").write_text(markdown_table(results, rows, name, command, machine),
                                                 encoding="utf-8")
-    plot_curves(curves, rows, outdir / f"learning_{name}.png")
+    plot_curves(curves, rows, outdir / f"learning_{name}.png", machine=f"{cpu_model()}, {os.cpu_count()} cores")
     return results
 
 
@@ -275,8 +276,9 @@ def paired_steps(results: list[dict], rows: Sequence[LearningRow]) -> list[str]:
             "|---|---:|---:|---:|---:|---|", *out]
 
 
-def plot_curves(curves: list[dict], rows: Sequence[LearningRow], path: Path) -> None:
-    """One panel per task: every seed's evaluation curve, coloured by precision, with the target line."""
+def plot_curves(curves: list[dict], rows: Sequence[LearningRow], path: Path, *, machine: str = "") -> None:
+    """One panel per task: every seed's evaluation curve (the spread is the seeds themselves, no band), coloured
+    by precision, with the target line; the title names the machine and what a point is."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -299,6 +301,9 @@ def plot_curves(curves: list[dict], rows: Sequence[LearningRow], path: Path) -> 
         ax.set_ylabel("evaluation return")
         ax.legend(fontsize=8, loc="lower right")
         ax.grid(alpha=0.3)
+    seeds = len({c["seed"] for c in curves})
+    fig.suptitle(f"bench.learning on {machine or 'a machine the run did not record'}: one line per seed "
+                 f"({seeds} seeds), each point the mean return of one evaluation's greedy episodes", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -314,8 +319,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--full-curves", action="store_true", help="run every budget to the end (no stop at target)")
     p.add_argument("--quick", action="store_true", help="CartPole only, seed 0, small budget (a smoke run)")
     p.add_argument("--out", default=None)
+    p.add_argument("--report-only", action="store_true",
+                   help="redraw OUT/learning_<rows>.png from its _curves.csv (training nothing); --machine names it")
+    p.add_argument("--machine", default="", help="with --report-only: the machine the runs ran on")
     add_allow_busy(p)
     args = p.parse_args(argv)
+    if args.report_only:
+        outdir = Path(args.out) if args.out else RESULTS
+        curves = _read_curves(outdir / f"learning_{args.rows}_curves.csv")
+        tasks = {(c["agent"], c["task"]) for c in curves}
+        rows = tuple(r for r in row_set(args.rows) if (r.agent, r.task) in tasks)
+        plot_curves(curves, rows, outdir / f"learning_{args.rows}.png", machine=args.machine)
+        print(f"redrew {outdir}/learning_{args.rows}.png")
+        return 0
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
@@ -344,6 +360,13 @@ def main(argv: Sequence[str] | None = None) -> int:
              command=" ".join(["python -m bench.learning", *(argv if argv is not None else sys.argv[1:])]))
     print(f"wrote {outdir}/learning_{name}.{{csv,md,png}}")
     return 0
+
+
+def _read_curves(path: Path) -> list[dict]:
+    """A learning_<rows>_curves.csv back as the curve dicts `plot_curves` takes."""
+    with open(path, newline="", encoding="utf-8") as f:
+        return [{**r, "seed": int(r["seed"]), "actor_steps": int(float(r["actor_steps"])),
+                 "return": float(r["return"])} for r in csv.DictReader(f)]
 
 
 def _try_row_set(name: str) -> tuple[LearningRow, ...]:

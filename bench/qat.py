@@ -108,6 +108,7 @@ def parse_args(argv: Sequence[str] | None) -> Plan:
     parser.add_argument("--steps", type=int, default=None, help="env steps per training run")
     parser.add_argument("--episodes", type=int, default=None, help="test episodes per policy")
     parser.add_argument("--bits", default=None, help="comma-separated weight bit widths in [2, 8]")
+    parser.add_argument("--report-only", action="store_true", help="redraw OUT/qat.png from OUT/qat.json, no training")
     add_allow_busy(parser)
     args = parser.parse_args(argv)
     quick = bool(args.quick)
@@ -333,6 +334,12 @@ def write_markdown(path: Path, result: dict[str, Any]) -> str:
     return text
 
 
+def standard_error(values: Sequence[float]) -> float:
+    """Standard error of the mean of `values` (sample std / sqrt(n)); 0 for fewer than two."""
+    v = np.asarray(values, dtype=float)
+    return float(np.std(v, ddof=1) / np.sqrt(v.size)) if v.size > 1 else 0.0
+
+
 def plot(path: Path, result: dict[str, Any]) -> None:
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
@@ -341,16 +348,21 @@ def plot(path: Path, result: dict[str, Any]) -> None:
     rows = result["table"]
     x = np.arange(len(rows))
     width = 0.27
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
     for i, (key, label) in enumerate((("ptq_selected_at_fp32", "PTQ @fp32 (ckpt picked at fp32)"),
                                       ("ptq_selected_at_intB", "PTQ @int-B (ckpt picked at int-B)"),
                                       ("qat", "QAT (ckpt picked at int-B)"))):
-        ax.bar(x + (i - 1) * width, [r[key]["mean"] for r in rows], width,
-               yerr=[r[key]["std"] for r in rows], capsize=3, label=label)
+        means = np.array([r[key]["mean"] for r in rows])
+        se = np.array([standard_error(r[key]["seed_means"]) for r in rows])
+        # Returns are >= 0: the lower bar stops at 0 rather than claiming negative returns.
+        ax.bar(x + (i - 1) * width, means, width, yerr=[np.minimum(se, means), se], capsize=3, label=label)
     ax.axhline(result["fp32"]["mean"], color="k", ls="--", lw=1, label="fp32 policy")
     ax.set_xticks(x, [f"int{r['bits']}" for r in rows])
     ax.set_ylabel("test return (CartPole-v1, max 500)")
-    ax.set_title(f"DQN: QAT vs PTQ ({result['seeds']} seeds x {result['test_episodes']} episodes)")
+    machine = result.get("machine") or {}
+    ax.set_title(f"DQN: QAT vs PTQ on {machine.get('cpu', 'an unrecorded CPU')} ({machine.get('cores', '?')} cores)\n"
+                 f"bars: mean over {result['seeds']} seeds x {result['test_episodes']} episodes; error bars: "
+                 f"± standard error over the {result['seeds']} seed means", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -360,6 +372,12 @@ def plot(path: Path, result: dict[str, Any]) -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     from quarl.io import write_json_atomic  # pylint: disable=import-outside-toplevel
 
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--report-only" in args:  # redraw qat.png from OUT/qat.json (default bench/results): no training
+        out = Path(args[args.index("--out") + 1]) if "--out" in args else Path("bench/results")
+        plot(out / "qat.png", json.loads((out / "qat.json").read_text()))
+        print(f"[bench.qat] redrew {out}/qat.png", flush=True)
+        return 0
     plan = parse_args(argv)
     plan.out.mkdir(parents=True, exist_ok=True)
     result = run(plan)

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from launch.agent_spec import AgentSpec, derive_seed
+from launch.experiment_config import executor_factory
 from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
 from launch.program import NodeHandle
 from launch.stages import StageTimes
@@ -35,11 +36,13 @@ class ActorNode(NodeBase):
 
     def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str,
                  backend: str, replay: NodeHandle, counter: NodeHandle, weights: NodeHandle, logdir: str,
-                 max_actor_steps: int, insert_batch: int = 64, envs_per_actor: int = 1, pin: bool = False):
+                 max_actor_steps: int, insert_batch: int = 64, envs_per_actor: int = 1, pin: bool = False,
+                 kernel_form: str | None = None):
         self._spec = spec
         self._id, self._num_actors = int(actor_id), int(num_actors)
         self._seed = int(seed)
         self._precision, self._backend = precision, backend
+        self._kernel_form = kernel_form  # ONNX integer kernel form pinned by the config (None: the CPU's choice)
         self._replay, self._counter, self._weights = replay, counter, weights
         self._logdir = logdir
         self._max_steps = int(max_actor_steps)
@@ -83,7 +86,8 @@ class ActorNode(NodeBase):
         try:
             payload = client.first(self._stop, apply=lambda p: built.append(self._builder.make_actor(
                 self._env_spec, p.params, seed=derive_seed(self._seed, attempt), actor_id=self._id,
-                evaluation=False, backend=self._backend, num_actors=self._num_actors, batch_size=self._num_envs)))
+                evaluation=False, backend=self._backend, num_actors=self._num_actors, batch_size=self._num_envs,
+                executor_factory=executor_factory(self._kernel_form))))
             if payload is None:
                 raise _StoppedEarly
             actor = built[-1]

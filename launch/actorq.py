@@ -1,4 +1,4 @@
-"""Distributed ActorQ: an fp32 learner and N actors acting with a quantized policy, on Ray.
+r"""Distributed ActorQ: an fp32 learner and N actors acting with a quantized policy, on Ray.
 
     python -m launch.actorq --agent d4pg --task cartpole:balance --precision int8 --num-actors 2 \
         --actor-update-period 100 --max-actor-steps 20000 --seed 0 --logdir runs/d4pg_int8 \
@@ -27,25 +27,25 @@ import dataclasses
 import json
 import os
 import sys
-import time
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from launch import checkpoint as ckpt
-from launch.cli import (OneLineArgumentParser, UsageError, add_qat_argument, build_config, check_agent,
-                        check_agent_task, check_carbon_country, check_logdir, check_positive, check_precision, fail,
-                        flag_names, parse_overrides, parse_resources, qat_overrides)
-from launch.experiment_config import SERVICE_SHARE, ConfigError, ExperimentConfig
+from launch.cli import (DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, OneLineArgumentParser, UsageError,
+                        add_qat_argument, build_config, check_agent, check_agent_task, check_carbon_country,
+                        check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
+                        parse_resources, qat_overrides)
+from launch.config_file import config_with_overrides, default_logdir, reject_with_config
+from launch.experiment_config import SERVICE_SHARE, ExperimentConfig
 from launch.progress import print_summary
 
-DEFAULT_TASKS = {"d4pg": "cartpole:balance", "dqn": "CartPole-v1"}
-# The default job (`make run`): about two minutes on 2 cores, and it ends solved. D4PG: small networks, a value
+# The default job (`make run`; DEFAULT_TASKS and DEFAULT_STEPS are launch.cli's, shared with launch.train):
+# about two minutes on 2 cores, and it ends solved. D4PG: small networks, a value
 # support fitted to cartpole's rewards (<= 1 per step, so returns <= 100 discounted), Adam 1e-3 and one learner
 # step per 4 env steps (batch 128, 32 samples per insert), the setting agents/d4pg's learning test uses; the run
-# stops at the first evaluation at or above the target (cartpole:balance's maximum is 1000; single-process runs
+# stops once two evaluations in a row reach the target (cartpole:balance's maximum is 1000; single-process runs
 # of this setting reach 950 within 20k-60k steps, bench/results/learning_d4pg.md), else at the step budget.
 # DQN's own defaults are already tuned for classic control (CartPole reaches 500 within ~25k steps).
-DEFAULT_STEPS = {"d4pg": 60_000, "dqn": 25_000}
 
 
 def quick_preset(agent: str, task: str) -> dict[str, Any]:
@@ -72,15 +72,17 @@ def quick_preset(agent: str, task: str) -> dict[str, Any]:
 
 
 def build_parser() -> OneLineArgumentParser:
-    p = OneLineArgumentParser(prog="launch.actorq", description=__doc__.split("\n\n")[0])
+    p = OneLineArgumentParser(prog="launch.actorq", description=__doc__)
     p.add_argument("--config", default=None, metavar="FILE",
-                   help="run the experiment described in this ExperimentConfig JSON file (what launch.reproduce "
-                        "writes); only --runner, --ray-address and --no-progress may be given with it")
+                   help="run the experiment in this JSON file: an ExperimentConfig (what launch.reproduce writes) "
+                        "or a run's summary.json (its `experiment` object); only --logdir, --seed, --runner, "
+                        "--ray-address and --no-progress may be given with it")
     p.add_argument("--agent", default="d4pg", help="d4pg (DM Control) or dqn (gym classic control)")
     p.add_argument("--task", default=None, help="'domain:task' or a gym id (default: cartpole:balance for "
                                                 "d4pg, CartPole-v1 for dqn)")
-    p.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int16")
-    p.add_argument("--num-actors", type=int, default=2)
+    p.add_argument("--precision", default="int8",
+                   help="actor precision: fp32, fp16, bf16, int2..int8, int16 (shorthands 32, 16, 8..2)")
+    p.add_argument("--num-actors", type=int, default=2, help="acting processes, one policy runtime each")
     p.add_argument("--actor-update-period", type=int, default=None,
                    help="actor steps between weight pulls (default: the agent config's)")
     p.add_argument("--envs-per-actor", type=int, default=1, metavar="K",
@@ -88,9 +90,14 @@ def build_parser() -> OneLineArgumentParser:
                         "of K observations (default 1, the paper's setting)")
     p.add_argument("--max-actor-steps", type=int, default=None,
                    help="environment steps over all actors (with --resume: including the steps before it)")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--logdir", default=None, help="new directory for logs (default: runs/actorq/<run name>)")
+    p.add_argument("--seed", type=int, default=None, help="the run's seed (default: 0)")
+    p.add_argument("--logdir", default=None,
+                   help="new directory for logs (default: runs/actorq/<agent>-<task>-<precision>-<time>)")
     p.add_argument("--backend", default="auto", help="actor policy runtime: auto, jax, onnx or onnx-nbits")
+    p.add_argument("--kernel-form", default=None, metavar="FORM",
+                   help="ONNX integer kernel form to pin (u8s8, u8u8, fp32 = the dequantized graph, ...; still "
+                        "self-checked): with --backend onnx and the same seed, a rerun on a CPU of the same class "
+                        "computes the same numbers (default: this CPU's choice)")
     p.add_argument("--runner", default="ray", choices=("ray", "local"),
                    help="ray (one process per node) or local (threads in this process, for debugging)")
     p.add_argument("--ray-address", default=None,
@@ -108,11 +115,13 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--resume", default=None, help="continue from the latest checkpoint under this run dir")
     p.add_argument("--checkpoint-every", type=int, default=0,
                    help="learner steps between checkpoints (0: only when the run ends)")
-    p.add_argument("--eval-every", type=int, default=None, help="actor steps between evaluations")
-    p.add_argument("--eval-episodes", type=int, default=2)
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="actor steps between evaluations (default: 2500 for the default d4pg job, else a tenth of "
+                        "--max-actor-steps)")
+    p.add_argument("--eval-episodes", type=int, default=2, help="greedy episodes per evaluation")
     p.add_argument("--target-return", type=float, default=None,
-                   help="end the run at the first evaluation whose mean return reaches this (default: 950 for the "
-                        "default d4pg job on cartpole:balance, else none)")
+                   help=TARGET_RETURN_HELP + " (default: 950 for the default d4pg job on cartpole:balance, else "
+                                             "none)")
     p.add_argument("--target-streak", type=int, default=None,
                    help="evaluations in a row that must reach --target-return (default: 2 for the default d4pg "
                         "job, else 1)")
@@ -149,11 +158,8 @@ def validate(args: argparse.Namespace) -> Invocation:
         raise UsageError("--ray-address must not be empty")
     check_carbon_country()
     if args.config is not None:
-        defaults = build_parser()
-        given = sorted(k for k, v in vars(args).items() if k not in RUNTIME_FLAGS and v != defaults.get_default(k))
-        if given:
-            raise UsageError(f"--config describes the whole experiment: drop --{given[0].replace('_', '-')}")
-        config = load_config(args.config)
+        reject_with_config(args, build_parser(), RUNTIME_FLAGS)
+        config = config_with_overrides(args.config, args.logdir, args.seed)
     else:
         config = _config_from_flags(args)
     if (config.actor_resources or config.learner_resources) and args.runner != "ray":
@@ -165,19 +171,6 @@ def validate(args: argparse.Namespace) -> Invocation:
                             config.task, config.precision)
     config = config.replace(resume=resume, logdir=str(logdir))
     return Invocation(config, args.runner, args.ray_address, not args.no_progress)
-
-
-def load_config(path: str) -> ExperimentConfig:
-    """An ExperimentConfig JSON file (ExperimentConfig.to_dict), validated like the flags."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            data = json.load(f)
-    except (OSError, ValueError) as e:
-        raise UsageError(f"--config {path!r}: {' '.join(str(e).split())}") from None
-    try:
-        return ExperimentConfig.from_dict(data)
-    except ConfigError as e:
-        raise UsageError(f"--config {path!r}: {e}") from None
 
 
 def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
@@ -196,9 +189,10 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
         return default if value is None else value
 
     return build_config(
-        FLAGS, agent=agent, task=task, precision=args.precision, backend=args.backend, num_actors=args.num_actors,
+        FLAGS, agent=agent, task=task, precision=args.precision, backend=args.backend,
+        kernel_form=args.kernel_form, num_actors=args.num_actors,
         envs_per_actor=args.envs_per_actor, max_actor_steps=given(args.max_actor_steps, DEFAULT_STEPS[agent]),
-        seed=args.seed, logdir=given(args.logdir, _UNSET), overrides=overrides,
+        seed=given(args.seed, 0), logdir=given(args.logdir, _UNSET), overrides=overrides,
         eval_every=given(args.eval_every, preset.get("eval_every")), eval_episodes=args.eval_episodes,
         target_return=given(args.target_return, preset.get("target_return")),
         target_streak=given(args.target_streak, preset.get("target_streak", 1)),
@@ -234,8 +228,7 @@ def _choose_logdir(logdir: str | None, resume: str | None, agent: str, task: str
     if logdir is None and resume is not None:
         logdir = str(_run_dir_of(resume))
     if logdir is None:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        logdir = os.path.join("runs", "actorq", f"{agent}-{task.replace(':', '-')}-{precision}-{stamp}")
+        logdir = default_logdir("actorq", agent, task, precision)
     try:
         p = Path(logdir).expanduser()
     except RuntimeError as e:  # an unknown ~user

@@ -28,8 +28,25 @@ class UsageError(ValueError):
     """A bad command-line value; CLIs print it as one line and exit 2."""
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """--help keeps the module docstring's layout (the whole of it is the description) and ends each flag's help
+    with its default, unless the help already says it or there is none (None, False, an empty list)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if "default" in text or default in (None, False, argparse.SUPPRESS) or default == []:
+            return text
+        return f"{text} (default: %(default)s)" if action.option_strings else text
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse, but errors are one line (`prog: error: ...`) instead of usage + error, still exit 2."""
+    """argparse, but errors are one line (`prog: error: ...`) instead of usage + error, still exit 2; --help
+    shows the whole description and every default (`HelpFormatter`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         fail(f"{self.prog}: error: {message}")
@@ -44,18 +61,41 @@ def fail(message: str) -> NoReturn:
 # ------------------------------------------------------------------------------------------------ parsers
 
 
+# Both launchers' defaults: the agent, its task and its step budget (`make run`'s job for d4pg).
+DEFAULT_AGENT = "d4pg"
+DEFAULT_TASKS = {"d4pg": "cartpole:balance", "dqn": "CartPole-v1"}
+DEFAULT_STEPS = {"d4pg": 60_000, "dqn": 25_000}
+TARGET_RETURN_HELP = ("end the run once --target-streak evaluations in a row have a mean return at or above this; "
+                      "summary.json's `solved` names the evaluation that ended that streak")
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags every training CLI shares (the distributed one adds its fleet flags on top)."""
-    parser.add_argument("--agent", required=True, help=f"one of {', '.join(agents.AGENT_NAMES)}")
-    parser.add_argument("--task", required=True, help="a DM Control 'domain:task' or a gym id (CartPole-v1)")
-    parser.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int16")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="run the experiment in this JSON file: an ExperimentConfig, or a run's summary.json "
+                             "(its `experiment` object); only --logdir, --seed and --no-progress may be added")
+    parser.add_argument("--agent", default=None, help=f"one of {', '.join(agents.AGENT_NAMES)} (default: "
+                                                      f"{DEFAULT_AGENT})")
+    parser.add_argument("--task", default=None, help="a DM Control 'domain:task' or a gym id (default: "
+                        + ", ".join(f"{t} for {a}" for a, t in DEFAULT_TASKS.items()) + ")")
+    parser.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int8, int16 (shorthands 32, 16, 8..2)")
     parser.add_argument("--backend", default="auto",
                         help="actor runtime: auto, jax, onnx or onnx-nbits (int2..int4 on MatMulNBits)")
-    parser.add_argument("--steps", type=int, required=True, help="actor (environment) steps to run")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--logdir", required=True, help="new or empty directory for CSV logs and summary.json")
-    parser.add_argument("--eval-every", type=int, default=None, help="actor steps between evaluations")
-    parser.add_argument("--eval-episodes", type=int, default=10)
+    parser.add_argument("--kernel-form", default=None, metavar="FORM",
+                        help="ONNX integer kernel form to pin (u8s8, u8u8, fp32 = the dequantized graph, ...; "
+                             "still self-checked): with --backend onnx and the same seed, a rerun on a CPU of the "
+                             "same class computes the same numbers (default: this CPU's choice)")
+    parser.add_argument("--steps", type=int, default=None, help="actor (environment) steps to run (default: "
+                        + ", ".join(f"{n} for {a}" for a, n in DEFAULT_STEPS.items()) + ")")
+    parser.add_argument("--seed", type=int, default=None, help="the run's seed (default: 0)")
+    parser.add_argument("--logdir", default=None, help="new or empty directory for CSV logs and summary.json "
+                                                       "(default: runs/train/<agent>-<task>-<precision>-<time>)")
+    parser.add_argument("--eval-every", type=int, default=None,
+                        help="actor steps between evaluations (default: a tenth of --steps)")
+    parser.add_argument("--eval-episodes", type=int, default=10, help="greedy episodes per evaluation")
+    parser.add_argument("--target-return", type=float, default=None, help=TARGET_RETURN_HELP + " (default: none)")
+    parser.add_argument("--target-streak", type=int, default=1,
+                        help="evaluations in a row that must reach --target-return")
     parser.add_argument("--actor-update-period", type=int, default=None,
                         help="actor steps between weight pulls (default: the agent config's)")
     parser.add_argument("--envs-per-actor", type=int, default=1, metavar="K",
@@ -82,9 +122,10 @@ def check_agent(name: str) -> str:
 
 
 def check_precision(name: str) -> str:
-    from quarl.quantization import parse_precision  # pylint: disable=import-outside-toplevel
+    """An actor precision (`ACTOR_PRECISIONS`: fp32, bf16, fp16, int2..int8, int16) as its canonical name."""
+    from launch.experiment_config import actor_precision  # pylint: disable=import-outside-toplevel
     try:
-        return parse_precision(name).name
+        return actor_precision(name)
     except ValueError as e:
         raise UsageError(str(e)) from None
 
@@ -292,26 +333,3 @@ def build_config(flags: Mapping[str, str], **fields: Any) -> ExperimentConfig:
         return ExperimentConfig(**fields)
     except ConfigError as e:
         raise UsageError(e.message(flags)) from None
-
-
-TRAIN_FLAGS = flag_names(max_actor_steps="--steps")
-
-
-def validate_common(args: argparse.Namespace) -> ExperimentConfig:
-    """`launch.train`'s experiment from its flags; every check (raising UsageError) before anything is written."""
-    check_carbon_country()
-    overrides = parse_overrides(check_agent(args.agent), args.overrides)
-    period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
-    if period is not None:
-        overrides["actor_update_period"] = period
-    config = build_config(TRAIN_FLAGS, agent=args.agent, task=args.task, precision=args.precision,
-                          backend=args.backend, max_actor_steps=args.steps, seed=args.seed, logdir=args.logdir,
-                          eval_every=args.eval_every, eval_episodes=args.eval_episodes,
-                          envs_per_actor=args.envs_per_actor, overrides=overrides,
-                          eval_fp32=bool(getattr(args, "eval_fp32", False)))
-    qat = qat_overrides(args.qat_bits, config.precision)
-    if qat:
-        config = config.replace(overrides={**config.overrides, **qat})
-    check_logdir(config.logdir)
-    check_agent_task(config.agent, config.task, dict(config.overrides))
-    return config

@@ -7,6 +7,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from launch.agent_spec import AgentSpec, derive_seed
+from launch.experiment_config import executor_factory
 from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker
 from launch.program import NodeHandle
 from launch.stages import StageTimes
@@ -25,10 +26,11 @@ class Evaluator(NodeBase):
                   "weights_version"]
 
     def __init__(self, spec: AgentSpec, seed: int, precision: str, backend: str, weights: NodeHandle,
-                 counter: NodeHandle, logdir: str, eval_every: int, episodes: int):
+                 counter: NodeHandle, logdir: str, eval_every: int, episodes: int, kernel_form: str | None = None):
         self._spec = spec
         self._seed = int(seed)
         self._precision, self._backend = precision, backend
+        self._kernel_form = kernel_form  # ONNX integer kernel form pinned by the config (None: the CPU's choice)
         self._weights, self._counter = weights, counter
         self._logdir = logdir
         self._eval_every = int(eval_every)
@@ -82,7 +84,8 @@ class Evaluator(NodeBase):
             nonlocal actor
             if actor is None:
                 actor = self._builder.make_actor(self._env_spec, payload.params, seed=self._seed, actor_id=0,
-                                                 evaluation=True, backend=self._backend)
+                                                 evaluation=True, backend=self._backend,
+                                                 executor_factory=executor_factory(self._kernel_form))
             else:
                 actor.update(payload.params)
 

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
 
 import jax
 import numpy as np
@@ -74,8 +74,9 @@ def evaluate(actor: Any, env: Any, episodes: int) -> list[float]:
 
 @contextlib.contextmanager
 def _progress(total: int, enabled: bool) -> Iterator[Any]:
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-    bar = tqdm(total=total, disable=not enabled, unit="step", mininterval=1.0, dynamic_ncols=True)
+    """A bar on a terminal, plain lines every few seconds in a log (`launch.progress.StepProgress`)."""
+    from launch.progress import StepProgress  # pylint: disable=import-outside-toplevel
+    bar = StepProgress(total, enabled)
     try:
         yield bar
     finally:
@@ -130,16 +131,17 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     channel = WeightChannel(learner, spec, prec, times)
     qparams = channel.pull(count=False)
     t0 = time.perf_counter()
+    pinned = config.executor_factory()  # make_executor with the config's kernel form, or None
     actor = builder.make_actor(env_spec, qparams, seed=seed, actor_id=0, evaluation=False, backend=backend,
-                               batch_size=num_envs)
+                               batch_size=num_envs, executor_factory=pinned)
     actor_build_s = time.perf_counter() - t0  # includes `auto` measuring backends; not an update
     eval_actor = builder.make_actor(env_spec, qparams, seed=seed + 1, actor_id=0, evaluation=True,
-                                    backend=backend)
+                                    backend=backend, executor_factory=pinned)
     fp32_channel = WeightChannel(learner, spec, "fp32", StageTimes())
     fp32_actor = None
     if config.eval_fp32 and prec != "fp32":
         fp32_actor = builder.make_actor(env_spec, fp32_channel.pull(), seed=seed + 2, actor_id=0,
-                                        evaluation=True, backend=backend)
+                                        evaluation=True, backend=backend, executor_factory=pinned)
 
     evaluator_log = CSVLogger(logdir / "evaluator.csv")
     learner_log = CSVLogger(logdir / "learner.csv")
@@ -148,6 +150,18 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     evals: list[dict[str, Any]] = []
     start = time.perf_counter()
     learner_window = (start, 0)  # (time, learner steps) at the previous learner.csv row
+
+    best_policy: dict[str, Any] = {"file": None, "return": -math.inf}
+
+    def keep_best(row: Mapping[str, Any]) -> None:
+        """The policy of the best evaluation so far, beside the final one (a QAT or DQN run can peak early and
+        end lower): policy_best_<precision>.qrlp, fp32 weights as `launch.ptq` reads them."""
+        if row["return"] > best_policy["return"]:
+            path = save_policy(logdir / f"policy_best_{prec}.qrlp", spec, learner.policy_params(), task=task,
+                               agent=config.agent, steps=int(learner.steps),
+                               extra={"seed": seed, "evaluated_at": prec, "eval_return": row["return"],
+                                      "actor_steps": row["actor_steps"]})
+            best_policy.update(file=path.name, **{"return": row["return"]})
 
     def run_evaluation(actor_steps: int) -> bool:
         t = time.perf_counter()
@@ -164,6 +178,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
             row["return_fp32"] = float(np.mean(evaluate(fp32_actor, eval_env, eval_episodes)))
         evaluator_log.write(row)
         evals.append(row)
+        keep_best(row)
         clock["evaluation_s"] += time.perf_counter() - t
         solved = solved_at(evals, config.target_return, config.target_streak) is not None
         stop = bool(on_eval(row)) if on_eval is not None else False
@@ -259,6 +274,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
                        actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
                        table_info=table.info(), energy_result=energy_result, policy_file=policy_file,
+                       best_policy_file=best_policy["file"],
                        sync_learner=sync_learner, update_period=update_period,
                        agent_config=jsonable(dataclasses.asdict(agent_config)))
     write_json_atomic(logdir / "summary.json", summary)
@@ -268,7 +284,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
 def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[str, float], *, channel: WeightChannel,
              fp32_bytes: int, actor: Any, actor_build_s: float, episodes: int, learner: Any,
              evals: list[dict[str, Any]], table_info: dict[str, Any], energy_result: Any, policy_file: str,
-             sync_learner: bool, update_period: int, agent_config: dict[str, Any]) -> dict[str, Any]:
+             best_policy_file: str | None, sync_learner: bool, update_period: int, agent_config: dict[str, Any]) -> dict[str, Any]:
     """This run in summary.json's one layout (`launch.summary.build_summary`): one actor, one learner, and a
     weight channel that publishes one version per update, all in this process."""
     steps, updates = int(learner.steps), times.updates
@@ -301,7 +317,7 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
         replay=table_info, energy=sum_energy({"run": energy_result}), agent_config=agent_config,
         train_clock_s=round(wall - clock["evaluation_s"], 3), evaluation_s=clock["evaluation_s"],
         sync_learner=bool(sync_learner), final_eval_return_fp32=evals[-1].get("return_fp32"),
-        actor_update_period=update_period, policy_file=policy_file)
+        actor_update_period=update_period, policy_file=policy_file, best_policy_file=best_policy_file)
 
 
 def _crossed(before: int, after: int, period: int) -> bool:

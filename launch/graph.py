@@ -47,7 +47,7 @@ def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> 
             f"actor_{i}", nc.ActorNode,
             {"spec": spec, "actor_id": i, "num_actors": config.num_actors,
              "seed": derive_seed(config.seed, ACTOR_STREAM, i), "precision": config.precision,
-             "backend": config.backend, "replay": replay, "counter": counter, "weights": weights,
+             "backend": config.backend, "kernel_form": config.kernel_form, "replay": replay, "counter": counter, "weights": weights,
              "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch,
              "envs_per_actor": config.envs_per_actor, "pin": config.pin_actors},
             kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV,
@@ -55,8 +55,8 @@ def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> 
     program.add(Node(
         "evaluator", nc.Evaluator,
         {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
-         "backend": config.backend, "weights": weights, "counter": counter, "logdir": logdir,
-         "eval_every": config.eval_every, "episodes": config.eval_episodes},
+         "backend": config.backend, "kernel_form": config.kernel_form, "weights": weights, "counter": counter,
+         "logdir": logdir, "eval_every": config.eval_every, "episodes": config.eval_episodes},
         kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV, resources=near_learner))
     return program
 

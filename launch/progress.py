@@ -1,7 +1,9 @@
-"""Live view of a distributed run (rich), and the summary table printed when it ends.
+"""Progress of a run and the summary table printed when it ends: one habit for both launchers.
 
-The view is a plain renderable rebuilt from a `Snapshot` about twice a second; it is off when stdout is not a
-terminal (logs, CI, pipes) or with --no-progress, so nothing but the final table reaches a captured stdout.
+On a terminal, `launch.actorq` shows a live view (rich, rebuilt from a `Snapshot` twice a second) and
+`launch.train` a progress bar. When stdout is not a terminal (logs, CI, pipes) both print one plain line every
+`LINE_EVERY_S` seconds instead (`progress_line`: no carriage returns or other control characters, so a log file
+reads as text), and --no-progress turns either off. Both end with `print_summary`'s table and the run folder.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import time
 from typing import Any, Mapping
 
 REFRESH_PER_S = 2.0
+LINE_EVERY_S = 10.0  # one progress line this often when stdout is not a terminal
 
 
 @dataclasses.dataclass
@@ -20,7 +23,7 @@ class Snapshot:
     actor_steps: int = 0
     max_actor_steps: int = 1
     learner_steps: int = 0
-    episodes: int = 0
+    episodes: int | None = 0  # None: not counted by this runner's progress (launch.train's loop)
     replay_size: int = 0
     eval_return: float | None = None
     eval_at: int | None = None
@@ -46,32 +49,81 @@ class Rates:
         return (actor_steps - a0) / dt, (learner_steps - l0) / dt
 
 
-class ProgressView:
-    """`with ProgressView(enabled, title) as view: view.update(snapshot)`; no-op when disabled."""
+def progress_line(prog: str, snap: Snapshot, actor_rate: float, learner_rate: float) -> str:
+    """One plain progress line (no control characters): what a log file gets every LINE_EVERY_S seconds."""
+    total = max(snap.max_actor_steps, 1)
+    text = (f"{prog}: {snap.elapsed_s:,.0f} s  actor steps {snap.actor_steps:,} / {total:,} "
+            f"({100.0 * min(snap.actor_steps, total) / total:.0f}%, {actor_rate:,.0f}/s)  learner steps "
+            f"{snap.learner_steps:,} ({learner_rate:,.1f}/s)")
+    if snap.episodes is not None:
+        text += f"  episodes {snap.episodes:,}"
+    if snap.eval_return is not None:
+        text += f"  eval return {snap.eval_return:,.1f} at {snap.eval_at or 0:,} steps"
+    return text
 
-    def __init__(self, enabled: bool, title: str):
-        self.enabled = bool(enabled) and sys.stdout.isatty()
+
+class LineProgress:
+    """Prints `progress_line` at most every `every_s` seconds (and once at the end) to `stream`."""
+
+    def __init__(self, prog: str, every_s: float = LINE_EVERY_S, stream: Any = None):
+        self._prog, self._every_s = prog, float(every_s)
+        self._stream = sys.stdout if stream is None else stream
+        self._last: float | None = None
+        self._pending: str | None = None
+
+    def update(self, snap: Snapshot, actor_rate: float, learner_rate: float, *, force: bool = False) -> None:
+        now = time.monotonic()
+        line = progress_line(self._prog, snap, actor_rate, learner_rate)
+        if force or self._last is None or now - self._last >= self._every_s:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+            self._last, self._pending = now, None
+        else:
+            self._pending = line
+
+    def close(self) -> None:
+        """The last state, if it was not printed yet."""
+        if self._pending is not None:
+            self._stream.write(self._pending + "\n")
+            self._stream.flush()
+            self._pending = None
+
+
+class ProgressView:
+    """`with ProgressView(enabled, title) as view: view.update(snapshot)`: a live view on a terminal, a
+    `LineProgress` otherwise; no-op when disabled. Nothing is drawn before the first snapshot (so no frame
+    shows a placeholder step budget)."""
+
+    def __init__(self, enabled: bool, title: str, *, prog: str = "launch.actorq", line_every_s: float = LINE_EVERY_S,
+                 tty: bool | None = None):
+        self.enabled = bool(enabled)
+        self._tty = sys.stdout.isatty() if tty is None else bool(tty)
         self._title = title
         self._rates = Rates()
         self._live: Any = None
+        self._lines = LineProgress(prog, line_every_s) if self.enabled and not self._tty else None
 
     def __enter__(self) -> "ProgressView":
-        if self.enabled:
-            from rich.live import Live  # pylint: disable=import-outside-toplevel
-
-            self._live = Live(self._render(Snapshot(), 0.0, 0.0), refresh_per_second=REFRESH_PER_S,
-                              transient=False, redirect_stdout=False, redirect_stderr=False)
-            self._live.__enter__()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._live is not None:
             self._live.__exit__(*exc)
             self._live = None
+        if self._lines is not None:
+            self._lines.close()
 
     def update(self, snap: Snapshot) -> None:
         actor_rate, learner_rate = self._rates.update(snap.actor_steps, snap.learner_steps)
-        if self._live is not None:
+        if self._lines is not None:
+            self._lines.update(snap, actor_rate, learner_rate)
+        elif self.enabled and self._live is None:
+            from rich.live import Live  # pylint: disable=import-outside-toplevel
+
+            self._live = Live(self._render(snap, actor_rate, learner_rate), refresh_per_second=REFRESH_PER_S,
+                              transient=False, redirect_stdout=False, redirect_stderr=False)
+            self._live.__enter__()
+        elif self._live is not None:
             self._live.update(self._render(snap, actor_rate, learner_rate))
 
     def _render(self, snap: Snapshot, actor_rate: float, learner_rate: float) -> Any:
@@ -89,15 +141,63 @@ class ProgressView:
         eval_text = "—" if snap.eval_return is None else f"{snap.eval_return:,.1f} (at {snap.eval_at:,} steps)"
         table.add_row("latest eval return", eval_text)
         table.add_row("replay size", f"{snap.replay_size:,}")
-        table.add_row("episodes", f"{snap.episodes:,}")
+        table.add_row("episodes", "—" if snap.episodes is None else f"{snap.episodes:,}")
         table.add_row("elapsed", f"{snap.elapsed_s:,.1f} s")
         return table
 
 
+class StepProgress:
+    """`launch.train`'s progress with tqdm's interface (`update(delta)`, `set_postfix(**kw)`, `n`, `close()`):
+    a tqdm bar on a terminal, `LineProgress` lines otherwise, nothing when disabled."""
+
+    def __init__(self, total: int, enabled: bool, *, prog: str = "launch.train", line_every_s: float = LINE_EVERY_S,
+                 tty: bool | None = None, stream: Any = None):
+        self.n, self.total = 0, int(total)
+        self._t0 = time.monotonic()
+        self._rates = Rates()
+        self._postfix: dict[str, Any] = {}
+        self._eval_at: int | None = None
+        tty = sys.stdout.isatty() if tty is None else bool(tty)
+        self._bar: Any = None
+        self._lines: LineProgress | None = None
+        if enabled and tty:
+            from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+            self._bar = tqdm(total=total, unit="step", mininterval=1.0, dynamic_ncols=True, file=sys.stdout)
+        elif enabled:
+            self._lines = LineProgress(prog, line_every_s, stream)
+
+    def set_postfix(self, refresh: bool = False, **values: Any) -> None:
+        self._postfix.update(values)
+        if "eval_return" in values:
+            self._eval_at = self.n
+        if self._bar is not None:
+            self._bar.set_postfix(refresh=refresh, **self._postfix)
+
+    def update(self, delta: int) -> None:
+        self.n += int(delta)
+        if self._bar is not None:
+            self._bar.update(delta)
+        elif self._lines is not None:
+            learner = int(self._postfix.get("learner_steps") or 0)
+            actor_rate, learner_rate = self._rates.update(self.n, learner)
+            ret = self._postfix.get("eval_return")
+            snap = Snapshot(actor_steps=self.n, max_actor_steps=self.total, learner_steps=learner, episodes=None,
+                            eval_return=None if ret is None else float(ret), eval_at=self._eval_at,
+                            elapsed_s=time.monotonic() - self._t0)
+            self._lines.update(snap, actor_rate, learner_rate)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()
+        if self._lines is not None:
+            self._lines.close()
+
+
 def _solved(summary: dict) -> str | None:
-    """"at 22,500 actor / 5,100 learner steps, 61 s" for a solved run, "no" for one with a target it missed."""
+    """"at 22,500 actor / 5,100 learner steps, 61 s" for a solved run, "no" for one with a target it missed,
+    and says so when the run had no target (nothing to solve: not a missing value)."""
     if summary.get("target_return") is None:
-        return None
+        return "no target set (--target-return)"
     solved = summary.get("solved")
     if not solved:
         return f"no (target {summary['target_return']:g})"
@@ -107,7 +207,10 @@ def _solved(summary: dict) -> str | None:
 
 
 def _solved_label(summary: dict) -> str:
-    streak = (summary.get("solved") or {}).get("streak", 1)
+    if summary.get("target_return") is None:
+        return "solved"
+    streak = (summary.get("solved") or {}).get("streak", summary.get("experiment", {}).get("target_streak", 1)
+                                                if isinstance(summary.get("experiment"), dict) else 1)
     return "solved (first eval >= target)" if streak == 1 else f"solved ({streak} evals in a row >= target)"
 
 
@@ -119,19 +222,63 @@ def _fmt(value: Any, spec: str = ",.1f") -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
+def insert_split(summary: Mapping[str, Any]) -> tuple[float | None, float | None]:
+    """(seconds inserting, seconds held by the replay table's rate limiter), summed over the actors. An actor's
+    `insert_s` includes the time the limiter held it; the table counts that time (`replay.insert_blocked_s`)."""
+    times = [a.get("times") or {} for a in summary.get("actors") or []]
+    if not times:
+        return None, None
+    insert = sum(float(t.get("insert_s") or 0.0) for t in times)
+    held = float((summary.get("replay") or {}).get("insert_blocked_s") or 0.0)
+    held = min(held, insert)
+    return insert - held, held
+
+
+def actor_tables(summary: Mapping[str, Any]) -> list[Any]:
+    """The paper's runtime breakdown: where each actor's time went (seconds), then what one weight update cost
+    it (ms). An actor's insert includes any time the replay's rate limiter held it back; the "all actors" row
+    splits that out (the table's own count of it)."""
+    from rich.table import Table  # pylint: disable=import-outside-toplevel
+
+    times = Table(title="actor time (s)", caption="insert: adders + replay insert; per actor it includes the "
+                                                  "rate limiter's hold, which the all-actors row splits out")
+    for col in ("actor", "steps/s", "env", "policy", "insert", "held by the rate limiter"):
+        times.add_column(col, justify="right")
+    updates = Table(title="weight updates (ms per update)")
+    for col in ("actor", "updates", "pull", "deserialize", "load"):
+        updates.add_column(col, justify="right")
+    for a in summary.get("actors") or []:
+        tm = a.get("times") or {}  # None for an actor that never reported (lost)
+        name = f"{a.get('actor_id')} ({a.get('backend') or '?'})"
+        times.add_row(name, _fmt(a.get("steps_per_s"), ",.0f"), _fmt(tm.get("env_step_s"), ".1f"),
+                      _fmt(tm.get("policy_s"), ".1f"), _fmt(tm.get("insert_s"), ".1f"), "in insert")
+        updates.add_row(name, _fmt(tm.get("updates")), _fmt(tm.get("pull_ms_per_update"), ".2f"),
+                        _fmt(tm.get("deserialize_ms_per_update"), ".2f"), _fmt(tm.get("load_ms_per_update"), ".2f"))
+    insert, held = insert_split(summary)
+    if insert is not None:
+        summed = (summary.get("runtime") or {}).get("summed_s") or {}
+        times.add_row("all actors", _fmt(summary.get("actor_steps_per_s"), ",.0f"),
+                      _fmt(summed.get("env_step_s"), ".1f"), _fmt(summed.get("policy_s"), ".1f"), _fmt(insert, ".1f"),
+                      _fmt(held, ".1f"))
+    return [times, updates]
+
+
 def print_summary(summary: Mapping[str, Any]) -> None:
     """The end-of-run table: outcome, throughput, weight traffic and the per-actor time breakdown."""
     from rich.console import Console  # pylint: disable=import-outside-toplevel
     from rich.table import Table  # pylint: disable=import-outside-toplevel
 
     console = Console(soft_wrap=False)
-    head = Table(title=f"ActorQ {summary.get('agent')} on {summary.get('task')} — actors at "
-                       f"{summary.get('precision')}", show_header=False)
+    executed = summary.get("executed") or f"{summary.get('precision')} (execution not recorded)"
+    head = Table(title=f"ActorQ {summary.get('agent')} on {summary.get('task')} — actors ran {executed}",
+                 show_header=False)
     head.add_column(style="bold")
     head.add_column(justify="right")
     payload = summary.get("payload", {})
     rows = [
         ("status", summary.get("status")),
+        ("actors executed", executed),
+        ("executor (CPU class)", f"{summary.get('executor') or '?'} ({summary.get('cpu_class') or '?'})"),
         ("final eval return", summary.get("final_eval_return")),
         ("best eval return", summary.get("best_eval_return")),
         (_solved_label(summary), _solved(summary)),
@@ -153,17 +300,7 @@ def print_summary(summary: Mapping[str, Any]) -> None:
     console.print(head)
     actors = summary.get("actors", [])
     if actors:
-        # The paper's runtime breakdown: where each actor's time went, and what one weight update cost.
-        t = Table(title="actor runtime: seconds in env/policy/insert, ms per weight update")
-        for col in ("actor", "steps/s", "env", "policy", "insert", "updates", "pull", "deser.", "load"):
-            t.add_column(col, justify="right")
-        for a in actors:
-            tm = a.get("times") or {}  # None for an actor that never reported (lost)
-            t.add_row(f"{a.get('actor_id')} ({a.get('backend') or '?'})", _fmt(a.get("steps_per_s"), ",.0f"),
-                      _fmt(tm.get("env_step_s"), ".1f"), _fmt(tm.get("policy_s"), ".1f"),
-                      _fmt(tm.get("insert_s"), ".1f"), _fmt(tm.get("updates")),
-                      _fmt(tm.get("pull_ms_per_update"), ".2f"), _fmt(tm.get("deserialize_ms_per_update"), ".2f"),
-                      _fmt(tm.get("load_ms_per_update"), ".2f"))
-        console.print(t)
+        for table in actor_tables(summary):
+            console.print(table)
     if summary.get("logdir"):
-        console.print(f"logs: {summary['logdir']}")
+        console.print(f"run folder: {summary['logdir']}")

@@ -1,7 +1,7 @@
-"""Post-training quantization (PTQ) sweep of a trained policy: how much return is lost at each precision.
+r"""Post-training quantization (PTQ) sweep of a trained policy: how much return is lost at each precision.
 
     python -m launch.ptq --checkpoint RUN_DIR [--bits 2,3,4,5,6,7,8,16] [--include fp16,bf16] [--episodes 10]
-        [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress]
+        [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress] [--force]
 
 The fp32 policy saved by `quarl.policy_io.save_policy` is evaluated greedily at fp32, at each --include float
 precision and at each integer bit width, per-tensor and per-channel, for --episodes episodes each. Episode i
@@ -14,7 +14,8 @@ jax, MatMulInteger on onnx; both quantize activations to 8 bits per call, so int
 have no integer kernel, so their weights are rounded with `fake_quantize_params` and run in fp32 on the jax
 backend ("simulated", weight-only); fp16/bf16 run natively on jax and simulated on onnx.
 
-Writes to --out: ptq.csv, ptq_episodes.csv, ptq.md, ptq_returns.png, weights.csv, weights.png.
+Writes to --out: ptq.csv, ptq_episodes.csv, ptq.md, ptq_returns.png, weights.csv, weights.png. A folder that
+already holds a sweep is refused (exit 2) unless --force: an earlier sweep is never replaced silently.
 Bad flags print one line on stderr and exit 2 before anything is written.
 """
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from analysis.plots import plot_ptq_returns, plot_weight_histograms
+from analysis.plots import plot_ptq_returns, plot_weight_histograms, redraw_ptq_returns
 from launch.cli import (
     OneLineArgumentParser,
     UsageError,
@@ -41,6 +42,8 @@ from launch.cli import (
     fail,
 )
 from quarl.evaluation import check_compatible, evaluate_seeds, make_greedy_policy
+from quarl.io import write_json_atomic
+from quarl.machine import machine_info
 from quarl.metrics import layer_errors, sqnr_db
 from quarl.policy_io import LoadedPolicy, load_policy, policy_paths
 from quarl.quantization import (
@@ -61,6 +64,7 @@ DEFAULT_BITS = "2,3,4,5,6,7,8,16"
 FLOAT_PRECISIONS = ("fp16", "bf16")  # what --include may name; fp32 is always the baseline
 NO_GRANULARITY = "n/a"  # float casts have no scale, so per-tensor vs per-channel does not apply
 GRANULARITIES = (("per-tensor", False), ("per-channel", True))
+OUTPUT_FILES = ("ptq.csv", "ptq_episodes.csv", "ptq.md", "ptq_returns.png", "weights.csv", "weights.png")
 CSV_FIELDS = ("precision", "bits", "granularity", "backend", "execution", "episodes", "mean_return", "std_return",
               "min_return", "max_return", "error_mean", "error_std", "weight_sqnr_db", "weight_max_rel_err",
               "weight_min_layer_sqnr_db")
@@ -88,9 +92,9 @@ class PTQArgs:
 
 
 def build_parser() -> OneLineArgumentParser:
-    parser = OneLineArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True,
-                        help="run directory holding policy_fp32.qrlp (or the .qrlp file itself)")
+    parser = OneLineArgumentParser(prog=PROG, description=__doc__)
+    parser.add_argument("--checkpoint", default=None,
+                        help="run directory holding policy_fp32.qrlp (or a .qrlp file); required unless --report-only")
     parser.add_argument("--bits", default=DEFAULT_BITS,
                         help=f"comma-separated integer bit widths in {MIN_BITS}..{MAX_BITS}")
     parser.add_argument("--include", default=",".join(FLOAT_PRECISIONS),
@@ -100,6 +104,9 @@ def build_parser() -> OneLineArgumentParser:
     parser.add_argument("--seed", type=int, default=0, help="episode i uses environment seed SEED + i")
     parser.add_argument("--backend", default="jax", help="policy runtime for int<=8 and float rows: jax, onnx, auto")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--force", action="store_true", help="replace the sweep already in --out")
+    parser.add_argument("--report-only", action="store_true",
+                        help="redraw --out's ptq_returns.png from its ptq.csv, evaluating nothing")
     return parser
 
 
@@ -151,6 +158,10 @@ def validate(args: argparse.Namespace) -> PTQArgs:
         out = check_logdir(args.out if args.out is not None else str(default_out))
     except UsageError as e:
         raise UsageError(str(e).replace("--logdir", "--out")) from None
+    held = [name for name in OUTPUT_FILES if (out / name).exists()]
+    if held and not args.force:
+        raise UsageError(f"--out {str(out)!r} already holds a PTQ sweep ({', '.join(held)}); pass --force to "
+                         "replace it or --out for a new folder")
     _check_task(policy)
     return PTQArgs(policy, bits, include, int(episodes), int(seed), backend, out, not args.no_progress)
 
@@ -346,14 +357,23 @@ def write_outputs(run: PTQArgs, rows: list[dict[str, Any]], episode_rows: list[d
               ("precision", "granularity", "episode", "seed", "return", "length"))
     stats = weight_stats(run.policy.params)
     write_csv(out / "weights.csv", stats, ("layer", "shape", "min", "max", "mean", "std", "absmax_over_std"))
-    plot_ptq_returns(rows, f"PTQ: {run.policy.agent} on {run.policy.task}", granularities=[g for g, _ in GRANULARITIES],
-                     path=out / "ptq_returns.png")
+    machine = machine_info()
+    write_json_atomic(out / "machine.json", machine)
+    plot_ptq_returns(rows, f"PTQ: {run.policy.agent} on {run.policy.task}",
+                     granularities=[g for g, _ in GRANULARITIES], machine=machine, path=out / "ptq_returns.png")
     plot_weight_histograms(run.policy.params, stats, path=out / "weights.png")
     return write_markdown(out / "ptq.md", run, rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if args.report_only:
+        if args.out is None or not (Path(args.out) / "ptq.csv").is_file():
+            fail(f"{PROG}: error: --report-only redraws a sweep: --out must be a folder holding ptq.csv")
+        print(f"wrote {redraw_ptq_returns(args.out)}")
+        return 0
+    if args.checkpoint is None:
+        fail(f"{PROG}: error: the following arguments are required: --checkpoint")
     try:
         run = validate(args)
     except UsageError as e:

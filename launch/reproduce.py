@@ -1,12 +1,19 @@
-"""One command for the ActorQ paper's figure: a grid of runs (panel x precision x seed), then the report.
+r"""One command for the ActorQ paper's figure: a grid of runs (panel x precision x seed), then the report.
 
     python -m launch.reproduce --panels cartpole_balance,CartPole --precisions 32,16,8 --seeds 0,1,2 \
         --budget small [--name NAME] [--runner single|actorq] [--out results] [--fraction 0.9] [--report-only]
+        [--force]
 
 Every run goes to OUT/NAME/runs/<panel>/<precision>/seed<k>/. A run whose summary.json reports success is
 skipped, so an interrupted grid resumes where it stopped; a run folder without one (interrupted, failed) is
 cleared and run again. When the grid is done (or with --report-only, without running anything) OUT/NAME/
 gets figure.png, speedup.csv, carbon.csv, runtime.csv/png, grid.csv and report.md (see analysis.report).
+
+Nothing is overwritten silently (`launch.report_guard`): a grid invocation merges into the folder, and its report
+covers every run there (those of earlier invocations too), not only the ones it asked for; when nothing ran and
+the report already lists every finished run, it is left as it is. --report-only narrowed by --panels/
+--precisions/--seeds writes to OUT/NAME/subsets/<selection>/. A report that would drop a finished run it lists
+is refused (exit 2) unless --force, the one way to replace a report by a smaller one.
 
 On one machine runs are sequential on purpose: their wall clocks are what the figure compares, so two runs
 must never share the machine. With --ray-address ADDR (single-process runner) the grid's runs are Ray tasks on
@@ -31,6 +38,7 @@ from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_p
 from analysis.runs import PANELS, is_finished, read_summary
 from analysis.upgrade_summaries import is_old_single_process
 from launch.grid_runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, PlannedRun, run_actorq, run_single
+from launch.report_guard import describe, finished_on_disk, finished_in_report, lost_runs, subset_dir
 from launch.grid_runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
 from quarl.io import jsonable
 
@@ -58,6 +66,16 @@ class Invocation:
     progress: bool
     ray_address: str | None = None  # run the grid as Ray tasks on this cluster
     cpus_per_run: float = 1.0
+    force: bool = False  # replace a report even when it would drop finished runs it lists
+    narrowed: bool = False  # --report-only with --panels/--precisions/--seeds: a report over that selection only
+    report_dir: Path | None = None  # where the report goes (root, or root/subsets/<selection> when narrowed)
+
+    @property
+    def report_root(self) -> Path:
+        return self.report_dir if self.report_dir is not None else self.root
+
+    def selected(self, key: tuple[str, str, int]) -> bool:
+        return key[0] in self.panels and key[1] in self.precisions and key[2] in self.seeds
 
     def plan(self) -> list[PlannedRun]:
         """Seed-major order: after each seed every panel has all its precisions, so a grid stopped halfway
@@ -67,7 +85,7 @@ class Invocation:
 
 
 def build_parser() -> OneLineArgumentParser:
-    p = OneLineArgumentParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    p = OneLineArgumentParser(prog=PROG, description=__doc__)
     p.add_argument("--panels", default=None,
                    help=f"comma-separated, from: {', '.join(PANELS)} (default: all; with --report-only: "
                         "whatever the results hold)")
@@ -83,6 +101,10 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--fraction", type=float, default=0.9,
                    help="target = this fraction of the fp32 final return, for time-to-target (default 0.9)")
     p.add_argument("--report-only", action="store_true", help="redraw the report from existing runs only")
+    p.add_argument("--force", action="store_true",
+                   help="replace the report even if it then lists fewer finished runs than the one there, and "
+                        "narrow it in place with --report-only (without --force a narrowed report goes to "
+                        "OUT/NAME/subsets/)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--ray-address", default=None,
                    help="run the grid's runs as Ray tasks on this cluster, as many at once as fit (single runner)")
@@ -152,8 +174,35 @@ def validate(args: argparse.Namespace) -> Invocation:
                              "use --runner single")
     if not (args.cpus_per_run > 0 and args.cpus_per_run < float("inf")):
         raise UsageError(f"--cpus-per-run must be a positive number, got {args.cpus_per_run}")
-    return Invocation(panels, precisions, seeds, args.budget, runner, backend, root, float(args.fraction),
-                      bool(args.report_only), not args.no_progress, address, float(args.cpus_per_run))
+    narrowed = bool(args.report_only) and any(v is not None for v in (args.panels, args.precisions, args.seeds))
+    inv = Invocation(panels, precisions, seeds, args.budget, runner, backend, root, float(args.fraction),
+                     bool(args.report_only), not args.no_progress, address, float(args.cpus_per_run),
+                     force=bool(args.force), narrowed=narrowed)
+    if narrowed and not inv.force:
+        inv = dataclasses.replace(inv, report_dir=subset_dir(
+            root, *(parsed if given is not None else None for parsed, given in
+                    ((panels, args.panels), (precisions, args.precisions), (seeds, args.seeds)))))
+    _check_nothing_lost(inv)
+    return inv
+
+
+def _will_cover(inv: Invocation) -> set[tuple[str, str, int]]:
+    """The finished runs the report this invocation draws will list (at least: a planned run may fail)."""
+    on_disk = finished_on_disk(inv.root)
+    if inv.narrowed:
+        return {k for k in on_disk if inv.selected(k)}
+    return on_disk if inv.report_only else on_disk | {(r.panel, r.precision, r.seed) for r in inv.plan()}
+
+
+def _check_nothing_lost(inv: Invocation) -> None:
+    """Refuses (before anything runs) a report that would drop finished runs the one in its folder lists."""
+    if inv.force:
+        return
+    lost = lost_runs(inv.report_root, _will_cover(inv))
+    if lost:
+        raise UsageError(f"the report in {str(inv.report_root)!r} lists {len(lost)} finished run(s) this one "
+                         f"would drop ({describe(lost)}): their folders are gone or outside the selection; "
+                         "pass --force to replace it, or --name/--out for a new report")
 
 
 def _check_writable(root: Path) -> None:
@@ -213,13 +262,14 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
 
     plan = inv.plan()
     inv.root.mkdir(parents=True, exist_ok=True)
-    meta = _read_json(inv.root / "grid.json") or {}
-    budgets = dict(meta.get("budgets") or {})  # panels run earlier under this name keep their entry
-    budgets.update({r.panel: jsonable(dataclasses.asdict(r.budget)) for r in plan})
-    write_json_atomic(inv.root / "grid.json", {"budget": inv.budget, "runner": inv.runner, "backend": inv.backend,
-                                               "budgets": budgets, "cluster": inv.ray_address is not None,
-                                               "cpus_per_run": inv.cpus_per_run if inv.ray_address else None})
     todo = [r for r in plan if not is_finished(read_summary(r.run_dir(inv.root)))]
+    meta = _read_json(inv.root / "grid.json")
+    if todo or meta is None:  # a grid that runs nothing leaves its record as it is
+        budgets = dict((meta or {}).get("budgets") or {})  # panels that do not run now keep their entry
+        budgets.update({r.panel: jsonable(dataclasses.asdict(r.budget)) for r in todo or plan})
+        write_json_atomic(inv.root / "grid.json", {
+            "budget": inv.budget, "runner": inv.runner, "backend": inv.backend, "budgets": budgets,
+            "cluster": inv.ray_address is not None, "cpus_per_run": inv.cpus_per_run if inv.ray_address else None})
     if todo:  # the machine the numbers come from (a report-only redraw elsewhere keeps it)
         write_json_atomic(inv.root / "machine.json", machine_info())
     runner = run_single if inv.runner == "single" else run_actorq
@@ -269,8 +319,15 @@ def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: Any, 
     run_on_cluster(todo, inv.root, inv.backend, inv.ray_address, inv.cpus_per_run, on_done)
 
 
-def draw(inv: Invocation, *, filtered: bool) -> Any:
-    """The report over the grid's runs (only the requested panels/precisions/seeds when `filtered`)."""
+def report_is_current(inv: Invocation) -> bool:
+    """Whether the grid's report already lists exactly the finished runs on disk (then a grid invocation that
+    ran nothing leaves it untouched: rerunning a finished grid changes no file)."""
+    return (inv.report_root / "report.md").exists() and finished_in_report(inv.report_root) == \
+        finished_on_disk(inv.root)
+
+
+def draw(inv: Invocation) -> Any:
+    """The report over every run of the grid (only the requested panels/precisions/seeds when narrowed)."""
     import pandas as pd  # pylint: disable=import-outside-toplevel
     from analysis import report  # pylint: disable=import-outside-toplevel
 
@@ -284,8 +341,10 @@ def draw(inv: Invocation, *, filtered: bool) -> Any:
     def keep(df: pd.DataFrame) -> pd.DataFrame:
         return df[df["panel"].isin(inv.panels) & df["precision"].isin(inv.precisions) & df["seed"].isin(inv.seeds)]
 
-    return report.write_report(inv.root, fraction=inv.fraction, plan=plan, notes=notes,
-                                run_filter=keep if filtered else None)
+    budget, runner = meta.get("budget", inv.budget), meta.get("runner", inv.runner)
+    return report.write_report(inv.report_root, runs_dir=inv.root / "runs", fraction=inv.fraction, plan=plan,
+                                notes=notes, figure_title=f"budget {budget}, runner {runner}", machine=_read_json(inv.root / "machine.json"),
+                                run_filter=keep if inv.narrowed else None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -305,9 +364,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = EXIT_FAILED
             sys.stderr.write(f"{PROG}: {len(failures)} run(s) failed (they are redone on the next call)\n")
         sys.stderr.write(f"{PROG}: {started} run(s) ran, {len(inv.plan()) - started} were already done\n")
-    # A grid invocation reports on exactly its grid; --report-only redraws everything unless flags narrow it.
-    filtered = not inv.report_only or any(v is not None for v in (args.panels, args.precisions, args.seeds))
-    files = draw(inv, filtered=filtered)
+        if not started and not inv.force and report_is_current(inv):
+            sys.stderr.write(f"{PROG}: the report already covers every finished run; left as it is "
+                             "(--report-only redraws it)\n")
+            print(inv.report_root / "report.md")
+            return code
+    # The report covers every run of the folder (a grid merges into it); a narrowed --report-only goes to subsets/.
+    files = draw(inv)
     print(files.report)
     return code
 

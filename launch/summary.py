@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from analysis.execution import run_execution
 from launch.stages import runtime_section
 from quarl.carbon import EnergyReport, combine
 
@@ -39,13 +40,13 @@ def sum_energy(parts: Mapping[str, Any]) -> dict[str, Any]:
 # docs/ARCHITECTURE.md, "summary.json"); `runtime` is `launch.stages.runtime_section`.
 SUMMARY_KEYS = (
     "status", "error", "runner", "agent", "task", "precision", "backend", "kernel_form", "kernel_fallback",
-    "num_actors", "envs_per_actor", "seed", "experiment", "config", "logdir", "final_eval_return",
-    "final_eval_return_fp32", "best_eval_return", "evaluations", "eval_episodes", "target_return",
+    "executed", "executor", "cpu_class", "num_actors", "envs_per_actor", "seed", "experiment", "config", "logdir",
+    "final_eval_return", "final_eval_return_fp32", "best_eval_return", "evaluations", "eval_episodes", "target_return",
     "time_to_target_s", "actor_steps_to_target", "solved", "wall_clock_s", "run_wall_clock_s", "train_clock_s",
     "evaluation_s", "sync_learner", "actor_steps", "learner_steps", "episodes", "actor_steps_per_s",
     "learner_steps_per_s", "actor_update_period", "weight_updates", "weights_version", "payload", "payload_bytes",
     "payload_bytes_fp32", "payloads_rejected", "runtime", "actors", "learner", "replay", "energy", "policy_file",
-    "lost_nodes", "placement", "lost_hosts")
+    "best_policy_file", "lost_nodes", "placement", "lost_hosts")
 ACTOR_KEYS = ("actor_id", "attempt", "starts", "actor_steps", "total_steps", "episodes", "envs_per_actor",
               "pinned_core", "elapsed_s", "steps_per_s", "backend", "kernel", "weights_version",
               "first_weights_version", "transitions_inserted", "payloads_rejected", "last_payload_rejection",
@@ -60,7 +61,7 @@ PAYLOAD_KEYS = ("precision", "bytes", "fp32_bytes", "compression", "versions", "
                 "put_ms_per_version")
 # Facts only one runner has (the other writes None): the single-process loop's clocks and switches.
 RUNNER_FACTS = ("train_clock_s", "evaluation_s", "sync_learner", "final_eval_return_fp32", "actor_update_period",
-                "policy_file")
+                "policy_file", "best_policy_file")  # best_policy_file: policy_best_<precision>.qrlp (one process)
 
 
 def _keyed(entry: Mapping[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:
@@ -106,6 +107,9 @@ def build_summary(config: Any, *, runner: str, status: str, error: str | None, w
         # The actors' integer kernel forms (per-actor self-check details under actors[i].kernel).
         "kernel_form": sorted({str(a["kernel"]["form"]) for a in actors if (a.get("kernel") or {}).get("form")}),
         "kernel_fallback": any(bool((a.get("kernel") or {}).get("fallback")) for a in actors),
+        # What the actors executed, in words ("int8 weights, fp32 compute (dequantized)"), the executor `auto`
+        # would name (onnx-dequantized ...) and the CPU class: with the seed, what fixes the run's numerics.
+        **run_execution({"precision": config.precision, "actors": actors}),
         "num_actors": 1 if runner == "single" else config.num_actors,  # [distributed] in ExperimentConfig
         "envs_per_actor": getattr(config, "envs_per_actor", 1),
         "seed": config.seed,

@@ -1,40 +1,88 @@
-"""Single-process training CLI:
+r"""Single-process training: the learner, one actor and the evaluator in one process, through the same quantized
+weight path as the distributed runner (launch.actorq). For debugging and tests; it writes the same files.
 
-    python -m launch.train --agent dqn --task CartPole-v1 --precision int8 --steps 50000 --seed 0 \
-        --logdir runs/dqn_cartpole [--eval-every K --eval-episodes E --actor-update-period P --envs-per-actor K
-        --set key=value]
+    python -m launch.train --agent dqn --task CartPole-v1 --precision int8 --steps 20000 --seed 0 \
+        --logdir runs/dqn [--eval-every K --eval-episodes E --actor-update-period P --envs-per-actor K
+        --target-return R --target-streak S --backend onnx --kernel-form FORM --set key=value]
+    python -m launch.train --config runs/dqn/summary.json --logdir runs/dqn_again [--seed 1]
 
-Bad flags print one line on stderr and exit 2 before anything is written.
+Every flag has a default, as launch.actorq's: --agent d4pg on cartpole:balance, each agent's step budget, seed
+0, runs/train/<agent>-<task>-<precision>-<time> (the agent config is the agent's own defaults; launch.actorq
+starts from a quick preset instead). --config reruns a recorded run (a summary.json's `experiment`) or an
+ExperimentConfig file. On a terminal it shows a progress bar, in a log one line every 10 s; it ends with the same
+table as launch.actorq and the run folder. Bad flags print one line on stderr and exit 2 before anything is
+written.
 """
 from __future__ import annotations
 
-import json
+import argparse
 import sys
 from typing import Sequence
 
-from launch.cli import OneLineArgumentParser, UsageError, add_common_arguments, fail, validate_common
+from launch.cli import (DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError,
+                        add_common_arguments, build_config, check_agent, check_agent_task, check_carbon_country,
+                        check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
+                        qat_overrides)
+from launch.config_file import config_with_overrides, default_logdir, reject_with_config
+from launch.experiment_config import ExperimentConfig
+
+PROG = "launch.train"
+TRAIN_FLAGS = flag_names(max_actor_steps="--steps")
 
 
 def build_parser() -> OneLineArgumentParser:
-    parser = OneLineArgumentParser(prog="launch.train", description=__doc__.split("\n\n")[0])
+    parser = OneLineArgumentParser(prog=PROG, description=__doc__)
     add_common_arguments(parser)
     parser.add_argument("--eval-fp32", action="store_true",
                         help="also evaluate an fp32 actor next to the deployed-precision one")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     return parser
 
 
+def validate(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> ExperimentConfig:
+    """The experiment from the flags or --config; every check (raising UsageError) before anything is written."""
+    check_carbon_country()
+    if args.config is not None:
+        reject_with_config(args, parser or build_parser(), ("no_progress",))
+        config = config_with_overrides(args.config, args.logdir, args.seed)
+    else:
+        config = _config_from_flags(args)
+    check_logdir(config.logdir)
+    check_agent_task(config.agent, config.task, dict(config.overrides))
+    return config
+
+
+def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
+    agent = check_agent(args.agent or DEFAULT_AGENT)
+    task = args.task or DEFAULT_TASKS[agent]
+    overrides = parse_overrides(agent, args.overrides)
+    period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
+    if period is not None:
+        overrides["actor_update_period"] = period
+    precision = check_precision(args.precision)
+    overrides.update(qat_overrides(args.qat_bits, precision))
+    return build_config(TRAIN_FLAGS, agent=agent, task=task, precision=precision, backend=args.backend,
+                        kernel_form=args.kernel_form,
+                        max_actor_steps=DEFAULT_STEPS[agent] if args.steps is None else args.steps,
+                        seed=0 if args.seed is None else args.seed,
+                        logdir=args.logdir or default_logdir("train", agent, task, precision),
+                        target_return=args.target_return, target_streak=args.target_streak,
+                        eval_every=args.eval_every, eval_episodes=args.eval_episodes,
+                        envs_per_actor=args.envs_per_actor, overrides=overrides, eval_fp32=bool(args.eval_fp32))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        config = validate_common(args)
+        config = validate(args, parser)
     except UsageError as e:
-        fail(f"launch.train: error: {e}")
+        fail(f"{PROG}: error: {e}")
     from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    from launch.progress import print_summary  # pylint: disable=import-outside-toplevel
+
     summary = run_experiment(config, progress=not args.no_progress)
-    keys = ("agent", "task", "precision", "backend", "actor_steps", "learner_steps", "final_eval_return",
-            "best_eval_return", "wall_clock_s")
-    print(json.dumps({k: summary[k] for k in keys}))
+    print_summary(summary)
     return 0
 
 

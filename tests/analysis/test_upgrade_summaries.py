@@ -58,7 +58,9 @@ def test_an_old_summary_gets_the_one_layout_with_its_values_carried_over():
     assert new["energy"]["nodes"]["run"] == ENERGY
     assert (new["energy"]["total_kwh"], new["energy"]["total_emissions_kg"]) == (5.89e-4, 2.17e-4)
     # Nothing invented: what the old layout did not record stays None.
-    assert new["experiment"] is None and new["learner_steps_per_s"] is None and new["kernel_form"] is None
+    assert new["experiment"] is None and new["learner_steps_per_s"] is None
+    # ... but what the run's precision and backend tell is filled: fp32 has no kernel form, ran fp32 compute.
+    assert new["kernel_form"] == [] and new["executed"] == "fp32 weights, fp32 compute" and new["executor"] == "onnx"
     assert new["runtime"]["pulls"] is None and new["payload"]["put_s"] is None
     with pytest.raises(ValueError, match="earlier single-process layout"):
         upgrade_summaries.upgrade(new)
@@ -76,10 +78,11 @@ def test_the_cli_upgrades_a_tree_once_and_analysis_reads_the_same_numbers(tmp_pa
 
     assert upgrade_summaries.main([str(tmp_path)]) == 0
     out = capsys.readouterr()
-    assert "1 upgraded, 1 already current, 1 skipped" in out.out and "broken" in out.err
+    assert "1 upgraded, 0 given their execution record, 1 already current, 1 skipped" in out.out
+    assert "broken" in out.err
     assert json.loads((old_dir / "summary.json").read_text()) == json.loads(json.dumps(current))
     assert upgrade_summaries.main([str(tmp_path)]) == 0  # a second pass changes nothing
-    assert "0 upgraded, 2 already current" in capsys.readouterr().out
+    assert "0 upgraded, 0 given their execution record, 2 already current" in capsys.readouterr().out
 
     row = runs.load_runs(tmp_path / "runs").set_index("run_dir").loc[str(old_dir)]
     assert row["finished"] and row["runner"] == "single" and row["num_actors"] == 1
@@ -91,3 +94,34 @@ def test_a_missing_folder_is_one_line_exit_2(tmp_path, capsys):
     assert upgrade_summaries.main([str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "is not a folder" in err
+
+
+def _current_without_execution(precision: str, kernel: dict | None, backend: str = "onnx") -> dict:
+    s = upgrade_summaries.upgrade({**OLD, "precision": precision, "backend": backend})
+    s["actors"][0]["kernel"] = kernel
+    for key in ("kernel_form", "executed", "executor", "cpu_class"):
+        s[key] = None
+    return s
+
+
+@pytest.mark.parametrize("precision, kernel, backend, form, executed, executor", [
+    # int8 whose kernel nobody recorded (results/small's runs): unknown, never claimed as an integer kernel
+    ("int8", None, "onnx", ["unknown"], "int8 weights, kernel unknown", "onnx"),
+    ("int8", {"form": "fp32", "cpu_class": "x86-avx2"}, "onnx", ["fp32"],
+     "int8 weights, fp32 compute (dequantized)", "onnx-dequantized"),
+    ("int8", {"form": "u8s8", "cpu_class": "x86-vnni"}, "onnx", ["u8s8"], "int8 weights, integer kernel (u8s8)",
+     "onnx"),
+    ("fp16", None, "onnx", [], "fp16 weights, fp32 compute (simulated)", "onnx"),
+])
+def test_current_summaries_get_their_execution_record(tmp_path, capsys, precision, kernel, backend, form,
+                                                      executed, executor):
+    path = tmp_path / "runs" / "x" / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(_current_without_execution(precision, kernel, backend)))
+    assert upgrade_summaries.main([str(tmp_path)]) == 0
+    assert "1 given their execution record" in capsys.readouterr().out
+    s = json.loads(path.read_text())
+    assert set(s) == set(SUMMARY_KEYS)
+    assert (s["kernel_form"], s["executed"], s["executor"]) == (form, executed, executor)
+    assert s["cpu_class"] == (kernel or {}).get("cpu_class")
+    assert upgrade_summaries.main([str(tmp_path)]) == 0 and "1 already current" in capsys.readouterr().out

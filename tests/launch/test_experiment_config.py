@@ -101,7 +101,7 @@ def test_actorq_config_file_is_run_as_written_and_bad_files_exit_2(tmp_path, cap
              (["--config", str(unknown)], "unknown field(s) steps"),
              (["--config", str(not_json)], "--config"),
              (["--config", str(tmp_path / "missing.json")], "--config"),
-             (["--config", str(good), "--seed", "4"], "drop --seed")]
+             (["--config", str(good), "--num-actors", "4"], "drop --num-actors")]
     for argv, needle in cases:
         with pytest.raises(SystemExit) as info:
             actorq.main(argv)
@@ -138,3 +138,28 @@ def test_both_runners_record_the_same_experiment_in_summary_json(tmp_path: Path)
     assert single == single_cfg.to_dict() and ExperimentConfig.from_dict(single) == single_cfg
     assert {**dist, "logdir": None} == {**single, "logdir": None}
     assert Path(dist["logdir"]).resolve() == (tmp_path / "dist").resolve()
+
+
+@pytest.mark.parametrize("name, canonical", [("int2", "int2"), ("int8", "int8"), ("8", "int8"), ("4", "int4"),
+                                             ("int16", "int16"), ("fp16", "fp16"), ("16", "fp16"),
+                                             ("bf16", "bf16"), ("32", "fp32"), ("FP32", "fp32")])
+def test_actor_precisions_are_int2_to_int8_int16_and_the_floats(tmp_path: Path, name: str, canonical: str) -> None:
+    assert tiny_config(tmp_path / "run").replace(precision=name).precision == canonical
+
+
+@pytest.mark.parametrize("name", ["int9", "int12", "int15", "9", "15", "int1", "int17", "fp8", "int"])
+def test_other_precisions_are_refused_by_the_config_and_every_cli(tmp_path, capsys, name: str) -> None:
+    """int9..int15 parse in quarl.quantization (PTQ sweeps use them) but no actor runs them: a typo for int8."""
+    with pytest.raises(ConfigError, match="precision"):
+        tiny_config(tmp_path / "run").replace(precision=name)
+    from launch import reproduce
+    for main, argv in ((actorq.main, ["--agent", "dqn", "--logdir", str(tmp_path / "run")]),
+                       (train.main, ["--agent", "dqn", "--task", "CartPole-v1", "--steps", "10",
+                                     "--logdir", str(tmp_path / "run")]),
+                       (reproduce.main, ["--out", str(tmp_path / "out"), "--precisions", f"32,{name}"])):
+        flag = "--precisions" if main is reproduce.main else "--precision"
+        with pytest.raises(SystemExit) as info:
+            main([*argv, flag, name] if flag == "--precision" else argv)
+        err = capsys.readouterr().err
+        assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and "precision" in err, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "out").exists()

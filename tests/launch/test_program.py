@@ -275,7 +275,7 @@ def test_local_runner_cli_exits_once_the_summary_is_out(tmp_path):
                 proc.wait()
     out, err = out_path.read_text(), err_path.read_text()
     assert proc.returncode == 0, err[-2000:]
-    assert "logs:" in out  # the summary table was printed before exiting
+    assert "run folder:" in out  # the summary table was printed before exiting
     assert json.loads((logdir / "summary.json").read_text())["status"] == "completed"
     assert (logdir / "policy_fp32.qrlp").is_file()
 

@@ -171,3 +171,19 @@ def test_command_line_entry_point_rejects_bad_bits(checkpoint, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "--bits: 1 is outside 2..16" in proc.stderr
     assert proc.stdout == "" and not out.exists()
+
+
+def test_an_earlier_sweep_is_replaced_only_with_force(sweep, checkpoint, tmp_path, capsys):
+    import shutil
+    out = tmp_path / "ptq"
+    shutil.copytree(sweep, out)  # the module's sweep stays as the other tests read it
+    argv = ["--checkpoint", str(checkpoint), "--out", str(out), "--bits", "8", "--include", "", "--episodes", "1",
+            "--no-progress"]
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SystemExit) as exc:
+        ptq.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1 and "--force" in err and "ptq.csv" in err
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
+    assert ptq.main([*argv, "--force"]) == 0
+    assert [r["precision"] for r in _read_csv(out / "ptq.csv")] == ["fp32", "int8", "int8"]

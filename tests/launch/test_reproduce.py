@@ -20,7 +20,7 @@ from launch import reproduce
 def write_run(root: Path, panel: str, precision: str, seed: int, times: Sequence[float],
               returns: Sequence[float], *, steps: int = 1000, kwh: float | None = 1e-3,
               runtime: dict[str, float] | None = None, summary: bool = True, distributed: bool = False,
-              status: str = "completed") -> Path:
+              status: str = "completed", executed: str | None = None) -> Path:
     """A run folder as a runner leaves it: evaluator.csv and (unless interrupted) summary.json, in the one
     layout both runners write (the fields analysis reads), as one process or as a learner and actors."""
     run_dir = root / "runs" / panel / precision / f"seed{seed}"
@@ -44,6 +44,8 @@ def write_run(root: Path, panel: str, precision: str, seed: int, times: Sequence
                          "runtime": {"summed_s": dict(stages), "updates": 10},
                          "energy": {"nodes": {}, "total_kwh": None, "total_emissions_kg": None,
                                     "untracked_nodes": nodes, "method": "unavailable: no energy tracker reported"}}
+    if executed is not None:
+        s["executed"] = executed
     if kwh is not None:
         share = {"energy_kwh": kwh / len(nodes), "emissions_kg_co2eq": kwh / 2 / len(nodes)}
         s["energy"] = {"nodes": {name: dict(share) for name in nodes}, "total_kwh": kwh,
@@ -119,6 +121,26 @@ def test_speedup_table_on_hand_made_runs(tmp_path: Path) -> None:
     assert table.loc[("CartPole", "int8"), "time_to_target_s"] == pytest.approx(25.0)
     # ... and the table says over which seeds each speedup is taken (this precision's vs fp32's).
     assert table.loc[("CartPole", "int8"), "speedup_over_seeds"] == "2/3 vs fp32 2/2"
+
+
+def test_speedup_rows_say_what_ran_and_fp32_compute_is_no_int8_claim(tmp_path: Path) -> None:
+    t = [10.0, 20.0, 30.0]
+    write_run(tmp_path, "CartPole", "fp32", 0, t, [0, 50, 100], executed="fp32 weights, fp32 compute")
+    write_run(tmp_path, "CartPole", "int8", 0, t, [0, 95, 100], executed="int8 weights, fp32 compute (dequantized)")
+    write_run(tmp_path, "Acrobot", "fp32", 0, t, [-300, -200, -100], executed="fp32 weights, fp32 compute")
+    write_run(tmp_path, "Acrobot", "int8", 0, t, [-300, -100, -100], executed="int8 weights, integer kernel (u8s8)")
+    write_run(tmp_path, "Acrobot", "fp16", 0, t, [-300, -100, -100])  # a summary without the words
+    table = report.speedup_table(report.load_runs(tmp_path / "runs"), 0.9).set_index(["panel", "precision"])
+    dq, kernel = table.loc[("CartPole", "int8")], table.loc[("Acrobot", "int8")]
+    assert dq["executed"] == "int8 weights, fp32 compute (dequantized)"
+    assert dq["speedup_note"] == "ran fp32 compute: not an int8-kernel speedup" and dq["speedup_vs_fp32"] == 1.5
+    assert kernel["executed"] == "int8 weights, integer kernel (u8s8)" and kernel["speedup_note"] == ""
+    assert table.loc[("Acrobot", "fp16"), "speedup_note"] == "compute unknown: not a fp16-compute speedup"
+    assert table.loc[("CartPole", "fp32"), "speedup_note"] == ""
+    files = report.write_report(tmp_path)
+    text = files.report.read_text()
+    assert "| CartPole | int8 | int8 weights, fp32 compute (dequantized) |" in text
+    assert "not an int8-kernel speedup" in text
 
 
 def test_recorded_energy_methods_name_codecarbons_default_tdp_as_a_default() -> None:
@@ -327,3 +349,66 @@ def test_tiny_grid_on_the_distributed_runner(tmp_path: Path) -> None:
     runs = report.load_runs(tmp_path / "aq")
     assert runs["runner"].tolist() == ["actorq"] and runs["finished"].all()
     assert (tmp_path / "aq" / "figure.png").exists()
+
+
+# ------------------------------------------------------------------------------------------------ nothing lost
+
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _snapshot(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("argv", [
+    # The README's example, and the subset of it that once redrew results/small from 2 runs.
+    ["--panels", "cartpole_balance,CartPole", "--precisions", "32,16,8", "--seeds", "0,1,2", "--budget", "small"],
+    ["--panels", "CartPole", "--precisions", "32,8", "--seeds", "0", "--budget", "small"],
+])
+def test_readme_reproduce_example_on_a_copy_of_results_small_loses_nothing(
+        tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str]) -> None:
+    import shutil
+    shutil.copytree(REPO / "results" / "small", tmp_path / "small")
+    before = _snapshot(tmp_path / "small")
+    assert reproduce.main([*argv, "--out", str(tmp_path), "--no-progress"]) == 0
+    err = capsys.readouterr().err
+    assert "0 run(s) ran" in err and "left as it is" in err
+    assert _snapshot(tmp_path / "small") == before  # every file, byte for byte (grid.json's format too)
+
+    # A narrowed redraw goes to its own folder; the grid's report keeps all its runs.
+    assert reproduce.main(["--report-only", "--panels", "CartPole", "--precisions", "32,8", "--seeds", "0",
+                           "--out", str(tmp_path), "--name", "small"]) == 0
+    sub = tmp_path / "small" / "subsets" / "CartPole_fp32-int8_seed0"
+    assert sorted(pd.read_csv(sub / "grid.csv")["precision"]) == ["fp32", "int8"]
+    assert (sub / "figure.png").stat().st_size > 0 and "figure.png" in (sub / "report.md").read_text()
+    assert {k: v for k, v in _snapshot(tmp_path / "small").items() if not k.startswith("subsets")} == before
+    grid = pd.read_csv(tmp_path / "small" / "grid.csv")
+    assert len(grid) == len(pd.read_csv(REPO / "results" / "small" / "grid.csv")) == 45
+
+
+def test_a_grid_merges_into_the_folder_and_only_force_drops_runs(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture) -> None:
+    common = ["--budget", "tiny", "--runner", "single", "--out", str(tmp_path), "--name", "m", "--no-progress"]
+    assert reproduce.main(["--panels", "CartPole", "--precisions", "32", "--seeds", "0", *common]) == 0
+    assert reproduce.main(["--panels", "CartPole", "--precisions", "8", "--seeds", "0", *common]) == 0
+    root = tmp_path / "m"
+    grid = pd.read_csv(root / "grid.csv")
+    assert sorted(grid["precision"]) == ["fp32", "int8"] and set(grid["state"]) == {"finished"}  # merged
+    assert set(pd.read_csv(root / "speedup.csv")["precision"]) == {"fp32", "int8"}
+    assert set(json.loads((root / "grid.json").read_text())["budgets"]) == {"CartPole"}
+
+    # A run folder gone: redrawing would drop it from the report; refused (exit 2, one line) without --force.
+    import shutil
+    shutil.rmtree(root / "runs" / "CartPole" / "int8")
+    report_md = (root / "report.md").read_bytes()
+    capsys.readouterr()
+    for argv in (["--report-only", "--out", str(tmp_path), "--name", "m"],
+                 ["--panels", "CartPole", "--precisions", "32", "--seeds", "0", *common]):
+        with pytest.raises(SystemExit) as exc:
+            reproduce.main(argv)
+        err = capsys.readouterr().err
+        assert exc.value.code == 2 and "--force" in err and "CartPole int8 seed0" in err and err.count("\n") == 1
+    assert (root / "report.md").read_bytes() == report_md
+    assert reproduce.main(["--report-only", "--force", "--out", str(tmp_path), "--name", "m"]) == 0
+    assert pd.read_csv(root / "grid.csv")["precision"].tolist() == ["fp32"]
