@@ -18,7 +18,8 @@ from launch.program import NodeHandle
 from launch.shared_blob import Blob
 from quarl.carbon import stop_tracking
 from quarl.payload import encode_payload, fp32_payload_nbytes
-from quarl.quantization import parse_precision, quantize_params
+from quarl.calibration import learner_observations, quantize_for_actors
+from quarl.quantization import parse_precision
 from quarl import policy_io
 from quarl.replay import TableClosed
 
@@ -244,8 +245,10 @@ class LearnerNode(NodeBase):
         with self._lock:
             params = self._learner.policy_params()
             version = int(self._learner.steps)
+            observations = learner_observations(self._learner)  # int conv actors' calibration (quarl.calibration)
         t0 = time.perf_counter()
-        data = encode_payload(quantize_params(params, self._precision), version=version, spec_hash=self._spec_hash)
+        qparams = quantize_for_actors(self._policy_spec, params, self._precision, observations)
+        data = encode_payload(qparams, version=version, spec_hash=self._spec_hash)
         t1 = time.perf_counter()
         blob = Blob.put(data)
         t2 = time.perf_counter()

@@ -67,3 +67,10 @@ def quantize_for_actors(spec: PolicySpec, params: Mapping[str, Any], precision: 
         return qp
     obs = cold_start_observations(spec) if observations is None else observations
     return dataclasses.replace(qp, activation_ranges=activation_ranges(spec, dequantize_params(qp), obs))
+
+
+def learner_observations(learner: Any) -> np.ndarray | None:
+    """The replay observations a learner last trained on (`calibration_observations()`, where it has one), or
+    None (nothing sampled yet, or an agent without image policies)."""
+    fn = getattr(learner, "calibration_observations", None)
+    return None if fn is None else fn()

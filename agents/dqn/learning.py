@@ -7,6 +7,7 @@ that does not log every step never waits for the device; `float(v)` converts one
 """
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any, Mapping, NamedTuple
 
@@ -23,6 +24,7 @@ from quarl.policy import PolicySpec
 
 # Columns a transition batch must carry (the NStepTransitionAdder's output). `discount` is the full bootstrap
 # multiplier gamma^k * prod(env discounts), so the learner never multiplies by the discount again.
+CALIBRATION_BATCHES = 4  # sampled batches whose observations calibrate int conv actors
 BATCH_KEYS = ("observation", "action", "reward", "discount", "next_observation")
 
 
@@ -93,6 +95,9 @@ class DQNLearner:
             steps=jnp.zeros((), jnp.int32),
         )
         self._steps = 0
+        # The observations of the last few sampled batches: int conv actors' activation ranges are calibrated on
+        # them at each publish (quarl.calibration). References only, no copies.
+        self._recent_obs: collections.deque = collections.deque(maxlen=CALIBRATION_BATCHES)
         self._update = jax.jit(functools.partial(
             _update, loss_fn=make_loss(spec, config.huber_loss_parameter, config.qat_bits),
             optimizer=self._optimizer,
@@ -118,9 +123,14 @@ class DQNLearner:
             raise ValueError("prioritized sample needs one positive probability per item")
         self._state, metrics, td_error = self._update(self._state, batch, probs)
         self._steps += 1
+        self._recent_obs.append(batch["observation"])
         if self._config.prioritized_replay:
             metrics = dict(metrics, priorities=np.abs(np.asarray(td_error, np.float64)))
         return metrics
+
+    def calibration_observations(self) -> np.ndarray | None:
+        """Replay observations of the last `CALIBRATION_BATCHES` sampled batches (None before the first step)."""
+        return np.concatenate(list(self._recent_obs)) if self._recent_obs else None
 
     def policy_params(self) -> dict:
         """The online network's fp32 parameters as a NumPy haiku tree (what actors get, after quantization)."""
