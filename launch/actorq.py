@@ -76,9 +76,9 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--config", default=None, metavar="FILE",
                    help="run the experiment described in this ExperimentConfig JSON file (what launch.reproduce "
                         "writes); only --runner, --ray-address and --no-progress may be given with it")
-    p.add_argument("--agent", default="d4pg", help="d4pg (DM Control) or dqn (gym classic control)")
-    p.add_argument("--task", default=None, help="'domain:task' or a gym id (default: cartpole:balance for "
-                                                "d4pg, CartPole-v1 for dqn)")
+    p.add_argument("--agent", default="d4pg", help="d4pg (DM Control) or dqn (gym classic control, MinAtar)")
+    p.add_argument("--task", default=None, help="'domain:task', a gym id or MinAtar/<Game> (default: "
+                                                "cartpole:balance for d4pg, CartPole-v1 for dqn)")
     p.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int16")
     p.add_argument("--num-actors", type=int, default=2)
     p.add_argument("--actor-update-period", type=int, default=None,
