@@ -47,7 +47,8 @@ def fail(message: str) -> NoReturn:
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags every training CLI shares (the distributed one adds its fleet flags on top)."""
     parser.add_argument("--agent", required=True, help=f"one of {', '.join(agents.AGENT_NAMES)}")
-    parser.add_argument("--task", required=True, help="a DM Control 'domain:task', a gym id (CartPole-v1) or a MinAtar game (MinAtar/Breakout)")
+    parser.add_argument("--task", required=True,
+                        help="a DM Control 'domain:task', a gym id (CartPole-v1) or a MinAtar game (MinAtar/Breakout)")
     parser.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int16")
     parser.add_argument("--backend", default="auto",
                         help="actor runtime: auto, jax, onnx or onnx-nbits (int2..int4 on MatMulNBits)")

@@ -4,8 +4,8 @@ An actor never receives Python code from the learner: it receives a `PolicySpec`
 plus a parameter tree. Image policies (MinAtar, ALE) set `PolicySpec.input_shape` (H, W, C): observations
 still arrive flat ([B, input_dim], C-order of [H, W, C]), every runtime reshapes them to NHWC, `Conv2D`
 layers (VALID padding, haiku's `w` [k, k, C_in, C_out]) run on the image and `Flatten` hands the [H, W, C]
-values, in that order, to the Linear layers after it. Every runtime builds the same computation from the spec, so the haiku network the
-learner trains and the int8 graph an actor runs cannot drift apart. Parameter names are the layer names:
+values, in that order, to the Linear layers after it. Every runtime builds the same computation from the
+spec, so the haiku network the learner trains and the int8 graph an actor runs cannot drift apart. Parameter names are the layer names:
 `hk.transform(lambda x: haiku_forward(spec)(x))` yields `{"linear_0": {"w", "b"}, "layer_norm": {...}}`.
 """
 from __future__ import annotations

@@ -221,7 +221,8 @@ def qlinear_conv_reference(xq: np.ndarray, x_scale: np.float32, x_zp: int, dense
 
 
 def static_reference(x: np.ndarray, conv: DenseWeights, stride: int, linear: DenseWeights,
-                     ranges: tuple[tuple[float, float], tuple[float, float]], shape: tuple[int, int, int]) -> np.ndarray:
+                     ranges: tuple[tuple[float, float], tuple[float, float]],
+                     shape: tuple[int, int, int]) -> np.ndarray:
     """The exact float64 result of the self-check graph: quantize -> QLinearConv (ReLU folded) -> Flatten
     (NHWC) -> MatMulIntegerToFloat with bias."""
     s0, z0 = activation_qparams(*ranges[0])
