@@ -172,3 +172,22 @@ def test_unfused_int_conv_runs_its_dequantized_weights(cases):
 def ex_lowered(spec, qp):
     from quarl.runtimes.base import lower_params  # pylint: disable=import-outside-toplevel
     return lower_params(spec, qp, ())
+
+
+def test_auto_measures_int8_against_dequantized_fp32_for_conv_policies(cases, tmp_path, monkeypatch):
+    """`auto` times the static int8 graph, its dequantized fp32 twin and JAX, and keeps the fastest: an int8 conv
+    actor is never slower than the fp32 arithmetic of the same weights would be here."""
+    from quarl.runtimes import DEQUANTIZED_CANDIDATE, auto_decisions, clear_auto_decisions
+    from quarl.runtimes.auto import parse_decision_key
+
+    monkeypatch.setenv("QUARL_CACHE_DIR", str(tmp_path))
+    clear_auto_decisions()
+    spec, params, calib, obs = cases["minatar"]
+    qp = quantize_for_actors(spec, params, "int8", calib)
+    ex = make_executor(spec, qp, "auto", batch_size=len(obs))
+    (key, entry), = auto_decisions().items()
+    timings = entry["us_per_call"]
+    assert set(timings) == {"jax", "onnx", DEQUANTIZED_CANDIDATE} and entry["backend"] == min(timings, key=timings.get)
+    fields = parse_decision_key(key)
+    assert fields["shape"].startswith("c16k3s1-") and fields["form"] in ("u8s8", "u8u8", "fp32")
+    assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp), obs)) < TOLERANCE["int8"]
