@@ -22,6 +22,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
+from quarl.envs_ale import ALE_TASKS, AtariEnvironment
 from quarl.envs_minatar import MINATAR_TASKS, make_minatar
 
 GYM_TASKS = ("CartPole-v1", "MountainCar-v0", "Acrobot-v1", "Pendulum-v1")
@@ -42,9 +43,9 @@ def _suite() -> Any:
 @functools.lru_cache(maxsize=1)
 def list_tasks() -> tuple[str, ...]:
     """All task names `make_environment` accepts: DM Control benchmarking tasks, Gymnasium ids, then MinAtar
-    games (image observations, `quarl.envs_minatar`)."""
+    and ALE games (image observations, `quarl.envs_minatar`, `quarl.envs_ale`)."""
     control = tuple(f"{domain}:{task}" for domain, task in _suite().BENCHMARKING)
-    return control + GYM_TASKS + MINATAR_TASKS
+    return control + GYM_TASKS + MINATAR_TASKS + ALE_TASKS
 
 
 def _check_finite(observation: np.ndarray) -> np.ndarray:
@@ -266,16 +267,20 @@ class GymWrapper(dm_env.Environment):
         self._env.close()
 
 
-def make_environment(task: str, seed: int = 0) -> dm_env.Environment:
+def make_environment(task: str, seed: int = 0, *, training: bool = False) -> dm_env.Environment:
     """Builds the environment for `task` ("domain:task" for DM Control, or a Gymnasium id), seeded.
 
-    The same (task, seed) pair yields the same sequence of episodes given the same actions.
+    The same (task, seed) pair yields the same sequence of episodes given the same actions. `training=True`
+    (the actors' environments, `quarl.vector_env`) clips ALE rewards to [-1, 1], DQN's training signal; the
+    evaluator's environments report the game score. Other tasks are the same either way.
     """
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     seed = int(seed)
     if task in MINATAR_TASKS:  # uint8 image observations: none of the float wrappers below apply
         return make_minatar(task, seed)
+    if task in ALE_TASKS:
+        return AtariEnvironment(task, seed, clip_rewards=bool(training))
     if task in GYM_TASKS:
         import gymnasium  # pylint: disable=import-outside-toplevel
 

@@ -5,8 +5,8 @@ plus a parameter tree. Image policies (MinAtar, ALE) set `PolicySpec.input_shape
 still arrive flat ([B, input_dim], C-order of [H, W, C]), every runtime reshapes them to NHWC, `Conv2D`
 layers (VALID padding, haiku's `w` [k, k, C_in, C_out]) run on the image and `Flatten` hands the [H, W, C]
 values, in that order, to the Linear layers after it. Every runtime builds the same computation from the
-spec, so the haiku network the learner trains and the int8 graph an actor runs cannot drift apart. Parameter names are the layer names:
-`hk.transform(lambda x: haiku_forward(spec)(x))` yields `{"linear_0": {"w", "b"}, "layer_norm": {...}}`.
+spec, so the haiku network the learner trains and the int8 graph an actor runs cannot drift apart.
+Parameter names are the layer names: `hk.transform(lambda x: haiku_forward(spec)(x))` yields `{"linear_0": {"w", "b"}, "layer_norm": {...}}`.
 """
 from __future__ import annotations
 
@@ -89,6 +89,8 @@ class PolicySpec:
     layers: tuple[Layer, ...]
     # (H, W, C) for image policies: the flat [B, input_dim] observations are this image, C-order. None: a vector.
     input_shape: tuple[int, ...] | None = None
+    # A factor every observation value is multiplied by first (1/255 for Atari frames), None = 1.
+    input_scale: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.input_dim, (int, np.integer)) or self.input_dim <= 0:
@@ -101,6 +103,11 @@ class PolicySpec:
                 raise ValueError(f"PolicySpec.input_shape {shape} has {int(np.prod(shape))} values, "
                                  f"input_dim is {self.input_dim}")
             object.__setattr__(self, "input_shape", tuple(int(d) for d in shape))
+        if self.input_scale is not None:
+            if isinstance(self.input_scale, bool) or not isinstance(self.input_scale, (int, float, np.floating)) \
+                    or not np.isfinite(self.input_scale) or self.input_scale <= 0:
+                raise ValueError(f"PolicySpec.input_scale must be a positive finite number, got {self.input_scale!r}")
+            object.__setattr__(self, "input_scale", float(self.input_scale))
         names = set()
         for layer in self.layers:
             if type(layer) not in _KIND_OF:
@@ -180,6 +187,8 @@ class PolicySpec:
         out = {"input_dim": int(self.input_dim), "layers": layers}
         if self.input_shape is not None:  # absent for vector policies: their digests stay as they were
             out["input_shape"] = list(self.input_shape)
+        if self.input_scale is not None:
+            out["input_scale"] = float(self.input_scale)
         return out
 
     def digest(self) -> str:
@@ -202,7 +211,8 @@ class PolicySpec:
                 layers.append(_KINDS[kind](**item))
             shape = d.get("input_shape")
             return cls(input_dim=int(d["input_dim"]), layers=tuple(layers),
-                       input_shape=None if shape is None else tuple(int(v) for v in shape))
+                       input_shape=None if shape is None else tuple(int(v) for v in shape),
+                       input_scale=d.get("input_scale"))
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed policy spec: {e}") from None
 
@@ -255,6 +265,8 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
     def forward(x):
         if spec.input_shape is not None:  # flat rows or [B, H, W, C] batches alike
             x = jnp.reshape(x, (x.shape[0], *spec.input_shape))
+        if spec.input_scale is not None:
+            x = x * spec.input_scale
         for layer in spec.layers:
             if isinstance(layer, Conv2D):
                 x = hk.Conv2D(layer.out, layer.kernel, stride=layer.stride, padding="VALID", name=layer.name)(x)
@@ -290,6 +302,8 @@ def reference_apply(spec: PolicySpec, params: dict, obs: np.ndarray, *, dtype: A
     x = np.asarray(obs, dtype)
     if spec.input_shape is not None:
         x = x.reshape((x.shape[0], *spec.input_shape))
+    if spec.input_scale is not None:
+        x = x * dtype(spec.input_scale)
     for layer in spec.layers:
         if on_input is not None and isinstance(layer, (Conv2D, Linear)):
             on_input(layer.name, x)
@@ -342,11 +356,11 @@ def minatar_q_network(input_shape: Sequence[int], num_actions: int, channels: in
     return PolicySpec(int(np.prod(input_shape)), layers, tuple(input_shape))
 
 
-def nature_q_network(input_shape: Sequence[int], num_actions: int) -> PolicySpec:
+def nature_q_network(input_shape: Sequence[int], num_actions: int, input_scale: float | None = 1 / 255) -> PolicySpec:
     """The Nature DQN torso (Mnih et al., 2015) on 84x84x4 frames: convs 32 8x8/4, 64 4x4/2, 64 3x3/1 with ReLUs,
-    a 512-unit ReLU layer, then one Q-value per action."""
+    a 512-unit ReLU layer, then one Q-value per action; the uint8 pixels scaled by `input_scale` (to [0, 1])."""
     layers: tuple[Layer, ...] = (
         Conv2D("conv_0", 32, 8, 4), Activation("relu"), Conv2D("conv_1", 64, 4, 2), Activation("relu"),
         Conv2D("conv_2", 64, 3, 1), Activation("relu"), Flatten(),
         Linear("linear_0", 512), Activation("relu"), Linear("linear_1", num_actions))
-    return PolicySpec(int(np.prod(input_shape)), layers, tuple(input_shape))
+    return PolicySpec(int(np.prod(input_shape)), layers, tuple(input_shape), input_scale)

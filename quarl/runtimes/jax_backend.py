@@ -87,6 +87,8 @@ def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[Any, jax.
         x = obs.astype(compute)
         if spec.input_shape is not None:
             x = x.reshape(x.shape[0], *spec.input_shape)
+        if spec.input_scale is not None:
+            x = x * jnp.asarray(spec.input_scale, x.dtype)
         for layer in spec.layers:
             if isinstance(layer, Conv2D):
                 x = _conv(x, params[layer.name], layer, int_dense, compute)

@@ -42,7 +42,7 @@ from quarl.runtimes.base import LoweredParams, PolicyExecutor
 from quarl.runtimes.kernel_forms import (ACTIVATION_FLOORS, Graph, KernelForm, get_form, lifted_bias_name,
                                          opset_imports, select_form)
 from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM
-from quarl.runtimes.onnx_static import (STATIC_FORMS, StaticForm, dequantized, emit_static, flatten_nchw, image_input,
+from quarl.runtimes.onnx_static import (STATIC_FORMS, StaticForm, dequantized, emit_static, flatten_nchw, policy_input,
                                         select_static_form, static_initializers)
 from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 
@@ -119,8 +119,7 @@ def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | Non
     for name, arr in _initializers(spec, lowered, form).items():
         graph.const(name, arr)
     x = _INPUT
-    if spec.input_shape is not None:
-        x = image_input(graph, x, spec.input_shape)
+    x = policy_input(graph, x, spec)
     for i, layer in enumerate(spec.layers):
         if isinstance(layer, Conv2D):
             (x,) = graph.op("Conv", [x, f"{layer.name}.w", f"{layer.name}.b"], kernel_shape=[layer.kernel] * 2,

@@ -43,9 +43,14 @@ log = logging.getLogger(__name__)
 _MIN_SCALE = np.float32(1e-12)  # an all-zero calibrated range: codes stay 0 instead of dividing by 0
 
 
-def image_input(graph: Graph, x: str, shape: tuple[int, ...]) -> str:
-    """Flat observations [B, H*W*C] -> NCHW [B, C, H, W] (ONNX's Conv layout); any element type."""
-    (x,) = graph.op("Reshape", [x, graph.const("input.shape", np.array([-1, *shape], np.int64))])
+def policy_input(graph: Graph, x: str, spec: PolicySpec) -> str:
+    """The observations as the first layer takes them: times `spec.input_scale` if any, and for image policies
+    flat [B, H*W*C] -> NCHW [B, C, H, W] (ONNX's Conv layout)."""
+    if spec.input_scale is not None:
+        (x,) = graph.op("Mul", [x, graph.const("input.scale", np.float32(spec.input_scale))])
+    if spec.input_shape is None:
+        return x
+    (x,) = graph.op("Reshape", [x, graph.const("input.shape", np.array([-1, *spec.input_shape], np.int64))])
     return graph.op("Transpose", [x], perm=[0, 3, 1, 2])[0]
 
 
@@ -153,8 +158,7 @@ def emit_static(graph: Graph, spec: PolicySpec, lowered: LoweredParams, x: str) 
     """The static int8 graph of `spec` from input `x` (flat float [B, input_dim]); returns the float output.
     The initializers (`static_initializers`) must already be in `graph`."""
     fused = fused_convs(spec, lowered)
-    if spec.input_shape is not None:
-        x = image_input(graph, x, spec.input_shape)
+    x = policy_input(graph, x, spec)
     quantized_for: str | None = None  # the int layer whose input scale x's uint8 codes are in
     skip_relu = False
     for layer in spec.layers:
