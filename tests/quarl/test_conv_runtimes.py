@@ -191,3 +191,20 @@ def test_auto_measures_int8_against_dequantized_fp32_for_conv_policies(cases, tm
     fields = parse_decision_key(key)
     assert fields["shape"].startswith("c16k3s1-") and fields["form"] in ("u8s8", "u8u8", "fp32")
     assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp), obs)) < TOLERANCE["int8"]
+
+
+def test_nature_torso_int8_on_uint8_frames():
+    """The Nature torso with its 1/255 input scale on 0..255 frames: static int8 ONNX and JAX within tolerance."""
+    spec = nature_q_network((84, 84, 4), 6)
+    params = random_params(spec, 4)
+    rng = np.random.default_rng(4)
+    frames = rng.integers(0, 256, (34, spec.input_dim)).astype(np.float32)
+    calib, obs = frames[:32], frames[32:]
+    qp = quantize_for_actors(spec, params, "int8", calib)
+    np.testing.assert_allclose(qp.activation_ranges["conv_0"][1], frames[:32].max() / 255, rtol=1e-6)
+    deq = reference_apply(spec, dequantize_params(qp), obs)
+    for backend in ("onnx", "jax"):
+        ex = make_executor(spec, qp, backend, batch_size=2)
+        assert _rel_err(ex(obs), deq) < TOLERANCE["int8"], backend
+    fp = make_executor(spec, quantize_params(params, "fp32"), "onnx", batch_size=2)
+    assert _rel_err(fp(obs), reference_apply(spec, params, obs)) < TOLERANCE["fp32"]
