@@ -74,3 +74,17 @@ def learner_observations(learner: Any) -> np.ndarray | None:
     None (nothing sampled yet, or an agent without image policies)."""
     fn = getattr(learner, "calibration_observations", None)
     return None if fn is None else fn()
+
+
+def rollout_observations(env: Any, policy: Any, steps: int = MAX_CALIBRATION_OBS) -> np.ndarray:
+    """`steps` observations [steps, *obs_shape] met by `policy(observation) -> action` acting in `env` (episodes
+    restarted as they end): calibration data for a trained policy without a replay (post-training
+    quantization sweeps of a saved policy)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    out = []
+    ts = env.reset()
+    while len(out) < steps:
+        out.append(np.asarray(ts.observation))
+        ts = env.reset() if ts.last() else env.step(policy(ts.observation))
+    return np.stack(out)
