@@ -13,6 +13,7 @@ setup(
         "chex==0.1.92", "aqtp==0.9.0", "mujoco==3.17.0", "dm-control==1.0.50", "dm-env==1.6",
         "gymnasium==1.4.0", "ray==2.60.0", "onnxruntime", "onnx", "orbax-checkpoint",
         "codecarbon==3.3.2", "rich", "tqdm", "matplotlib", "msgpack", "tensorboardX", "pandas",
+        "MinAtar==1.0.15", "ale-py==0.12.1",
     ],
     extras_require={
         # GPU learner: install a CUDA jaxlib on a machine with an NVIDIA driver. CPU stays the default.

@@ -158,7 +158,8 @@ class BuilderBase(abc.ABC):
 
     def transition_signature(self, env_spec: EnvSpec) -> Signature:
         """Column name -> (per-item shape, dtype) of what the adder emits and the learner reads."""
-        obs = ((env_spec.obs_dim,), np.dtype(np.float32))
+        # Image tasks keep their [H, W, C] uint8 observations in replay (a byte a value, not four).
+        obs = (tuple(env_spec.observation_shape), np.dtype(env_spec.obs_dtype))
         return {"observation": obs, "action": self.action_column(env_spec), "reward": ((), np.dtype(np.float32)),
                 "discount": ((), np.dtype(np.float32)), "next_observation": obs}
 

@@ -77,8 +77,8 @@ def build_parser() -> OneLineArgumentParser:
                    help="run the experiment in this JSON file: an ExperimentConfig (what launch.reproduce writes) "
                         "or a run's summary.json (its `experiment` object); only --logdir, --seed, --runner, "
                         "--ray-address and --no-progress may be given with it")
-    p.add_argument("--agent", default="d4pg", help="d4pg (DM Control) or dqn (gym classic control)")
-    p.add_argument("--task", default=None, help="'domain:task' or a gym id (default: cartpole:balance for "
+    p.add_argument("--agent", default="d4pg", help="d4pg (DM Control) or dqn (gym classic control, MinAtar, ALE)")
+    p.add_argument("--task", default=None, help="'domain:task', a gym id, MinAtar/<Game> or ALE/<Game> (default: cartpole:balance for "
                                                 "d4pg, CartPole-v1 for dqn)")
     p.add_argument("--precision", default="int8",
                    help="actor precision: fp32, fp16, bf16, int2..int8, int16 (shorthands 32, 16, 8..2)")

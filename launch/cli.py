@@ -76,7 +76,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "(its `experiment` object); only --logdir, --seed and --no-progress may be added")
     parser.add_argument("--agent", default=None, help=f"one of {', '.join(agents.AGENT_NAMES)} (default: "
                                                       f"{DEFAULT_AGENT})")
-    parser.add_argument("--task", default=None, help="a DM Control 'domain:task' or a gym id (default: "
+    parser.add_argument("--task", default=None, help="a DM Control 'domain:task', a gym id (CartPole-v1), MinAtar/<Game> or ALE/<Game> (default: "
                         + ", ".join(f"{t} for {a}" for a, t in DEFAULT_TASKS.items()) + ")")
     parser.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int8, int16 (shorthands 32, 16, 8..2)")
     parser.add_argument("--backend", default="auto",

@@ -1,7 +1,7 @@
 """Single-process ActorQ run (Acme's `run_experiment`): one env loop, one learner, one in-memory table.
 
 It runs the same pieces, in the same order, as the distributed runner, just in one thread: the actor only ever
-sees weights that went learner.policy_params() -> quantize_params(precision) -> encode_payload -> bytes ->
+sees weights that went learner.policy_params() -> quantize_for_actors(precision) -> encode_payload -> bytes ->
 decode_payload -> actor.update, so quantization and the wire format are exercised on every pull, and each stage
 is timed. Acting and learning are interleaved under the table's samples-per-insert rate limiter: after every
 env step the learner takes as many steps as the limiter allows (never blocking).
@@ -30,7 +30,7 @@ from quarl.io import write_json_atomic
 from quarl.logs import CSVLogger
 from quarl.policy_io import save_policy
 from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
-from quarl.quantization import quantize_params
+from quarl.calibration import learner_observations, quantize_for_actors
 from quarl.io import jsonable
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes come from their own env instance and seed
@@ -43,7 +43,7 @@ class WeightChannel:
 
     def __init__(self, learner: Any, spec: Any, precision: str, times: StageTimes):
         self._learner, self._precision, self._times = learner, precision, times
-        self._spec_hash = spec.digest()
+        self._spec, self._spec_hash = spec, spec.digest()
         self.version = -1
         self.payload_bytes = 0
 
@@ -51,7 +51,8 @@ class WeightChannel:
         """Publishes the learner's current weights; returns the actor-side QuantizedParams."""
         t0 = time.perf_counter()
         version = int(self._learner.steps)
-        qparams = quantize_params(self._learner.policy_params(), self._precision)
+        qparams = quantize_for_actors(self._spec, self._learner.policy_params(), self._precision,
+                                      learner_observations(self._learner))
         data = encode_payload(qparams, version=version, spec_hash=self._spec_hash)
         t1 = time.perf_counter()
         payload = decode_payload(data)

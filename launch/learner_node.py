@@ -20,6 +20,7 @@ from launch.shared_blob import Blob
 from quarl.carbon import stop_tracking
 from quarl.device_quantization import quantize_params_on_device
 from quarl.payload import encode_payload, fp32_payload_nbytes
+from quarl.calibration import needs_calibration, with_activation_ranges
 from quarl.quantization import parse_precision, quantize_params
 from quarl import policy_io
 
@@ -228,7 +229,10 @@ class LearnerNode(NodeBase):
         with self._lock:
             params = self._learner.policy_snapshot()
             version = int(self._learner.steps)
-        self._publisher.offer(version, params)
+            # int conv actors' calibration: references to the last sampled observations, concatenated by the
+            # publisher thread (quarl.calibration); empty for every other policy.
+            observations = self._calibration_batches()
+        self._publisher.offer(version, (params, observations))
         self.publish_times.offered += 1
         self.publish_times.handoff_s += time.perf_counter() - t0
 
@@ -237,14 +241,23 @@ class LearnerNode(NodeBase):
         self._offer()
         self._publisher.flush(timeout)
 
-    def _publish_version(self, version: int, params: Any) -> None:
+    def _calibration_batches(self) -> tuple:
+        if not needs_calibration(self._policy_spec, self._precision.name):
+            return ()
+        batches = getattr(self._learner, "calibration_batches", None)
+        return () if batches is None else tuple(batches())
+
+    def _publish_version(self, version: int, offered: tuple[Any, tuple]) -> None:
         """Publisher thread: quantizes the policy at the actors' precision (integer codes computed on the learner's
         device, only they come to the host), encodes the bytes once, and publishes them (a `Blob`: on Ray one
         object-store object that every actor reads) to the weight server. Non-finite weights fail here: the
         learner stops with that error."""
+        params, observations = offered
         t0 = time.perf_counter()
         qparams = (quantize_params_on_device(params, self._precision.name) if self._precision.is_int
                    else quantize_params(params, self._precision.name))
+        qparams = with_activation_ranges(self._policy_spec, qparams,
+                                         np.concatenate(observations) if observations else None)
         data = encode_payload(qparams, version=version, spec_hash=self._spec_hash)
         t1 = time.perf_counter()
         blob = Blob.put(data)

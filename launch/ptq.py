@@ -41,6 +41,7 @@ from launch.cli import (
     check_seed,
     fail,
 )
+from quarl.calibration import quantize_for_actors, rollout_observations
 from quarl.evaluation import check_compatible, evaluate_seeds, make_greedy_policy
 from quarl.io import write_json_atomic
 from quarl.machine import machine_info
@@ -65,6 +66,8 @@ FLOAT_PRECISIONS = ("fp16", "bf16")  # what --include may name; fp32 is always t
 NO_GRANULARITY = "n/a"  # float casts have no scale, so per-tensor vs per-channel does not apply
 GRANULARITIES = (("per-tensor", False), ("per-channel", True))
 OUTPUT_FILES = ("ptq.csv", "ptq_episodes.csv", "ptq.md", "ptq_returns.png", "weights.csv", "weights.png")
+# The environment seed conv policies' int rows are calibrated in: far from the evaluation seeds (--seed + i).
+CALIBRATION_SEED = 2**30
 CSV_FIELDS = ("precision", "bits", "granularity", "backend", "execution", "episodes", "mean_return", "std_return",
               "min_return", "max_return", "error_mean", "error_std", "weight_sqnr_db", "weight_max_rel_err",
               "weight_min_layer_sqnr_db")
@@ -208,18 +211,36 @@ def sweep_grid(bits: Sequence[int], include: Sequence[str]) -> list[GridPoint]:
     return points
 
 
-def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: Any, backend: str) -> tuple[Any, str]:
-    """The greedy policy for one row and how it executes: 'int-kernel', 'native' or 'simulated'."""
+def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: Any, backend: str,
+                    observations: np.ndarray | None = None) -> tuple[Any, str]:
+    """The greedy policy for one row and how it executes: 'int-kernel', 'native' or 'simulated'. Conv policies'
+    int rows calibrate their activation ranges on `observations` (`calibration_observations`)."""
     prec = parse_precision(point.precision)
     if prec.is_int and prec.bits > MAX_KERNEL_BITS:
         rounded = fake_quantize_params(policy.params, prec, point.per_channel)
         fp32 = quantize_params(rounded, "fp32")
         return make_greedy_policy(policy.spec, fp32, action_spec, backend="jax"), "simulated"
-    qparams = quantize_params(policy.params, prec, point.per_channel)
+    qparams = quantize_for_actors(policy.spec, policy.params, prec, observations, point.per_channel)
     greedy = make_greedy_policy(policy.spec, qparams, action_spec, backend=backend)
     if greedy.simulated:
         return greedy, "simulated"
     return greedy, "int-kernel" if prec.is_int else "native"
+
+
+def calibration_observations(policy: LoadedPolicy, seed: int = CALIBRATION_SEED) -> np.ndarray | None:
+    """For conv policies: observations the fp32 greedy policy meets in an environment seeded apart from the
+    evaluation seeds (`quarl.calibration.rollout_observations`); None for the others (nothing to calibrate)."""
+    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+
+    if not policy.spec.conv_layers:
+        return None
+    env = make_environment(policy.task, seed)
+    try:
+        greedy = make_greedy_policy(policy.spec, quantize_params(policy.params, "fp32"), env.action_spec(),
+                                    backend="onnx")
+        return rollout_observations(env, greedy)
+    finally:
+        env.close()
 
 
 def weight_metrics(params: dict, point: GridPoint) -> dict[str, float]:
@@ -257,10 +278,11 @@ def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     rows, episode_rows = [], []
     fp32_returns: np.ndarray | None = None
     points = sweep_grid(run.bits, run.include)
+    observations = calibration_observations(run.policy)
     with tqdm(points, desc="ptq", unit="precision", disable=not run.progress, dynamic_ncols=True) as bar:
         for point in bar:
             bar.set_postfix_str(f"{point.precision} {point.granularity}", refresh=True)
-            greedy, execution = make_row_policy(point, run.policy, action_spec, run.backend)
+            greedy, execution = make_row_policy(point, run.policy, action_spec, run.backend, observations)
             stats = evaluate_seeds(run.policy.task, greedy, seeds)
             if fp32_returns is None:  # the grid starts with fp32
                 fp32_returns = stats.returns

@@ -191,7 +191,11 @@ class TransitionBuffer:
 
 
 def _observation(obs: Any) -> np.ndarray:
-    arr = np.array(obs, dtype=np.float32, copy=True)
+    """A copy of the observation: float32, or its own integer dtype (uint8 images stay one byte a value)."""
+    arr = np.array(obs, copy=True)
+    if arr.dtype.kind in "iub":
+        return arr
+    arr = arr.astype(np.float32, copy=False)
     if not np.isfinite(arr).all():  # the method, not np.all: this runs once per env step
         raise ValueError("non-finite observation given to the adder")
     return arr

@@ -3,7 +3,8 @@
 Every environment an agent sees has the same shape, whatever it came from, so that actors, adders and
 replay never special-case a task:
 - observations are one flat float32 vector (DM Control's observation dict is concatenated in sorted key
-  order, which is the order Acme's `ConcatObservationWrapper` produces through `tree.flatten`);
+  order, which is the order Acme's `ConcatObservationWrapper` produces through `tree.flatten`); MinAtar's
+  games (`quarl.envs_minatar`) are the exception: uint8 [H, W, C] images, kept as bytes in replay;
 - continuous actions live in [-1, 1] and are mapped affinely onto the task's bounds (then clipped), so a
   tanh policy head never needs to know the task's action range;
 - rewards and discounts are float32; non-finite observations raise instead of poisoning replay.
@@ -20,6 +21,9 @@ from typing import Any
 import dm_env
 import numpy as np
 from dm_env import specs
+
+from quarl.envs_ale import ALE_TASKS, AtariEnvironment
+from quarl.envs_minatar import MINATAR_TASKS, make_minatar
 
 GYM_TASKS = ("CartPole-v1", "MountainCar-v0", "Acrobot-v1", "Pendulum-v1")
 
@@ -38,9 +42,10 @@ def _suite() -> Any:
 
 @functools.lru_cache(maxsize=1)
 def list_tasks() -> tuple[str, ...]:
-    """All task names `make_environment` accepts: DM Control benchmarking tasks, then Gymnasium ids."""
+    """All task names `make_environment` accepts: DM Control benchmarking tasks, Gymnasium ids, then MinAtar
+    and ALE games (image observations, `quarl.envs_minatar`, `quarl.envs_ale`)."""
     control = tuple(f"{domain}:{task}" for domain, task in _suite().BENCHMARKING)
-    return control + GYM_TASKS
+    return control + GYM_TASKS + MINATAR_TASKS + ALE_TASKS
 
 
 def _check_finite(observation: np.ndarray) -> np.ndarray:
@@ -262,14 +267,20 @@ class GymWrapper(dm_env.Environment):
         self._env.close()
 
 
-def make_environment(task: str, seed: int = 0) -> dm_env.Environment:
+def make_environment(task: str, seed: int = 0, *, training: bool = False) -> dm_env.Environment:
     """Builds the environment for `task` ("domain:task" for DM Control, or a Gymnasium id), seeded.
 
-    The same (task, seed) pair yields the same sequence of episodes given the same actions.
+    The same (task, seed) pair yields the same sequence of episodes given the same actions. `training=True`
+    (the actors' environments, `quarl.vector_env`) clips ALE rewards to [-1, 1], DQN's training signal; the
+    evaluator's environments report the game score. Other tasks are the same either way.
     """
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
     seed = int(seed)
+    if task in MINATAR_TASKS:  # uint8 image observations: none of the float wrappers below apply
+        return make_minatar(task, seed)
+    if task in ALE_TASKS:
+        return AtariEnvironment(task, seed, clip_rewards=bool(training))
     if task in GYM_TASKS:
         import gymnasium  # pylint: disable=import-outside-toplevel
 
@@ -289,7 +300,8 @@ class EnvironmentSpec:
     """What agents need to know about an environment to build networks and replay signatures.
 
     `action_dim` is the continuous action width (0 for discrete tasks); `num_actions` is the number of
-    discrete actions (0 for continuous tasks).
+    discrete actions (0 for continuous tasks). `obs_dim` is the number of observation values; image tasks
+    (MinAtar) also give their `obs_shape` (H, W, C) and `obs_dtype` (uint8), which replay keeps.
     """
 
     observations: specs.Array
@@ -298,6 +310,13 @@ class EnvironmentSpec:
     action_dim: int
     discrete: bool
     num_actions: int
+    obs_shape: tuple[int, ...] = ()  # () = (obs_dim,), a flat vector
+    obs_dtype: np.dtype = np.dtype(np.float32)
+
+    @property
+    def observation_shape(self) -> tuple[int, ...]:
+        """The per-step observation shape: (obs_dim,) for vector tasks, (H, W, C) for image tasks."""
+        return self.obs_shape or (self.obs_dim,)
 
     @property
     def action_spec(self) -> specs.Array:
@@ -317,17 +336,20 @@ EnvSpec = EnvironmentSpec  # the short name docs/ARCHITECTURE.md uses
 
 
 def environment_spec(env: dm_env.Environment) -> EnvironmentSpec:
-    """Summarises `env`'s specs; it expects the flat-vector observations `make_environment` produces."""
+    """Summarises `env`'s specs: flat float32 vectors, or uint8 images [H, W, C] (as `make_environment` makes)."""
     obs = env.observation_spec()
     act = env.action_spec()
-    if not isinstance(obs, specs.Array) or len(obs.shape) != 1:
-        raise ValueError(f"expected a flat vector observation spec, got {obs!r}")
+    image = isinstance(obs, specs.Array) and len(obs.shape) == 3 and np.dtype(obs.dtype) == np.uint8
+    if not isinstance(obs, specs.Array) or (len(obs.shape) != 1 and not image):
+        raise ValueError(f"expected a flat vector or a uint8 [H, W, C] observation spec, got {obs!r}")
     discrete = isinstance(act, specs.DiscreteArray)
     return EnvironmentSpec(
         observations=obs,
         actions=act,
-        obs_dim=int(obs.shape[0]),
+        obs_dim=int(np.prod(obs.shape, dtype=np.int64)),
         action_dim=0 if discrete else int(np.prod(act.shape, dtype=np.int64)),
         discrete=discrete,
         num_actions=int(act.num_values) if discrete else 0,
+        obs_shape=tuple(int(d) for d in obs.shape) if image else (),
+        obs_dtype=np.dtype(obs.dtype) if image else np.dtype(np.float32),
     )

@@ -9,11 +9,14 @@ The body is msgpack (bin type for raw bytes, never pickle): a map with `precisio
 (`PolicySpec.digest()` or nil; format 3: actor payloads carry only this, saved policies the whole spec) and `leaves`,
 a list of `{"path": [keys...], "array": A}` or `{"path": [...], "qtensor": {"values": A, "scale": A,
 "zero_point": A or nil (symmetric), "bits", "axis", "symmetric"}}` where
-`A = {"dtype": name, "shape": [...], "data": bytes}`. QTensor `values` of fewer than 8 bits are bit-packed
-(format version 2): `data` holds the codes in C order, `bits` bits each, low-bit first (`quarl.bitpack`),
+`A = {"dtype": name, "shape": [...], "data": bytes}`; format 4 adds `activation_ranges`: nil, or a map
+{layer name: A float32 [lo, hi]} of the calibrated input ranges int conv actors quantize activations with
+(`quarl.calibration`). A conv policy's int weights without them are refused by every runtime ("int conv
+policies need calibrated activation ranges"), so a format-3 payload cannot drive an int conv actor.
+QTensor `values` of fewer than 8 bits are bit-packed (format version 2): `data` holds the codes in C order, `bits` bits each, low-bit first (`quarl.bitpack`),
 signed codes offset by 2^(bits-1); `dtype` names the decoded dtype (int8 / uint8). An int4 policy thus costs
-half a byte per weight, not a byte. Version-1 payloads (one byte per code) and version-2 payloads (no
-`spec_hash`), otherwise identical, still decode.
+half a byte per weight, not a byte. Version-1 payloads (one byte per code), version-2 payloads (no
+`spec_hash`) and version-3 payloads (no `activation_ranges`), otherwise identical, still decode.
 
 Why this shape: actors may run on other hosts and must be able to refuse anything that is not a valid
 policy (a corrupted, truncated, stale-format or hostile payload) with a clear error instead of acting on
@@ -48,9 +51,9 @@ from quarl.quantization import (
 )
 
 MAGIC = b"QRLP"
-FORMAT_VERSION = 3  # 2: sub-byte QTensor codes are bit-packed; 3: `spec_hash`
-# Versions 1 (one byte per code) and 2 are still read: saved policies (`policy_fp32.qrlp`) of older runs stay usable.
-READABLE_FORMATS = (1, 2, 3)
+FORMAT_VERSION = 4  # 2: sub-byte QTensor codes are bit-packed; 3: `spec_hash`; 4: `activation_ranges`
+# Versions 1 (one byte per code) to 3 are still read: saved policies (`policy_fp32.qrlp`) of older runs stay usable.
+READABLE_FORMATS = (1, 2, 3, 4)
 _HEADER = struct.Struct("<4sHQ32s")  # magic, format version, body length, sha256(body)
 HEADER_SIZE = _HEADER.size
 _MAX_NDIM = 8
@@ -156,9 +159,38 @@ def encode_payload(qp: QuantizedParams, *, version: int, spec: PolicySpec | None
     if not isinstance(qp, QuantizedParams):
         raise ValueError(f"encode_payload expects QuantizedParams, got {type(qp).__name__}")
     body = _body(qp.precision, qp.per_channel, version, spec, spec_hash)
+    body["activation_ranges"] = _encode_ranges(qp.activation_ranges)
     body["leaves"] = [_encode_leaf(path, leaf) for path, leaf in tree_items(qp.tree)]
     packed = msgpack.packb(body, use_bin_type=True)
     return _HEADER.pack(MAGIC, FORMAT_VERSION, len(packed), hashlib.sha256(packed).digest()) + packed
+
+
+def _encode_ranges(ranges: Any) -> dict | None:
+    if ranges is None:
+        return None
+    if not isinstance(ranges, dict) or not all(isinstance(k, str) for k in ranges):
+        raise ValueError("activation_ranges must be a dict {layer name: [lo, hi]}")
+    out = {}
+    for name, r in sorted(ranges.items()):
+        arr = np.asarray(r, np.float32)
+        if arr.shape != (2,) or not np.isfinite(arr).all() or not arr[0] <= 0.0 <= arr[1]:
+            raise ValueError(f"activation range of {name!r} must be finite [lo, hi] with lo <= 0 <= hi, got {r!r}")
+        out[name] = _encode_array(arr, f"activation range {name!r}")
+    return out
+
+
+def _decode_ranges(d: Any) -> dict[str, np.ndarray] | None:
+    if d is None:
+        return None
+    _expect(isinstance(d, dict) and all(isinstance(k, str) for k in d), "activation_ranges is not a map")
+    out = {}
+    for name, entry in d.items():
+        where = f"activation range {_short(name)}"
+        arr = _decode_array(entry, where)
+        _expect(arr.dtype == np.float32 and arr.shape == (2,), f"{where} is not float32 [lo, hi]")
+        _expect(bool(arr[0] <= 0.0 <= arr[1]), f"{where} does not satisfy lo <= 0 <= hi")
+        out[name] = arr
+    return out
 
 
 def _body(precision: str, per_channel: bool, version: int, spec: PolicySpec | None,
@@ -187,6 +219,7 @@ def fp32_payload_nbytes(params: dict, *, version: int = 0, spec_hash: str | None
     longer bin header. Exactly `len(encode_payload(quantize_params(params, "fp32"), ...))`, without making
     the 4-bytes-per-weight copy (33 MB for a 2048x3 policy)."""
     body = _body("fp32", True, version, None, spec_hash)
+    body["activation_ranges"] = None
     leaves, sizes = [], []
     for path, leaf in tree_items(params):
         shape = [int(d) for d in np.shape(leaf)]
@@ -302,7 +335,9 @@ def _insert(tree: dict, path: list, leaf: Any) -> None:
 
 def _decode_body(body: dict, nbytes: int, packed: bool, fmt: int) -> Payload:
     keys = {"precision", "per_channel", "version", "spec", "leaves"}
-    _exact_keys(body, keys | {"spec_hash"} if fmt >= 3 else keys, "body")
+    keys |= {"spec_hash"} if fmt >= 3 else set()
+    keys |= {"activation_ranges"} if fmt >= 4 else set()
+    _exact_keys(body, keys, "body")
     try:
         precision = parse_precision(body["precision"]) if isinstance(body["precision"], str) else None
     except ValueError:
@@ -346,7 +381,9 @@ def _decode_body(body: dict, nbytes: int, packed: bool, fmt: int) -> Payload:
         else:
             raise PayloadError(f"malformed payload: leaf #{i} is neither an array nor a qtensor")
         _insert(tree, path, leaf)
-    params = QuantizedParams(tree, precision.name, body["per_channel"])
+    ranges = _decode_ranges(body.get("activation_ranges"))
+    _expect(ranges is None or precision.is_int, f"activation ranges in a {precision.name} payload")
+    params = QuantizedParams(tree, precision.name, body["per_channel"], ranges)
     return Payload(version, precision.name, params, spec, nbytes, spec_hash)
 
 

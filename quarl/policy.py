@@ -1,16 +1,19 @@
 """Policy network descriptions shared by the learner (haiku) and the actor runtimes (JAX, ONNX).
 
 An actor never receives Python code from the learner: it receives a `PolicySpec` (plain data, JSON-able)
-plus a parameter tree. Every runtime builds the same computation from the spec, so the haiku network the
-learner trains and the int8 graph an actor runs cannot drift apart. Parameter names are the layer names:
-`hk.transform(lambda x: haiku_forward(spec)(x))` yields `{"linear_0": {"w", "b"}, "layer_norm": {...}}`.
+plus a parameter tree. Image policies (MinAtar, ALE) set `PolicySpec.input_shape` (H, W, C): observations
+still arrive flat ([B, input_dim], C-order of [H, W, C]), every runtime reshapes them to NHWC, `Conv2D`
+layers (VALID padding, haiku's `w` [k, k, C_in, C_out]) run on the image and `Flatten` hands the [H, W, C]
+values, in that order, to the Linear layers after it. Every runtime builds the same computation from the
+spec, so the haiku network the learner trains and the int8 graph an actor runs cannot drift apart.
+Parameter names are the layer names: `hk.transform(lambda x: haiku_forward(spec)(x))` yields `{"linear_0": {"w", "b"}, "layer_norm": {...}}`.
 """
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-from typing import Callable, Sequence, Union
+from typing import Any, Callable, Sequence, Union
 
 import numpy as np
 
@@ -55,8 +58,25 @@ class TanhToSpec:
     maximum: tuple[float, ...]
 
 
-Layer = Union[Linear, LayerNorm, Activation, TanhToSpec]
-_KINDS = {"linear": Linear, "layer_norm": LayerNorm, "activation": Activation, "tanh_to_spec": TanhToSpec}
+@dataclasses.dataclass(frozen=True)
+class Conv2D:
+    """2-D convolution over an NHWC image, VALID padding (the DQN torsos use no padding): `w` has shape
+    [kernel, kernel, C_in, out] and `b` [out] (haiku's `hk.Conv2D` layout)."""
+
+    name: str
+    out: int
+    kernel: int
+    stride: int = 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Flatten:
+    """[B, H, W, C] -> [B, H * W * C] in C order (haiku's `hk.Flatten`)."""
+
+
+Layer = Union[Linear, LayerNorm, Activation, TanhToSpec, Conv2D, Flatten]
+_KINDS = {"linear": Linear, "layer_norm": LayerNorm, "activation": Activation, "tanh_to_spec": TanhToSpec,
+          "conv2d": Conv2D, "flatten": Flatten}
 _KIND_OF = {cls: kind for kind, cls in _KINDS.items()}
 LAYER_NORM_EPS = 1e-5
 
@@ -67,44 +87,93 @@ class PolicySpec:
 
     input_dim: int
     layers: tuple[Layer, ...]
+    # (H, W, C) for image policies: the flat [B, input_dim] observations are this image, C-order. None: a vector.
+    input_shape: tuple[int, ...] | None = None
+    # A factor every observation value is multiplied by first (1/255 for Atari frames), None = 1.
+    input_scale: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.input_dim, (int, np.integer)) or self.input_dim <= 0:
             raise ValueError(f"PolicySpec.input_dim must be a positive int, got {self.input_dim!r}")
+        if self.input_shape is not None:
+            shape = tuple(self.input_shape)
+            if len(shape) != 3 or not all(isinstance(d, (int, np.integer)) and d > 0 for d in shape):
+                raise ValueError(f"PolicySpec.input_shape must be three positive ints (H, W, C), got {shape!r}")
+            if int(np.prod(shape)) != self.input_dim:
+                raise ValueError(f"PolicySpec.input_shape {shape} has {int(np.prod(shape))} values, "
+                                 f"input_dim is {self.input_dim}")
+            object.__setattr__(self, "input_shape", tuple(int(d) for d in shape))
+        if self.input_scale is not None:
+            if isinstance(self.input_scale, bool) or not isinstance(self.input_scale, (int, float, np.floating)) \
+                    or not np.isfinite(self.input_scale) or self.input_scale <= 0:
+                raise ValueError(f"PolicySpec.input_scale must be a positive finite number, got {self.input_scale!r}")
+            object.__setattr__(self, "input_scale", float(self.input_scale))
         names = set()
-        width = self.input_dim
         for layer in self.layers:
             if type(layer) not in _KIND_OF:
                 raise ValueError(f"unsupported layer {layer!r}: supported kinds are {sorted(_KINDS)}")
-            if isinstance(layer, (Linear, LayerNorm)):
+            if isinstance(layer, (Linear, LayerNorm, Conv2D)):
                 if layer.name in names:
                     raise ValueError(f"duplicate layer name {layer.name!r}")
                 names.add(layer.name)
-            if isinstance(layer, Linear):
-                if layer.out <= 0:
-                    raise ValueError(f"layer {layer.name!r}: out must be positive, got {layer.out}")
-                width = layer.out
-                if layer.init not in INITS:
-                    raise ValueError(f"layer {layer.name!r}: unsupported init {layer.init!r}: supported are {INITS}")
+            if isinstance(layer, Linear) and layer.init not in INITS:
+                raise ValueError(f"layer {layer.name!r}: unsupported init {layer.init!r}: supported are {INITS}")
             if isinstance(layer, Activation) and layer.fn not in ACTIVATIONS:
                 raise ValueError(f"unsupported activation {layer.fn!r}: supported are {ACTIVATIONS}")
-            if isinstance(layer, TanhToSpec):
-                if len(layer.minimum) != width or len(layer.maximum) != width:
-                    raise ValueError(f"TanhToSpec bounds have {len(layer.minimum)} dims, layer width is {width}")
-                if not all(lo < hi for lo, hi in zip(layer.minimum, layer.maximum)):
-                    raise ValueError("TanhToSpec needs minimum < maximum in every dimension")
+        shapes = self.layer_shapes()
+        if shapes and len(shapes[-1][2]) != 1:
+            raise ValueError("a policy must end in a vector: add Flatten (and a Linear head) after its convolutions")
+
+    def layer_shapes(self) -> list[tuple[Layer, tuple[int, ...], tuple[int, ...]]]:
+        """(layer, per-row input shape, per-row output shape) for every layer; ValueError where shapes do not fit
+        (a Linear on an image, a Conv2D on a vector, a kernel larger than its input, ...)."""
+        shape: tuple[int, ...] = self.input_shape or (int(self.input_dim),)
+        out = []
+        for layer in self.layers:
+            new = shape
+            if isinstance(layer, Conv2D):
+                for field in ("out", "kernel", "stride"):
+                    v = getattr(layer, field)
+                    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v <= 0:
+                        raise ValueError(f"layer {layer.name!r}: {field} must be a positive int, got {v!r}")
+                if len(shape) != 3:
+                    raise ValueError(f"layer {layer.name!r}: Conv2D needs an image input (H, W, C), got {shape}")
+                h, w, _ = shape
+                if layer.kernel > h or layer.kernel > w:
+                    raise ValueError(f"layer {layer.name!r}: kernel {layer.kernel} is larger than its input {shape}")
+                new = ((h - layer.kernel) // layer.stride + 1, (w - layer.kernel) // layer.stride + 1, int(layer.out))
+            elif isinstance(layer, Flatten):
+                new = (int(np.prod(shape)),)
+            elif isinstance(layer, (Linear, LayerNorm, TanhToSpec)):
+                what = getattr(layer, "name", "tanh_to_spec")
+                if len(shape) != 1:
+                    raise ValueError(f"layer {what!r} needs a vector input, got {shape}: Flatten first")
+                if isinstance(layer, Linear):
+                    if layer.out <= 0:
+                        raise ValueError(f"layer {layer.name!r}: out must be positive, got {layer.out}")
+                    new = (int(layer.out),)
+                if isinstance(layer, TanhToSpec):
+                    if len(layer.minimum) != shape[0] or len(layer.maximum) != shape[0]:
+                        raise ValueError(f"TanhToSpec bounds have {len(layer.minimum)} dims, layer width is "
+                                         f"{shape[0]}")
+                    if not all(lo < hi for lo, hi in zip(layer.minimum, layer.maximum)):
+                        raise ValueError("TanhToSpec needs minimum < maximum in every dimension")
+            out.append((layer, shape, new))
+            shape = new
+        return out
 
     @property
     def output_dim(self) -> int:
-        width = self.input_dim
-        for layer in self.layers:
-            if isinstance(layer, Linear):
-                width = layer.out
-        return width
+        shapes = self.layer_shapes()
+        return int(shapes[-1][2][0]) if shapes else int(self.input_dim)
 
     @property
     def linear_layers(self) -> list[Linear]:
         return [layer for layer in self.layers if isinstance(layer, Linear)]
+
+    @property
+    def conv_layers(self) -> list[Conv2D]:
+        return [layer for layer in self.layers if isinstance(layer, Conv2D)]
 
     def to_dict(self) -> dict:
         """JSON/msgpack-able form (travels inside weight payloads and checkpoints)."""
@@ -115,7 +184,12 @@ class PolicySpec:
                 if key in d:
                     d[key] = [float(v) for v in d[key]]
             layers.append(d)
-        return {"input_dim": int(self.input_dim), "layers": layers}
+        out = {"input_dim": int(self.input_dim), "layers": layers}
+        if self.input_shape is not None:  # absent for vector policies: their digests stay as they were
+            out["input_shape"] = list(self.input_shape)
+        if self.input_scale is not None:
+            out["input_scale"] = float(self.input_scale)
+        return out
 
     def digest(self) -> str:
         """SHA-256 (hex) of the canonical JSON of `to_dict()`: what actor payloads carry instead of the spec
@@ -135,7 +209,10 @@ class PolicySpec:
                 if kind == "tanh_to_spec":
                     item = {k: tuple(float(v) for v in item[k]) for k in ("minimum", "maximum")}
                 layers.append(_KINDS[kind](**item))
-            return cls(input_dim=int(d["input_dim"]), layers=tuple(layers))
+            shape = d.get("input_shape")
+            return cls(input_dim=int(d["input_dim"]), layers=tuple(layers),
+                       input_shape=None if shape is None else tuple(int(v) for v in shape),
+                       input_scale=d.get("input_scale"))
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed policy spec: {e}") from None
 
@@ -179,13 +256,23 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
     import jax.numpy as jnp
 
     linear_cls = hk.Linear
+    if qat_bits is not None and spec.conv_layers:
+        raise ValueError("quantization-aware training covers Linear layers only, not Conv2D (yet)")
     if qat_bits is not None:
         from quarl.qat import qat_linear  # pylint: disable=import-outside-toplevel  (AQT only when used)
         linear_cls = qat_linear(qat_bits)
 
     def forward(x):
+        if spec.input_shape is not None:  # flat rows or [B, H, W, C] batches alike
+            x = jnp.reshape(x, (x.shape[0], *spec.input_shape))
+        if spec.input_scale is not None:
+            x = x * spec.input_scale
         for layer in spec.layers:
-            if isinstance(layer, Linear):
+            if isinstance(layer, Conv2D):
+                x = hk.Conv2D(layer.out, layer.kernel, stride=layer.stride, padding="VALID", name=layer.name)(x)
+            elif isinstance(layer, Flatten):
+                x = jnp.reshape(x, (x.shape[0], -1))
+            elif isinstance(layer, Linear):
                 w_init = None
                 if layer.init_scale is not None and layer.init == "uniform_scaling":
                     w_init = hk.initializers.UniformScaling(layer.init_scale)
@@ -206,19 +293,34 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
     return forward
 
 
-def reference_apply(spec: PolicySpec, params: dict, obs: np.ndarray) -> np.ndarray:
-    """Float64 NumPy evaluation of the spec: the ground truth the runtimes are tested against."""
-    x = np.asarray(obs, np.float64)
+def reference_apply(spec: PolicySpec, params: dict, obs: np.ndarray, *, dtype: Any = np.float64,
+                    on_input: Callable[[str, np.ndarray], None] | None = None) -> np.ndarray:
+    """Float64 NumPy evaluation of the spec: the ground truth the runtimes are tested against.
+
+    `dtype` float32 makes it a fast host forward (calibration); `on_input(name, x)` sees the input of every
+    Linear and Conv2D layer (what `quarl.calibration` records ranges of)."""
+    x = np.asarray(obs, dtype)
+    if spec.input_shape is not None:
+        x = x.reshape((x.shape[0], *spec.input_shape))
+    if spec.input_scale is not None:
+        x = x * dtype(spec.input_scale)
     for layer in spec.layers:
-        if isinstance(layer, Linear):
+        if on_input is not None and isinstance(layer, (Conv2D, Linear)):
+            on_input(layer.name, x)
+        if isinstance(layer, Conv2D):
             p = params[layer.name]
-            x = x @ np.asarray(p["w"], np.float64) + np.asarray(p["b"], np.float64)
+            x = conv2d_nhwc(x, np.asarray(p["w"], dtype), layer.stride) + np.asarray(p["b"], dtype)
+        elif isinstance(layer, Flatten):
+            x = x.reshape(x.shape[0], -1)
+        elif isinstance(layer, Linear):
+            p = params[layer.name]
+            x = x @ np.asarray(p["w"], dtype) + np.asarray(p["b"], dtype)
         elif isinstance(layer, LayerNorm):
             p = params[layer.name]
             mean = x.mean(-1, keepdims=True)
             var = x.var(-1, keepdims=True)
             x = (x - mean) / np.sqrt(var + LAYER_NORM_EPS)
-            x = x * np.asarray(p["scale"], np.float64) + np.asarray(p["offset"], np.float64)
+            x = x * np.asarray(p["scale"], dtype) + np.asarray(p["offset"], dtype)
         elif isinstance(layer, Activation):
             if layer.fn == "relu":
                 x = np.maximum(x, 0.0)
@@ -230,3 +332,35 @@ def reference_apply(spec: PolicySpec, params: dict, obs: np.ndarray) -> np.ndarr
             lo, hi = np.asarray(layer.minimum), np.asarray(layer.maximum)
             x = lo + (np.tanh(x) + 1.0) * 0.5 * (hi - lo)
     return x.astype(np.float32)
+
+
+def image_patches(x: np.ndarray, kernel: int, stride: int) -> np.ndarray:
+    """[B, H, W, C] -> the VALID conv windows [B, H', W', kernel, kernel, C] (a strided view, no copy)."""
+    from numpy.lib.stride_tricks import sliding_window_view  # pylint: disable=import-outside-toplevel
+
+    windows = sliding_window_view(x, (kernel, kernel), axis=(1, 2))[:, ::stride, ::stride]  # [B, H', W', C, k, k]
+    return windows.transpose(0, 1, 2, 4, 5, 3)
+
+
+def conv2d_nhwc(x: np.ndarray, w: np.ndarray, stride: int) -> np.ndarray:
+    """VALID 2-D convolution of x [B, H, W, C] with w [k, k, C, O] (haiku layout), in x's and w's dtype."""
+    return np.einsum("bhwijc,ijco->bhwo", image_patches(x, w.shape[0], stride), w, optimize=True)
+
+
+def minatar_q_network(input_shape: Sequence[int], num_actions: int, channels: int = 16,
+                      hidden: int = 128) -> PolicySpec:
+    """The MinAtar authors' DQN (Young & Tian, 2019): one 3x3 conv of 16 channels, stride 1, ReLU, a 128-unit
+    ReLU layer, then one Q-value per action."""
+    layers: tuple[Layer, ...] = (Conv2D("conv_0", channels, 3, 1), Activation("relu"), Flatten(),
+                                 Linear("linear_0", hidden), Activation("relu"), Linear("linear_1", num_actions))
+    return PolicySpec(int(np.prod(input_shape)), layers, tuple(input_shape))
+
+
+def nature_q_network(input_shape: Sequence[int], num_actions: int, input_scale: float | None = 1 / 255) -> PolicySpec:
+    """The Nature DQN torso (Mnih et al., 2015) on 84x84x4 frames: convs 32 8x8/4, 64 4x4/2, 64 3x3/1 with ReLUs,
+    a 512-unit ReLU layer, then one Q-value per action; the uint8 pixels scaled by `input_scale` (to [0, 1])."""
+    layers: tuple[Layer, ...] = (
+        Conv2D("conv_0", 32, 8, 4), Activation("relu"), Conv2D("conv_1", 64, 4, 2), Activation("relu"),
+        Conv2D("conv_2", 64, 3, 1), Activation("relu"), Flatten(),
+        Linear("linear_0", 512), Activation("relu"), Linear("linear_1", num_actions))
+    return PolicySpec(int(np.prod(input_shape)), layers, tuple(input_shape), input_scale)

@@ -239,6 +239,9 @@ class QuantizedParams:
     tree: dict
     precision: str
     per_channel: bool
+    # Calibrated input ranges {layer name: float32 [lo, hi]} of the int layers of conv policies
+    # (`quarl.calibration`): their actors quantize activations with static scales. None for MLP policies.
+    activation_ranges: dict | None = None
 
 
 def tree_items(tree: Mapping, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:

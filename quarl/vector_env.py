@@ -7,7 +7,8 @@ interface that needs: `reset()` gives K FIRST timesteps, `step(actions[K])` K ne
 close the episode in its n-step adder first). Every environment keeps the single-environment contract of
 `quarl.envs` (flat float32 observations, canonical actions, finite values).
 
-`make_vector_environment(task, seed, K)` builds K `quarl.envs.make_environment` instances, the first seeded
+`make_vector_environment(task, seed, K)` builds K `quarl.envs.make_environment(training=True)` instances (ALE
+rewards clipped for training; the evaluator's environment is not), the first seeded
 with `seed` itself (so K=1 is exactly the single-environment actor) and the others with independent seeds;
 for the DM Control tasks verified against envpool's C++ versions (`quarl.envpool_env.ENVPOOL_TASKS`) it runs
 envpool instead when it is installed (several times cheaper per env step), same seeds, same contract.
@@ -114,4 +115,4 @@ def make_vector_environment(task: str, seed: int, num_envs: int, implementation:
         from quarl.envpool_env import EnvpoolVectorEnvironment  # pylint: disable=import-outside-toplevel
 
         return EnvpoolVectorEnvironment(task, seeds)
-    return VectorEnvironment([make_environment(task, s) for s in seeds])
+    return VectorEnvironment([make_environment(task, s, training=True) for s in seeds])

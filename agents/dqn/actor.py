@@ -91,6 +91,8 @@ class DQNActor(ExecutorActor):
         count + i (the schedule counts env steps, whatever K), and the policy runs once, on the whole batch,
         unless every row acts at random. With K=1 it draws the same random numbers as `select_action`."""
         obs = np.asarray(observations, np.float32)
+        if obs.ndim > 2:  # [K, H, W, C] images: the runtimes take flat rows
+            obs = obs.reshape(obs.shape[0], -1)
         if obs.ndim != 2 or obs.shape[1] != self._obs_dim or not np.all(np.isfinite(obs)):
             raise ValueError(f"observations must be [K, {self._obs_dim}] finite values, got shape {obs.shape}")
         actions = np.empty(obs.shape[0], np.int32)

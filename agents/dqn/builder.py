@@ -28,9 +28,10 @@ class Builder(BuilderBase):
             raise ValueError("DQN needs a discrete-action task (e.g. CartPole-v1), got a continuous one")
 
     def policy_spec(self, env_spec: EnvSpec) -> PolicySpec:
-        """The Q-network actors run: obs -> one Q-value per action."""
+        """The Q-network actors run: obs -> one Q-value per action (an MLP, or a conv torso for image tasks)."""
         self._check_env(env_spec)
-        return make_q_spec(env_spec.obs_dim, env_spec.num_actions, self.config.hidden_sizes)
+        return make_q_spec(env_spec.obs_dim, env_spec.num_actions, self.config.hidden_sizes,
+                           env_spec.observation_shape)
 
     def make_learner(self, env_spec: EnvSpec, seed: int) -> DQNLearner:
         return DQNLearner(self.policy_spec(env_spec), self.config, seed)

@@ -7,6 +7,7 @@ that does not log every step never waits for the device; `float(v)` converts one
 """
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any, Mapping, NamedTuple
 
@@ -21,6 +22,8 @@ from agents.dqn.config import DQNConfig
 from agents.dqn.networks import init_params, q_apply_fn
 from agents.learner_base import JaxLearner
 from quarl.policy import PolicySpec
+
+CALIBRATION_BATCHES = 4  # sampled batches whose observations calibrate int conv actors (quarl.calibration)
 
 
 class TrainingState(NamedTuple):
@@ -81,6 +84,10 @@ class DQNLearner(JaxLearner):
     def __init__(self, spec: PolicySpec, config: DQNConfig, seed: int | jax.Array):
         self._spec = spec
         self._config = config
+        # The observations of the last few prepared batches: int conv actors' activation ranges are calibrated on
+        # them at each publish (quarl.calibration). References only, no copies; deque appends are thread-safe, so
+        # the prefetch thread may record them.
+        self._recent_obs: collections.deque = collections.deque(maxlen=CALIBRATION_BATCHES)
         # Observations keep whatever item shape the network takes (vectors here, frames for a conv torso).
         self.columns = {"observation": (np.float32, None), "action": (np.int32, ()), "reward": (np.float32, ()),
                         "discount": (np.float32, ()), "next_observation": (np.float32, None)}
@@ -116,7 +123,18 @@ class DQNLearner(JaxLearner):
     def _policy_tree(self) -> Any:
         return self._state.params
 
+    def calibration_batches(self) -> tuple[np.ndarray, ...]:
+        """The observation columns of the last `CALIBRATION_BATCHES` prepared batches, as references (what the
+        training thread hands the publisher: no copy on its side)."""
+        return tuple(self._recent_obs)
+
+    def calibration_observations(self) -> np.ndarray | None:
+        """Those observations in one array (None before the first batch)."""
+        recent = self.calibration_batches()
+        return np.concatenate(recent) if recent else None
+
     def _extra_columns(self, sample: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        self._recent_obs.append(batch["observation"])
         if not self._config.prioritized_replay:
             return {}
         probs = np.asarray(sample.probabilities, np.float32)

@@ -1,5 +1,9 @@
 """DQN's Q-network, described as a `quarl.policy.PolicySpec` so the learner (haiku, fp32) and the actors
-(any quarl runtime, quantized) build the very same computation from plain data."""
+(any quarl runtime, quantized) build the very same computation from plain data.
+
+The task's observation shape picks the network: vectors get the ReLU MLP of `hidden_sizes`; small images
+(MinAtar's 10x10xC) the MinAtar authors' torso (one 3x3 conv of 16, fc 128); Atari-sized frames (84x84x4)
+the Nature torso. `hidden_sizes` applies to the MLP only: the conv torsos are the published ones."""
 from __future__ import annotations
 
 from typing import Callable, Sequence
@@ -8,14 +12,25 @@ import haiku as hk
 import jax
 import numpy as np
 
-from quarl.policy import PolicySpec, haiku_forward, mlp_q_network
+from quarl.policy import PolicySpec, haiku_forward, minatar_q_network, mlp_q_network, nature_q_network
+
+# Images at least this high and wide get the Nature torso (its three convs need 36x36); smaller ones MinAtar's.
+NATURE_MIN_SIZE = 36
 
 
-def make_q_spec(obs_dim: int, num_actions: int, hidden_sizes: Sequence[int]) -> PolicySpec:
-    """ReLU MLP with one linear Q-value output per discrete action."""
+def make_q_spec(obs_dim: int, num_actions: int, hidden_sizes: Sequence[int],
+                obs_shape: Sequence[int] | None = None) -> PolicySpec:
+    """One Q-value per discrete action: a ReLU MLP for vector observations, a conv torso for [H, W, C] images
+    (see the module docstring)."""
     if num_actions < 2:
         raise ValueError(f"DQN needs a discrete action space with >= 2 actions, got {num_actions}")
-    return mlp_q_network(obs_dim, tuple(hidden_sizes), num_actions)
+    if obs_shape is None or len(obs_shape) == 1:
+        return mlp_q_network(obs_dim, tuple(hidden_sizes), num_actions)
+    if len(obs_shape) != 3:
+        raise ValueError(f"DQN takes vector or [H, W, C] image observations, got shape {tuple(obs_shape)}")
+    if min(obs_shape[:2]) >= NATURE_MIN_SIZE:
+        return nature_q_network(obs_shape, num_actions)
+    return minatar_q_network(obs_shape, num_actions)
 
 
 def make_q_network(spec: PolicySpec, qat_bits: int | None = None) -> hk.Transformed:

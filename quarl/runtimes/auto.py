@@ -32,6 +32,7 @@ from quarl.quantization import parse_precision
 from quarl.runtimes.base import MAX_KERNEL_BITS, PolicyExecutor, layer_widths
 from quarl.runtimes.cpu import cpu_info
 from quarl.runtimes.kernel_forms import select_form
+from quarl.runtimes.onnx_static import select_static_form
 
 CACHE_ENV = "QUARL_CACHE_DIR"
 CACHE_FILE = "auto_backend.json"
@@ -75,6 +76,8 @@ def onnx_kernel_form(spec: PolicySpec, precision: str, kernel_form: str | None =
     prec = parse_precision(precision)
     if not prec.is_int or prec.bits > MAX_KERNEL_BITS:
         return "-"
+    if spec.conv_layers:  # conv policies run static int8 graphs with their own forms
+        return select_static_form(prec.bits, kernel_form)["form"]
     shapes = [(k, n) for layer, k, n in layer_widths(spec) if isinstance(layer, Linear)]
     return select_form(prec.bits, shapes, kernel_form)["form"]
 
@@ -85,6 +88,8 @@ def decision_key(spec: PolicySpec, precision: str, batch_size: int, threads: int
     key because a forced (or, after a self-check refusal, a fallback) form changes the onnx timing."""
     layer_widths(spec)  # unknown layers fail here, before any measuring
     shape = "-".join(str(w) for w in (spec.input_dim, *(layer.out for layer in spec.linear_layers)))
+    if spec.conv_layers:  # e.g. "c16k3s1" per conv, before the Linear widths
+        shape = "".join(f"c{c.out}k{c.kernel}s{c.stride}" for c in spec.conv_layers) + "-" + shape
     form = onnx_kernel_form(spec, precision, kernel_form)
     return f"{machine_fingerprint()}|{shape}|b{batch_size}|{precision}|t{threads}|k{form}"
 

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from quarl.policy import Activation, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.policy import Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.quantization import Precision, QTensor, QuantizedParams, dequantize, parse_precision
 
 log = logging.getLogger(__name__)
@@ -27,8 +27,9 @@ MAX_KERNEL_BITS = 8
 
 @dataclasses.dataclass(frozen=True)
 class DenseWeights:
-    """One `Linear` layer in a backend-neutral form.
+    """One `Linear` (or `Conv2D`) layer in a backend-neutral form.
 
+    Conv2D layers have the same fields with `w` [k, k, C_in, out] (haiku's layout) instead of [in, out].
     kind "float": `w` is [in, out] in the compute dtype (fp32, or fp16/bf16 for a backend that computes in
     them natively). kind "int": `w` holds the int8 codes [in, out] and `scale` the float32 per-output-channel
     step ([out]; a per-tensor scale is broadcast), zero point 0, so `x @ dequant(w) == (x @ codes) * scale`.
@@ -50,24 +51,30 @@ class LoweredParams:
     precision: Precision
     # True when the weights were rounded to `precision` but the arithmetic runs in fp32 (no native kernel).
     simulated: bool
+    # Calibrated input ranges (lo, hi) of the int layers by name (`quarl.calibration`), for backends that
+    # quantize activations with static scales; None when the params carry none.
+    activation_ranges: dict[str, tuple[float, float]] | None = None
 
 
 def layer_widths(spec: PolicySpec) -> list[tuple[Any, int, int]]:
-    """(layer, input width, output width) for every layer; also rejects layer kinds no runtime knows."""
+    """(layer, input width, output width) for every layer, widths as flat value counts per row (a Conv2D's
+    are its image sizes H*W*C); also rejects layer kinds no runtime knows."""
     out = []
-    width = spec.input_dim
-    for layer in spec.layers:
-        if isinstance(layer, Linear):
-            out.append((layer, width, layer.out))
-            width = layer.out
-        elif isinstance(layer, (LayerNorm, Activation, TanhToSpec)):
-            if isinstance(layer, Activation) and layer.fn not in ("relu", "elu", "tanh"):
-                raise ValueError(f"unsupported activation {layer.fn!r} for the policy runtimes")
-            out.append((layer, width, width))
-        else:
-            raise ValueError(f"unsupported layer {layer!r}: the policy runtimes know Linear, LayerNorm, "
-                             "Activation and TanhToSpec")
+    for layer, shape_in, shape_out in spec.layer_shapes():
+        if isinstance(layer, Activation) and layer.fn not in ("relu", "elu", "tanh"):
+            raise ValueError(f"unsupported activation {layer.fn!r} for the policy runtimes")
+        if not isinstance(layer, (Linear, LayerNorm, Activation, TanhToSpec, Conv2D, Flatten)):
+            raise ValueError(f"unsupported layer {layer!r}: the policy runtimes know Linear, Conv2D, Flatten, "
+                             "LayerNorm, Activation and TanhToSpec")
+        out.append((layer, int(np.prod(shape_in)), int(np.prod(shape_out))))
     return out
+
+
+def weight_shape(layer: Linear | Conv2D, shape_in: tuple[int, ...]) -> tuple[int, ...]:
+    """The `w` shape a Linear ([in, out]) or Conv2D ([k, k, C_in, out]) layer takes on input `shape_in`."""
+    if isinstance(layer, Conv2D):
+        return (layer.kernel, layer.kernel, shape_in[-1], layer.out)
+    return (shape_in[0], layer.out)
 
 
 def _float_leaf(leaf: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -81,7 +88,7 @@ def _float_leaf(leaf: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
     return arr
 
 
-def _int_leaf(q: QTensor, shape: tuple[int, int], bits: int, what: str) -> tuple[np.ndarray, np.ndarray]:
+def _int_leaf(q: QTensor, shape: tuple[int, ...], bits: int, what: str) -> tuple[np.ndarray, np.ndarray]:
     """int8 codes and a flat [out] float32 scale from a symmetric per-output-channel or per-tensor QTensor."""
     if q.bits != bits:
         raise ValueError(f"{what} is quantized to {q.bits} bits but the precision is int{bits}")
@@ -96,11 +103,12 @@ def _int_leaf(q: QTensor, shape: tuple[int, int], bits: int, what: str) -> tuple
     if not np.issubdtype(values.dtype, np.integer):
         raise ValueError(f"{what} has non-integer codes (dtype {values.dtype})")
     scale = np.asarray(q.scale, np.float32)
+    out = shape[-1]
     try:
-        scale = np.broadcast_to(scale, (1, shape[1])).reshape(shape[1])
+        scale = np.broadcast_to(scale, (1,) * (len(shape) - 1) + (out,)).reshape(out)
     except ValueError:
-        raise ValueError(f"{what} has scale shape {np.shape(q.scale)}, not broadcastable to (1, {shape[1]})") \
-            from None
+        raise ValueError(f"{what} has scale shape {np.shape(q.scale)}, not broadcastable to one scale per output "
+                         f"channel ({out})") from None
     if not (np.isfinite(scale).all() and (scale > 0).all()):
         raise ValueError(f"{what} has a non-finite or non-positive scale")
     limit = 2 ** (bits - 1) - 1
@@ -128,9 +136,11 @@ def lower_params(spec: PolicySpec, qparams: QuantizedParams, native_floats: tupl
         prec.kind == "float" and prec.name != "fp32" and prec.name not in native_floats)
     dense: dict[str, DenseWeights] = {}
     norms: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-    for layer, width_in, width_out in layer_widths(spec):
-        if not isinstance(layer, (Linear, LayerNorm)):
+    layer_widths(spec)  # unknown layers and activations fail here
+    for layer, shape_in, shape_out in spec.layer_shapes():
+        if not isinstance(layer, (Linear, LayerNorm, Conv2D)):
             continue
+        width_in, width_out = shape_in[-1], shape_out[-1]
         module = tree.get(layer.name)
         if not isinstance(module, Mapping):
             raise ValueError(f"params have no module {layer.name!r} (have {sorted(tree)})")
@@ -145,7 +155,7 @@ def lower_params(spec: PolicySpec, qparams: QuantizedParams, native_floats: tupl
         if "w" not in module or "b" not in module:
             raise ValueError(f"params {layer.name!r} need 'w' and 'b', have {sorted(module)}")
         b = _float_leaf(module["b"], (width_out,), f"{layer.name}/b").astype(np.float32)
-        shape = (width_in, width_out)
+        shape = weight_shape(layer, shape_in)
         leaf = module["w"]
         what = f"{layer.name}/w"
         if prec.is_int:
@@ -167,7 +177,31 @@ def lower_params(spec: PolicySpec, qparams: QuantizedParams, native_floats: tupl
         elif w.dtype.name != {"fp16": "float16", "bf16": "bfloat16"}[prec.name]:
             raise ValueError(f"{what} has dtype {w.dtype}, expected {prec.name} for precision {prec.name}")
         dense[layer.name] = DenseWeights("float", np.ascontiguousarray(w), b)
-    return LoweredParams(dense, norms, prec, simulated)
+    return LoweredParams(dense, norms, prec, simulated, _activation_ranges(spec, qparams, dense))
+
+
+def _activation_ranges(spec: PolicySpec, qparams: QuantizedParams,
+                       dense: dict[str, DenseWeights]) -> dict[str, tuple[float, float]] | None:
+    """The calibrated input ranges of the int layers, checked: every int layer of a conv policy needs one
+    (its ONNX graph quantizes activations with static scales), and each must be finite with lo <= 0 <= hi."""
+    ranges = getattr(qparams, "activation_ranges", None)
+    int_layers = [n for n, d in dense.items() if d.kind == "int"]
+    if ranges is None:
+        if spec.conv_layers and int_layers:
+            raise ValueError("int conv policies need calibrated activation ranges (quarl.calibration, payload "
+                             "format >= 4); these params carry none")
+        return None
+    if not isinstance(ranges, Mapping):
+        raise ValueError(f"activation_ranges must map layer names to (lo, hi), got {type(ranges).__name__}")
+    out = {}
+    for name in int_layers:
+        if name not in ranges:
+            raise ValueError(f"activation_ranges lack layer {name!r} (have {sorted(ranges)})")
+        lo, hi = (float(v) for v in np.asarray(ranges[name], np.float64).reshape(2))
+        if not (np.isfinite(lo) and np.isfinite(hi) and lo <= 0.0 <= hi):
+            raise ValueError(f"activation range of {name!r} must be finite with lo <= 0 <= hi, got ({lo}, {hi})")
+        out[name] = (lo, hi)
+    return out
 
 
 def check_obs(obs: Any, input_dim: int) -> np.ndarray:

@@ -14,6 +14,11 @@
 * int9..int16: no int16 matmul kernel exists on CPU, so the dequantized weights run in fp32 (the weight
   rounding is exact, the arithmetic is simulated; `executor.simulated` is True).
 
+Conv2D layers (image policies): fp32/fp16/bf16 through `lax.conv_general_dilated` (NHWC); int2..int8 as an
+im2col (the k x k x C_in windows, gathered by k*k strided slices) times the [k*k*C_in, out] codes through the
+same AQT s8 x s8 dot, each window quantized on its own (dynamic; the ONNX backend uses the calibrated static
+scales instead, so the two int8 graphs round activations differently, both within the int8 tolerance).
+
 Parameters are `jax.device_put` once per load; `jax.jit` compiles once per batch shape (the expected
 `batch_size` at construction). `threads` is not applied here: XLA's CPU thread pool is process-wide and is
 set through XLA_FLAGS before JAX starts.
@@ -26,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from quarl.policy import LAYER_NORM_EPS, Activation, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.policy import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
 
 _DN = (((1,), (0,)), ((), ()))  # [B, in] x [in, out] -> [B, out]
@@ -49,6 +54,26 @@ def _aqt_dense(bits: int) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Arr
     return dense
 
 
+def _windows(x: jax.Array, kernel: int, stride: int) -> jax.Array:
+    """x [B, H, W, C] -> its VALID conv windows [B, H', W', k * k * C], ordered (i, j, c) as `w.reshape(-1, O)`."""
+    h_out = (x.shape[1] - kernel) // stride + 1
+    w_out = (x.shape[2] - kernel) // stride + 1
+    cols = [x[:, i:i + stride * (h_out - 1) + 1:stride, j:j + stride * (w_out - 1) + 1:stride, :]
+            for i in range(kernel) for j in range(kernel)]
+    return jnp.concatenate(cols, axis=-1)
+
+
+def _conv(x: jax.Array, p: Any, layer: Conv2D, int_dense: Callable | None, compute: Any) -> jax.Array:
+    if "codes" in p:
+        win = _windows(x.astype(jnp.float32), layer.kernel, layer.stride)
+        rows = win.reshape(-1, win.shape[-1])
+        y = int_dense(rows, p["codes"], p["scale"]).reshape(*win.shape[:3], -1)
+        return y.astype(compute) + p["b"]
+    y = jax.lax.conv_general_dilated(x, p["w"], (layer.stride, layer.stride), "VALID",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"), preferred_element_type=compute)
+    return y + p["b"]
+
+
 def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[Any, jax.Array], jax.Array]:
     """The jittable forward(params, obs) for this spec; structure fixed by the first load."""
     compute = jnp.float32
@@ -60,8 +85,16 @@ def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[Any, jax.
 
     def forward(params: Any, obs: jax.Array) -> jax.Array:
         x = obs.astype(compute)
+        if spec.input_shape is not None:
+            x = x.reshape(x.shape[0], *spec.input_shape)
+        if spec.input_scale is not None:
+            x = x * jnp.asarray(spec.input_scale, x.dtype)
         for layer in spec.layers:
-            if isinstance(layer, Linear):
+            if isinstance(layer, Conv2D):
+                x = _conv(x, params[layer.name], layer, int_dense, compute)
+            elif isinstance(layer, Flatten):
+                x = x.reshape(x.shape[0], -1)
+            elif isinstance(layer, Linear):
                 p = params[layer.name]
                 if "codes" in p:
                     x = int_dense(x.astype(jnp.float32), p["codes"], p["scale"]).astype(compute)
@@ -103,8 +136,8 @@ class JaxExecutor(PolicyExecutor):
             compute_bias = np.dtype(jnp.float16 if lowered.precision.name == "fp16" else jnp.bfloat16)
         host: dict[str, dict[str, np.ndarray]] = {}
         for name, d in lowered.dense.items():
-            if d.kind == "int":
-                host[name] = {"codes": d.w, "scale": d.scale.reshape(1, -1), "b": d.b}
+            if d.kind == "int":  # conv codes [k, k, C_in, O] as the [k*k*C_in, O] matrix of the im2col dot
+                host[name] = {"codes": d.w.reshape(-1, d.w.shape[-1]), "scale": d.scale.reshape(1, -1), "b": d.b}
             else:
                 host[name] = {"w": d.w, "b": d.b.astype(compute_bias)}
         for name, (scale, offset) in lowered.norms.items():

@@ -37,11 +37,13 @@ from typing import Any
 
 import numpy as np
 
-from quarl.policy import LAYER_NORM_EPS, Activation, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.policy import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
 from quarl.runtimes.kernel_forms import (ACTIVATION_FLOORS, Graph, KernelForm, get_form, lifted_bias_name,
                                          opset_imports, select_form)
 from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM
+from quarl.runtimes.onnx_static import (STATIC_FORMS, StaticForm, dequantized, emit_static, flatten_nchw, policy_input,
+                                        select_static_form, static_initializers)
 from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 
 _OPSET = 17  # LayerNormalization
@@ -53,7 +55,11 @@ def _initializers(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | N
     """Every weight-derived constant of the graph by name (the part `update()` rewrites)."""
     arrays: dict[str, np.ndarray] = {}
     for layer in spec.layers:
-        if isinstance(layer, Linear):
+        if isinstance(layer, Conv2D):  # float weights here; int conv policies build `onnx_static` graphs
+            w = lowered.dense[layer.name].w
+            arrays[f"{layer.name}.w"] = np.ascontiguousarray(np.asarray(w, np.float32).transpose(3, 2, 0, 1))
+            arrays[f"{layer.name}.b"] = np.ascontiguousarray(lowered.dense[layer.name].b, np.float32)
+        elif isinstance(layer, Linear):
             d = lowered.dense[layer.name]
             if d.kind == "int":
                 arrays.update(form.initializers(layer.name, d))
@@ -106,8 +112,6 @@ def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | Non
     not lift: its fused DynamicQuantizeLinear needs no correction anyway, and the extra Adds would only cost
     it time. So after tanh/ELU a row alone is quantized over [min(x, 0), max(x, 0)] and in a batch over
     [-1, max(x, 0)]: the same int8 policy, actions a code apart."""
-    from onnx import TensorProto, helper, numpy_helper
-
     if form is None and any(d.kind == "int" for d in lowered.dense.values()):
         raise ValueError("int layers need a kernel form")
     graph = Graph()
@@ -115,8 +119,14 @@ def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | Non
     for name, arr in _initializers(spec, lowered, form).items():
         graph.const(name, arr)
     x = _INPUT
+    x = policy_input(graph, x, spec)
     for i, layer in enumerate(spec.layers):
-        if isinstance(layer, Linear):
+        if isinstance(layer, Conv2D):
+            (x,) = graph.op("Conv", [x, f"{layer.name}.w", f"{layer.name}.b"], kernel_shape=[layer.kernel] * 2,
+                            strides=[layer.stride] * 2)
+        elif isinstance(layer, Flatten):
+            x = flatten_nchw(graph, x)
+        elif isinstance(layer, Linear):
             n = layer.name
             bias = f"{n}.b"
             if lowered.dense[n].kind == "int":
@@ -147,6 +157,22 @@ def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | Non
             (x,) = graph.op("Tanh", [x])
             (x,) = graph.op("Mul", [x, graph.const(f"tanh_to_spec{i}.half", ((hi - lo) / 2).astype(np.float32))])
             (x,) = graph.op("Add", [x, graph.const(f"tanh_to_spec{i}.mid", ((hi + lo) / 2).astype(np.float32))])
+    return _to_model(graph, spec)
+
+
+def build_static_model(spec: PolicySpec, lowered: LoweredParams, form: StaticForm) -> Any:
+    """The static int8 ModelProto of a conv policy (`quarl.runtimes.onnx_static`); dynamic batch dimension."""
+    graph = Graph()
+    for name, arr in static_initializers(spec, lowered, form).items():
+        graph.const(name, arr)
+    emit_static(graph, spec, lowered, _INPUT)
+    return _to_model(graph, spec)
+
+
+def _to_model(graph: Graph, spec: PolicySpec) -> Any:
+    """The ModelProto of `graph` (its last node's output renamed to the graph output)."""
+    from onnx import TensorProto, helper, numpy_helper
+
     if graph.nodes:
         graph.nodes[-1].output[0] = _OUTPUT
     else:
@@ -181,6 +207,9 @@ class OnnxExecutor(PolicyExecutor):
             get_form(kernel_form)  # unknown names fail before any work
         self._requested_form = kernel_form
         self._form: KernelForm | None = None
+        # Conv policies with int weights: the static form (None: its fp32 fallback, dequantized weights).
+        self._conv_int = False
+        self._static: StaticForm | None = None
         self.kernel_form: str | None = None
         self.kernel_check: dict[str, Any] = {}
         # Serialized graphs by kind: "row" (per-row activation quantization, any batch) and, where the form
@@ -209,11 +238,32 @@ class OnnxExecutor(PolicyExecutor):
         shapes = [d.w.shape for d in lowered.dense.values() if d.kind == "int"]
         if not shapes:
             return
+        if self.spec.conv_layers:  # static int8 graph (calibrated activation scales), its own forms
+            self._conv_int = True
+            self.kernel_check = select_static_form(lowered.precision.bits, self._requested_form)
+            self.kernel_form = self.kernel_check["form"]
+            self._static = STATIC_FORMS.get(self.kernel_form)
+            if self._static is None:
+                self.simulated = True
+            return
         self.kernel_check = select_form(lowered.precision.bits, shapes, self._requested_form)
         self._form = get_form(self.kernel_check["form"])
         self.kernel_form = self._form.name
         if not self._form.integer:
             self.simulated = True
+
+    def _conv_model(self, lowered: LoweredParams) -> Any:
+        if self._static is not None:
+            return build_static_model(self.spec, lowered, self._static)
+        return build_model(self.spec, dequantized(lowered))
+
+    def _arrays(self, lowered: LoweredParams) -> dict[str, np.ndarray]:
+        """The weight-derived initializers of the graph this executor built (what an update rewrites)."""
+        if not self._conv_int:
+            return _initializers(self.spec, lowered, self._form)
+        if self._static is not None:
+            return static_initializers(self.spec, lowered, self._static)
+        return _initializers(self.spec, dequantized(lowered), None)
 
     def model(self, kind: str = "row") -> Any:
         """The ONNX ModelProto of graph `kind` ("row" or "one"), parsed from its serialized bytes: a fresh
@@ -243,10 +293,14 @@ class OnnxExecutor(PolicyExecutor):
         values: dict[str, Any] = {}
         if not self._models:  # first weights: build and serialize the graphs
             self._choose_form(lowered)
-            self._models["row"] = build_model(self.spec, lowered, self._form).SerializeToString()
+            if self._conv_int:  # one graph for every batch size: static scales never couple rows
+                self._models["row"] = self._conv_model(lowered).SerializeToString()
+            else:
+                self._models["row"] = build_model(self.spec, lowered, self._form).SerializeToString()
             # Per-row quantization costs ~15 small ops a layer (2.4x a 256x3 policy's batch-1 call); one row
             # needs none of them, so batch-1 calls get their own graph when the form has a cheaper one.
-            one = build_model(self.spec, lowered, self._form, per_row=False).SerializeToString()
+            one = self._models["row"] if self._conv_int else build_model(
+                self.spec, lowered, self._form, per_row=False).SerializeToString()
             if one != self._models["row"]:
                 self._models["one"] = one
             self._kinds = {self._kind(self.batch_size)}
@@ -255,7 +309,7 @@ class OnnxExecutor(PolicyExecutor):
             # re-serialising the model per update (about a third of an update at H=2048). ORT reads the
             # OrtValues' memory, so they live as long as the sessions.
             values = {name: ort.OrtValue.ortvalue_from_numpy(array)
-                      for name, array in _initializers(self.spec, lowered, self._form).items()}
+                      for name, array in self._arrays(lowered).items()}
         with self._state_lock:  # a concurrent first call of a new kind adds to the set
             kinds = sorted(self._kinds)
         sessions = {kind: self._session(kind, values) for kind in kinds}

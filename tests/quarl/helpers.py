@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from bench.emulation import X86_UNAVAILABLE, run_under_x86, stderr_tail, x86_unavailable
-from quarl.policy import LayerNorm, PolicySpec
-from quarl.runtimes.base import layer_widths
+from quarl.policy import Conv2D, LayerNorm, PolicySpec
+from quarl.runtimes.base import layer_widths, weight_shape
 
 QEMU_SKIP_REASON = X86_UNAVAILABLE
 
@@ -19,11 +19,17 @@ def qemu_available() -> bool:
 
 
 def random_params(spec: PolicySpec, seed: int = 0, bias_std: float = 0.1) -> dict[str, dict[str, np.ndarray]]:
-    """Params for `spec`: Linear w ~ N(0, 1/fan_in), b ~ N(0, bias_std); LayerNorm scale 1, offset 0."""
+    """Params for `spec`: Linear and Conv2D w ~ N(0, 1/fan_in), b ~ N(0, bias_std); LayerNorm scale 1, offset 0."""
     rng = np.random.default_rng(seed)
     params: dict[str, dict[str, np.ndarray]] = {}
+    shapes = {id(layer): shape_in for layer, shape_in, _ in spec.layer_shapes()}
     for layer, k, n in layer_widths(spec):
-        if isinstance(layer, LayerNorm):
+        if isinstance(layer, Conv2D):  # w ~ N(0, 1/fan_in) over the k x k x C_in window
+            w_shape = weight_shape(layer, shapes[id(layer)])
+            fan_in = int(np.prod(w_shape[:3]))
+            params[layer.name] = {"w": rng.normal(0, 1 / np.sqrt(fan_in), w_shape).astype(np.float32),
+                                  "b": rng.normal(0, bias_std, layer.out).astype(np.float32)}
+        elif isinstance(layer, LayerNorm):
             params[layer.name] = {"scale": np.ones(k, np.float32), "offset": np.zeros(k, np.float32)}
         elif hasattr(layer, "out"):
             params[layer.name] = {"w": rng.normal(0, 1 / np.sqrt(k), (k, n)).astype(np.float32),

@@ -1,6 +1,8 @@
 """The weight payload codec: exact round trips, size, and refusal of every kind of bad input."""
 from __future__ import annotations
 
+import dataclasses
+
 import hashlib
 import pickle
 import struct
@@ -197,7 +199,7 @@ def test_format_version_1_payloads_with_one_byte_per_code_still_decode(small):
     spec, params = small
     qp = quantize_params(params, "int4")
     body = _body(encode_payload(qp, version=3, spec=spec))
-    del body["spec_hash"]  # formats 1 and 2 had no spec_hash
+    del body["spec_hash"], body["activation_ranges"]  # formats 1 and 2 had neither
     for path, leaf in tree_items(qp.tree):
         if isinstance(leaf, QTensor):
             _leaf(body, list(path))["qtensor"]["values"]["data"] = np.asarray(leaf.values).tobytes()
@@ -263,7 +265,7 @@ def test_wrong_magic_and_format_version(small_payload):
     with pytest.raises(PayloadError, match="magic"):
         decode_payload(_frame(body, magic=b"PKL\x00"))
     for fmt in (0, FORMAT_VERSION + 1):
-        with pytest.raises(PayloadError, match=f"format version {fmt} \\(this build reads 1, 2, 3\\)"):
+        with pytest.raises(PayloadError, match=f"format version {fmt} \\(this build reads 1, 2, 3, 4\\)"):
             decode_payload(_frame(body, fmt=fmt))
     with pytest.raises(PayloadError, match="checksum"):
         decode_payload(small_payload[:HEADER_SIZE - 1] + bytes([small_payload[HEADER_SIZE - 1] ^ 1]) + body)
@@ -526,3 +528,37 @@ def test_actor_payload_carries_the_spec_digest_not_the_spec():
     assert decode_payload(full).spec_hash == spec.digest() and decode_payload(full).spec == spec
     with pytest.raises(ValueError, match="spec_hash"):
         encode_payload(quantize_params(params, "int8"), version=1, spec=spec, spec_hash=other.digest())
+
+
+def test_activation_ranges_round_trip_and_format_3_payloads_still_decode(small):
+    """Format 4 carries the calibrated activation ranges of int conv actors; format-3 payloads (MLP policies of
+    older runs) still decode, without ranges."""
+    spec, params = small
+    qp = dataclasses.replace(quantize_params(params, "int8"),
+                             activation_ranges={"linear_0": np.array([-1.5, 2.0], np.float32),
+                                                "linear_1": np.array([0.0, 3.0], np.float32)})
+    data = encode_payload(qp, version=5, spec=spec)
+    p = decode_payload(data)
+    assert set(p.params.activation_ranges) == {"linear_0", "linear_1"}
+    np.testing.assert_array_equal(p.params.activation_ranges["linear_0"], [-1.5, 2.0])
+    assert decode_payload(encode_payload(quantize_params(params, "int8"), version=1)).params.activation_ranges is None
+    body = _body(data)
+    del body["activation_ranges"]
+    old = decode_payload(_frame(msgpack.packb(body, use_bin_type=True), fmt=3))
+    assert old.params.activation_ranges is None and old.version == 5
+    with pytest.raises(PayloadError, match="activation_ranges"):  # a format-4 body must say it has none
+        decode_payload(_frame(msgpack.packb(body, use_bin_type=True), fmt=4))
+
+
+@pytest.mark.parametrize("bad", [np.array([0.5, 2.0]), np.array([-1.0, np.nan]), np.array([0.0, 1.0, 2.0])])
+def test_bad_activation_ranges_are_refused_both_ways(small, bad):
+    spec, params = small
+    qp = dataclasses.replace(quantize_params(params, "int8"), activation_ranges={"linear_0": bad})
+    with pytest.raises(ValueError, match="activation range"):
+        encode_payload(qp, version=1)
+    good = dataclasses.replace(qp, activation_ranges={"linear_0": np.array([0.0, 1.0], np.float32)})
+    body = _body(encode_payload(good, version=1))
+    arr = np.asarray(bad, np.float32)
+    body["activation_ranges"]["linear_0"] = {"dtype": "float32", "shape": list(arr.shape), "data": arr.tobytes()}
+    with pytest.raises(PayloadError):
+        decode_payload(_frame(msgpack.packb(body, use_bin_type=True)))

@@ -1,0 +1,33 @@
+"""bench.conv_inference at its smallest: it runs, records the machine, and every variant is numerically sane."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import conv_inference
+
+
+def test_quick_conv_bench_writes_results_with_the_machine(tmp_path, monkeypatch):
+    monkeypatch.setitem(conv_inference.QUICK, "batches", (1,))
+    assert conv_inference.main(["--quick", "--allow-busy", "--out", str(tmp_path)]) == 0
+    result = json.loads((tmp_path / "conv_inference.json").read_text())
+    machine = result["machine"]
+    assert machine["cpu"] and machine["load_start"] and machine["load_end"] and machine["allow_busy"]
+    rows = {r["variant"]: r for r in result["rows"]}
+    assert set(rows) == {"onnx fp32", "onnx int8", "onnx int8 dequantized", "jax fp32", "jax int8", "auto int8"}
+    assert rows["onnx int8"]["kernel"] in ("u8s8", "u8u8", "fp32") and rows["onnx int8 dequantized"]["simulated"]
+    assert all(r["median_us"] > 0 and r["calls"] > 0 for r in rows.values())
+    assert rows["onnx fp32"]["max_rel_err"] < 1e-5 and rows["onnx int8"]["max_rel_err"] < 3e-2
+    (speedup,) = result["speedups"]
+    assert speedup["torso"] == "minatar" and speedup["int8_speedup"] > 0
+
+
+def test_a_busy_machine_is_refused(monkeypatch, capsys):
+    import bench.machine as machine
+
+    monkeypatch.setattr(machine, "load_average", lambda: [99.0, 99.0, 99.0])
+    with pytest.raises(SystemExit) as exit_info:
+        conv_inference.main(["--quick"])
+    assert exit_info.value.code == 2
+    assert "load average" in capsys.readouterr().err
