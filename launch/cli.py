@@ -308,7 +308,8 @@ def validate_common(args: argparse.Namespace) -> ExperimentConfig:
                           backend=args.backend, max_actor_steps=args.steps, seed=args.seed, logdir=args.logdir,
                           eval_every=args.eval_every, eval_episodes=args.eval_episodes,
                           envs_per_actor=args.envs_per_actor, overrides=overrides,
-                          eval_fp32=bool(getattr(args, "eval_fp32", False)))
+                          eval_fp32=bool(getattr(args, "eval_fp32", False)),
+                          learner_device=getattr(args, "learner_device", "auto"))
     qat = qat_overrides(args.qat_bits, config.precision)
     if qat:
         config = config.replace(overrides={**config.overrides, **qat})

@@ -12,6 +12,7 @@ import json
 import sys
 from typing import Sequence
 
+from launch.devices import LEARNER_DEVICES
 from launch.cli import OneLineArgumentParser, UsageError, add_common_arguments, fail, validate_common
 
 
@@ -20,6 +21,8 @@ def build_parser() -> OneLineArgumentParser:
     add_common_arguments(parser)
     parser.add_argument("--eval-fp32", action="store_true",
                         help="also evaluate an fp32 actor next to the deployed-precision one")
+    parser.add_argument("--learner-device", default="auto", choices=LEARNER_DEVICES,
+                        help="where JAX runs in this one process: auto (JAX's choice), cpu, or gpu (error without one)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     return parser
 
