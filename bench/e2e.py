@@ -150,27 +150,34 @@ def _share(part: Any, whole: Any) -> float | None:
         return None
 
 
+ACTOR_SHARES = {"env": ("env_step_s",), "policy": ("policy_s",), "insert": ("insert_s",),
+                "weights": ("pull_s", "deserialize_s", "load_s")}
+
+
 def time_shares(summary: dict[str, Any]) -> dict[str, Any]:
-    """Where each process spends its time, as shares of its own loop: the actors' mean over actors (stage times
-    over each actor's elapsed acting time), and the learner's SGD steps, sample waits and publishing over its
-    training time. A share the summary has no figure for is None."""
+    """Where each process spends its time, as shares of its own accounted time: per actor its stages over its
+    acting loop (the mean over actors), for the learner its SGD steps, sample waits and publishing over its
+    training time. Each denominator is the larger of the loop's clock and the stages' sum, since some stage
+    time falls outside the loop's clock (the first weights pull before acting; the learner's first step, its
+    compile, before its clock starts): shares never add up past 1. None where the summary has no figure."""
     actors = [a for a in summary.get("actors") or [] if a.get("times") and a.get("elapsed_s")]
-    out: dict[str, Any] = {"actors": {}, "learner": {}}
-    for stage, keys in (("env", ("env_step_s",)), ("policy", ("policy_s",)), ("insert", ("insert_s",)),
-                        ("weights", ("pull_s", "deserialize_s", "load_s"))):
-        shares = [_share(sum(float(a["times"].get(k) or 0.0) for k in keys), a["elapsed_s"]) for a in actors]
-        shares = [s for s in shares if s is not None]
-        out["actors"][stage] = round(sum(shares) / len(shares), 4) if shares else None
+    per_actor = []
+    for a in actors:
+        parts = {k: sum(float(a["times"].get(key) or 0.0) for key in keys) for k, keys in ACTOR_SHARES.items()}
+        whole = max(float(a["elapsed_s"]), sum(parts.values()))
+        per_actor.append({k: _share(v, whole) for k, v in parts.items()})
+    out: dict[str, Any] = {"actors": {k: (round(sum(p[k] for p in per_actor) / len(per_actor), 4) if per_actor
+                                          else None) for k in ACTOR_SHARES}, "learner": {}}
     known = [v for v in out["actors"].values() if v is not None]
     out["actors"]["other"] = round(max(0.0, 1.0 - sum(known)), 4) if known else None
     learner = summary.get("learner") or {}
     publish = learner.get("publish") or {}
+    parts = {"sgd": learner.get("step_s"), "sample_wait": learner.get("sample_wait_s"),
+             "publish": (float(publish.get("quantize_encode_s") or 0.0) + float(publish.get("put_s") or 0.0)
+                         if publish else None)}
     training = learner.get("training_s")
-    out["learner"] = {"sgd": _share(learner.get("step_s"), training),
-                      "sample_wait": _share(learner.get("sample_wait_s"), training),
-                      "publish": _share((publish.get("quantize_encode_s") or 0.0) + (publish.get("put_s") or 0.0),
-                                        training) if publish else None,
-                      "training_s": training}
+    whole = max(float(training or 0.0), sum(float(v) for v in parts.values() if v is not None))
+    out["learner"] = {**{k: _share(v, whole) for k, v in parts.items()}, "training_s": training}
     return out
 
 
@@ -336,7 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--out {args.out} exists and is not a directory")
     logroot = Path("runs/bench/e2e-tiny" if args.tiny else "runs/bench/e2e")
     result = run(setting, logroot / "runs", args.ray_address, allow_busy=args.allow_busy or args.tiny)
-    out = args.out or (Path("runs/bench/e2e-tiny") if args.tiny else Path("bench/results") / machine_dir(result["arms"]))
+    out = args.out or (Path("runs/bench/e2e-tiny") if args.tiny
+                       else Path("bench/results") / machine_dir(result["arms"]))
     write(result, out)
     return 0 if all(a["status"] != "failed" for a in result["arms"]) else 1
 

@@ -28,6 +28,13 @@ def test_arm_result_reports_each_process_time_shares(tmp_path):
     assert shares["actors"]["weights"] == pytest.approx((0.05 + 0.025) / 2)
     assert sum(shares["actors"].values()) == pytest.approx(1.0)
     assert shares["learner"] == {"sgd": 0.6, "sample_wait": 0.3, "publish": 0.1, "training_s": 10.0}
+    # Stage time outside the loop's clock (the learner's first step compiles before its clock starts): the
+    # shares are of the larger of the two, never past 1.
+    late = _summary(100.0, 50.0)
+    late["learner"]["step_s"] = 30.0
+    shares = e2e.arm_result(late, 0, "int8", 0, str(tmp_path))["time_shares"]["learner"]
+    assert shares["sgd"] == pytest.approx(30.0 / 34.0, abs=1e-4)
+    assert shares["sgd"] + shares["sample_wait"] + shares["publish"] == pytest.approx(1.0, abs=1e-3)
     assert arm["env_steps_per_s"] == 100.0 and arm["learner_steps_per_s"] == 25.0 and arm["evaluations"] == []
 
 
