@@ -24,7 +24,8 @@ NON_LEARNERS = ("counter", "replay", "weights", "actor_0", "evaluator")
 
 
 def test_every_node_but_the_learner_is_cpu_only_and_the_learner_follows_its_device(tmp_path):
-    for device, platforms, accelerator in (("cpu", "cpu", "none"), ("auto", "", "auto"), ("gpu", "cuda,cpu", "required")):
+    for device, platforms, accelerator in (("cpu", "cpu", "none"), ("auto", "", "auto"),
+                                           ("gpu", "cuda,cpu", "required")):
         program = build_actorq_program(tiny_config(tmp_path, num_actors=1, learner_device=device))
         for name in NON_LEARNERS:
             node = program.node(name)
