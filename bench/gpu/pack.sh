@@ -60,7 +60,7 @@ mv "$STAGE/trimmed.tar.xz" pack/trimmed.tar.xz
 } > "$STAGE/MANIFEST.txt"
 mv "$STAGE/MANIFEST.txt" pack/MANIFEST.txt
 size=$(du -sm pack | cut -f1)
-du -sh pack/wheels pack/trimmed.tar.xz pack
+du -shc pack/wheels pack/trimmed.tar.xz
 if [ "$size" -gt "$LIMIT_MIB" ]; then
   echo "pack.sh: the pack is ${size} MiB, over its ${LIMIT_MIB} MiB limit" >&2
   exit 1
