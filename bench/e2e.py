@@ -250,9 +250,11 @@ def markdown(result: dict[str, Any]) -> str:
     device = next((a["learner_device"] for a in result["arms"] if a.get("learner_device")), None) or {}
     lines = [f"# End to end: fp32 vs int8 actors, D4PG on {s['task']}", "",
              f"`{result['command']}`", "",
-             f"{s['num_actors']} actors{' (pinned)' if s['pin_actors'] else ''}, policy "
+             f"{s['num_actors']} actor{'s' if s['num_actors'] != 1 else ''}"
+             f"{' (pinned)' if s['pin_actors'] else ''}, policy "
              f"{'x'.join(map(str, s['policy']))}, target return {s['target_return']:g}, evaluation every "
-             f"{s['eval_every']} actor steps ({s['eval_episodes']} episodes), seeds {', '.join(map(str, s['seeds']))}."
+             f"{s['eval_every']} actor steps ({s['eval_episodes']} episode{'s' if s['eval_episodes'] != 1 else ''}), "
+             f"seeds {', '.join(map(str, s['seeds']))}."
              f" Learner device asked: {s['learner_device']}; ran on {device.get('platform', '?')} "
              f"({device.get('device_kind', '?')}).",
              f"Machine: {m.get('cpu')}, {m.get('cores')} cores, Python {m.get('python')}; {describe_load(m)}.", "",
