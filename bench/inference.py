@@ -41,7 +41,7 @@ from bench.machine import add_allow_busy, refuse_if_busy
 BASE_VARIANTS: tuple[tuple[str, str, str | None], ...] = (
     ("jax", "fp32", None), ("jax", "fp16", None), ("jax", "bf16", None), ("jax", "int8", None),
     ("onnx", "fp32", None), ("onnx", "int8", None), ("auto", "fp32", None), ("auto", "int8", None),
-    ("onnx", "int4", None), ("onnx-nbits", "int4", None), ("auto", "int4", None),
+    ("onnx", "int4", None), ("onnx-nbits", "int4", None), ("jax", "int4", None), ("auto", "int4", None),
     # The int weights dequantized in fp32 (ONNX's `fp32` form, simulated): one of auto's candidates.
     ("onnx", "int8", "fp32"), ("onnx", "int4", "fp32"),
 )
@@ -218,9 +218,20 @@ def _us(rows: list[dict], variant: str, hidden: int, batch: int) -> float | None
     return None if value is None else float(value)
 
 
+def _ratio(num: float | None, den: float | None) -> float | None:
+    """num / den, or None where either row is missing (a variant this CPU or runtime did not produce)."""
+    return None if num is None or not den else num / den
+
+
+def _least(*values: float | None) -> float | None:
+    present = [v for v in values if v is not None]
+    return min(present) if present else None
+
+
 def summarize(rows: list[dict]) -> list[dict[str, Any]]:
     """Per (H, batch): int8/fp32 speed-up per backend, best int8 vs best fp32 (the minimum over *every* fp32
-    executor, auto included), auto vs best fp32, and int8's update cost vs the cheapest fp32 update."""
+    executor, auto included), auto vs best fp32, and int8's update cost vs the cheapest fp32 update. A ratio
+    whose rows are missing (a variant that did not run on this machine) is None, never a crash."""
     out = []
     for hidden, batch in sorted({(r["hidden"], r["batch"]) for r in rows}):
         here = [r for r in rows if (r["hidden"], r["batch"]) == (hidden, batch)]
@@ -237,66 +248,77 @@ def summarize(rows: list[dict]) -> list[dict[str, Any]]:
 
         fp32 = {b: get(b, "fp32") for b in ("jax", "onnx")}
         int8 = {b: get(b, "int8") for b in ("jax", "onnx")}
-        best_fp32 = min(r["us_per_call"] for r in here if r["precision"] == "fp32")
+        best_fp32 = _least(*(r["us_per_call"] for r in here if r["precision"] == "fp32"))
         # Best int8 *kernel*: the dequantized-fp32 runs (simulated) are auto's safety net, not int8 compute.
         int8_rows = [r for r in here if r["precision"] == "int8" and not r["simulated"]]
-        best_int8 = min(r["us_per_call"] for r in int8_rows)
-        best_int8_row = min(int8_rows, key=lambda r: r["us_per_call"])
+        best_int8_row = min(int8_rows, key=lambda r: r["us_per_call"]) if int8_rows else {}
+        best_int8 = best_int8_row.get("us_per_call")
+        best_int4 = _least(get("onnx", "int4"), get("onnx-nbits", "int4"))
         fp32_updates = [r["update_ms"] for r in here if r["precision"] == "fp32" and r["update_ms"] is not None
                         and r["backend"] != "auto"]
         int8_update = _field(rows, "onnx int8", hidden, batch, "update_ms")
         out.append({
             "hidden": hidden, "batch": batch,
-            "jax_int8_speedup": fp32["jax"] / int8["jax"], "onnx_int8_speedup": fp32["onnx"] / int8["onnx"],
-            "best_int8_vs_best_fp32": best_fp32 / best_int8,
+            "jax_int8_speedup": _ratio(fp32["jax"], int8["jax"]),
+            "onnx_int8_speedup": _ratio(fp32["onnx"], int8["onnx"]),
+            "best_int8_vs_best_fp32": _ratio(best_fp32, best_int8),
             # Measured auto executors (separate instances, so they carry instance-to-instance noise) ...
-            "auto_int8_vs_best_fp32": best_fp32 / get("auto", "int8"),
-            "auto_fp32_vs_best_fp32": best_fp32 / get("auto", "fp32"),
+            "auto_int8_vs_best_fp32": _ratio(best_fp32, get("auto", "int8")),
+            "auto_fp32_vs_best_fp32": _ratio(best_fp32, get("auto", "fp32")),
             # ... and auto's *decision* judged on the main measurement: the backend it chose, timed in the
             # same interleaved rounds as the alternatives (no instance noise; < 1 means it chose wrong).
-            "auto_int8_choice_vs_best_fp32": best_fp32 / choice_us("int8"),
-            "auto_fp32_choice_vs_best_fp32": best_fp32 / choice_us("fp32"),
+            "auto_int8_choice_vs_best_fp32": _ratio(best_fp32, choice_us("int8")),
+            "auto_fp32_choice_vs_best_fp32": _ratio(best_fp32, choice_us("fp32")),
             # int4: MatMulNBits (4-bit packed) against the int8 kernel path, and the best int4 overall.
-            "nbits_int4_vs_onnx_int8": int8["onnx"] / get("onnx-nbits", "int4"),
-            "best_int4_vs_best_int8": best_int8 / min(get("onnx", "int4"), get("onnx-nbits", "int4")),
-            "best_int4_vs_best_fp32": best_fp32 / min(get("onnx", "int4"), get("onnx-nbits", "int4")),
-            "auto_int4_choice_vs_best_int4": min(get("onnx", "int4"), get("onnx-nbits", "int4"))
-            / choice_us("int4"),
-            "best_int8_variant": best_int8_row["variant"], "best_int8_kernel_form": best_int8_row["kernel_form"],
+            "nbits_int4_vs_onnx_int8": _ratio(int8["onnx"], get("onnx-nbits", "int4")),
+            "best_int4_vs_best_int8": _ratio(best_int8, best_int4),
+            "best_int4_vs_best_fp32": _ratio(best_fp32, best_int4),
+            "auto_int4_choice_vs_best_int4": _ratio(best_int4, choice_us("int4")),
+            "best_int8_variant": best_int8_row.get("variant"),
+            "best_int8_kernel_form": best_int8_row.get("kernel_form"),
             "onnx_int8_kernel_form": _field(rows, "onnx int8", hidden, batch, "kernel_form"),
             # The int8 actor's load step against the cheapest fp32 load step the project has (any backend).
             "cheapest_fp32_update_ms": min(fp32_updates) if fp32_updates else None,
-            "onnx_int8_update_vs_cheapest_fp32": (min(fp32_updates) / int8_update
-                                                  if fp32_updates and int8_update else None),
+            "onnx_int8_update_vs_cheapest_fp32": _ratio(min(fp32_updates) if fp32_updates else None, int8_update),
         })
     return out
 
 
+def _x(value: float | None, digits: int = 2) -> str:
+    """A ratio as the tables print it ("-" where it could not be measured)."""
+    return "-" if value is None else f"{value:.{digits}f}x"
+
+
 def target_lines(summary: list[dict]) -> list[str]:
-    """The speed targets, stated as measured (PASS/MISS), batch 1."""
+    """The speed targets, stated as measured (PASS/MISS), batch 1; a target whose rows are missing says so."""
     lines = []
     for hidden, need in ((2048, 6.0), (1024, 2.0)):
         for s in summary:
             if s["hidden"] == hidden and s["batch"] == 1:
                 got = s["best_int8_vs_best_fp32"]
-                lines.append(f"best int8 vs best fp32 at H={hidden} batch 1: {got:.1f}x "
-                             f"(target >= {need:.0f}x: {'PASS' if got >= need else 'MISS'})")
+                verdict = "not measured" if got is None else ("PASS" if got >= need else "MISS")
+                lines.append(f"best int8 vs best fp32 at H={hidden} batch 1: {_x(got, 1)} "
+                             f"(target >= {need:.0f}x: {verdict})")
     # Judged on auto's choices timed in the main interleaved measurement; 5% slack for block-to-block noise.
-    worst = min((min(s["auto_int8_choice_vs_best_fp32"], s["auto_fp32_choice_vs_best_fp32"]), s["hidden"],
-                 s["batch"]) for s in summary)
-    lines.append(f"auto's choice vs best fp32, worst case: {worst[0]:.2f}x at H={worst[1]} batch {worst[2]} "
-                 f"(target: never slower: {'PASS' if worst[0] >= 0.95 else 'MISS'})")
-    raw = min((min(s["auto_int8_vs_best_fp32"], s["auto_fp32_vs_best_fp32"]), s["hidden"], s["batch"])
-              for s in summary)
-    lines.append(f"auto executors as timed (own instances, includes instance noise), worst case vs best fp32: "
-                 f"{raw[0]:.2f}x at H={raw[1]} batch {raw[2]}")
+    choices = [(v, s["hidden"], s["batch"]) for s in summary
+               for v in (s["auto_int8_choice_vs_best_fp32"], s["auto_fp32_choice_vs_best_fp32"]) if v is not None]
+    if choices:
+        worst = min(choices)
+        lines.append(f"auto's choice vs best fp32, worst case: {worst[0]:.2f}x at H={worst[1]} batch {worst[2]} "
+                     f"(target: never slower: {'PASS' if worst[0] >= 0.95 else 'MISS'})")
+    raws = [(v, s["hidden"], s["batch"]) for s in summary
+            for v in (s["auto_int8_vs_best_fp32"], s["auto_fp32_vs_best_fp32"]) if v is not None]
+    if raws:
+        raw = min(raws)
+        lines.append(f"auto executors as timed (own instances, includes instance noise), worst case vs best fp32: "
+                     f"{raw[0]:.2f}x at H={raw[1]} batch {raw[2]}")
     for s in summary:
         if s["batch"] == 1:
             lines.append(f"int4 at H={s['hidden']} batch 1: MatMulNBits vs onnx int8 "
-                         f"{s['nbits_int4_vs_onnx_int8']:.2f}x; "
-                         f"best int4 vs best int8 {s['best_int4_vs_best_int8']:.2f}x, vs best fp32 "
-                         f"{s['best_int4_vs_best_fp32']:.2f}x; auto's int4 choice vs best int4 "
-                         f"{s['auto_int4_choice_vs_best_int4']:.2f}x")
+                         f"{_x(s['nbits_int4_vs_onnx_int8'])}; "
+                         f"best int4 vs best int8 {_x(s['best_int4_vs_best_int8'])}, vs best fp32 "
+                         f"{_x(s['best_int4_vs_best_fp32'])}; auto's int4 choice vs best int4 "
+                         f"{_x(s['auto_int4_choice_vs_best_int4'])}")
     return lines
 
 
@@ -323,9 +345,8 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
             if row is not None and row["backend"] == "auto":
                 cell += f" ({row['chosen']})"
             cells.append(cell)
-        cells += [f"{s['jax_int8_speedup']:.2f}x", f"{s['onnx_int8_speedup']:.2f}x",
-                  f"{s['best_int8_vs_best_fp32']:.2f}x", f"{s['auto_int8_choice_vs_best_fp32']:.2f}x",
-                  f"{s['nbits_int4_vs_onnx_int8']:.2f}x"]
+        cells += [_x(s[k]) for k in ("jax_int8_speedup", "onnx_int8_speedup", "best_int8_vs_best_fp32",
+                                      "auto_int8_choice_vs_best_fp32", "nbits_int4_vs_onnx_int8")]
         table.add_row(str(s["hidden"]), str(s["batch"]), *cells)
     console.print(table)
     console.print("speed-up = fp32 us / int8 us (> 1: int8 faster). jax int8 = AQT s8xs8->s32 dot on XLA CPU; "
@@ -350,7 +371,7 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
                 value = _field(rows, name, s["hidden"], s["batch"], "update_ms")
                 cells.append("-" if value is None else f"{value:.1f}")
             ratio = s["onnx_int8_update_vs_cheapest_fp32"]
-            cells.append("-" if ratio is None else f"{ratio:.2f}x")
+            cells.append(_x(ratio))
             loads.add_row(str(s["hidden"]), str(s["batch"]), *cells)
         console.print(loads)
 

@@ -36,6 +36,7 @@ from launch.cli import (DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, OneLin
                         check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
                         parse_resources, qat_overrides)
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
+from launch.devices import LEARNER_DEVICES, pin_driver_to_cpu
 from launch.experiment_config import SERVICE_SHARE, ExperimentConfig
 from launch.progress import print_summary
 
@@ -109,6 +110,9 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--learner-resource", dest="learner_resources", action="append", default=[], metavar="NAME",
                    help="Ray custom resource marking the learner's machine, repeatable: the learner, replay, "
                         "counter, weights server and evaluator each ask for 0.01 of it")
+    p.add_argument("--learner-device", default="auto", choices=LEARNER_DEVICES,
+                   help="where the learner's JAX runs: auto (a GPU when the learner's process sees one), cpu or "
+                        "gpu (one GPU from Ray, else an error); every other process runs on the CPU")
     p.add_argument("--pin-actors", action="store_true",
                    help="pin each actor to a core of its machine that no other actor holds (Linux): its policy "
                         "runtime and environments then share that one core")
@@ -162,6 +166,8 @@ def validate(args: argparse.Namespace) -> Invocation:
         config = config_with_overrides(args.config, args.logdir, args.seed)
     else:
         config = _config_from_flags(args)
+    if config.learner_device == "gpu" and args.runner != "ray":
+        raise UsageError("--learner-device gpu needs --runner ray (the local runner keeps every node on the CPU)")
     if (config.actor_resources or config.learner_resources) and args.runner != "ray":
         raise UsageError("--actor-resource and --learner-resource need --runner ray")
     agent_config = check_agent_task(config.agent, config.task, dict(config.overrides)).config
@@ -198,7 +204,7 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
         target_streak=given(args.target_streak, preset.get("target_streak", 1)),
         publish_period=args.publish_period, insert_batch=args.insert_batch, checkpoint_every=args.checkpoint_every,
         publish_min_interval_s=args.publish_min_interval_s, learner_steps_per_call=args.learner_steps_per_call,
-        resume=args.resume, pin_actors=args.pin_actors,
+        resume=args.resume, pin_actors=args.pin_actors, learner_device=args.learner_device,
         actor_resources=parse_resources("--actor-resource", args.actor_resources),
         learner_resources={k: SERVICE_SHARE for k in parse_resources("--learner-resource", args.learner_resources)})
 
@@ -247,6 +253,7 @@ def _choose_logdir(logdir: str | None, resume: str | None, agent: str, task: str
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    pin_driver_to_cpu()  # before validate, which builds the task's specs: the driver never starts a GPU
     try:
         inv = validate(args)
     except UsageError as e:

@@ -20,6 +20,7 @@ import numpy as np
 
 from launch.experiment_config import ExperimentConfig
 from launch.stages import StageTimes, runtime_section
+from launch.devices import device_report, use_learner_device
 from launch.summary import build_summary, solved_at, sum_energy
 from quarl.env_loop import VectorEnvLoop
 from quarl.envs import environment_spec, make_environment
@@ -106,6 +107,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     Writes evaluator.csv, learner.csv, actor.csv, summary.json and the final fp32 policy
     (policy_fp32.qrlp + .json, see `quarl.policy_io`) under `config.logdir`.
     """
+    use_learner_device(config.learner_device)  # one process: the learner's device is the process's
     builder = config.builder()
     if on_builder is not None:
         on_builder(builder)
@@ -278,6 +280,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
                        best_policy_file=best_policy["file"],
                        sync_learner=sync_learner, update_period=update_period,
                        agent_config=jsonable(dataclasses.asdict(agent_config)))
+    summary["learner_device"] = device_report()
     write_json_atomic(logdir / "summary.json", summary)
     return summary
 

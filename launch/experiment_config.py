@@ -74,6 +74,9 @@ class ExperimentConfig:
     # [distributed] Ray custom resources marking the learner's machine: learner, services and evaluator each
     # ask for SERVICE_SHARE of every one, so they run there together.
     learner_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # Where the learner's JAX runs: auto (a GPU when its process sees one, else the CPU) | cpu | gpu. Every other
+    # process runs JAX on the CPU whatever this says (`launch.devices`).
+    learner_device: str = "auto"
 
     def __post_init__(self) -> None:
         self._check()
@@ -126,6 +129,10 @@ class ExperimentConfig:
         for name in ("eval_fp32", "pin_actors"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
+        from launch.devices import LEARNER_DEVICES  # pylint: disable=import-outside-toplevel
+        if self.learner_device not in LEARNER_DEVICES:
+            raise ConfigError("learner_device", f"must be one of {', '.join(LEARNER_DEVICES)}, "
+                                                f"got {self.learner_device!r}")
         if self.resume is not None and (not isinstance(self.resume, str) or not self.resume):
             raise ConfigError("resume", f"must be a checkpoint path or null, got {self.resume!r}")
         for name in ("actor_resources", "learner_resources"):

@@ -8,6 +8,7 @@ from typing import Any, Sequence
 
 from launch import nodes
 from launch.agent_spec import AgentSpec, derive_seed, table_spec
+from launch.devices import ACCELERATOR_BY_DEVICE, CPU_ONLY_ENV, learner_env
 from launch.program import SINGLE_THREAD_ENV, Node, Program
 from launch.experiment_config import ExperimentConfig
 
@@ -24,16 +25,18 @@ def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> 
     logdir = os.path.abspath(config.logdir)
     program = Program("actorq")
     near_learner = dict(config.learner_resources)  # learner, services and evaluator: on one machine
+    # Only the learner may see a GPU (launch.devices): services, actors and the evaluator run JAX on the CPU.
+    cpu = dict(CPU_ONLY_ENV)
     counter = program.add(Node("counter", nc.Counter, {"resume": config.resume, "logdir": logdir},
-                               max_concurrency=8, resources=near_learner))
+                               max_concurrency=8, env_vars=cpu, resources=near_learner))
     replay = program.add(Node(
         "replay", nc.ReplayServer,
         {"table": table_spec(builder, env_spec), "seed": derive_seed(config.seed, REPLAY_STREAM),
          "resume": config.resume, "logdir": logdir},
-        max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4), resources=near_learner))
+        max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4), env_vars=cpu, resources=near_learner))
     weights = program.add(Node(
         "weights", nc.WeightServer, {"precision": config.precision, "logdir": logdir},
-        max_concurrency=max(4, config.num_actors + 3), resources=near_learner))
+        max_concurrency=max(4, config.num_actors + 3), env_vars=cpu, resources=near_learner))
     program.add(Node(
         "learner", nc.LearnerNode,
         {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
@@ -41,7 +44,8 @@ def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> 
          "prefetch": config.prefetch, "checkpoint_every": config.checkpoint_every, "resume": config.resume,
          "run_config": config.to_dict(), "log_every_s": config.log_every_s,
          "steps_per_call": config.learner_steps_per_call, "publish_min_interval_s": config.publish_min_interval_s},
-        kind="worker", num_cpus=1, use_accelerator=True, max_concurrency=4, resources=near_learner))
+        kind="worker", num_cpus=1, accelerator=ACCELERATOR_BY_DEVICE[config.learner_device], max_concurrency=4,
+        env_vars=learner_env(config.learner_device), resources=near_learner))
     for i in range(config.num_actors):
         program.add(Node(
             f"actor_{i}", nc.ActorNode,

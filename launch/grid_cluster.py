@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from launch.devices import CPU_ONLY_ENV
 from launch.program import SINGLE_THREAD_ENV
 
 _SLICE_S = 0.2  # longest uninterruptible wait in the driver (Ctrl-C)
@@ -68,9 +69,10 @@ def run_on_cluster(runs: Sequence[Any], root: Path, backend: str, address: str, 
     from analysis.runs import read_summary  # pylint: disable=import-outside-toplevel
 
     init_ray(address)
-    options: dict[str, Any] = {"num_cpus": cpus_per_run, "max_retries": 0}
-    if cpus_per_run <= 1:  # one core per run: no library may spread over more
-        options["runtime_env"] = {"env_vars": dict(SINGLE_THREAD_ENV)}
+    # Grid runs ask Ray for no GPU, so none may start one (launch.devices): on a GPU machine each would take 75%
+    # of its memory. One core per run: no library may spread over more either.
+    env = dict(SINGLE_THREAD_ENV) if cpus_per_run <= 1 else dict(CPU_ONLY_ENV)
+    options: dict[str, Any] = {"num_cpus": cpus_per_run, "max_retries": 0, "runtime_env": {"env_vars": env}}
     task = ray.remote(_run_packed).options(**options)
     started = time.monotonic()
     pending = {task.remote(run, backend): run for run in runs}

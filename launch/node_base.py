@@ -47,6 +47,12 @@ class NodeBase:
     def ping(self) -> bool:
         return True
 
+    def device_report(self) -> dict[str, Any]:
+        """Where JAX runs in this node's process, read there (`launch.devices.device_report`)."""
+        from launch.devices import device_report  # pylint: disable=import-outside-toplevel
+
+        return device_report()
+
     def _track_energy(self, logdir: str | None, name: str) -> None:
         """Service nodes (no run()) measure from construction until `energy()` is called."""
         self._energy_tracker = energy_tracker(logdir, name) if logdir else None

@@ -15,17 +15,24 @@ import abc
 import dataclasses
 from typing import Any, Iterator, Mapping
 
+from launch.devices import CPU_ONLY_ENV
+
 # Environment of every acting process: one compute thread, so N actors on N cores never oversubscribe and
-# a policy's latency is that of one core (the paper's setting). Applied via Ray's runtime_env.
+# a policy's latency is that of one core (the paper's setting), and JAX on the CPU with CUDA hidden (acting is
+# CPU work; `launch.devices`). Applied via Ray's runtime_env.
 SINGLE_THREAD_ENV: dict[str, str] = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
     "OPENBLAS_NUM_THREADS": "1",
     "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1",
     "MUJOCO_GL": "disable",
+    **CPU_ONLY_ENV,
 }
 
 NODE_KINDS = ("service", "worker")
+# A node's GPU request on Ray: "none" (never; its environment hides the GPU, see launch.devices), "auto" (one
+# GPU when the cluster has one) or "required" (one GPU; a cluster without one is an error before anything starts).
+ACCELERATOR_MODES = ("none", "auto", "required")
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -111,7 +118,7 @@ class Node:
     kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     kind: str = "service"
     num_cpus: float = 0.0
-    use_accelerator: bool = False  # ask for a GPU when the cluster has one (the learner)
+    accelerator: str = "none"  # one of ACCELERATOR_MODES (the learner: from --learner-device)
     max_concurrency: int = 1
     max_restarts: int = 0
     env_vars: Mapping[str, str] = dataclasses.field(default_factory=dict)
@@ -129,6 +136,9 @@ class Node:
         if self.num_cpus < 0 or self.max_concurrency < 1 or self.max_restarts < 0:
             raise ValueError(f"node {self.name!r}: bad resources (num_cpus={self.num_cpus}, "
                              f"max_concurrency={self.max_concurrency}, max_restarts={self.max_restarts})")
+        if self.accelerator not in ACCELERATOR_MODES:
+            raise ValueError(f"node {self.name!r}: accelerator must be one of {ACCELERATOR_MODES}, "
+                             f"got {self.accelerator!r}")
         if any(not k or not v > 0 for k, v in self.resources.items()):
             raise ValueError(f"node {self.name!r}: resources need names and amounts > 0, got {dict(self.resources)}")
 

@@ -11,8 +11,9 @@ RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH keeps their settings; joining a cluster us
 
 Resources: every node asks for its `num_cpus` and runs with its `env_vars` (actors: one compute thread). A
 local cluster is sized to the program (logical CPUs = what the nodes ask for), because on a 2-core laptop
-the point is to run all nodes, one thread each, not to queue them. A node that wants the accelerator gets
-one GPU when the cluster has one.
+the point is to run all nodes, one thread each, not to queue them. A node whose `accelerator` is "auto" gets
+one GPU when the cluster has one, "required" always gets one (and a cluster without a GPU is refused before any
+node starts); every other node asks for none, and its `env_vars` hide the GPU (`launch.devices`).
 """
 from __future__ import annotations
 
@@ -149,10 +150,12 @@ def _is_loopback_address(address: str | None) -> bool:
     return bool(host) and is_loopback(host)
 
 
-def init_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
+def init_ray(address: str | None = None, num_cpus: float | None = None, num_gpus: int | None = None) -> bool:
     """Connect to `address` / RAY_ADDRESS, or start a private local Ray; True when this call started it.
 
-    A no-op (False) when Ray is already initialised in this process (tests share one Ray per module)."""
+    A no-op (False) when Ray is already initialised in this process (tests share one Ray per module).
+    `num_gpus`: the GPUs a local cluster offers (None: as many as Ray finds; tests declare one to place a
+    GPU learner on a machine without one)."""
     address = address or os.environ.get("RAY_ADDRESS") or None
     local = not address or address == "local"
     if local:
@@ -175,7 +178,7 @@ def init_ray(address: str | None = None, num_cpus: float | None = None) -> bool:
         # Ray starts its services with fork + exec (subprocess), which is safe with JAX's threads; Python still
         # warns about any fork in a multithreaded process, and the user cannot act on it.
         warnings.filterwarnings("ignore", message=r"os\.fork\(\) was called", category=RuntimeWarning)
-        ray.init(num_cpus=cpus, include_dashboard=False, _node_ip_address="127.0.0.1", **common)
+        ray.init(num_cpus=cpus, num_gpus=num_gpus, include_dashboard=False, _node_ip_address="127.0.0.1", **common)
     return True
 
 
@@ -183,6 +186,14 @@ def cluster_has_gpu() -> bool:
     import ray  # pylint: disable=import-outside-toplevel
 
     return ray.cluster_resources().get("GPU", 0) >= 1
+
+
+def _check_accelerators(program: Program, gpu: bool) -> None:
+    """A node that requires a GPU on a cluster without one: RuntimeError naming it (Ray would queue it forever)."""
+    needy = [n.name for n in program.nodes if n.accelerator == "required"]
+    if needy and not gpu:
+        raise RuntimeError(f"the Ray cluster offers no GPU, and {', '.join(needy)} requires one "
+                           f"(--learner-device gpu); use --learner-device auto or cpu, or a cluster with a GPU")
 
 
 def _check_custom_resources(program: Program) -> None:
@@ -215,6 +226,7 @@ class RayLaunch:
         self.handles: dict[str, RayNodeHandle] = {}
         gpu = cluster_has_gpu()
         self._placement: dict[str, str] = {}  # node name -> Ray node id, once every node is up
+        _check_accelerators(program, gpu)
         _check_custom_resources(program)
         try:
             for node in program.nodes:
@@ -225,7 +237,7 @@ class RayLaunch:
                     # Retrying tasks on a restarted actor is what makes a crashed actor's run() resume.
                     "max_task_retries": node.max_restarts,
                 }
-                if node.use_accelerator and gpu:
+                if node.accelerator == "required" or (node.accelerator == "auto" and gpu):
                     options["num_gpus"] = 1
                 if node.env_vars:
                     options["runtime_env"] = {"env_vars": dict(node.env_vars)}

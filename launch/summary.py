@@ -46,7 +46,7 @@ SUMMARY_KEYS = (
     "evaluation_s", "sync_learner", "actor_steps", "learner_steps", "episodes", "actor_steps_per_s",
     "learner_steps_per_s", "actor_update_period", "weight_updates", "weights_version", "payload", "payload_bytes",
     "payload_bytes_fp32", "payloads_rejected", "runtime", "actors", "learner", "replay", "energy", "policy_file",
-    "best_policy_file", "lost_nodes", "placement", "lost_hosts")
+    "best_policy_file", "lost_nodes", "placement", "lost_hosts", "learner_device")
 ACTOR_KEYS = ("actor_id", "attempt", "starts", "actor_steps", "total_steps", "episodes", "envs_per_actor",
               "pinned_core", "elapsed_s", "steps_per_s", "backend", "kernel", "weights_version",
               "first_weights_version", "transitions_inserted", "payloads_rejected", "last_payload_rejection",
@@ -150,6 +150,8 @@ def build_summary(config: Any, *, runner: str, status: str, error: str | None, w
         "replay": {k: v for k, v in replay.items() if isinstance(v, (int, float, str))},
         "energy": dict(energy),
         "lost_nodes": [], "placement": {}, "lost_hosts": [],
+        # Where the learner's JAX ran (launch.devices.device_report, read in the learner's process).
+        "learner_device": None,
         **{k: runner_facts.get(k) for k in RUNNER_FACTS},
     }
     if summary["policy_file"] is None:

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from launch.devices import learner_device_error, pin_driver_to_cpu
 from launch.experiment_config import ExperimentConfig
 from launch.graph import actor_names, build_actorq_program
 from launch.local_runner import LocalRunner
@@ -63,6 +64,7 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
     `on_launch(launch)` is called once every node is up (tests use it to inject faults)."""
 
     t_start = time.monotonic()
+    pin_driver_to_cpu()  # the driver only builds specs and reads results: it never starts a GPU
     Path(config.logdir).mkdir(parents=True, exist_ok=True)
     program = build_actorq_program(config, node_classes)
     actors = list(actor_names(program))
@@ -71,6 +73,7 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
     lost: dict[str, str] = {}
     lost_hosts: set[str] = set()  # Ray nodes (machines) found dead, already reported
     placement: dict[str, str] = {}  # node name -> Ray node id (Ray runner)
+    learner_device: dict[str, Any] | None = None  # where the learner's JAX runs, as its process reports
     replay_log = _ReplayLog(config.logdir, config.log_every_s)
     launch = None
     futures: dict[str, Any] = {}
@@ -92,6 +95,10 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
                 raise _Interrupted(_SIGNALS_RECEIVED[-1])
             launch.wait_ready()
             placement = dict(launch.placement()) if hasattr(launch, "placement") else {}
+            learner_device = launch.handles["learner"].call("device_report")
+            device_error = learner_device_error(config.learner_device, learner_device)
+            if device_error:
+                raise RuntimeError(device_error)
             if on_launch is not None:
                 on_launch(launch)
             for name in ("learner", *actors, "evaluator"):
@@ -154,6 +161,7 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
     summary["lost_nodes"] = sorted(lost)
     summary["placement"] = placement
     summary["lost_hosts"] = sorted(lost_hosts)
+    summary["learner_device"] = learner_device
     write_json_atomic(Path(config.logdir) / "summary.json", summary)
     code = EXIT_OK if status == "completed" else EXIT_FAILED
     if status == "interrupted":

@@ -19,6 +19,7 @@ import argparse
 import sys
 from typing import Sequence
 
+from launch.devices import LEARNER_DEVICES
 from launch.cli import (DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError,
                         add_common_arguments, build_config, check_agent, check_agent_task, check_carbon_country,
                         check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
@@ -35,6 +36,8 @@ def build_parser() -> OneLineArgumentParser:
     add_common_arguments(parser)
     parser.add_argument("--eval-fp32", action="store_true",
                         help="also evaluate an fp32 actor next to the deployed-precision one")
+    parser.add_argument("--learner-device", default="auto", choices=LEARNER_DEVICES,
+                        help="where JAX runs in this one process: auto (JAX's choice), cpu, or gpu (error without one)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar or progress lines")
     return parser
 
@@ -68,7 +71,8 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
                         logdir=args.logdir or default_logdir("train", agent, task, precision),
                         target_return=args.target_return, target_streak=args.target_streak,
                         eval_every=args.eval_every, eval_episodes=args.eval_episodes,
-                        envs_per_actor=args.envs_per_actor, overrides=overrides, eval_fp32=bool(args.eval_fp32))
+                        envs_per_actor=args.envs_per_actor, overrides=overrides, eval_fp32=bool(args.eval_fp32),
+                        learner_device=args.learner_device)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,9 +8,16 @@ The first executor for a key builds every candidate, times them interleaved
 for a few dozen calls (budget ~1 s in total), keeps the fastest and records the decision in-process and in
 a JSON file ($QUARL_CACHE_DIR or ~/.cache/quarl, `auto_backend.json`), keyed by a machine fingerprint, so
 later processes (every actor of a run) reuse it without measuring.
+
+One decision per machine: the actors of a run start together, and each timing its own candidates on a busy
+machine made them disagree (7 of 12 actors chose JAX, 5 ONNX, in one run). So a process that finds no
+decision takes an exclusive lock (`fcntl.flock` on `auto_backend.lock` beside the cache file), reads the file
+again, and measures only if it is still missing; the others wait on the lock and read its decision.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import json
@@ -20,7 +27,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -36,6 +43,8 @@ from quarl.runtimes.onnx_static import select_static_form
 
 CACHE_ENV = "QUARL_CACHE_DIR"
 CACHE_FILE = "auto_backend.json"
+LOCK_FILE = "auto_backend.lock"
+_LOCK_WAIT_S = 300.0  # a measuring process that holds the lock longer is stuck: measure without it
 _FORMAT_VERSION = 1
 _MEASURE_BUDGET_S = 0.8  # all candidates together, after warm-up
 _MAX_CALLS = 40
@@ -150,6 +159,39 @@ def _write_file(key: str, entry: dict[str, Any]) -> None:
         warnings.warn(f"could not write auto-backend cache {path}: {e}", stacklevel=3)
 
 
+@contextlib.contextmanager
+def _machine_lock() -> Iterator[bool]:
+    """Holds the cache directory's exclusive lock (True), or yields False where it cannot be had (a read-only
+    home, or `_LOCK_WAIT_S` passed): then this process decides alone, as before the lock. flock belongs to the
+    open file, so threads of one process exclude each other too, and a process that dies releases it."""
+    path = cache_path().with_name(LOCK_FILE)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        warnings.warn(f"no auto-backend lock {path}: {e}; this process decides alone", stacklevel=4)
+        yield False
+        return
+    locked = False
+    try:
+        deadline = time.monotonic() + _LOCK_WAIT_S
+        while not locked:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    warnings.warn(f"auto-backend lock {path} held for over {_LOCK_WAIT_S:.0f} s; this process "
+                                  f"decides alone", stacklevel=4)
+                    break
+                time.sleep(0.02)
+        yield locked
+    finally:
+        if locked:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
 def _time_interleaved(executors: dict[str, PolicyExecutor], obs: np.ndarray) -> dict[str, float]:
     """Microseconds per call (25th percentile) for each executor.
 
@@ -188,30 +230,66 @@ def _measured_all(entry: dict[str, Any], factories: dict[str, Callable[..., Any]
     return entry.get("backend") in factories and isinstance(timed, dict) and set(timed) == set(factories)
 
 
+def jax_platform() -> str:
+    """The platform of this process's default JAX device ("cpu", "gpu", ...)."""
+    import jax  # pylint: disable=import-outside-toplevel
+
+    return jax.default_backend()
+
+
+def cpu_candidates(factories: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """`factories` without the jax backend when JAX's default device here is not the CPU.
+
+    Actors act on the CPU: an actor's JAX on a GPU (its environment hides the GPU, `launch.devices`; this is
+    the second line of defence) would take GPU memory from the learner and time a device the policy must
+    not use. ONNX Runtime (the CPU package) is always a CPU candidate."""
+    if "jax" in factories and jax_platform() != "cpu":
+        return {name: make for name, make in factories.items() if name != "jax"}
+    return factories
+
+
 def make_auto_executor(spec: PolicySpec, qparams: QuantizedParams, factories: dict[str, Callable[..., Any]], *,
                        batch_size: int, threads: int, kernel_form: str | None = None) -> PolicyExecutor:
-    """Return a concrete executor of the fastest backend for this key, measuring on first use."""
+    """Return a concrete executor of the fastest CPU backend for this key, measuring on first use."""
+    factories = cpu_candidates(factories)
     key = decision_key(spec, str(qparams.precision), batch_size, threads, kernel_form)
     with _lock:
         entry = _decisions.get(key)
     if entry is not None and not _measured_all(entry, factories):
         entry = None
     if entry is None:
-        stored = _read_file().get(key)
-        if isinstance(stored, dict) and _measured_all(stored, factories):
-            entry = {**stored, "source": "file"}
-            with _lock:
-                _decisions[key] = entry
-    if entry is not None:
-        return factories[entry["backend"]](spec, qparams, batch_size=batch_size, threads=threads)
+        entry = _stored_decision(key, factories)
+    if entry is None:
+        with _machine_lock():
+            # Whoever held the lock before us may have decided this key meanwhile: read again under it.
+            entry = _stored_decision(key, factories)
+            if entry is None:
+                return _measure_and_store(key, spec, qparams, factories, batch_size=batch_size, threads=threads)
+    return factories[entry["backend"]](spec, qparams, batch_size=batch_size, threads=threads)
 
+
+def _stored_decision(key: str, factories: dict[str, Callable[..., Any]]) -> dict[str, Any] | None:
+    """The cache file's decision for `key` (also kept in-process), if it timed today's candidates."""
+    stored = _read_file().get(key)
+    if not (isinstance(stored, dict) and _measured_all(stored, factories)):
+        return None
+    entry = {**stored, "source": "file"}
+    with _lock:
+        _decisions[key] = entry
+    return entry
+
+
+def _measure_and_store(key: str, spec: PolicySpec, qparams: QuantizedParams,
+                       factories: dict[str, Callable[..., Any]], *, batch_size: int, threads: int) -> PolicyExecutor:
+    """Builds and times every candidate, records the decision (in-process and in the file), returns the winner."""
     candidates = {name: make(spec, qparams, batch_size=batch_size, threads=threads)
                   for name, make in factories.items()}
     obs = np.random.default_rng(0).standard_normal((batch_size, spec.input_dim)).astype(np.float32)
     timings = _time_interleaved(candidates, obs)
     best = min(timings, key=timings.get)
     entry = {"backend": best, "us_per_call": {k: round(v, 2) for k, v in timings.items()},
-             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "source": "measured"}
+             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "measured_by_pid": os.getpid(),
+             "source": "measured"}
     with _lock:
         _decisions[key] = entry
     _write_file(key, {k: v for k, v in entry.items() if k != "source"})

@@ -40,6 +40,8 @@ def test_tiny_distributed_dqn_run_writes_every_log_and_a_sane_summary(ray_sessio
     summary, code = run_program(config, RayRunner())
     assert code == 0 and summary["status"] == "completed", summary["error"]
     assert summary["actor_steps"] >= 600 and summary["learner_steps"] > 0
+    # Where the learner ran, as its own process reports it (auto, no GPU here: the CPU).
+    assert summary["learner_device"]["platform"] == "cpu" and summary["learner_device"]["env"]["JAX_PLATFORMS"] == ""
     for name in ("learner.csv", "evaluator.csv", "actor_0.csv", "actor_1.csv", "summary.json"):
         assert (tmp_path / name).stat().st_size > 0, name
     assert list((tmp_path / "tb").rglob("events.out.tfevents.*")), "no TensorBoard event files"

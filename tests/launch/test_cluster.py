@@ -122,6 +122,42 @@ def test_reproduce_grid_runs_as_tasks_on_the_cluster(cluster: LoopbackCluster, t
     assert again.returncode == 0 and "0 run(s) ran, 2 were already done" in again.stderr
 
 
+# Each node of an ActorQ program (EnvProbe stand-ins, launch.devices' environments) placed as a cluster run
+# places them, reporting where its JAX runs: prints {"reports": {node: report}, "placement": {node: ray node}}.
+_PROBE_PROGRAM = """
+import json, sys
+from launch.graph import build_actorq_program
+from launch.ray_runner import RayRunner
+from tests.launch.test_devices import PROBES
+from tests.launch.tiny import tiny_config
+config = tiny_config(sys.argv[2], num_actors=1, actor_resources={"actor_slot": 1},
+                     learner_resources={"learner_slot": 0.01}, learner_device="cpu")
+program = build_actorq_program(config, PROBES)
+launch = RayRunner(sys.argv[1]).launch(program)
+try:
+    launch.wait_ready(timeout=200)
+    out = {"reports": {n: launch.handles[n].call("probe") for n in program.names()}, "placement": launch.placement()}
+finally:
+    launch.shutdown()
+print(json.dumps(out))
+"""
+
+
+def test_nodes_on_every_cluster_machine_run_jax_on_the_cpu_with_cuda_hidden(cluster: LoopbackCluster,
+                                                                          tmp_path: Path) -> None:
+    """The environments travel with the nodes (Ray's runtime_env): the actor on the worker node and the
+    services on the head see no GPU, whatever their node's raylet was started with."""
+    done = subprocess.run([sys.executable, "-c", _PROBE_PROGRAM, str(cluster.address), str(tmp_path)], cwd=REPO,
+                          env=_env(cluster), capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr[-2000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    worker = next(i for i, _, _, res in _node_ids(cluster) if res.get("actor_slot"))
+    assert out["placement"]["actor_0"] == worker != out["placement"]["replay"]
+    for name, report in out["reports"].items():
+        assert report["env"]["JAX_PLATFORMS"] == "cpu" and report["env"]["CUDA_VISIBLE_DEVICES"] == "", name
+        assert report["platform"] == "cpu", (name, report)
+
+
 def _rows(path: Path) -> int:
     return max(0, len(path.read_text().splitlines()) - 1) if path.exists() else 0
 

@@ -45,7 +45,7 @@ def test_actorq_graph_has_every_node_with_its_placement(tmp_path):
     assert all(program.node(f"actor_{i}").max_restarts > 0 for i in range(3))
     # Blocked samplers must not block inserters: the replay server answers on several threads.
     assert program.node("replay").max_concurrency >= 3 + 2 + 1
-    assert program.node("learner").use_accelerator
+    assert program.node("learner").accelerator == "auto"  # --learner-device auto: a GPU when the cluster has one
     assert set(program.node("actor_0").dependencies()) == {"counter", "replay", "weights"}
     assert program.names(kind="worker") == ["learner", "actor_0", "actor_1", "actor_2", "evaluator"]
 
@@ -215,6 +215,7 @@ def test_local_runner_runs_the_program_and_resumes_from_its_checkpoint(tmp_path)
     summary, code = run_program(config, LocalRunner())
     assert code == 0 and summary["status"] == "completed", summary["error"]
     assert summary["actor_steps"] >= config.max_actor_steps and summary["learner_steps"] > 0
+    assert summary["learner_device"]["platform"] == "cpu"  # read back from the learner (local runner: CPU)
     for name in ("learner.csv", "evaluator.csv", "actor_0.csv", "actor_1.csv", "summary.json"):
         assert (tmp_path / "run" / name).is_file(), name
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
