@@ -115,6 +115,9 @@ class RayNodeHandle(NodeHandle):
         return RayFuture(getattr(actor, method).remote(*args, **kwargs), self.name)
 
 
+_LOCAL_TOKEN: str | None = None
+
+
 def _prepare_local_auth() -> None:
     """Token auth for a private local Ray without writing ~/.ray/auth_token (see the module docstring).
 
@@ -122,8 +125,12 @@ def _prepare_local_auth() -> None:
     imported already the cached config is refreshed (what Ray itself does when it enables token auth)."""
     if any(os.environ.get(k) for k in _AUTH_ENV) or os.path.exists(os.path.expanduser("~/.ray/auth_token")):
         return
+    global _LOCAL_TOKEN  # pylint: disable=global-statement
+    # One token per process: Ray's client keeps the first token it loaded, so a later private cluster started
+    # by the same process (tests start one per module) must be given that same token.
+    _LOCAL_TOKEN = _LOCAL_TOKEN or secrets.token_hex(32)
     os.environ["RAY_AUTH_MODE"] = "token"
-    os.environ["RAY_AUTH_TOKEN"] = secrets.token_hex(32)
+    os.environ["RAY_AUTH_TOKEN"] = _LOCAL_TOKEN
     if "ray" in sys.modules:
         from ray._raylet import Config  # pylint: disable=import-outside-toplevel,no-name-in-module
 
