@@ -353,3 +353,55 @@ def test_run_experiment_with_prioritized_replay_updates_priorities(tmp_path):
     assert summary["replay"]["sampler"] == "prioritized" and summary["precision"] == "int4"
     assert summary["learner_steps"] >= 350  # ~one update per insert after the 200-item warm-up
     assert summary["replay"]["samples"] == summary["learner_steps"] * 64
+
+
+# ------------------------------------------------------------------------------------------ episode ends
+
+
+def _episode_transitions(builder: Builder, max_episode_steps: int, actions: list[int]) -> list[dict]:
+    """One CartPole episode through the gym wrapper and the builder's n-step adder; every emitted transition."""
+    import gymnasium
+
+    from quarl.envs import GymWrapper, SinglePrecisionWrapper
+    env = SinglePrecisionWrapper(GymWrapper(gymnasium.make("CartPole-v1", max_episode_steps=max_episode_steps),
+                                            seed=0))
+    adder = builder.make_adder()
+    timestep = env.reset()
+    adder.add_first(timestep)
+    out: list[dict] = []
+    for action in actions:
+        timestep = env.step(np.int32(action))
+        out.extend(adder.add(np.int32(action), timestep))
+        if timestep.last():
+            return out
+    raise AssertionError("the episode did not end")
+
+
+def test_time_limit_bootstraps_and_termination_does_not_through_wrapper_adder_and_loss():
+    """CartPole-v1's 500-step limit is a truncation: the n-step windows ending there must keep bootstrapping
+    from the last observation (discount gamma^k), while a pole that falls (termination) gives discount 0. Checked
+    end to end: gymnasium -> GymWrapper -> NStepTransitionAdder -> the learner's double-DQN TD errors."""
+    gamma, n = 0.9, 3
+    builder = Builder(DQNConfig(hidden_sizes=(32, 32), batch_size=6, min_replay_size=6, discount=gamma, n_step=n,
+                                prioritized_replay=True))
+    # Alternating pushes keep the pole up for 4 steps, so the limit (not a fall) ends the episode.
+    truncated = _episode_transitions(builder, 4, [0, 1, 0, 1])
+    terminated = _episode_transitions(builder, 500, [0] * 100)  # always pushing left topples the pole
+    # The windows that end at the episode's last step: the full one and the two shorter flushed ones.
+    tail_trunc, tail_term = truncated[-n:], terminated[-n:]
+    np.testing.assert_allclose([t["discount"] for t in tail_trunc], [gamma ** 3, gamma ** 2, gamma], rtol=1e-6)
+    assert [float(t["discount"]) for t in tail_term] == [0.0, 0.0, 0.0]
+    assert float(truncated[0]["discount"]) == pytest.approx(gamma ** 3)  # a mid-episode window, for reference
+
+    env_spec = _cartpole_spec()
+    learner = builder.make_learner(env_spec, 0)
+    items = tail_trunc + tail_term
+    data = {k: np.stack([np.asarray(t[k]) for t in items]) for k in items[0]}
+    params = learner.policy_params()  # online == target before the first update
+    q_tm1 = _q(learner, params, data["observation"])[np.arange(6), data["action"]]
+    q_next = _q(learner, params, data["next_observation"]).max(axis=1)
+    assert np.all(np.abs(q_next) > 1e-3)  # so a dropped bootstrap would show
+    td = learner.step(_sample(data))["priorities"]
+    bootstrapped = data["reward"][:3] + np.array([gamma ** 3, gamma ** 2, gamma]) * q_next[:3]
+    np.testing.assert_allclose(td[:3], np.abs(bootstrapped - q_tm1[:3]), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(td[3:], np.abs(data["reward"][3:] - q_tm1[3:]), rtol=1e-4, atol=1e-5)
