@@ -29,6 +29,10 @@ class DQNConfig:
     hidden_sizes: tuple[int, ...] = (256, 256)
     # Optimiser (Adam with global-norm clipping).
     learning_rate: float = 1e-3
+    # Linear decay of the learning rate to `learning_rate_end` over `learning_rate_decay_steps` learner steps
+    # (None: constant).
+    learning_rate_end: float | None = None
+    learning_rate_decay_steps: int = 0
     adam_eps: float = 1e-8
     max_gradient_norm: float = 10.0
     # Targets.
@@ -36,6 +40,8 @@ class DQNConfig:
     n_step: int = 3
     huber_loss_parameter: float = 1.0
     target_update_period: int = 100  # learner steps between hard target-network copies
+    # Polyak averaging instead of hard copies: target <- tau * online + (1 - tau) * target every update.
+    target_update_tau: float | None = None
     # Replay.
     batch_size: int = 64
     min_replay_size: int = 1_000
@@ -72,6 +78,13 @@ class DQNConfig:
                 or not all(_is_int(h) and h > 0 for h in hidden)):
             raise ValueError(f"hidden_sizes must be a non-empty tuple of positive ints, got {hidden!r}")
         _positive_float(self, "learning_rate")
+        if self.learning_rate_end is not None:
+            _positive_float(self, "learning_rate_end")
+        _nonneg_int(self, "learning_rate_decay_steps")
+        if self.target_update_tau is not None:
+            _in_range(self, "target_update_tau", 0.0, 1.0)
+            if self.target_update_tau == 0.0:
+                raise ValueError("target_update_tau must be in (0, 1] (0 would never update the target)")
         _positive_float(self, "adam_eps")
         _positive_float(self, "max_gradient_norm")
         _positive_float(self, "huber_loss_parameter")

@@ -55,6 +55,8 @@ def _q(learner: DQNLearner, params: dict, obs: np.ndarray) -> np.ndarray:
     ("samples_per_insert_tolerance", -0.1), ("epsilon_start", 1.1), ("eval_epsilon", -0.1),
     ("priority_exponent", 2.0), ("importance_sampling_exponent", -0.5), ("prioritized_replay", 1),
     ("epsilon_decay_steps", -1), ("actor_update_period", 0), ("n_step", 2.5),
+    ("learning_rate_end", -1e-4), ("learning_rate_end", float("inf")), ("learning_rate_decay_steps", -1),
+    ("target_update_tau", 0.0), ("target_update_tau", 1.5),
 ])
 def test_config_rejects_bad_values_naming_the_field(field, value):
     with pytest.raises(ValueError, match=field):
@@ -169,6 +171,43 @@ def test_target_network_is_copied_every_period():
     learner.step(sample)  # one more step: online moves on, target stays at the copy
     after = learner.get_state()
     jax.tree.map(np.testing.assert_array_equal, after["target_params"], state["params"])
+
+
+def test_learning_rate_decays_linearly_then_holds():
+    from agents.dqn.learning import learning_rate_schedule
+    schedule = learning_rate_schedule(DQNConfig(learning_rate=1e-3, learning_rate_end=1e-4,
+                                                learning_rate_decay_steps=100))
+    assert [float(schedule(n)) for n in (0, 50, 100, 10_000)] == pytest.approx([1e-3, 5.5e-4, 1e-4, 1e-4])
+    constant = learning_rate_schedule(DQNConfig(learning_rate=1e-3))
+    assert float(constant(0)) == float(constant(10_000)) == pytest.approx(1e-3)
+
+
+def test_learner_steps_shrink_with_the_decayed_learning_rate():
+    """Same batches, same first update; after a 1-update decay to lr/100 the next Adam step moves the weights
+    about 100x less than at the constant rate (Adam's step is ~lr per weight whatever the gradient's scale)."""
+    def moves(**overrides):
+        learner = _learner(**overrides)
+        before = learner.policy_params()["linear_0"]["w"]
+        learner.step(_sample(_batch(seed=1)))
+        middle = learner.policy_params()["linear_0"]["w"]
+        learner.step(_sample(_batch(seed=2)))
+        after = learner.policy_params()["linear_0"]["w"]
+        return np.abs(middle - before).mean(), np.abs(after - middle).mean()
+
+    first_c, second_c = moves()
+    first_d, second_d = moves(learning_rate_end=1e-5, learning_rate_decay_steps=1)
+    assert first_d == pytest.approx(first_c, rel=1e-5)
+    assert 50 < second_c / second_d < 200
+
+
+def test_polyak_target_moves_a_tau_fraction_toward_the_online_network_every_update():
+    learner = _learner(target_update_tau=0.25, target_update_period=1000)
+    initial = learner.get_state()["target_params"]
+    learner.step(_sample(_batch()))
+    state = learner.get_state()
+    expected = jax.tree.map(lambda o, t: 0.25 * o + 0.75 * t, state["params"], initial)
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7), state["target_params"],
+                 expected)
 
 
 def test_state_round_trip_reproduces_the_next_update():
