@@ -371,16 +371,36 @@ def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
     assert summary["weight_updates"] == summary["actor_steps"] // builder.config.actor_update_period
 
 
+def test_dqn_stays_solved_on_cartpole_to_the_end_of_its_run(tmp_path):
+    """Not only solved once: BOTH last evaluations (25k and 30k env steps) of a CartPole-v1 run with int8 actors
+    are >= 475. Seed 1 is the one that collapsed hardest at a constant learning rate (500 at 25k, then 286 at 30k
+    and 34-172 later; bench/results/dqn_collapse.md); with the default decaying learning rate it holds 500."""
+    from launch.experiment import run_experiment
+    run_experiment(ExperimentConfig(agent="dqn", task="CartPole-v1", precision="int8", backend="onnx",
+                                    max_actor_steps=30_000, seed=1, logdir=tmp_path, eval_every=5000,
+                                    eval_episodes=5), progress=False, energy=False)
+    returns = _eval_returns(tmp_path)
+    assert len(returns) == 6, returns
+    assert min(returns[-2:]) >= 475.0, returns
+
+
+def _eval_returns(logdir) -> list[float]:
+    import csv
+    with open(logdir / "evaluator.csv", newline="", encoding="utf-8") as f:
+        return [float(row["return"]) for row in csv.DictReader(f)]
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["int8", "fp32"])
-def test_dqn_solves_cartpole(tmp_path, precision):
-    """Full CartPole target (average evaluation return >= 475) within 50k env steps."""
+def test_dqn_solves_cartpole_and_stays_solved(tmp_path, precision):
+    """Full CartPole target within 50k env steps, and the last 3 evaluations (40k-50k) still average >= 475."""
     from launch.experiment import run_experiment
     summary = run_experiment(ExperimentConfig(agent="dqn", task="CartPole-v1", precision=precision, backend="onnx",
-                                              max_actor_steps=50_000, seed=1, logdir=tmp_path, eval_every=2500,
-                                              eval_episodes=10),
-                             progress=False, energy=False, on_eval=lambda row: row["return"] >= 475.0)
-    assert summary["best_eval_return"] >= 475.0, summary["best_eval_return"]
+                                              max_actor_steps=50_000, seed=1, logdir=tmp_path, eval_every=5000,
+                                              eval_episodes=10), progress=False, energy=False)
+    returns = _eval_returns(tmp_path)
+    assert summary["best_eval_return"] >= 475.0, returns
+    assert np.mean(returns[-3:]) >= 475.0, returns
 
 
 def test_run_experiment_with_prioritized_replay_updates_priorities(tmp_path):
