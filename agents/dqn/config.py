@@ -18,7 +18,7 @@ from quarl.qat import check_qat_bits
 # (bench/results/learning_dqn.md). Use as `DQNConfig(**MOUNTAINCAR_OVERRIDES)` or `--set` each key.
 MOUNTAINCAR_OVERRIDES: dict = {"learning_rate": 4e-3, "discount": 0.98, "target_update_period": 300,
                                "batch_size": 128, "max_replay_size": 10_000, "epsilon_decay_steps": 24_000,
-                               "epsilon_end": 0.07}
+                               "epsilon_end": 0.07, "learning_rate_end": None}
 # Per-task settings over the defaults, for the gym tasks the defaults do not suit (CartPole-v1 and Acrobot-v1
 # take the defaults): what bench.learning's rows and bench.peers run, `task_overrides(task)` for a config.
 TASK_OVERRIDES: dict[str, dict] = {"MountainCar-v0": MOUNTAINCAR_OVERRIDES}

@@ -77,6 +77,19 @@ def test_config_is_frozen_and_accepts_list_hidden_sizes():
         config.batch_size = 1  # type: ignore[misc]
 
 
+def test_task_overrides_build_valid_configs_and_are_copies():
+    from agents.dqn.config import TASK_OVERRIDES, task_overrides
+    from bench.learning import DQN_ROWS
+    assert task_overrides("CartPole-v1") == {} and task_overrides("Acrobot-v1") == {}
+    for task in TASK_OVERRIDES:
+        DQNConfig(**task_overrides(task))
+    mountaincar = task_overrides("MountainCar-v0")
+    mountaincar["learning_rate"] = 1.0
+    assert task_overrides("MountainCar-v0")["learning_rate"] == 4e-3
+    assert {r.task: dict(r.overrides) for r in DQN_ROWS} == {t: task_overrides(t) for t in
+                                                            ("CartPole-v1", "Acrobot-v1", "MountainCar-v0")}
+
+
 def test_registry_builds_dqn_with_overrides_and_rejects_unknown_keys():
     builder = agents.get_builder("dqn", batch_size=16, min_replay_size=100)
     assert isinstance(builder, Builder) and builder.config.batch_size == 16
