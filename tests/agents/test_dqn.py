@@ -191,7 +191,7 @@ def test_learning_rate_decays_linearly_then_holds():
     schedule = learning_rate_schedule(DQNConfig(learning_rate=1e-3, learning_rate_end=1e-4,
                                                 learning_rate_decay_steps=100))
     assert [float(schedule(n)) for n in (0, 50, 100, 10_000)] == pytest.approx([1e-3, 5.5e-4, 1e-4, 1e-4])
-    constant = learning_rate_schedule(DQNConfig(learning_rate=1e-3))
+    constant = learning_rate_schedule(DQNConfig(learning_rate=1e-3, learning_rate_end=None))
     assert float(constant(0)) == float(constant(10_000)) == pytest.approx(1e-3)
 
 
@@ -207,7 +207,7 @@ def test_learner_steps_shrink_with_the_decayed_learning_rate():
         after = learner.policy_params()["linear_0"]["w"]
         return np.abs(middle - before).mean(), np.abs(after - middle).mean()
 
-    first_c, second_c = moves()
+    first_c, second_c = moves(learning_rate_end=None)
     first_d, second_d = moves(learning_rate_end=1e-5, learning_rate_decay_steps=1)
     assert first_d == pytest.approx(first_c, rel=1e-5)
     assert 50 < second_c / second_d < 200
