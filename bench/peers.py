@@ -1,6 +1,7 @@
 """This project beside the systems its users would otherwise pick, measured in the same benchmark run.
 
-    python -m bench.peers [--quick] [--out DIR] [--seeds 0,1,2] [--skip-acme] [--skip-sb3] [--allow-busy]
+    python -m bench.peers [--quick] [--out DIR] [--seeds 0,1,2] [--dqn-tasks CartPole-v1,...] [--skip-acme]
+        [--skip-sb3] [--allow-busy]
         [--acme-python VENV/bin/python] [--sb3-python VENV/bin/python] [--anchors DIR]
 
 Peers run as subprocesses of their own interpreters (built by the anchors' setup in `../shared/anchors/`:
@@ -11,10 +12,12 @@ one job at a time, alternating with ours, so every figure in the result was meas
    project's distributed program (int8 and fp32 actors) at the same network sizes, batch size and samples per
    insert. Ours runs the number of actor steps Acme reached, so both did the same work; reported: wall clock,
    learner steps/s, env steps/s per actor, last evaluation return (Acme's figures parsed from its own log lines).
-2. DQN: Stable-Baselines3 with rl-zoo3's tuned hyperparameters (`sb3_dqn/run.py`) and this project
-   (`bench.learning`'s rows, int8 and fp32 actors), same task, step budget, evaluation cadence (10 greedy
-   episodes every 2,500 env steps) and target, per seed: env steps and wall clock (evaluation included, for
-   both) to the first evaluation at or above the target, and env steps/s.
+2. DQN on CartPole-v1, Acrobot-v1 and MountainCar-v0: Stable-Baselines3 with rl-zoo3's tuned hyperparameters
+   for each task (`sb3_dqn/run.py`) and this project (`bench.learning`'s rows with their per-task settings, int8
+   and fp32 actors), same task, step budget, evaluation cadence (10 greedy episodes every 2,500 env steps) and
+   target, each run to its full budget, per seed: env steps and wall clock (evaluation included, for both) to
+   the first evaluation at or above the target, whether it stayed solved (the mean of the last 3 evaluations,
+   the fraction of evaluations after the first solve still at or above the target), and env steps/s.
 
 Interpreters come from the flags or $QUARL_ACME_PYTHON / $QUARL_SB3_PYTHON; a missing one is an error (exit 2)
 unless its part is skipped. The full run writes bench/results/peers.{json,md}; --quick writes to
@@ -94,6 +97,24 @@ def parse_acme_log(text: str, actors: int = 2) -> dict[str, Any]:
     }
 
 
+def eval_metrics(evals: Sequence[dict[str, Any]], threshold: float) -> dict[str, Any]:
+    """What the report shows of one run's evaluations ({"env_steps", "wall_clock_s", "return"} rows, in order).
+
+    Beside the first evaluation at or above `threshold` (time to solve), whether the policy STAYS solved: the
+    mean of the last 3 evaluations (what a user keeps is the final policy) and the fraction of the evaluations
+    after the first solve that are still >= `threshold` (None when the solve was the last evaluation)."""
+    hit = next((i for i, e in enumerate(evals) if e["return"] >= threshold), None)
+    after = evals[hit + 1:] if hit is not None else []
+    last = [e["return"] for e in evals[-3:]]
+    return {"solved": hit is not None,
+            "steps_to_target": None if hit is None else evals[hit]["env_steps"],
+            "wall_s_to_target": None if hit is None else evals[hit]["wall_clock_s"],
+            "final_return": last[-1] if last else None,
+            "last3_mean": statistics.fmean(last) if last else None,
+            "stay_fraction": sum(e["return"] >= threshold for e in after) / len(after) if after else None,
+            "eval_returns": [e["return"] for e in evals]}
+
+
 def parse_sb3_log(text: str, threshold: float) -> dict[str, Any]:
     """sb3_dqn/run.py's output: eval rows "env_steps wall mean std updates" and the closing throughput line."""
     evals = []
@@ -105,13 +126,22 @@ def parse_sb3_log(text: str, threshold: float) -> dict[str, Any]:
             except ValueError:
                 continue
             evals.append({"env_steps": int(steps), "wall_clock_s": wall, "return": mean, "updates": int(updates)})
-    hit = next((e for e in evals if e["return"] >= threshold), None)
+    # Step 0 is SB3's untrained policy: our evaluator starts at the first eval period, so it is left out of the
+    # figures both report (it could only count as a solve, never as one of the last 3 evaluations of a run).
+    trained = [e for e in evals if e["env_steps"] > 0]
     rate = re.search(r"-> (\d+) env steps/s", text)
-    return {"evals": evals, "solved": hit is not None, "steps_to_target": hit and hit["env_steps"],
-            "wall_s_to_target": hit and hit["wall_clock_s"],
+    return {"evals": evals, **eval_metrics(trained, threshold),
             "env_steps_per_s": float(rate.group(1)) if rate else None,
-            "final_return": evals[-1]["return"] if evals else None,
             "version": next((ln[2:] for ln in text.splitlines() if ln.startswith("# sb3 ")), None)}
+
+
+def read_our_evals(evaluator_csv: Path) -> list[dict[str, Any]]:
+    """Our evaluator.csv as `eval_metrics` rows (wall clock with evaluation included, as SB3's)."""
+    import csv  # pylint: disable=import-outside-toplevel
+
+    with open(evaluator_csv, newline="", encoding="utf-8") as f:
+        return [{"env_steps": int(r["actor_steps"]), "wall_clock_s": float(r["wall_clock_s"]),
+                 "return": float(r["return"])} for r in csv.DictReader(f)]
 
 
 # ------------------------------------------------------------------------------------------------ running
@@ -119,11 +149,7 @@ def parse_sb3_log(text: str, threshold: float) -> dict[str, Any]:
 
 def first_wall_at(evaluator_csv: Path, target: float) -> float | None:
     """Wall clock (evaluation included) of the first evaluation at or above `target` in our evaluator.csv."""
-    import csv  # pylint: disable=import-outside-toplevel
-
-    with open(evaluator_csv, newline="", encoding="utf-8") as f:
-        return next((float(r["wall_clock_s"]) for r in csv.DictReader(f) if float(r["return"]) >= target), None)
-
+    return eval_metrics(read_our_evals(evaluator_csv), target)["wall_s_to_target"]
 
 
 def _peer_env() -> dict[str, str]:
@@ -211,34 +237,44 @@ def bench_d4pg(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def bench_dqn(args: argparse.Namespace, out: Path, seeds: Sequence[int]) -> list[dict[str, Any]]:
+def sb3_command(python: str, anchors: Path, row: Any, seed: int) -> list[str]:
+    """SB3's run for `row` (a bench.learning LearningRow): rl-zoo3's tuned settings for the task, our budget,
+    evaluation cadence, episodes and target."""
+    return [python, str(anchors / "sb3_dqn" / "run.py"), "--env", row.task, "--seed", str(seed),
+            "--steps", str(row.max_actor_steps), "--eval_every", str(row.eval_every),
+            "--eval_episodes", str(row.eval_episodes), "--threshold", str(row.target), "--max_seconds", "3600"]
+
+
+def bench_dqn(args: argparse.Namespace, out: Path, seeds: Sequence[int], rows: Sequence[Any] | None = None
+              ) -> list[dict[str, Any]]:
+    """Every (row, seed): SB3, then ours with int8 and fp32 actors (order reversed on odd seeds), each run to its
+    full budget so that the final evaluations say whether the policy stayed solved."""
     from bench.learning import DQN_ROWS, QUICK_ROWS, run_one  # pylint: disable=import-outside-toplevel
 
-    rows = list(QUICK_ROWS) if args.quick else [r for r in DQN_ROWS if r.task in args.dqn_tasks]
+    if rows is None:
+        rows = list(QUICK_ROWS) if args.quick else [r for r in DQN_ROWS if r.task in args.dqn_tasks]
     results = []
     for row in rows:
         for i, seed in enumerate(seeds):
-            cmd = [args.sb3_python, str(args.anchors / "sb3_dqn" / "run.py"), "--env", row.task, "--seed", str(seed),
-                   "--steps", str(row.max_actor_steps), "--eval_every", str(row.eval_every),
-                   "--eval_episodes", str(row.eval_episodes), "--threshold", str(row.target),
-                   "--max_seconds", "3600"]
             order = ["sb3", "int8", "fp32"] if i % 2 == 0 else ["fp32", "int8", "sb3"]
             for system in order:
                 if system == "sb3":
                     log = out / "logs" / f"sb3-{row.task}-seed{seed}.log"
-                    code, text, wall = run_subprocess(cmd, log, 4000, out)
+                    code, text, wall = run_subprocess(sb3_command(args.sb3_python, args.anchors, row, seed), log,
+                                                      4000, out)
                     res = {"system": "sb3", **parse_sb3_log(text, row.target), "exit_code": code,
                            "wall_clock_s": round(wall, 1), "log": str(log)}
                     res.pop("evals")
                 else:
                     logdir = out / "runs" / f"dqn-{row.task}-{system}-s{seed}"
-                    r, _ = run_one(row, system, seed, logdir=logdir)
-                    res = {"system": f"ours {system}", "solved": r["solved"], "steps_to_target": r["steps_to_target"],
-                           "wall_s_to_target": first_wall_at(logdir / "evaluator.csv", row.target),
-                           "env_steps_per_s": r["env_steps_per_s"], "final_return": r["final_return"]}
+                    r, _ = run_one(row, system, seed, logdir=logdir, stop_at_target=False)
+                    res = {"system": f"ours {system}", **eval_metrics(read_our_evals(logdir / "evaluator.csv"),
+                                                                      row.target),
+                           "env_steps_per_s": r["env_steps_per_s"], "overrides": dict(row.overrides)}
                 results.append({"task": row.task, "seed": seed, "target": row.target, **res})
                 print(f"[bench.peers] {row.task} seed {seed} {res['system']}: steps {res['steps_to_target']}, "
-                      f"{res['wall_s_to_target']} s to {row.target}", flush=True)
+                      f"{res['wall_s_to_target']} s to {row.target}; last 3 evals {res['last3_mean']}, "
+                      f"stayed solved {res['stay_fraction']}", flush=True)
     return results
 
 
@@ -269,28 +305,43 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", "Settings: " + "; ".join(f"{k}: policy {p}, critic {c}, batch {b}, {s:g} samples per insert"
                                                for k, (p, c, b, s) in D4PG_SETTINGS.items()) + ".", ""]
     if result.get("dqn"):
-        lines += ["## DQN: Stable-Baselines3 (rl-zoo3 tuned) vs this project", "",
-                  "Same task, step budget, evaluation cadence and target; wall clock to target includes evaluation "
-                  "for both (SB3's clock starts when training starts, after its model is built; ours when the run "
-                  "starts, so ours also counts building the agent and compiling). Medians are over the seeds that "
-                  "reached the target (count shown); env steps/s exclude evaluation for SB3, and are ours' "
-                  "training-clock rate.", "",
-                  "| task | system | seeds reaching target | median env steps to target | median s to target | "
-                  "median env steps/s | per seed (steps / s) |", "|---|---|---:|---:|---:|---:|---|"]
-        keys = list(dict.fromkeys((r["task"], r["system"]) for r in result["dqn"]))
-        for task, system in keys:
-            rs = [r for r in result["dqn"] if r["task"] == task and r["system"] == system]
-            ok = [r for r in rs if r["solved"]]
-            med = lambda k, xs: statistics.median([r[k] for r in xs]) if xs else None  # noqa: E731
-            rates = [r for r in rs if r["env_steps_per_s"] is not None]
-            per_seed = ", ".join(f"s{r['seed']}: " + (f"{r['steps_to_target']:,} / {r['wall_s_to_target']:.0f}"
-                                                      if r["solved"] else "not reached") for r in rs)
-            lines.append(f"| {task} | {system} | {len(ok)}/{len(rs)} | {_num(med('steps_to_target', ok), '{:,.0f}')} "
-                         f"| {_num(med('wall_s_to_target', ok))} | {_num(med('env_steps_per_s', rates), '{:,.0f}')} "
-                         f"| {per_seed} |")
-        sb3 = next((r.get("version") for r in result["dqn"] if r["system"] == "sb3" and r.get("version")), None)
-        lines += ["", f"SB3 run: {sb3}." if sb3 else "", ""]
+        lines += dqn_markdown(result["dqn"])
     return "\n".join(lines) + "\n"
+
+
+def dqn_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The DQN section: per task and system, time to the first solve and whether the policy stayed solved."""
+    lines = ["## DQN: Stable-Baselines3 (rl-zoo3 tuned) vs this project", "",
+             "Same task, step budget, evaluation cadence, episodes and target; every run goes to its full budget. "
+             "Wall clock to target includes evaluation for both (SB3's clock starts when training starts, after "
+             "its model is built; ours when the run starts, so ours also counts building the agent and "
+             "compiling). Time medians are over the seeds that reached the target (count shown). \"last 3\" is "
+             "the mean of a run's last 3 evaluations (min over seeds and median shown); \"stayed\" is the "
+             "fraction of evaluations after the first solve still at or above the target (mean over seeds). Env "
+             "steps/s exclude evaluation for SB3, and are ours' training-clock rate.", "",
+             "| task | system | seeds reaching target | median env steps to target | median s to target | "
+             "last 3: min / median | stayed | median env steps/s | per seed (steps / s to target; last 3) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+
+    def med(key: str, xs: Sequence[dict[str, Any]]) -> float | None:
+        vals = [r[key] for r in xs if r.get(key) is not None]
+        return statistics.median(vals) if vals else None
+
+    for task, system in dict.fromkeys((r["task"], r["system"]) for r in rows):
+        rs = [r for r in rows if r["task"] == task and r["system"] == system]
+        ok = [r for r in rs if r["solved"]]
+        last3 = [r["last3_mean"] for r in rs if r.get("last3_mean") is not None]
+        stayed = [r["stay_fraction"] for r in rs if r.get("stay_fraction") is not None]
+        per_seed = ", ".join(
+            f"s{r['seed']}: " + (f"{r['steps_to_target']:,} / {r['wall_s_to_target']:.0f}" if r["solved"]
+                                 else "not reached") + f"; {_num(r.get('last3_mean'), '{:.0f}')}" for r in rs)
+        lines.append(f"| {task} | {system} | {len(ok)}/{len(rs)} | {_num(med('steps_to_target', ok), '{:,.0f}')} "
+                     f"| {_num(med('wall_s_to_target', ok))} | "
+                     f"{_num(min(last3) if last3 else None)} / {_num(statistics.median(last3) if last3 else None)} "
+                     f"| {_num(statistics.fmean(stayed) if stayed else None, '{:.2f}')} "
+                     f"| {_num(med('env_steps_per_s', rs), '{:,.0f}')} | {per_seed} |")
+    sb3 = next((r.get("version") for r in rows if r["system"] == "sb3" and r.get("version")), None)
+    return lines + ["", f"SB3 run: {sb3}." if sb3 else "", ""]
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -302,7 +353,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="output directory (default bench/results, or "
                                                     "runs/bench/peers-quick with --quick)")
     parser.add_argument("--seeds", default=None, help="DQN seeds (default 0,1,2; 0 with --quick)")
-    parser.add_argument("--dqn-tasks", default="CartPole-v1", help="comma-separated bench.learning DQN tasks")
+    parser.add_argument("--dqn-tasks", default="CartPole-v1,Acrobot-v1,MountainCar-v0",
+                        help="comma-separated bench.learning DQN tasks")
     parser.add_argument("--skip-acme", action="store_true", help="no D4PG comparison")
     parser.add_argument("--skip-sb3", action="store_true", help="no DQN comparison")
     parser.add_argument("--acme-python", default=os.environ.get("QUARL_ACME_PYTHON"),
@@ -320,6 +372,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not seeds or min(seeds) < 0:
         parser.error("--seeds needs at least one non-negative integer")
     args.dqn_tasks = [t.strip() for t in args.dqn_tasks.split(",") if t.strip()]
+    from bench.learning import DQN_ROWS  # pylint: disable=import-outside-toplevel
+    unknown = sorted(set(args.dqn_tasks) - {r.task for r in DQN_ROWS})
+    if unknown:
+        parser.error(f"--dqn-tasks: no bench.learning DQN row for {', '.join(unknown)} "
+                     f"(rows: {', '.join(r.task for r in DQN_ROWS)})")
     for skip, flag, python, script in ((args.skip_acme, "--acme-python", args.acme_python, "acme_legacy/run_d4pg.py"),
                                        (args.skip_sb3, "--sb3-python", args.sb3_python, "sb3_dqn/run.py")):
         if skip:

@@ -18,7 +18,15 @@ from quarl.qat import check_qat_bits
 # (bench/results/learning_dqn.md). Use as `DQNConfig(**MOUNTAINCAR_OVERRIDES)` or `--set` each key.
 MOUNTAINCAR_OVERRIDES: dict = {"learning_rate": 4e-3, "discount": 0.98, "target_update_period": 300,
                                "batch_size": 128, "max_replay_size": 10_000, "epsilon_decay_steps": 24_000,
-                               "epsilon_end": 0.07}
+                               "epsilon_end": 0.07, "learning_rate_end": None}
+# Per-task settings over the defaults, for the gym tasks the defaults do not suit (CartPole-v1 and Acrobot-v1
+# take the defaults): what bench.learning's rows and bench.peers run, `task_overrides(task)` for a config.
+TASK_OVERRIDES: dict[str, dict] = {"MountainCar-v0": MOUNTAINCAR_OVERRIDES}
+
+
+def task_overrides(task: str) -> dict:
+    """A copy of `task`'s config overrides ({} for a task that takes the defaults)."""
+    return dict(TASK_OVERRIDES.get(task, {}))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,6 +37,12 @@ class DQNConfig:
     hidden_sizes: tuple[int, ...] = (256, 256)
     # Optimiser (Adam with global-norm clipping).
     learning_rate: float = 1e-3
+    # Linear decay of the learning rate to `learning_rate_end` over `learning_rate_decay_steps` learner steps,
+    # then held (None or 0 steps: constant). At a constant 1e-3 CartPole-v1 reached 500 by ~15k env steps and
+    # then lost it (the greedy policy drifts the cart off the track: last 3 evaluations 455 / 103 / 356 on seeds
+    # 0-2); decayed to 5e-5 by 30k updates it solved as soon and held 500 to 50k (bench/results/dqn_collapse.md).
+    learning_rate_end: float | None = 5e-5
+    learning_rate_decay_steps: int = 30_000
     adam_eps: float = 1e-8
     max_gradient_norm: float = 10.0
     # Targets.
@@ -36,6 +50,8 @@ class DQNConfig:
     n_step: int = 3
     huber_loss_parameter: float = 1.0
     target_update_period: int = 100  # learner steps between hard target-network copies
+    # Polyak averaging instead of hard copies: target <- tau * online + (1 - tau) * target every update.
+    target_update_tau: float | None = None
     # Replay.
     batch_size: int = 64
     min_replay_size: int = 1_000
@@ -72,6 +88,13 @@ class DQNConfig:
                 or not all(_is_int(h) and h > 0 for h in hidden)):
             raise ValueError(f"hidden_sizes must be a non-empty tuple of positive ints, got {hidden!r}")
         _positive_float(self, "learning_rate")
+        if self.learning_rate_end is not None:
+            _positive_float(self, "learning_rate_end")
+        _nonneg_int(self, "learning_rate_decay_steps")
+        if self.target_update_tau is not None:
+            _in_range(self, "target_update_tau", 0.0, 1.0)
+            if self.target_update_tau == 0.0:
+                raise ValueError("target_update_tau must be in (0, 1] (0 would never update the target)")
         _positive_float(self, "adam_eps")
         _positive_float(self, "max_gradient_norm")
         _positive_float(self, "huber_loss_parameter")

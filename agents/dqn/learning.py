@@ -92,10 +92,7 @@ class DQNLearner(JaxLearner):
         self.columns = {"observation": (np.float32, None), "action": (np.int32, ()), "reward": (np.float32, ()),
                         "discount": (np.float32, ()), "next_observation": (np.float32, None)}
         key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
-        self._optimizer = optax.chain(
-            optax.clip_by_global_norm(config.max_gradient_norm),
-            optax.adam(config.learning_rate, eps=config.adam_eps),
-        )
+        self._optimizer = make_optimizer(config)
         params = init_params(spec, key)
         state = TrainingState(
             params=params,
@@ -106,7 +103,7 @@ class DQNLearner(JaxLearner):
         update = functools.partial(
             _update, loss_fn=make_loss(spec, config.huber_loss_parameter, config.qat_bits),
             optimizer=self._optimizer,
-            target_update_period=config.target_update_period,
+            target_update_period=config.target_update_period, target_update_tau=config.target_update_tau,
             is_exponent=config.importance_sampling_exponent if config.prioritized_replay else None)
 
         def update_batch(state: TrainingState, batch: Mapping[str, jax.Array]) -> tuple[TrainingState, dict]:
@@ -149,8 +146,38 @@ class DQNLearner(JaxLearner):
         return metrics
 
 
+def learning_rate_schedule(config: DQNConfig) -> optax.Schedule:
+    """Adam's step size per update: `learning_rate`, decayed linearly to `learning_rate_end` over
+    `learning_rate_decay_steps` updates, then held (constant when the end is None or the decay is 0 updates).
+
+    Why: at a constant 1e-3 (one update per env step) CartPole-v1's policy reached 500 and then lost it, the cart
+    drifting off the track; decaying to 5e-5 over 30k updates kept it solved without slowing the first solve
+    (bench/results/dqn_collapse.md)."""
+    if config.learning_rate_end is None or config.learning_rate_decay_steps == 0:
+        return optax.constant_schedule(config.learning_rate)
+    return optax.linear_schedule(config.learning_rate, config.learning_rate_end, config.learning_rate_decay_steps)
+
+
+def make_optimizer(config: DQNConfig) -> optax.GradientTransformation:
+    """Adam with global-norm gradient clipping, on the config's learning-rate schedule."""
+    return optax.chain(
+        optax.clip_by_global_norm(config.max_gradient_norm),
+        optax.adam(learning_rate_schedule(config), eps=config.adam_eps),
+    )
+
+
+def update_target(params: hk.Params, target_params: hk.Params, steps: jax.Array, period: int,
+                  tau: float | None) -> hk.Params:
+    """The target network after update number `steps`: a hard copy every `period` updates, or with `tau`
+    Polyak averaging every update (target <- tau * online + (1 - tau) * target)."""
+    if tau is None:
+        return optax.periodic_update(params, target_params, steps, period)
+    return optax.incremental_update(params, target_params, tau)
+
+
 def _update(state: TrainingState, batch: dict, probabilities: jax.Array | None, *, loss_fn,
-            optimizer: optax.GradientTransformation, target_update_period: int, is_exponent: float | None):
+            optimizer: optax.GradientTransformation, target_update_period: int, target_update_tau: float | None,
+            is_exponent: float | None):
     if is_exponent is None or probabilities is None:
         weights = jnp.ones_like(batch["reward"])
     else:
@@ -160,8 +187,7 @@ def _update(state: TrainingState, batch: dict, probabilities: jax.Array | None, 
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     steps = state.steps + 1
-    # Hard copy after every `target_update_period`-th update (steps counts completed updates).
-    target_params = optax.periodic_update(params, state.target_params, steps, target_update_period)
+    target_params = update_target(params, state.target_params, steps, target_update_period, target_update_tau)
     metrics = {
         "loss": loss,
         "q_mean": jnp.mean(q_taken),

@@ -2,6 +2,8 @@
 interpreter stops the benchmark with one line before anything runs."""
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from bench import peers
@@ -43,6 +45,8 @@ def test_sb3_output_gives_first_evaluation_at_the_target_and_throughput():
     got = peers.parse_sb3_log(SB3_LOG, 475.0)
     assert got["solved"] and (got["steps_to_target"], got["wall_s_to_target"]) == (5000, 7.5)
     assert got["env_steps_per_s"] == 750 and got["final_return"] == 500.0 and got["version"].startswith("sb3 2.9.2")
+    assert got["last3_mean"] == pytest.approx((200 + 480 + 500) / 3) and got["stay_fraction"] == 1.0
+    assert got["eval_returns"] == [200.0, 480.0, 500.0]  # step 0 (the untrained policy) is not one of ours' either
     missed = peers.parse_sb3_log(SB3_LOG, 501.0)
     assert not missed["solved"] and missed["steps_to_target"] is None
 
@@ -60,3 +64,62 @@ def test_missing_peer_interpreter_is_a_one_line_error(tmp_path, capsys):
     err = capsys.readouterr().err
     assert info.value.code == 2 and err.count("\n") == 1 and "--acme-python" in err
     assert not (tmp_path / "o").exists()
+
+
+def _evals(returns, every=5000):
+    return [{"env_steps": every * (i + 1), "wall_clock_s": 2.0 * (i + 1), "return": r} for i, r in enumerate(returns)]
+
+
+def test_eval_metrics_tell_a_policy_that_stays_solved_from_one_that_collapses():
+    stays = peers.eval_metrics(_evals([100, 480, 500, 500, 490, 500]), 475)
+    assert (stays["steps_to_target"], stays["wall_s_to_target"]) == (10_000, 4.0)
+    assert stays["last3_mean"] == pytest.approx(496.67, abs=0.01) and stays["stay_fraction"] == 1.0
+    collapses = peers.eval_metrics(_evals([100, 480, 500, 127, 160, 188]), 475)  # the issue's seed 0
+    assert collapses["steps_to_target"] == 10_000 and collapses["last3_mean"] == pytest.approx(158.33, abs=0.01)
+    assert collapses["stay_fraction"] == pytest.approx(0.25) and collapses["final_return"] == 188
+    never = peers.eval_metrics(_evals([-500, -300, -200]), -130)
+    assert not never["solved"] and never["steps_to_target"] is None and never["stay_fraction"] is None
+    assert never["last3_mean"] == pytest.approx(-1000 / 3)
+    last_only = peers.eval_metrics(_evals([-200, -120]), -130)
+    assert last_only["solved"] and last_only["stay_fraction"] is None  # nothing after the solve to judge
+    assert peers.eval_metrics([], 475)["last3_mean"] is None
+
+
+FAKE_SB3 = """\
+import argparse
+p = argparse.ArgumentParser()
+for flag in ("--env", "--seed", "--steps", "--eval_every", "--eval_episodes", "--threshold", "--max_seconds"):
+    p.add_argument(flag)
+a = p.parse_args()
+print("# sb3 2.9.2 fake for", a.env, "seed", a.seed)
+print("env_steps wall_clock_s eval_mean eval_std grad_updates")
+every, steps = int(a.eval_every), int(a.steps)
+for i, step in enumerate(range(0, steps + 1, every)):
+    print(step, 1.5 * i, 9.0 if step == 0 else 20.0 * i, 1.0, step // 2)
+print("# done: env_steps", steps, "-> 500 env steps/s, 250 grad updates/s (eval excluded)")
+"""
+
+
+def test_dqn_comparison_reports_time_to_solve_and_final_returns_at_tiny_size(tmp_path):
+    """bench_dqn end to end at a tiny budget: SB3's part from a stand-in script speaking run.py's output format,
+    ours a real 1,000-step run per precision; every figure the table shows comes out of the runs' own logs."""
+    import argparse
+    from bench.learning import LearningRow
+
+    anchors = tmp_path / "anchors"
+    (anchors / "sb3_dqn").mkdir(parents=True)
+    (anchors / "sb3_dqn" / "run.py").write_text(FAKE_SB3)
+    row = LearningRow("dqn", "CartPole-v1", 30.0, 1_000, 250, 2, overrides={"min_replay_size": 200})
+    args = argparse.Namespace(sb3_python=sys.executable, anchors=anchors, quick=False, dqn_tasks=[row.task])
+    rows = peers.bench_dqn(args, tmp_path / "out", [0], rows=[row])
+    assert [r["system"] for r in rows] == ["sb3", "ours int8", "ours fp32"]
+    sb3 = rows[0]
+    assert sb3["steps_to_target"] == 500 and sb3["last3_mean"] == pytest.approx(60.0)  # evals 40, 60, 80
+    assert sb3["stay_fraction"] == 1.0 and sb3["env_steps_per_s"] == 500
+    for ours in rows[1:]:
+        assert len(ours["eval_returns"]) == 4 and ours["overrides"] == {"min_replay_size": 200}
+        assert ours["last3_mean"] == pytest.approx(sum(ours["eval_returns"][-3:]) / 3)
+        assert ours["env_steps_per_s"] > 0
+    table = "\n".join(peers.dqn_markdown(rows))
+    assert "| CartPole-v1 | sb3 | 1/1 | 500 | 3.0 | 60.0 / 60.0 | 1.00 |" in table
+    assert table.count("| CartPole-v1 | ours ") == 2 and "SB3 run: sb3 2.9.2 fake" in table
