@@ -376,7 +376,8 @@ def print_table(rows: list[dict], summary: list[dict]) -> None:
         console.print(loads)
 
 
-def plot(rows: list[dict], path: Path) -> None:
+def plot(rows: list[dict], path: Path, machine: dict | None = None) -> None:
+    """Latency bars per (H, batch), one per backend/precision; the title names the CPU the rows were timed on."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -394,7 +395,11 @@ def plot(rows: list[dict], path: Path) -> None:
     ax.set_yscale("log")
     ax.set_xticks(np.arange(len(groups)), [f"H={h}\nbatch {b}" for h, b in groups])
     ax.set_ylabel("microseconds per call (median, log scale)")
-    ax.set_title("D4PG policy 24-H-H-H-6: inference latency by backend and precision")
+    cpu = (machine or {}).get("cpu_model") or "CPU not recorded"
+    cores = (machine or {}).get("cores")
+    ax.set_title("D4PG policy 24-H-H-H-6: inference latency by backend and precision\n"
+                 f"{cpu}{f', {cores} cores' if cores else ''}, one thread; bars: median over timed calls (no spread "
+                 "shown: see inference.json)", fontsize=10)
     ax.grid(axis="y", which="both", alpha=0.3)
     ax.legend(ncol=4, fontsize=8)
     fig.tight_layout()
@@ -426,7 +431,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
               "auto_decisions": {k.split("|", 1)[1]: v for k, v in decisions.items()}}
     out.mkdir(parents=True, exist_ok=True)
     (out / "inference.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    plot(rows, out / "inference.png")
+    plot(rows, out / "inference.png", machine)
     print(f"wrote {out / 'inference.json'} and {out / 'inference.png'}")
     return result
 
@@ -436,14 +441,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="under a minute: fewer calls, fewer shapes")
     parser.add_argument("--out", type=Path, default=None,
                         help="output folder (default: bench/results, or runs/bench/inference-quick with --quick)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="redraw inference.png from the folder's inference.json (no timing)")
     add_allow_busy(parser)
     args = parser.parse_args(argv)
-    refuse_if_busy(parser, args.allow_busy)
-    os.environ.setdefault("XLA_FLAGS", SINGLE_THREAD_XLA)
     out = args.out or Path("runs/bench/inference-quick" if args.quick else "bench/results")
     if out.exists() and not out.is_dir():
         print(f"error: --out {out} exists and is not a directory", file=sys.stderr)
         return 2
+    if args.report_only:
+        try:
+            result = json.loads((out / "inference.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError) as e:
+            print(f"error: cannot read {out / 'inference.json'}: {e}", file=sys.stderr)
+            return 2
+        plot(result["rows"], out / "inference.png", result.get("machine"))
+        print(f"wrote {out / 'inference.png'}")
+        return 0
+    refuse_if_busy(parser, args.allow_busy)
+    os.environ.setdefault("XLA_FLAGS", SINGLE_THREAD_XLA)
     run(args.quick, out)
     return 0
 

@@ -50,3 +50,15 @@ def test_quick_run_at_a_tiny_width_writes_its_results_without_the_onnx_int4_row(
     assert written["summary"] == result["summary"] and len(result["summary"]) == 1
     assert not any(r["variant"] == "onnx int4" for r in result["rows"])
     assert result["summary"][0]["best_int4_vs_best_fp32"] > 0  # from the onnx-nbits row
+
+
+def test_report_only_redraws_the_figure_from_the_json_and_names_the_cpu(tmp_path, capsys):
+    rows = [_row("onnx fp32", 80.0), _row("onnx int8", 20.0)]
+    (tmp_path / "inference.json").write_text(json.dumps({"rows": rows, "machine": {"cpu_model": "Test CPU",
+                                                                                    "cores": 2}}))
+    assert inference.main(["--report-only", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "inference.png").stat().st_size > 0
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert inference.main(["--report-only", "--out", str(empty)]) == 2
+    assert "cannot read" in capsys.readouterr().err
