@@ -24,6 +24,8 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
+from quarl.pixel_env import PixelEnvironment
+
 ALE_PREFIX = "ALE/"
 # Task name -> ale-py ROM id (a subset of its 100+ ROMs: the games the DQN literature reports most).
 ALE_GAMES = {"Pong": "pong", "Breakout": "breakout", "SpaceInvaders": "space_invaders", "Seaquest": "seaquest",
@@ -63,7 +65,7 @@ def resize_area(frame: np.ndarray, size: int = FRAME_SIZE) -> np.ndarray:
     return np.clip(np.rint(out), 0, 255).astype(np.uint8)
 
 
-class AtariEnvironment(dm_env.Environment):
+class AtariEnvironment(PixelEnvironment):
     """One ALE game with the standard DQN preprocessing (see the module docstring)."""
 
     def __init__(self, task: str, seed: int, *, clip_rewards: bool = False,
@@ -87,7 +89,7 @@ class AtariEnvironment(dm_env.Environment):
         self._stack: collections.deque = collections.deque(maxlen=FRAME_STACK)
         self._obs_spec = specs.BoundedArray((FRAME_SIZE, FRAME_SIZE, FRAME_STACK), np.uint8, 0, 255,
                                             name="observation")
-        self._action_spec = specs.DiscreteArray(len(self._actions), np.int32, name="action")
+        self._num_actions = len(self._actions)
         self._reset_next_step = True
 
     def _frame(self) -> np.ndarray:
@@ -109,12 +111,7 @@ class AtariEnvironment(dm_env.Environment):
     def step(self, action: Any) -> dm_env.TimeStep:
         if self._reset_next_step:
             return self.reset()
-        a = np.asarray(action)
-        if a.size != 1 or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"discrete action must be one integer, got {action!r}")
-        index = int(a.reshape(()))
-        if not 0 <= index < len(self._actions):
-            raise ValueError(f"action {index} outside [0, {len(self._actions)})")
+        index = self._check_action(action)
         reward = 0.0
         for i in range(FRAME_SKIP):
             reward += self._ale.act(self._actions[index])
@@ -127,23 +124,7 @@ class AtariEnvironment(dm_env.Environment):
                 break
         self._stack.append(self._frame())
         obs = self._observation()
-        reward = np.float32(np.clip(reward, -1.0, 1.0) if self._clip else reward)
-        if self._ale.game_over(with_truncation=False):
-            self._reset_next_step = True
-            return dm_env.termination(reward, obs)
-        if self._ale.game_truncated():
-            self._reset_next_step = True
-            return dm_env.truncation(reward, obs, discount=np.float32(1.0))
-        return dm_env.transition(reward, obs, discount=np.float32(1.0))
+        reward = np.clip(reward, -1.0, 1.0) if self._clip else reward
+        return self._end_step(reward, obs, terminal=self._ale.game_over(with_truncation=False),
+                              truncated=self._ale.game_truncated())
 
-    def observation_spec(self) -> specs.BoundedArray:
-        return self._obs_spec
-
-    def action_spec(self) -> specs.DiscreteArray:
-        return self._action_spec
-
-    def reward_spec(self) -> specs.Array:
-        return specs.Array((), np.float32, name="reward")
-
-    def discount_spec(self) -> specs.BoundedArray:
-        return specs.BoundedArray((), np.float32, 0.0, 1.0, name="discount")

@@ -24,6 +24,8 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
+from quarl.pixel_env import PixelEnvironment
+
 MINATAR_PREFIX = "MinAtar/"
 # Task name -> MinAtar's module name.
 MINATAR_GAMES = {"Asterix": "asterix", "Breakout": "breakout", "Freeway": "freeway", "Seaquest": "seaquest",
@@ -47,7 +49,7 @@ def _minatar_environment(game: str, sticky_action_prob: float, ramping: bool) ->
     return Environment(game, sticky_action_prob=sticky_action_prob, difficulty_ramping=ramping)
 
 
-class MinAtarEnvironment(dm_env.Environment):
+class MinAtarEnvironment(PixelEnvironment):
     """One MinAtar game behind the dm_env interface (see the module docstring)."""
 
     def __init__(self, task: str, seed: int, *, max_episode_steps: int = MAX_EPISODE_STEPS,
@@ -64,7 +66,6 @@ class MinAtarEnvironment(dm_env.Environment):
         self._num_actions = int(self._game.num_actions())
         self._obs_spec = specs.BoundedArray(tuple(int(d) for d in self._game.state_shape()), np.uint8, 0, 1,
                                             name="observation")
-        self._action_spec = specs.DiscreteArray(self._num_actions, np.int32, name="action")
         self._max_steps = max_episode_steps
         self._steps = 0
         self._reset_next_step = True
@@ -81,34 +82,12 @@ class MinAtarEnvironment(dm_env.Environment):
     def step(self, action: Any) -> dm_env.TimeStep:
         if self._reset_next_step:
             return self.reset()
-        a = np.asarray(action)
-        if a.size != 1 or not np.issubdtype(a.dtype, np.integer):
-            raise ValueError(f"discrete action must be one integer, got {action!r}")
-        index = int(a.reshape(()))
-        if not 0 <= index < self._num_actions:
-            raise ValueError(f"action {index} outside [0, {self._num_actions})")
+        index = self._check_action(action)
         reward, terminal = self._game.act(index)
         self._steps += 1
-        obs, reward = self._observation(), np.float32(reward)
-        if terminal:
-            self._reset_next_step = True
-            return dm_env.termination(reward, obs)
-        if self._steps >= self._max_steps:
-            self._reset_next_step = True
-            return dm_env.truncation(reward, obs, discount=np.float32(1.0))
-        return dm_env.transition(reward, obs, discount=np.float32(1.0))
+        return self._end_step(reward, self._observation(), terminal=bool(terminal),
+                              truncated=self._steps >= self._max_steps)
 
-    def observation_spec(self) -> specs.BoundedArray:
-        return self._obs_spec
-
-    def action_spec(self) -> specs.DiscreteArray:
-        return self._action_spec
-
-    def reward_spec(self) -> specs.Array:
-        return specs.Array((), np.float32, name="reward")
-
-    def discount_spec(self) -> specs.BoundedArray:
-        return specs.BoundedArray((), np.float32, 0.0, 1.0, name="discount")
 
 
 def make_minatar(task: str, seed: int = 0, **kwargs: Any) -> MinAtarEnvironment:

@@ -383,6 +383,24 @@ def _check_graph(form: KernelForm, layers: list[DenseWeights], per_row: bool = T
     return model
 
 
+def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
+    """max |out - ref| / max |ref| in float64 (inf when not finite): how every self-check scores a form."""
+    err = float(np.abs(np.asarray(out, np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
+    return err if np.isfinite(err) else float("inf")
+
+
+def check_result(name: str, worst: float) -> dict[str, Any]:
+    """A self-check's record: the form passes when its worst relative error is within CHECK_TOLERANCE."""
+    return {"form": name, "ok": bool(worst <= CHECK_TOLERANCE), "max_rel_err": worst, "tolerance": CHECK_TOLERANCE}
+
+
+def check_refusal(name: str, error: BaseException) -> dict[str, Any]:
+    """The record of a form ONNX Runtime could not build or run on this CPU (refused, not fatal)."""
+    first = str(error).splitlines()[0] if str(error) else ""
+    return {"form": name, "ok": False, "max_rel_err": None, "tolerance": CHECK_TOLERANCE,
+            "error": f"{type(error).__name__}: {first}"}
+
+
 def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int = 0) -> dict[str, Any]:
     """Run form `name` on random int`bits` layers of these [in, out] shapes (each width capped at 512) through
     ORT and compare with the form's exact reference on uniform inputs at batch 1 and 8, its batch-1 graph
@@ -423,13 +441,10 @@ def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int
                 for i, d in enumerate(layers):
                     x = feeds[f"x{i}"]
                     ref = form.reference(x, d) if floor is None else lifted_int_reference(x, d, floor)
-                    err = float(np.abs(outs[i].astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-30))
-                    worst = max(worst, err if np.isfinite(err) else np.inf)
-        result = {"form": name, "ok": bool(worst <= CHECK_TOLERANCE), "max_rel_err": worst,
-                  "tolerance": CHECK_TOLERANCE}
+                    worst = max(worst, relative_error(outs[i], ref))
+        result = check_result(name, worst)
     except Exception as e:  # pylint: disable=broad-except  # a form ORT cannot run here is refused, not fatal
-        result = {"form": name, "ok": False, "max_rel_err": None, "tolerance": CHECK_TOLERANCE,
-                  "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        result = check_refusal(name, e)
     with _lock:
         _checks[key] = result
     return dict(result)

@@ -36,7 +36,8 @@ import numpy as np
 from quarl.policy import Activation, Conv2D, Flatten, Linear, PolicySpec, image_patches
 from quarl.runtimes.base import DenseWeights, LoweredParams
 from quarl.runtimes.cpu import VNNI_FLAGS, cpu_class, cpu_info
-from quarl.runtimes.kernel_forms import CHECK_TOLERANCE, FALLBACK_FORM, Graph
+from quarl.runtimes.kernel_forms import (CHECK_TOLERANCE, FALLBACK_FORM, Graph, check_refusal, check_result,
+                                         relative_error)
 
 log = logging.getLogger(__name__)
 
@@ -309,15 +310,12 @@ def check_static_form(name: str, bits: int, seed: int = 0) -> dict[str, Any]:
         session = ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
         worst = 0.0
         for rows in (1, 8):
-            out = session.run(None, {"x": x[:rows]})[0].astype(np.float64)
+            out = session.run(None, {"x": x[:rows]})[0]
             ref = static_reference(x[:rows], conv, stride, linear, ranges, _CHECK_SHAPE)
-            err = float(np.abs(out - ref).max() / max(np.abs(ref).max(), 1e-30))
-            worst = max(worst, err if np.isfinite(err) else np.inf)
-        result = {"form": name, "ok": bool(worst <= CHECK_TOLERANCE), "max_rel_err": worst,
-                  "tolerance": CHECK_TOLERANCE}
+            worst = max(worst, relative_error(out, ref))
+        result = check_result(name, worst)
     except Exception as e:  # pylint: disable=broad-except  # a form ORT cannot run here is refused, not fatal
-        result = {"form": name, "ok": False, "max_rel_err": None, "tolerance": CHECK_TOLERANCE,
-                  "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}
+        result = check_refusal(name, e)
     with _lock:
         _checks[key] = result
     return dict(result)

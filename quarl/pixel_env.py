@@ -1,0 +1,53 @@
+"""What the MinAtar and ALE environments share: a dm_env over uint8 images with a discrete action set.
+
+Subclasses set `_obs_spec` and `_num_actions` and call `_check_action` / `_end_step`; the episode-end rule is
+written once: a game over is a termination (discount 0), a time limit a truncation (discount 1, bootstrapped).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import dm_env
+import numpy as np
+from dm_env import specs
+
+
+class PixelEnvironment(dm_env.Environment):
+    """dm_env boilerplate for image observations and `_num_actions` discrete actions."""
+
+    _obs_spec: specs.BoundedArray
+    _num_actions: int
+    _reset_next_step: bool = True
+
+    def _check_action(self, action: Any) -> int:
+        """The action as an index in [0, num_actions); ValueError for anything else."""
+        a = np.asarray(action)
+        if a.size != 1 or not np.issubdtype(a.dtype, np.integer):
+            raise ValueError(f"discrete action must be one integer, got {action!r}")
+        index = int(a.reshape(()))
+        if not 0 <= index < self._num_actions:
+            raise ValueError(f"action {index} outside [0, {self._num_actions})")
+        return index
+
+    def _end_step(self, reward: float, obs: np.ndarray, *, terminal: bool, truncated: bool) -> dm_env.TimeStep:
+        """The TimeStep of a step that gave `reward` and `obs`; a game over wins over a time limit."""
+        reward = np.float32(reward)
+        if terminal or truncated:
+            self._reset_next_step = True
+        if terminal:
+            return dm_env.termination(reward, obs)
+        if truncated:
+            return dm_env.truncation(reward, obs, discount=np.float32(1.0))
+        return dm_env.transition(reward, obs, discount=np.float32(1.0))
+
+    def observation_spec(self) -> specs.BoundedArray:
+        return self._obs_spec
+
+    def action_spec(self) -> specs.DiscreteArray:
+        return specs.DiscreteArray(self._num_actions, np.int32, name="action")
+
+    def reward_spec(self) -> specs.Array:
+        return specs.Array((), np.float32, name="reward")
+
+    def discount_spec(self) -> specs.BoundedArray:
+        return specs.BoundedArray((), np.float32, 0.0, 1.0, name="discount")
