@@ -24,7 +24,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from quarl.pixel_env import PixelEnvironment
+from quarl.pixel_env import PixelEnvironment, check_task_and_seed
 
 ALE_PREFIX = "ALE/"
 # Task name -> ale-py ROM id (a subset of its 100+ ROMs: the games the DQN literature reports most).
@@ -72,10 +72,7 @@ class AtariEnvironment(PixelEnvironment):
                  sticky_action_prob: float = STICKY_ACTION_PROB, max_episode_frames: int = MAX_EPISODE_FRAMES):
         from ale_py import ALEInterface, LoggerMode, roms  # pylint: disable=import-outside-toplevel
 
-        if task not in ALE_TASKS:
-            raise ValueError(f"unknown ALE task {task!r}; valid: {', '.join(ALE_TASKS)}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        check_task_and_seed(task, ALE_TASKS, "ALE", seed)
         ALEInterface.setLoggerMode(LoggerMode.Error)
         self._ale = ALEInterface()
         self._ale.setInt("random_seed", int(seed) % (2**31 - 1))

@@ -24,7 +24,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from quarl.pixel_env import PixelEnvironment
+from quarl.pixel_env import PixelEnvironment, check_task_and_seed
 
 MINATAR_PREFIX = "MinAtar/"
 # Task name -> MinAtar's module name.
@@ -54,10 +54,7 @@ class MinAtarEnvironment(PixelEnvironment):
 
     def __init__(self, task: str, seed: int, *, max_episode_steps: int = MAX_EPISODE_STEPS,
                  sticky_action_prob: float = STICKY_ACTION_PROB, difficulty_ramping: bool = True):
-        if task not in MINATAR_TASKS:
-            raise ValueError(f"unknown MinAtar task {task!r}; valid: {', '.join(MINATAR_TASKS)}")
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        check_task_and_seed(task, MINATAR_TASKS, "MinAtar", seed)
         if isinstance(max_episode_steps, bool) or not isinstance(max_episode_steps, int) or max_episode_steps < 1:
             raise ValueError(f"max_episode_steps must be a positive int, got {max_episode_steps!r}")
         self._game = _minatar_environment(MINATAR_GAMES[task[len(MINATAR_PREFIX):]], sticky_action_prob,

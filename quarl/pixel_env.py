@@ -5,11 +5,19 @@ written once: a game over is a termination (discount 0), a time limit a truncati
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import dm_env
 import numpy as np
 from dm_env import specs
+
+
+def check_task_and_seed(task: str, tasks: Sequence[str], family: str, seed: Any) -> None:
+    """ValueError naming the valid tasks for an unknown `task`, or for a seed that is not a non-negative int."""
+    if task not in tasks:
+        raise ValueError(f"unknown {family} task {task!r}; valid: {', '.join(tasks)}")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
 
 
 class PixelEnvironment(dm_env.Environment):
