@@ -119,6 +119,18 @@ class Sample(NamedTuple):
     data: dict[str, np.ndarray]  # each [B, ...]
 
 
+class StackedSample(NamedTuple):
+    """K batches from one `Table.sample_stacked` call, stacked: what a learner running K SGD steps per call feeds
+    to its device as is (no per-batch objects to build, ship across a process boundary, or stack again).
+
+    Its float columns are finite: the table refuses NaN and inf at insert (and at `load_state_dict`), so a
+    consumer need not scan them again."""
+
+    keys: np.ndarray  # int64 [K, B]
+    probabilities: np.ndarray  # float64 [K, B]
+    data: dict[str, np.ndarray]  # each [K, B, ...], C-contiguous
+
+
 def importance_weights(probabilities: np.ndarray, size: int, beta: float) -> np.ndarray:
     """PER importance weights (size * P(i))^-beta, normalised by the batch maximum (as Acme's DQN does)."""
     p = np.asarray(probabilities, dtype=np.float64)
@@ -155,8 +167,11 @@ class SumTree:
         """Sets leaves (indices must be unique) and recomputes their ancestors, one level per NumPy op."""
         pos = np.asarray(index, dtype=np.int64) + self._leaves
         self._tree[pos] = values
+        pos = np.sort(pos)  # sorted once: each level's parents are then sorted, and deduplicated by a neighbour test
         for _ in range(self._depth):
-            pos = np.unique(pos >> 1)
+            pos >>= 1
+            if pos.size > 1:
+                pos = pos[np.concatenate(([True], pos[1:] != pos[:-1]))]
             self._tree[pos] = self._tree[2 * pos] + self._tree[2 * pos + 1]
 
     def clear(self) -> None:
@@ -305,17 +320,21 @@ class Table:
         return Sample(np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts]),
                       {c: np.concatenate([p[2][c] for p in parts]) for c in self.signature})
 
+    def sample_stacked(self, batch_size: int, num_batches: int, timeout: float | None = None) -> StackedSample:
+        """`num_batches` batches of `batch_size` items in one call, as [K, B, ...] arrays: one lock hold and one
+        vectorised draw of K * B items (the same items, in the same order, as `sample(K * B)` would draw), split
+        into K consecutive batches by a reshape (no copy). The rate limiter sees the same items as from K `sample`
+        calls. What a learner running K SGD steps per call asks for: one round trip and 2 + columns arrays per K."""
+        batch_size, num_batches = _check_counts(batch_size, num_batches)
+        whole = self.sample(batch_size * num_batches, timeout)
+        split = lambda a: a.reshape(num_batches, batch_size, *a.shape[1:])  # noqa: E731
+        return StackedSample(split(whole.keys), split(whole.probabilities),
+                             {c: split(v) for c, v in whole.data.items()})
+
     def sample_batches(self, batch_size: int, num_batches: int, timeout: float | None = None) -> list[Sample]:
-        """`num_batches` batches of `batch_size` items in one call: one lock hold and one vectorised draw of
-        `num_batches * batch_size` items, split in order. What a learner running K SGD steps per call asks for
-        (one round trip per K steps); the rate limiter sees the same items as from K `sample` calls."""
-        if not isinstance(num_batches, (int, np.integer)) or isinstance(num_batches, bool) or num_batches < 1:
-            raise ValueError(f"num_batches must be a positive int, got {num_batches!r}")
-        if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
-            raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        whole = self.sample(int(batch_size) * int(num_batches), timeout)
-        cut = lambda a, i: a[i * batch_size:(i + 1) * batch_size]  # noqa: E731
-        return [Sample(cut(whole.keys, i), cut(whole.probabilities, i), {c: cut(v, i) for c, v in whole.data.items()})
+        """`sample_stacked` as a list of K `Sample`s (views of the stacked arrays)."""
+        stacked = self.sample_stacked(batch_size, num_batches, timeout)
+        return [Sample(stacked.keys[i], stacked.probabilities[i], {c: v[i] for c, v in stacked.data.items()})
                 for i in range(num_batches)]
 
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
@@ -453,7 +472,9 @@ class Table:
         """Writes k <= capacity items at the next keys, evicting the oldest beyond capacity. Lock held."""
         k = int(prios.shape[0])
         keys = np.arange(self._inserts, self._inserts + k, dtype=np.int64)
-        slots = keys % self.capacity
+        start = self._inserts % self.capacity
+        # A run of slots that does not wrap is written as a slice (one memcpy per column, no index array).
+        slots = slice(start, start + k) if start + k <= self.capacity else keys % self.capacity
         for c, v in columns.items():
             self._data[c][slots] = v
         self._keys[slots] = keys
@@ -463,9 +484,11 @@ class Table:
         self._size += k - evicted
         self._inserts += k
 
-    def _set_priorities(self, slots: np.ndarray, prios: np.ndarray) -> None:
+    def _set_priorities(self, slots: np.ndarray | slice, prios: np.ndarray) -> None:
         self._priorities[slots] = prios
         if self._tree is not None:
+            if isinstance(slots, slice):
+                slots = np.arange(slots.start, slots.stop, dtype=np.int64)
             self._tree.set(slots, prios ** self.priority_exponent)
 
     def _draw(self, k: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -479,7 +502,8 @@ class Table:
             keys = self._inserts - self._size + self._rng.integers(0, self._size, size=k)
             slots = keys % self.capacity
             probs = np.full(k, 1.0 / self._size)
-        return self._keys[slots].copy(), probs, {c: v[slots] for c, v in self._data.items()}
+        # np.take on axis 0: the same rows as fancy indexing, with less per-row overhead
+        return self._keys[slots], probs, {c: np.take(v, slots, axis=0) for c, v in self._data.items()}
 
 
 def table_from_config(signature: Signature, table_config: Mapping[str, Any], *, name: str = "replay",
@@ -516,6 +540,13 @@ class _WaitClock:
         if self._start is not None:
             self._counters[1] += time.monotonic() - self._start
             self._start = None
+
+
+def _check_counts(batch_size: Any, num_batches: Any) -> tuple[int, int]:
+    for name, value in (("num_batches", num_batches), ("batch_size", batch_size)):
+        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive int, got {value!r}")
+    return int(batch_size), int(num_batches)
 
 
 def _deadline(timeout: float | None) -> float | None:

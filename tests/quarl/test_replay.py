@@ -276,3 +276,43 @@ def test_sample_batches_draws_k_batches_in_one_call_counted_like_k_samples():
         table.sample_batches(5, 0)
     with pytest.raises(ValueError, match="batch_size"):
         table.sample_batches(0, 2)
+
+
+@pytest.mark.parametrize("sampler", ["uniform", "prioritized"])
+def test_sample_stacked_draws_what_one_big_sample_draws_for_the_same_seed(sampler):
+    a, b = _table(capacity=64, sampler=sampler), _table(capacity=64, sampler=sampler)
+    for t in (a, b):
+        t.insert(_batch(0, 50))
+        t.insert(_batch(50, 30))  # wraps the ring
+        t.update_priorities(np.arange(40, 60), np.linspace(0.1, 3.0, 20))
+    stacked = a.sample_stacked(5, 4)
+    whole = b.sample(20)
+    assert stacked.keys.shape == stacked.probabilities.shape == (4, 5)
+    assert stacked.data["obs"].shape == (4, 5, 3) and stacked.data["obs"].flags.c_contiguous
+    np.testing.assert_array_equal(stacked.keys.reshape(-1), whole.keys)
+    np.testing.assert_array_equal(stacked.probabilities.reshape(-1), whole.probabilities)
+    for c in whole.data:
+        np.testing.assert_array_equal(stacked.data[c].reshape(whole.data[c].shape), whole.data[c])
+    np.testing.assert_array_equal(stacked.data["action"], stacked.keys)  # columns travel with their key
+    assert a.info()["samples"] == b.info()["samples"] == 20  # the limiter counts items, as for K samples
+    with pytest.raises(ValueError, match="num_batches"):
+        a.sample_stacked(5, 0)
+
+
+def test_batched_priority_writes_keep_every_tree_node_the_exact_sum_of_its_children():
+    rng = np.random.default_rng(3)
+    table = _table(capacity=37, sampler="prioritized", priority_exponent=1.0)
+    for start in range(0, 200, 13):  # inserts that wrap the ring at different offsets
+        table.insert(_batch(start, 13), priorities=rng.uniform(0.1, 2.0, 13))
+        keys = rng.integers(start - 20, start + 13, 9)  # repeats and evicted keys included
+        table.update_priorities(keys, rng.uniform(0.0, 2.0, 9))
+    tree = table._tree  # pylint: disable=protected-access
+    leaves = tree._leaves  # pylint: disable=protected-access
+    nodes = tree._tree  # pylint: disable=protected-access
+    np.testing.assert_array_equal(nodes[leaves:leaves + 37], table._priorities)  # pylint: disable=protected-access
+    for i in range(1, leaves):
+        assert nodes[i] == nodes[2 * i] + nodes[2 * i + 1], i
+    total = table.info()["inserts"]
+    live = np.arange(total - 37, total)
+    np.testing.assert_array_equal(table.state_dict()["keys"], live)
+    np.testing.assert_array_equal(table.state_dict()["data"]["action"], live)  # FIFO across the wrap
