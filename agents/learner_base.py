@@ -21,6 +21,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from quarl.replay import StackedSample
+
 # column -> (dtype, shape of one item); None = any shape (checked only for a common batch size). Items of shape
 # () may arrive as [B, 1] and are flattened to [B].
 Columns = Mapping[str, tuple[Any, tuple[int, ...] | None]]
@@ -51,17 +53,43 @@ class JaxLearner:
     agent_name: ClassVar[str] = "agent"
     columns: Columns  # set by the subclass before super().__init__
 
+    # State fields the update never donates: the policy trees actors run. Their arrays stay valid after later
+    # updates, so a snapshot for the publisher is a reference (no device copy on the training thread).
+    kept_fields: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, state: Any, update: UpdateFn, *, donate: bool):
         self._state = state
         self._steps = int(state.steps)
         self._donate = donate
+        kept = self.kept_fields if donate else ()
+        unknown = [f for f in kept if f not in state._fields]
+        if unknown:
+            raise ValueError(f"{self.agent_name}: kept_fields {unknown} are not training state fields")
+        self._kept = kept
+
+        def join(donated: Any, kept_values: tuple) -> Any:
+            return donated._replace(**dict(zip(kept, kept_values)))
+
+        def update_split(donated: Any, kept_values: tuple, batch: Any) -> tuple[Any, Any]:
+            return update(join(donated, kept_values), batch)
+
+        def scan_split(donated: Any, kept_values: tuple, batches: Any) -> tuple[Any, Any]:
+            return jax.lax.scan(update, join(donated, kept_values), batches)
+
+        # Only the first argument (the state without the kept fields) is donated.
         donate_args = (0,) if donate else ()
-        self._update = jax.jit(update, donate_argnums=donate_args)
-        self._scan = jax.jit(lambda s, b: jax.lax.scan(update, s, b), donate_argnums=donate_args)
-        # A donating update frees the state's buffers: a snapshot handed to another thread must be a copy.
+        self._update = jax.jit(update_split, donate_argnums=donate_args)
+        self._scan = jax.jit(scan_split, donate_argnums=donate_args)
+        # A snapshot of a donated policy tree must be a device copy (the donating update frees its buffers).
         self._copy = jax.jit(lambda t: jax.tree_util.tree_map(jnp.copy, t))
-        if donate:  # compiled now, so that the first hand-over to the publisher costs a dispatch, not a compile
+        if donate and not kept:  # compiled now: the first hand-over to the publisher costs a dispatch, not a compile
             jax.block_until_ready(self._copy(self._policy_tree()))
+
+    def _split(self) -> tuple[Any, tuple]:
+        """(the state with the kept fields set to None, their values): the donated and the kept arguments."""
+        if not self._kept:
+            return self._state, ()
+        return self._state._replace(**{f: None for f in self._kept}), tuple(getattr(self._state, f) for f in self._kept)
 
     # ------------------------------------------------------------------ hooks
 
@@ -88,7 +116,7 @@ class JaxLearner:
     def step(self, sample: Any) -> dict[str, Any]:
         """One SGD step on a `quarl.replay.Sample` (or a plain mapping of columns)."""
         batch = self._coerce(sample)
-        self._state, metrics = self._update(self._state, batch)
+        self._state, metrics = self._update(*self._split(), batch)
         self._steps += 1
         return self._host_outputs(dict(metrics))
 
@@ -96,8 +124,17 @@ class JaxLearner:
         """Blocks until every dispatched update has run on the device (updates are asynchronous)."""
         jax.block_until_ready(self._state)
 
-    def prepare(self, samples: Sequence[Any]) -> Block:
-        """K samples checked, stacked and copied to the device (thread-safe: touches no learner state)."""
+    def prepare(self, samples: Sequence[Any] | StackedSample) -> Block:
+        """K samples checked, stacked and copied to the device (thread-safe: touches no learner state).
+
+        A `quarl.replay.StackedSample` (the replay's `sample_stacked`) is already stacked, and its float columns
+        were checked finite by the table at insert: only dtypes and shapes are checked, no pass over the data."""
+        if isinstance(samples, StackedSample):
+            columns = self._coerce(samples, lead=2, check_finite=False)
+            k = int(np.shape(samples.keys)[0])
+            if k == 1:  # one batch: `run_block` runs the single-step update on it, `step`'s exact computation
+                columns = {c: v[0] for c, v in columns.items()}
+            return Block(jax.device_put(columns), np.asarray(samples.keys, np.int64), k)
         if not samples:
             raise ValueError("a block needs at least one sampled batch")
         batches = [self._coerce(s) for s in samples]
@@ -114,14 +151,15 @@ class JaxLearner:
         """`block.size` SGD steps in one jitted `lax.scan`; the same arithmetic as that many `step` calls.
         Metrics come back stacked ([K]; per-item ones [K, B]), except for a one-batch block (as `step`)."""
         if block.size == 1:
-            self._state, metrics = self._update(self._state, block.batches)
+            self._state, metrics = self._update(*self._split(), block.batches)
         else:
-            self._state, metrics = self._scan(self._state, block.batches)
+            self._state, metrics = self._scan(*self._split(), block.batches)
         self._steps += block.size
         return self._host_outputs(dict(metrics))
 
-    def _coerce(self, sample: Any) -> dict[str, np.ndarray]:
-        """Columns as the dtypes and item shapes the update was compiled for (else ValueError)."""
+    def _coerce(self, sample: Any, lead: int = 1, check_finite: bool = True) -> dict[str, np.ndarray]:
+        """Columns as the dtypes and item shapes the update was compiled for (else ValueError). `lead` leading axes
+        index items ([B] or [K, B]); `check_finite=False` only for data a replay table checked at insert."""
         data = getattr(sample, "data", sample)
         name = self.agent_name
         missing = [k for k in self.columns if k not in data]
@@ -130,17 +168,18 @@ class JaxLearner:
         batch = {}
         for key, (dtype, shape) in self.columns.items():
             arr = np.asarray(data[key], dtype)
-            if shape == ():
-                arr = arr.reshape(-1)
+            if shape == ():  # [B, 1] items arrive too
+                arr = arr.reshape(-1) if lead == 1 else arr.reshape(*arr.shape[:lead - 1], -1) if arr.ndim else arr
             batch[key] = arr
-        n = batch[next(iter(batch))].shape[0] if batch[next(iter(batch))].ndim else -1
+        first = batch[next(iter(batch))]
+        n = first.shape[:lead] if first.ndim >= lead else (-1,)
         for key, (dtype, shape) in self.columns.items():
             arr = batch[key]
-            expected = (n, *shape) if shape is not None else None
-            if arr.ndim == 0 or arr.shape[0] != n or (expected is not None and arr.shape != expected):
+            expected = (*n, *shape) if shape is not None else None
+            if arr.ndim < lead or arr.shape[:lead] != n or (expected is not None and arr.shape != expected):
                 raise ValueError(f"{name} batch column {key!r} has shape {arr.shape}, expected "
-                                 f"{expected if expected is not None else (n, '...')}")
-            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                                 f"{expected if expected is not None else (*n, '...')}")
+            if check_finite and arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 raise ValueError(f"{name} batch column {key!r} contains NaN or inf")
         batch.update(self._extra_columns(sample, batch))
         return batch
@@ -152,11 +191,13 @@ class JaxLearner:
         return to_numpy(self._policy_tree())
 
     def policy_snapshot(self) -> Any:
-        """The same tree as device arrays that stay valid after later updates (a device-side copy when the update
-        donates its state). Costs the caller one asynchronous dispatch, not a device-to-host copy: what the
-        training thread hands to the publisher."""
+        """The same tree as device arrays that stay valid after later updates: a reference when the tree is one of
+        `kept_fields` (never donated) or the update donates nothing, else a device-side copy (one asynchronous
+        dispatch). No device-to-host copy either way: what the training thread hands to the publisher."""
         tree = self._policy_tree()
-        return self._copy(tree) if self._donate else tree
+        if not self._donate or any(tree is getattr(self._state, f) for f in self._kept):
+            return tree  # never donated: the reference stays valid
+        return self._copy(tree)
 
     # ------------------------------------------------------------------ checkpoints
 

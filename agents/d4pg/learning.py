@@ -120,6 +120,9 @@ class D4PGLearner(JaxLearner):
     `agents.learner_base` for the scaffold (step counter, K-step scan, batch checks, checkpoints)."""
 
     agent_name = "D4PG"
+    # The policy trees are not donated: the publisher's snapshot of the served one is then a reference, not a
+    # device copy on the training thread per version; the rest of the state (critic, optimizer) is donated.
+    kept_fields = ("policy_params", "target_policy_params")
 
     def __init__(self, networks: D4PGNetworks, config: D4PGConfig, seed: int | jax.Array):
         self._networks = networks

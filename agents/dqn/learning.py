@@ -131,7 +131,8 @@ class DQNLearner(JaxLearner):
         return np.concatenate(recent) if recent else None
 
     def _extra_columns(self, sample: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        self._recent_obs.append(batch["observation"])
+        obs = batch["observation"]  # [B, ...], or [K, B, ...] from a stacked sample: one entry per batch
+        self._recent_obs.extend(obs if batch["reward"].ndim == 2 else (obs,))
         if not self._config.prioritized_replay:
             return {}
         probs = np.asarray(sample.probabilities, np.float32)

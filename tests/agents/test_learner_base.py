@@ -39,9 +39,9 @@ def _dqn() -> DQNLearner:
     return DQNLearner(make_q_spec(OBS, NUM_ACTIONS, config.hidden_sizes), config, seed=0)
 
 
-def _assert_same_state(a, b) -> None:
+def _assert_same_state(a, b, steps: int = K) -> None:
     sa, sb = a.get_state(), b.get_state()
-    assert int(sa["steps"]) == int(sb["steps"]) == K
+    assert int(sa["steps"]) == int(sb["steps"]) == steps
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=1e-6), sa, sb)
 
 
@@ -94,12 +94,47 @@ def test_blocks_are_checked_like_single_batches():
         dqn.step(type("S", (), {"data": nan, "probabilities": np.full(B, 1 / B), "keys": np.arange(B)})())
 
 
-def test_policy_snapshot_survives_the_donating_update():
+def test_policy_snapshot_is_a_reference_the_donating_update_never_invalidates():
     learner = _d4pg()
     rng = np.random.default_rng(2)
     learner.step(_columns(rng, False))
     snapshot = learner.policy_snapshot()
+    served = learner._policy_tree()  # pylint: disable=protected-access
+    # The served policy is a kept (never donated) field: the hand-over is the very arrays, no device copy.
+    assert all(a is b for a, b in zip(jax.tree_util.tree_leaves(snapshot), jax.tree_util.tree_leaves(served)))
     before = learner.policy_params()
-    for _ in range(3):  # donates the state's buffers, target copy included (period 2)
+    for _ in range(3):  # donates the rest of the state; the target copy (period 2) changes the served policy
         learner.step(_columns(rng, False))
-    jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(snapshot), before)
+    learner.run_block(learner.prepare([_columns(rng, False) for _ in range(K)]))  # the scanned update too
+    assert not any(leaf.is_deleted() for leaf in jax.tree_util.tree_leaves(snapshot))
+    jax.tree_util.tree_map(np.testing.assert_array_equal, jax.device_get(snapshot), before)  # still that version
+    after = learner.policy_params()
+    assert any(not np.array_equal(x, y) for x, y in zip(jax.tree_util.tree_leaves(before),
+                                                        jax.tree_util.tree_leaves(after)))
+
+
+@pytest.mark.parametrize("make", [_d4pg, _dqn], ids=["d4pg", "dqn"])
+def test_a_stacked_sample_trains_like_the_same_batches_as_a_list(make):
+    discrete = make is _dqn
+    sig = {"observation": ((OBS,), np.float32), "action": (((), np.int32) if discrete else ((ACT,), np.float32)),
+           "reward": ((), np.float32), "discount": ((), np.float32), "next_observation": ((OBS,), np.float32)}
+    tables = [Table("replay", 256, sig, sampler="prioritized" if discrete else "uniform", seed=0) for _ in range(2)]
+    rng = np.random.default_rng(4)
+    for _ in range(8):
+        cols = _columns(rng, discrete)
+        cols = {k: (v.reshape(B) if sig[k][0] == () else v) for k, v in cols.items()}
+        for t in tables:
+            t.insert(cols)
+    for k in (1, K):  # one batch runs the single-step update, K the scan
+        listed, stacked = make(), make()
+        a = listed.run_block(listed.prepare(tables[0].sample_batches(B, k)))
+        block = stacked.prepare(tables[1].sample_stacked(B, k))
+        assert block.size == k and block.keys.shape == (k, B)
+        b = stacked.run_block(block)
+        _assert_same_state(listed, stacked, k)
+        for name in a:
+            np.testing.assert_allclose(np.asarray(b[name]), np.asarray(a[name]), rtol=2e-5, atol=1e-6, err_msg=name)
+    wrong = tables[0].sample_stacked(B, 2)
+    wrong.data["discount"] = wrong.data["discount"][:, :-1]
+    with pytest.raises(ValueError, match="discount.*shape"):
+        make().prepare(wrong)
