@@ -1,10 +1,11 @@
 """The learner's feed: prefetch threads that sample K batches per replay call and prepare them for the device.
 
 Why: a learner running at device speed must never wait for a replay round trip, a NumPy check or a host-to-device
-copy. Each thread keeps one `sample_batches(batch_size, K)` call in flight, then checks, stacks and copies the K
-batches to the learner's device (`learner.prepare`, thread-safe) while the training thread runs the current
-block. Every sampled batch goes into exactly one block and every block is taken once; the blocks still queued
-at a stop are dropped with the queue (their samples were never trained on).
+copy. Each thread keeps one `sample_stacked(batch_size, K)` call in flight (K batches as [K, B, ...] arrays whose
+values the table checked at insert), then checks their dtypes and shapes and copies them to the learner's device
+(`learner.prepare`, thread-safe) while the training thread runs the current block. Every sampled batch goes into
+exactly one block and every block is taken once; the blocks still queued at a stop are dropped with the queue
+(their samples were never trained on).
 """
 from __future__ import annotations
 
@@ -62,10 +63,8 @@ class BlockFeed:
         return not any(t.is_alive() for t in self._threads)
 
     def _sample(self) -> tuple[bool, Any]:
-        if self._k == 1:  # the one-batch call: no list to build or ship
-            finished, sample = wait_or_stop(self._replay.submit("sample", self._batch_size), self._stop)
-            return finished, [sample]
-        return wait_or_stop(self._replay.submit("sample_batches", self._batch_size, self._k), self._stop)
+        # One StackedSample ([K, B, ...]): `prepare` neither stacks it nor re-scans what the table checked at insert.
+        return wait_or_stop(self._replay.submit("sample_stacked", self._batch_size, self._k), self._stop)
 
     def _loop(self) -> None:
         try:

@@ -93,6 +93,11 @@ class ReplayServer(NodeBase):
         """`num_batches` batches in one call (a learner running K SGD steps per call: one round trip per K)."""
         return self._table.sample_batches(batch_size, num_batches)
 
+    def sample_stacked(self, batch_size: int, num_batches: int) -> Any:
+        """The same, as one `quarl.replay.StackedSample` ([K, B, ...] arrays): 2 + columns arrays cross the
+        process boundary instead of K samples' worth, and the learner's feed stacks nothing."""
+        return self._table.sample_stacked(batch_size, num_batches)
+
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         return self._table.update_priorities(keys, priorities)
 

@@ -14,7 +14,7 @@ from launch import learner_node
 from launch.learner_feed import BlockFeed
 from launch.learner_node import crossed
 from launch.local_runner import DaemonPool, LocalNodeHandle
-from quarl.replay import Sample
+from quarl.replay import Sample, StackedSample
 from tests.launch.tiny import TINY_DQN
 
 
@@ -95,14 +95,16 @@ class _NumberedReplay:
     def sample(self, batch_size: int) -> Sample:
         return self._one()
 
-    def sample_batches(self, batch_size: int, num_batches: int) -> list[Sample]:
-        return [self._one() for _ in range(num_batches)]
+    def sample_stacked(self, batch_size: int, num_batches: int) -> StackedSample:
+        batches = [self._one() for _ in range(num_batches)]
+        return StackedSample(np.stack([b.keys for b in batches]), np.stack([b.probabilities for b in batches]),
+                             {"x": np.stack([b.data["x"] for b in batches])})
 
 
 @pytest.mark.parametrize("k", [1, 3])
 def test_the_prefetcher_neither_loses_nor_reuses_a_batch_and_stops_cleanly(k):
     replay, pool = _NumberedReplay(batch_size=4, limit=60), DaemonPool(8)
-    feed = BlockFeed(LocalNodeHandle(replay, pool), lambda samples: [s.keys for s in samples], 4, k,
+    feed = BlockFeed(LocalNodeHandle(replay, pool), lambda samples: list(samples.keys), 4, k,
                      threads=2).start()
     taken = []
     while len(taken) < 10:
