@@ -162,21 +162,25 @@ def measure(policy: Sequence[int], critic: Sequence[int], batch_size: int, *, st
             holder[0] = state
         out["modes"]["loop"] = {"rates": _time_blocks(loop_block, steps, rounds), "first_call_s": compile_s}
 
-    if "learner.step" in modes:
-        learner = D4PGLearner(networks, config, 0)
+    # "learner.step, all donated": the same learner with its policy trees donated too (D4PGLearner keeps them out
+    # of the donation so the publisher's snapshot is a reference): what keeping them costs the step, if anything.
+    all_donated = type("D4PGLearnerAllDonated", (D4PGLearner,), {"kept_fields": ()})
+    for mode, cls in (("learner.step", D4PGLearner), ("learner.step, all donated", all_donated)):
+        if mode not in modes:
+            continue
+        learner = cls(networks, config, 0)
         per_step_host = [{k: v[i] for k, v in host.items()} for i in range(steps)]
         t = time.perf_counter()
         learner.step(per_step_host[0])
         compile_s = time.perf_counter() - t
 
-        def learner_block() -> None:
+        def learner_block(learner: Any = learner, per_step_host: list = per_step_host) -> None:
             metrics = None
             for b in per_step_host:
                 metrics = learner.step(b)  # device arrays: the host does not wait for each step
             # The last step's metrics depend on every earlier update, so this waits for the whole block.
             jax.block_until_ready(metrics)
-        out["modes"]["learner.step"] = {"rates": _time_blocks(learner_block, steps, rounds),
-                                        "first_call_s": compile_s}
+        out["modes"][mode] = {"rates": _time_blocks(learner_block, steps, rounds), "first_call_s": compile_s}
 
     for mode in out["modes"].values():
         rates = mode["rates"]
@@ -229,6 +233,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "cost remains). **learner.step** is what `launch.experiment` runs: a NumPy batch is validated and copied "
         "in every step, the metrics stay on device and each timed block waits for its last step.",
         "",
+        *[f"learner.step with the policy trees donated too, {'x'.join(map(str, r['policy_layer_sizes']))} policy: "
+          f"**{r['modes']['learner.step, all donated']['median_steps_per_s']:.1f}** steps/s (kept out of the "
+          f"donation, as D4PGLearner runs: {r['modes']['learner.step']['median_steps_per_s']:.1f})."
+          for r in result["configs"] if "learner.step, all donated" in r["modes"]],
+        "",
         "First-call seconds (compile + one step): "
         + "; ".join(f"{'x'.join(map(str, r['policy_layer_sizes']))} policy: "
                     + ", ".join(f"{k} {v['first_call_s']:.1f} s" for k, v in r["modes"].items())
@@ -243,13 +252,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="few steps, one round per mode (a smoke run)")
     p.add_argument("--no-paper", action="store_true", help="skip the 2048x3 policy")
     p.add_argument("--out", default=None)
+    p.add_argument("--donation", action="store_true",
+                   help="also time learner.step with the policy trees donated too (what keeping them costs)")
     add_allow_busy(p)
     args = p.parse_args(argv)
     refuse_if_busy(p, args.allow_busy)
     outdir = Path(args.out) if args.out else (REPO / "runs" / "bench" / "learner-throughput-quick" if args.quick
                                               else REPO / "bench" / "results")
     result: dict[str, Any] = {"machine": machine_info(args.allow_busy), "quick": args.quick, "configs": []}
-    modes = ("scan", "loop", "learner.step")
+    modes = ("scan", "loop", "learner.step") + (("learner.step, all donated",) if args.donation else ())
     plan = [((256, 256, 256), (256, 256, 256), 256, (10, 2) if args.quick else (50, 5))]
     if not args.no_paper:
         plan.append(((2048, 2048, 2048), (256, 256, 256), 256, (2, 1) if args.quick else (5, 3)))
