@@ -132,7 +132,7 @@ def window(info: Callable[[], dict[str, Any]], warmup_s: float, window_s: float)
             "samples_vs_required": samples / REQUIRED_SAMPLES_PER_S}
 
 
-def wait_for(info: Callable[[], dict[str, Any]], counter: str, timeout_s: float = 60.0) -> None:
+def wait_for(info: Callable[[], dict[str, Any]], counter: str, timeout_s: float = 300.0) -> None:
     """Returns once `counter` moves (the inserters or samplers are running), so that start-up is never timed."""
     first, deadline = info()[counter], time.monotonic() + timeout_s
     while info()[counter] == first:

@@ -43,7 +43,7 @@ def test_machine_record_has_the_load_at_start_and_end(monkeypatch):
 @pytest.mark.parametrize("module, extra", [("bench.actorq", []), ("bench.inference", []),
                                            ("bench.learner_throughput", []), ("bench.learning", []),
                                            ("bench.qat", []), ("bench.peers", ["--skip-acme", "--skip-sb3"]),
-                                           ("bench.publish", [])])
+                                           ("bench.publish", []), ("bench.replay_server", [])])
 def test_every_benchmark_refuses_a_busy_machine_before_it_starts(module, extra, monkeypatch, tmp_path, capsys):
     import importlib
 
