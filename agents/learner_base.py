@@ -169,7 +169,7 @@ class JaxLearner:
         for key, (dtype, shape) in self.columns.items():
             arr = np.asarray(data[key], dtype)
             if shape == ():  # [B, 1] items arrive too
-                arr = arr.reshape(-1) if lead == 1 else arr.reshape(*arr.shape[:lead - 1], -1) if arr.ndim else arr
+                arr = arr.reshape(*arr.shape[:lead - 1], -1) if arr.ndim >= lead else arr.reshape(-1)
             batch[key] = arr
         first = batch[next(iter(batch))]
         n = first.shape[:lead] if first.ndim >= lead else (-1,)
