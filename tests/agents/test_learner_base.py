@@ -33,6 +33,13 @@ def _d4pg() -> D4PGLearner:
     return D4PGLearner(make_networks(config, OBS, [-1.0] * ACT, [1.0] * ACT), config, seed=0)
 
 
+def test_kept_fields_must_name_training_state_fields():
+    config = D4PGConfig(policy_layer_sizes=(8,), critic_layer_sizes=(8,), num_atoms=11, batch_size=B, min_replay_size=B)
+    misnamed = type("Misnamed", (D4PGLearner,), {"kept_fields": ("policy",)})
+    with pytest.raises(ValueError, match=r"kept_fields \['policy'\]"):
+        misnamed(make_networks(config, OBS, [-1.0] * ACT, [1.0] * ACT), config, seed=0)
+
+
 def _dqn() -> DQNLearner:
     config = DQNConfig(hidden_sizes=(16, 16), batch_size=B, min_replay_size=B, target_update_period=2,
                        prioritized_replay=True)
