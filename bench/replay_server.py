@@ -341,7 +341,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             if mode == "ray" and started:
                 ray.shutdown()
     finish(machine)
-    outdir = Path(args.out) if args.out else REPO / ("runs/bench/replay-server-quick" if args.quick else "bench/results")
+    default = "runs/bench/replay-server-quick" if args.quick else "bench/results"
+    outdir = Path(args.out) if args.out else REPO / default
     outdir.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m bench.replay_server", *(argv if argv is not None else sys.argv[1:])])
     (outdir / "replay_server.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
