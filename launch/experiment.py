@@ -107,6 +107,10 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     Writes evaluator.csv, learner.csv, actor.csv, summary.json and the final fp32 policy
     (policy_fp32.qrlp + .json, see `quarl.policy_io`) under `config.logdir`.
     """
+    if getattr(config.builder(), "on_policy", False):  # PPO, A2C: rollouts straight into the learner, no replay
+        from launch.onpolicy import run_on_policy  # pylint: disable=import-outside-toplevel
+
+        return run_on_policy(config, progress=progress, energy=energy, on_eval=on_eval, on_builder=on_builder)
     use_learner_device(config.learner_device)  # one process: the learner's device is the process's
     builder = config.builder()
     if on_builder is not None:
