@@ -57,10 +57,10 @@ def test_study_trains_sweeps_and_resumes(tmp_path, capsys):
 
 def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
     rows = []
-    for seed, fp32, int8 in ((0, 200.0, 190.0), (1, 100.0, 110.0), (2, 400.0, 400.0)):
-        for precision, ret, nbytes in (("fp32", fp32, 4000), ("int8", int8, 1100)):
+    for seed, fp32, bf16, int8 in ((0, 200.0, 200.0, 190.0), (1, 100.0, 120.0, 110.0), (2, 400.0, 400.0, 400.0)):
+        for precision, ret, nbytes in (("fp32", fp32, 4000), ("bf16", bf16, 2000), ("int8", int8, 1100)):
             rows.append({"algo": "dqn", "task": "CartPole-v1", "seed": seed, "train_steps": 1000,
-                         "precision": precision, "bits": 32 if precision == "fp32" else 8, "granularity": "n/a",
+                         "precision": precision, "bits": {"fp32": 32, "bf16": 16}.get(precision, 8), "granularity": "n/a",
                          "execution": "native", "backend": "jax", "episodes": 10, "mean_return": ret,
                          "std_return": 0.0, "policy_bytes": nbytes, "train_final_eval": None, "cpu": "test CPU"})
     ptq_study.write_rows(tmp_path / "ptq_study.csv", rows)
@@ -74,7 +74,8 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
     text = ptq_study.report(tmp_path)
     fp32 = [200.0, 100.0, 400.0]
     line = (f"| dqn | CartPole-v1 | 3 | 1,000 | {np.mean(fp32):.1f} ± {np.std(fp32, ddof=1):.1f} | "
-            f"{100 * np.mean(changes):+.1f}% ± {100 * np.std(changes, ddof=1):.1f}% | yes |")
+            f"{100 * np.mean(changes):+.1f}% ± {100 * np.std(changes, ddof=1):.1f}% | yes on the mean; seed 1 +10.0% "
+            "(bf16 +20.0% on the same seed: fp32 policy fragile) |")
     assert line in text
 
 
