@@ -5,6 +5,7 @@ final fp32 policy of every run with launch.ptq's rows, and put reward against pr
         [--episodes 10] [--bits 8,6,4,3,2] [--include fp16,bf16] [--steps ALGO/TASK=N,...] [--backend jax]
         [--runs runs/bench/ptq_study] [--out bench/results] [--quick] [--allow-busy]
     python -m bench.ptq_study report [--out DIR]      # the table and plot again from OUT/ptq_study.csv
+    python -m bench.ptq_study merge DIR... [--out DIR] # add other folders' cells (another session or machine)
 
 Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the agent's own settings plus the row's
 overrides, a subprocess of this checkout) followed by a greedy evaluation of its final fp32 policy at every
@@ -154,6 +155,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add_allow_busy(run)
     report = sub.add_parser("report", help="table and plot from OUT/ptq_study.csv")
     report.add_argument("--out", default=str(REPO / "bench" / "results"))
+    merge = sub.add_parser("merge", help="add the cells of other study folders (e.g. another machine's) to OUT")
+    merge.add_argument("folders", nargs="+", help="folders holding a ptq_study.csv")
+    merge.add_argument("--out", default=str(REPO / "bench" / "results"))
     args = parser.parse_args(argv)
     if args.command == "run":
         from launch.ptq import parse_bits, parse_include  # pylint: disable=import-outside-toplevel
@@ -310,6 +314,22 @@ def run_grid(args: argparse.Namespace) -> None:
     sessions = _read_json_list(args.out / SESSIONS_FILE)
     sessions.append(finish(machine))
     (args.out / SESSIONS_FILE).write_text(json.dumps(sessions, indent=1) + "\n", encoding="utf-8")
+
+
+def merge_folders(out: Path, folders: Sequence[str]) -> None:
+    """Adds each folder's cells that OUT does not hold yet (a cell is taken whole from one folder) and its
+    sessions to OUT: parts of the grid run in separate sessions or on separate machines become one table."""
+    rows = read_rows(out / CSV_FILE)
+    sessions = _read_json_list(out / SESSIONS_FILE)
+    for folder in map(Path, folders):
+        if not (folder / CSV_FILE).is_file():
+            raise UsageError(f"{folder} holds no {CSV_FILE}")
+        have = {(r["algo"], r["task"], r["seed"]) for r in rows}
+        rows += [r for r in read_rows(folder / CSV_FILE) if (r["algo"], r["task"], r["seed"]) not in have]
+        sessions += [m for m in _read_json_list(folder / SESSIONS_FILE) if m not in sessions]
+    out.mkdir(parents=True, exist_ok=True)
+    write_rows(out / CSV_FILE, rows)
+    (out / SESSIONS_FILE).write_text(json.dumps(sessions, indent=1) + "\n", encoding="utf-8")
 
 
 def _read_json_list(path: Path) -> list[dict[str, Any]]:
@@ -471,6 +491,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             for note in args.notes:
                 print(f"bench.ptq_study: {note}", flush=True)
             run_grid(args)
+        if args.command == "merge":
+            merge_folders(Path(args.out), args.folders)
         print(report(Path(args.out)))
     except (UsageError, BusyMachineError) as e:
         print(f"bench.ptq_study: error: {e}", file=sys.stderr)

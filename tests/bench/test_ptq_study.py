@@ -79,6 +79,25 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
     assert line in text
 
 
+def test_merge_adds_whole_cells_from_other_folders(tmp_path):
+    def cell(algo, seed, ret):
+        return [{"algo": algo, "task": "CartPole-v1", "seed": seed, "train_steps": 100, "precision": p,
+                 "bits": b, "granularity": "n/a", "execution": "native", "backend": "jax", "episodes": 2,
+                 "mean_return": ret, "std_return": 0.0, "policy_bytes": 10, "train_final_eval": None, "cpu": "c"}
+                for p, b in (("fp32", 32), ("int8", 8))]
+    main, other = tmp_path / "main", tmp_path / "other"
+    main.mkdir(), other.mkdir()
+    ptq_study.write_rows(main / "ptq_study.csv", cell("dqn", 0, 100.0))
+    ptq_study.write_rows(other / "ptq_study.csv", cell("dqn", 0, 999.0) + cell("ppo", 1, 50.0))
+    (other / "ptq_study_sessions.json").write_text(json.dumps([{"cpu": "other CPU"}]))
+    assert ptq_study.main(["merge", str(other), "--out", str(main)]) == 0
+    rows = ptq_study.read_rows(main / "ptq_study.csv")
+    assert [(r["algo"], r["seed"], r["mean_return"]) for r in rows] == [
+        ("dqn", 0, 100.0), ("dqn", 0, 100.0), ("ppo", 1, 50.0), ("ppo", 1, 50.0)]  # OUT's own cell wins
+    assert json.loads((main / "ptq_study_sessions.json").read_text()) == [{"cpu": "other CPU"}]
+    assert ptq_study.main(["merge", str(tmp_path / "none"), "--out", str(main)]) == 2
+
+
 def test_sweep_cell_evaluates_a_continuous_policy(tmp_path):
     env = make_environment("cartpole:balance", 0)
     spec = agents.get_builder("d4pg", policy_layer_sizes=(16, 16)).policy_spec(environment_spec(env))
