@@ -1,4 +1,4 @@
-"""PPO and A2C learn, through `launch.experiment.run_experiment` (what `launch.train --agent ppo|a2c` runs), with
+"""PPO and A2C learn, through `launch.onpolicy.run_single_process` (what `launch.train --agent ppo|a2c` runs), with
 quantized actors collecting the rollouts and evaluating; the run folder is the other agents' (summary.json,
 CSVs, final and best policies), QAT trains the policy `launch.ptq`-style int-B actors deploy, and a saved PPO
 policy evaluates offline with an int8 actor. Reduced sizes: each run stops at its first evaluation that reaches
@@ -12,7 +12,9 @@ import numpy as np
 import pytest
 
 from agents.ppo import Builder, PPOConfig
-from launch.experiment import evaluate, run_experiment
+from agents.ppo.config import CONTROL_OVERRIDES
+from launch.experiment import evaluate
+from launch.onpolicy import run_single_process
 from launch.experiment_config import ExperimentConfig
 from quarl.envs import environment_spec, make_environment
 from quarl.quantization import quantize_params
@@ -25,7 +27,7 @@ def _run(tmp_path, agent: str, task: str, steps: int, threshold: float, *, preci
     config = ExperimentConfig(agent=agent, task=task, precision=precision, backend=backend, max_actor_steps=steps,
                               seed=seed, logdir=tmp_path, eval_every=eval_every, eval_episodes=5,
                               overrides=overrides or {})
-    return run_experiment(config, progress=False, energy=False, on_eval=lambda row: row["return"] >= threshold)
+    return run_single_process(config, progress=False, energy=False, on_eval=lambda row: row["return"] >= threshold)
 
 
 def _returns(logdir) -> list[float]:
@@ -100,3 +102,12 @@ def test_qat_policy_deploys_exactly_and_learns_cartpole(tmp_path):
     deployed = make_executor(policy.spec, quantize_params(policy.params, "int4"), "jax", batch_size=16)(obs)
     np.testing.assert_allclose(deployed, learner_view, rtol=1e-6, atol=1e-6)
     assert np.max(np.abs(np.asarray(nets.make_apply()(params, jnp.asarray(obs))[0]) - learner_view)) > 1e-4
+
+
+def test_ppo_learns_dm_control_cartpole_balance(tmp_path):
+    """A Gaussian policy on cartpole:balance (DM Control): the untrained policy's mean action 0 already scores
+    ~650 (the pole starts upright), so the bar is 900, which only a balancing policy reaches."""
+    summary = _run(tmp_path, "ppo", "cartpole:balance", 120_000, 900.0, eval_every=15_000,
+                   overrides=CONTROL_OVERRIDES)
+    assert summary["best_eval_return"] >= 900.0, _returns(tmp_path)
+    assert _untrained_return("cartpole:balance", CONTROL_OVERRIDES, episodes=2) < 800.0
