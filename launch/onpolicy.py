@@ -1,9 +1,9 @@
 """Single-process on-policy training (PPO, A2C): rollouts of a quantized actor over K lock-stepped environments,
 then one learner update on the whole rollout, then fresh weights to the actor; no replay.
 
-`launch.experiment.run_experiment` hands an on-policy agent (`builder.on_policy`) to `run_on_policy`, so
-`launch.train --agent ppo|a2c`, `launch.reproduce` and the benchmarks run it as any other agent and the run folder
-is the same: summary.json (`launch.summary.build_summary`'s layout), evaluator.csv, learner.csv (one row per
+`run_single_process` picks this runner for an on-policy agent (`builder.on_policy`) and
+`launch.experiment.run_experiment` for the others; `launch.train` runs through it, so `--agent ppo|a2c` takes the
+same flags as any other agent and the run folder is the same: summary.json (`launch.summary.build_summary`'s layout), evaluator.csv, learner.csv (one row per
 update), actor.csv (one row per finished episode) and the final and best fp32 policies for `launch.ptq`.
 As in the replay runner, the actor only ever sees weights that went through quantize -> payload bytes -> decode
 (`launch.experiment.WeightChannel`), so a PPO run at `--precision int8` collects its data with the int8 policy
@@ -21,7 +21,8 @@ from typing import Any, Callable
 import numpy as np
 
 from launch.devices import device_report, use_learner_device
-from launch.experiment import EVAL_SEED_OFFSET, WeightChannel, _crossed, _progress, _summary, evaluate
+from launch.experiment import (EVAL_SEED_OFFSET, WeightChannel, _crossed, _progress, _summary, evaluate,
+                               evaluation_row, save_best_policy, save_final_policy)
 from launch.experiment_config import ExperimentConfig
 from launch.stages import StageTimes
 from launch.summary import solved_at
@@ -29,8 +30,6 @@ from quarl.carbon import start_tracking, stop_tracking
 from quarl.envs import environment_spec, make_environment
 from quarl.io import jsonable, write_json_atomic
 from quarl.logs import CSVLogger
-from quarl.payload import fp32_payload_nbytes
-from quarl.policy_io import save_policy
 from quarl.vector_env import make_vector_environment
 
 
@@ -82,6 +81,16 @@ class RolloutCollector:
         return {k: np.stack(v) for k, v in cols.items()}, episodes
 
 
+def run_single_process(config: ExperimentConfig, **kwargs: Any) -> dict[str, Any]:
+    """`config` in one process, whatever its agent: `run_on_policy` for on-policy agents (PPO, A2C), else
+    `launch.experiment.run_experiment` (replay); `kwargs` are the keyword arguments both take."""
+    if getattr(config.builder(), "on_policy", False):
+        return run_on_policy(config, **kwargs)
+    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+
+    return run_experiment(config, **kwargs)
+
+
 def run_on_policy(config: ExperimentConfig, *, progress: bool = True, energy: bool = True,
                   on_eval: Callable[[dict[str, Any]], bool | None] | None = None,
                   on_builder: Callable[[Any], None] | None = None) -> dict[str, Any]:
@@ -130,21 +139,14 @@ def run_on_policy(config: ExperimentConfig, *, progress: bool = True, energy: bo
         t = time.perf_counter()
         eval_actor.update(channel.pull(count=False))
         returns = evaluate(eval_actor, eval_env, config.eval_episodes)
-        row = {"actor_steps": actor_steps, "learner_steps": learner.steps, "wall_clock_s": round(t - start, 3),
-               "train_clock_s": round(t - start - clock["evaluation_s"], 3), "return": float(np.mean(returns)),
-               "return_std": float(np.std(returns)), "return_min": float(np.min(returns)),
-               "return_max": float(np.max(returns)), "return_first": returns[0]}
+        row = evaluation_row(returns, actor_steps, learner.steps, t - start, clock["evaluation_s"])
         if fp32_actor is not None:
             fp32_actor.update(fp32_channel.pull())
             row["return_fp32"] = float(np.mean(evaluate(fp32_actor, eval_env, config.eval_episodes)))
         logs["evaluator"].write(row)
         evals.append(row)
-        if row["return"] > best["return"]:  # the best evaluation's policy beside the final one, as run_experiment
-            path = save_policy(logdir / f"policy_best_{prec}.qrlp", spec, learner.policy_params(), task=task,
-                               agent=config.agent, steps=int(learner.steps),
-                               extra={"seed": seed, "evaluated_at": prec, "eval_return": row["return"],
-                                      "actor_steps": actor_steps})
-            best.update(file=path.name, **{"return": row["return"]})
+        if row["return"] > best["return"]:
+            best.update(file=save_best_policy(config, spec, learner, row), **{"return": row["return"]})
         clock["evaluation_s"] += time.perf_counter() - t
         stop = bool(on_eval(row)) if on_eval is not None else False
         return stop or solved_at(evals, config.target_return, config.target_streak) is not None
@@ -193,11 +195,7 @@ def run_on_policy(config: ExperimentConfig, *, progress: bool = True, energy: bo
         eval_env.close()
 
     wall = time.perf_counter() - start
-    final_params = learner.policy_params()
-    fp32_bytes = fp32_payload_nbytes(final_params, version=max(channel.version, 0), spec_hash=spec.digest())
-    policy_file = save_policy(logdir, spec, final_params, task=task, agent=config.agent, steps=int(learner.steps),
-                              extra={"seed": seed, "precision": prec,
-                                     "final_eval_return": evals[-1]["return"]}).name
+    fp32_bytes, policy_file = save_final_policy(config, spec, learner, channel, evals)
     summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
                        actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
                        table_info={}, energy_result=energy_result, policy_file=policy_file,

@@ -14,6 +14,13 @@ import math
 from quarl.qat import check_qat_bits
 
 ACTIVATIONS = ("tanh", "relu")
+# DM Control tasks (1000-step episodes, dense rewards in [0, 1], continuous actions): a longer horizon (gamma 0.99,
+# lambda 0.95), 64-step rollouts in 4 minibatches and a narrower initial Gaussian (std 0.6). With them
+# cartpole:balance reached 998 at 90k env steps (seed 0), where the classic-control defaults stayed at 456 after
+# 100k, below the ~650 that an untrained policy (mean action 0) scores. `PPOConfig(**CONTROL_OVERRIDES)`, or
+# `--set` each key.
+CONTROL_OVERRIDES: dict = {"discount": 0.99, "gae_lambda": 0.95, "num_steps": 64, "update_epochs": 10,
+                           "num_minibatches": 4, "init_log_std": -0.5}
 
 
 @dataclasses.dataclass(frozen=True)
