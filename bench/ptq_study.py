@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import agents
+from agents.ppo.config import CONTROL_OVERRIDES as PPO_CONTROL_OVERRIDES
 from bench.learning_d4pg import CARTPOLE_OVERRIDES
 from bench.machine import BusyMachineError, add_allow_busy, check_load, describe_load, finish, machine_info
 from launch.cli import OneLineArgumentParser, UsageError
@@ -76,7 +77,7 @@ GRID: tuple[StudyRow, ...] = (
              note="bench.learning_d4pg's small setting"),
     StudyRow("ppo", "CartPole-v1", 100_000, 10_000),
     StudyRow("ppo", "Acrobot-v1", 200_000, 20_000),
-    StudyRow("ppo", "cartpole:balance", 200_000, 20_000),
+    StudyRow("ppo", "cartpole:balance", 200_000, 20_000, PPO_CONTROL_OVERRIDES, note="PPO's DM Control settings"),
     StudyRow("a2c", "CartPole-v1", 200_000, 20_000),
 )
 QUICK_OVERRIDES = {"dqn": {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32,
