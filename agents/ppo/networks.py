@@ -80,10 +80,15 @@ class PPONetworks:
     num_outputs: int
 
     def init(self, key: jax.Array, init_log_std: float) -> dict:
-        k_pi, k_v = jax.random.split(key)
+        """Fresh parameters, initialised in one jitted call (eager haiku init compiles every op on its own)."""
         dummy = np.zeros((1, self.policy.input_dim), np.float32)
-        params = {"policy": _transform(self.policy).init(k_pi, dummy),
-                  "value": _transform(self.value).init(k_v, dummy)}
+
+        def init(key: jax.Array) -> dict:
+            k_pi, k_v = jax.random.split(key)
+            return {"policy": _transform(self.policy).init(k_pi, dummy),
+                    "value": _transform(self.value).init(k_v, dummy)}
+
+        params = jax.jit(init)(key)
         if not self.discrete:
             params["log_std"] = jnp.full((self.num_outputs,), init_log_std, jnp.float32)
         return params

@@ -111,3 +111,16 @@ def test_ppo_learns_dm_control_cartpole_balance(tmp_path):
                    overrides=CONTROL_OVERRIDES)
     assert summary["best_eval_return"] >= 900.0, _returns(tmp_path)
     assert _untrained_return("cartpole:balance", CONTROL_OVERRIDES, episodes=2) < 800.0
+
+
+def test_minatar_runs_end_to_end_with_int8_conv_actors(tmp_path):
+    """The pipeline on image observations (no learning claim at this size): DQN's MinAtar torso as the policy,
+    int8 ONNX conv actors calibrated on the learner's last rollout, and `--envs-per-actor 2` replacing
+    `num_envs` (2 environments x 16 steps per update)."""
+    config = ExperimentConfig(agent="ppo", task="MinAtar/Breakout", precision="int8", backend="onnx",
+                              max_actor_steps=96, seed=0, logdir=tmp_path, eval_episodes=1, envs_per_actor=2,
+                              overrides={"num_steps": 16, "activation": "relu", "policy_hidden_sizes": (32,)})
+    summary = run_single_process(config, progress=False, energy=False)
+    assert summary["actor_steps"] == 96 and summary["learner_steps"] == 3 and summary["envs_per_actor"] == 2
+    assert summary["kernel_form"] and summary["kernel_form"] != ["fp32"], summary["kernel_form"]
+    assert (tmp_path / "policy_fp32.qrlp").is_file()
