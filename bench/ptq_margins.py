@@ -33,7 +33,8 @@ FIELDS = ("algo", "task", "seed", "states", "median_margin", "median_error", "er
 def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500) -> dict[str, Any] | None:
     """The margins of one run folder's policy on the states of its first evaluation episode (None: continuous)."""
     from dm_env import specs  # pylint: disable=import-outside-toplevel
-    from launch.ptq_policy import GridPoint, load_trained_policy, make_row_policy  # pylint: disable=import-outside-toplevel
+    from launch.ptq_policy import (GridPoint, calibration_observations,  # pylint: disable=import-outside-toplevel
+                                   load_trained_policy, make_row_policy)
     from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
 
     policy = load_trained_policy(logdir)
@@ -42,7 +43,8 @@ def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500)
         if not isinstance(env.action_spec(), specs.DiscreteArray):
             return None
         fp32, _ = make_row_policy(GridPoint("fp32"), policy, env.action_spec(), "jax")
-        quant, _ = make_row_policy(GridPoint(precision, "per-channel"), policy, env.action_spec(), "jax")
+        quant, _ = make_row_policy(GridPoint(precision, "per-channel"), policy, env.action_spec(), "jax",
+                                   calibration_observations(policy))  # conv policies: calibrated as in the study
         observations, timestep = [], env.reset()
         while not timestep.last() and len(observations) < max_states:
             observations.append(np.asarray(timestep.observation, np.float32).ravel())

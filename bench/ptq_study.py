@@ -419,12 +419,14 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]])
         lines.append(f"| {s['algo']} | {s['task']} | {s['precision']} | {s['seeds']} | {s['episodes']} | {_steps(s)} "
                      f"| {s['reward_mean']:.1f} ± {s['reward_std']:.1f} | {change} | {s['policy_bytes']:,} | "
                      f"{s['execution']} |")
-    lines += ["", "## Settings (`bench.ptq_study.GRID`; env steps as in the tables)", ""]
+    lines += ["", "## Sizes and settings (`bench.ptq_study.GRID`)", ""]
     for algo, task in dict.fromkeys((s["algo"], s["task"]) for s in summary):
         row = next((r for r in GRID if (r.algo, r.task) == (algo, task)), None)
         if row is not None:
+            ran = _steps(by_key[(algo, task, "fp32")]) if (algo, task, "fp32") in by_key else "?"
             sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the agent's defaults"
-            lines.append(f"- {algo} / {task}: {sets}" + (f" ({row.note})" if row.note else ""))
+            lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "
+                         f"{sets}" + (f" ({row.note})" if row.note else ""))
     lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
     return "\n".join(lines)
 
