@@ -16,6 +16,8 @@ if TYPE_CHECKING:  # the agents package stays light to import (CLIs validate fla
 _AGENTS: dict[str, tuple[str, str]] = {
     "dqn": ("agents.dqn", "DQNConfig"),
     "d4pg": ("agents.d4pg", "D4PGConfig"),
+    "ppo": ("agents.ppo", "PPOConfig"),
+    "a2c": ("agents.ppo", "A2CConfig"),  # PPO's code in its one-epoch, unclipped setting
 }
 AGENT_NAMES: tuple[str, ...] = tuple(_AGENTS)
 

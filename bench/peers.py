@@ -309,9 +309,11 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def dqn_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
-    """The DQN section: per task and system, time to the first solve and whether the policy stayed solved."""
-    lines = ["## DQN: Stable-Baselines3 (rl-zoo3 tuned) vs this project", "",
+def dqn_markdown(rows: Sequence[dict[str, Any]],
+                 title: str = "DQN: Stable-Baselines3 (rl-zoo3 tuned) vs this project") -> list[str]:
+    """The DQN section (bench.peers_ppo's too, titled for PPO): per task and system, time to the first solve and
+    whether the policy stayed solved."""
+    lines = [f"## {title}", "",
              "Same task, step budget, evaluation cadence, episodes and target; every run goes to its full budget. "
              "Wall clock to target includes evaluation for both (SB3's clock starts when training starts, after "
              "its model is built; ours when the run starts, so ours also counts building the agent and "

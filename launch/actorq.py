@@ -170,7 +170,11 @@ def validate(args: argparse.Namespace) -> Invocation:
         raise UsageError("--learner-device gpu needs --runner ray (the local runner keeps every node on the CPU)")
     if (config.actor_resources or config.learner_resources) and args.runner != "ray":
         raise UsageError("--actor-resource and --learner-resource need --runner ray")
-    agent_config = check_agent_task(config.agent, config.task, dict(config.overrides)).config
+    builder = check_agent_task(config.agent, config.task, dict(config.overrides))
+    if getattr(builder, "on_policy", False):
+        raise UsageError(f"--agent {config.agent} is on-policy (no replay, no actor fleet here): train it with "
+                         "python -m launch.train")
+    agent_config = builder.config
     resume = None if config.resume is None else _check_resume(config.resume, config.agent, config.task,
                                                               agent_config)
     logdir = _choose_logdir(None if config.logdir == _UNSET else config.logdir, config.resume, config.agent,

@@ -63,8 +63,8 @@ def fail(message: str) -> NoReturn:
 
 # Both launchers' defaults: the agent, its task and its step budget (`make run`'s job for d4pg).
 DEFAULT_AGENT = "d4pg"
-DEFAULT_TASKS = {"d4pg": "cartpole:balance", "dqn": "CartPole-v1"}
-DEFAULT_STEPS = {"d4pg": 60_000, "dqn": 25_000}
+DEFAULT_TASKS = {"d4pg": "cartpole:balance", "dqn": "CartPole-v1", "ppo": "CartPole-v1", "a2c": "CartPole-v1"}
+DEFAULT_STEPS = {"d4pg": 60_000, "dqn": 25_000, "ppo": 100_000, "a2c": 100_000}
 TARGET_RETURN_HELP = ("end the run once --target-streak evaluations in a row have a mean return at or above this; "
                       "summary.json's `solved` names the evaluation that ended that streak")
 

@@ -160,22 +160,13 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
         """The policy of the best evaluation so far, beside the final one (a QAT or DQN run can peak early and
         end lower): policy_best_<precision>.qrlp, fp32 weights as `launch.ptq` reads them."""
         if row["return"] > best_policy["return"]:
-            path = save_policy(logdir / f"policy_best_{prec}.qrlp", spec, learner.policy_params(), task=task,
-                               agent=config.agent, steps=int(learner.steps),
-                               extra={"seed": seed, "evaluated_at": prec, "eval_return": row["return"],
-                                      "actor_steps": row["actor_steps"]})
-            best_policy.update(file=path.name, **{"return": row["return"]})
+            best_policy.update(file=save_best_policy(config, spec, learner, row), **{"return": row["return"]})
 
     def run_evaluation(actor_steps: int) -> bool:
         t = time.perf_counter()
         eval_actor.update(channel.pull(count=False))
         returns = evaluate(eval_actor, eval_env, eval_episodes)
-        # Clocks at the start of this evaluation; train_clock_s leaves out all evaluation time.
-        row = {"actor_steps": actor_steps, "learner_steps": learner.steps, "wall_clock_s": round(t - start, 3),
-               "train_clock_s": round(t - start - clock["evaluation_s"], 3), "return": float(np.mean(returns)),
-               "return_std": float(np.std(returns)), "return_min": float(np.min(returns)),
-               "return_max": float(np.max(returns)),
-               "return_first": returns[0]}  # one noiseless episode: Acme's usual evaluation protocol
+        row = evaluation_row(returns, actor_steps, learner.steps, t - start, clock["evaluation_s"])
         if fp32_actor is not None:
             fp32_actor.update(fp32_channel.pull())
             row["return_fp32"] = float(np.mean(evaluate(fp32_actor, eval_env, eval_episodes)))
@@ -268,12 +259,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
         eval_env.close()
 
     wall = time.perf_counter() - start
-    final_params = learner.policy_params()  # one device-to-host copy, for the fp32 size and the saved policy
-    fp32_bytes = fp32_payload_nbytes(final_params, version=max(channel.version, 0), spec_hash=spec.digest())
-    # The trained fp32 policy, for offline analysis (`python -m launch.ptq --checkpoint LOGDIR`).
-    policy_file = save_policy(logdir, spec, final_params, task=task, agent=config.agent, steps=int(learner.steps),
-                              extra={"seed": seed, "precision": prec,
-                                     "final_eval_return": evals[-1]["return"]}).name
+    fp32_bytes, policy_file = save_final_policy(config, spec, learner, channel, evals)
     summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
                        actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
                        table_info=table.info(), energy_result=energy_result, policy_file=policy_file,
@@ -283,6 +269,39 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     summary["learner_device"] = device_report()
     write_json_atomic(logdir / "summary.json", summary)
     return summary
+
+
+def evaluation_row(returns: list[float], actor_steps: int, learner_steps: int, elapsed_s: float,
+                   evaluation_s: float) -> dict[str, Any]:
+    """One evaluator.csv row; the clocks are at the start of the evaluation (`elapsed_s` since the run's start),
+    and train_clock_s leaves out the `evaluation_s` spent in earlier evaluations."""
+    return {"actor_steps": actor_steps, "learner_steps": learner_steps, "wall_clock_s": round(elapsed_s, 3),
+            "train_clock_s": round(elapsed_s - evaluation_s, 3), "return": float(np.mean(returns)),
+            "return_std": float(np.std(returns)), "return_min": float(np.min(returns)),
+            "return_max": float(np.max(returns)),
+            "return_first": returns[0]}  # one noiseless episode: Acme's usual evaluation protocol
+
+
+def save_best_policy(config: ExperimentConfig, spec: Any, learner: Any, row: Mapping[str, Any]) -> str:
+    """The policy of the best evaluation so far, beside the final one (a QAT or DQN run can peak early and end
+    lower): policy_best_<precision>.qrlp, fp32 weights as `launch.ptq` reads them; returns the file name."""
+    path = save_policy(Path(config.logdir) / f"policy_best_{config.precision}.qrlp", spec, learner.policy_params(),
+                       task=config.task, agent=config.agent, steps=int(learner.steps),
+                       extra={"seed": config.seed, "evaluated_at": config.precision, "eval_return": row["return"],
+                              "actor_steps": row["actor_steps"]})
+    return path.name
+
+
+def save_final_policy(config: ExperimentConfig, spec: Any, learner: Any, channel: WeightChannel,
+                      evals: list[dict[str, Any]]) -> tuple[int, str]:
+    """Writes the trained fp32 policy into the run folder, for offline analysis (`python -m launch.ptq
+    --checkpoint LOGDIR`); returns its fp32 payload size and its file name."""
+    final_params = learner.policy_params()  # one device-to-host copy, for the fp32 size and the saved policy
+    fp32_bytes = fp32_payload_nbytes(final_params, version=max(channel.version, 0), spec_hash=spec.digest())
+    path = save_policy(config.logdir, spec, final_params, task=config.task, agent=config.agent,
+                       steps=int(learner.steps), extra={"seed": config.seed, "precision": config.precision,
+                                                        "final_eval_return": evals[-1]["return"]})
+    return fp32_bytes, path.name
 
 
 def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[str, float], *, channel: WeightChannel,

@@ -148,10 +148,10 @@ class PlannedRun:
 
 
 def run_single(run: PlannedRun, run_dir: Path, backend: str) -> dict[str, Any]:
-    """One run in this process with `launch.experiment.run_experiment`."""
-    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    """One run in this process (`launch.onpolicy.run_single_process`: replay or on-policy by agent)."""
+    from launch.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
 
-    return run_experiment(run.config(run_dir, backend), progress=False)
+    return run_single_process(run.config(run_dir, backend), progress=False)
 
 
 CONFIG_FILE = "experiment.json"  # the ExperimentConfig a `launch.actorq` grid run is started with

@@ -3,7 +3,8 @@ r"""Post-training quantization (PTQ) sweep of a trained policy: how much return 
     python -m launch.ptq --checkpoint RUN_DIR [--bits 2,3,4,5,6,7,8,16] [--include fp16,bf16] [--episodes 10]
         [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress] [--force]
 
-The fp32 policy saved by `quarl.policy_io.save_policy` is evaluated greedily at fp32, at each --include float
+The fp32 policy a run saved (`quarl.policy_io.save_policy`; any agent this build knows, read by
+`launch.ptq_policy.load_trained_policy`) is evaluated greedily at fp32, at each --include float
 precision and at each integer bit width, per-tensor and per-channel, for --episodes episodes each. Episode i
 uses environment seed `seed + i` at every precision, so the comparison with fp32 is paired. The error is the
 paper's `E = (R_fp32 - R_q) / |R_fp32|` on mean returns; its spread is the std over episodes of the paired
@@ -41,33 +42,34 @@ from launch.cli import (
     check_seed,
     fail,
 )
-from quarl.calibration import quantize_for_actors, rollout_observations
-from quarl.evaluation import check_compatible, evaluate_seeds, make_greedy_policy
+from launch.ptq_policy import (  # re-exported: tests and notebooks reach them as launch.ptq.<name>
+    GRANULARITIES,
+    NO_GRANULARITY,
+    GridPoint,
+    calibration_observations,
+    load_trained_policy,
+    make_row_policy,
+    sweep_grid,
+)
+from quarl.evaluation import evaluate_seeds
 from quarl.io import write_json_atomic
 from quarl.machine import machine_info
 from quarl.metrics import layer_errors, sqnr_db
-from quarl.policy_io import LoadedPolicy, load_policy, policy_paths
+from quarl.policy_io import LoadedPolicy, policy_paths
 from quarl.quantization import (
     MAX_BITS,
     MIN_BITS,
     dequantize_params,
-    fake_quantize_params,
     is_quantized_leaf,
-    parse_precision,
     path_str,
     quantize_params,
     tree_items,
 )
-from quarl.runtimes.base import MAX_KERNEL_BITS
 
 PROG = "launch.ptq"
 DEFAULT_BITS = "2,3,4,5,6,7,8,16"
 FLOAT_PRECISIONS = ("fp16", "bf16")  # what --include may name; fp32 is always the baseline
-NO_GRANULARITY = "n/a"  # float casts have no scale, so per-tensor vs per-channel does not apply
-GRANULARITIES = (("per-tensor", False), ("per-channel", True))
 OUTPUT_FILES = ("ptq.csv", "ptq_episodes.csv", "ptq.md", "ptq_returns.png", "weights.csv", "weights.png")
-# The environment seed conv policies' int rows are calibrated in: far from the evaluation seeds (--seed + i).
-CALIBRATION_SEED = 2**30
 CSV_FIELDS = ("precision", "bits", "granularity", "backend", "execution", "episodes", "mean_return", "std_return",
               "min_return", "max_return", "error_mean", "error_std", "weight_sqnr_db", "weight_max_rel_err",
               "weight_min_layer_sqnr_db")
@@ -153,7 +155,7 @@ def validate(args: argparse.Namespace) -> PTQArgs:
     seed = check_seed(args.seed)
     backend = check_backend(args.backend)
     try:
-        policy = load_policy(args.checkpoint)
+        policy = load_trained_policy(args.checkpoint)
     except ValueError as e:
         raise UsageError(f"--checkpoint: {e}") from None
     default_out = policy_paths(args.checkpoint)[0].parent / "ptq"
@@ -165,82 +167,10 @@ def validate(args: argparse.Namespace) -> PTQArgs:
     if held and not args.force:
         raise UsageError(f"--out {str(out)!r} already holds a PTQ sweep ({', '.join(held)}); pass --force to "
                          "replace it or --out for a new folder")
-    _check_task(policy)
     return PTQArgs(policy, bits, include, int(episodes), int(seed), backend, out, not args.no_progress)
 
 
-def _check_task(policy: LoadedPolicy) -> None:
-    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
-    try:
-        env = make_environment(policy.task, 0)
-    except ValueError as e:
-        raise UsageError(f"--checkpoint: the policy's task cannot be built: {e}") from None
-    try:
-        check_compatible(policy.spec, env.observation_spec(), env.action_spec())
-    except ValueError as e:
-        raise UsageError(f"--checkpoint: the policy does not fit task {policy.task}: {e}") from None
-    finally:
-        env.close()
-
-
 # ------------------------------------------------------------------------------------------------ the sweep
-
-
-@dataclasses.dataclass(frozen=True)
-class GridPoint:
-    """One row of the sweep: a precision and how its weights are scaled."""
-
-    precision: str
-    granularity: str = NO_GRANULARITY
-
-    @property
-    def bits(self) -> int:
-        return parse_precision(self.precision).bits
-
-    @property
-    def per_channel(self) -> bool:
-        return self.granularity != "per-tensor"
-
-
-def sweep_grid(bits: Sequence[int], include: Sequence[str]) -> list[GridPoint]:
-    """fp32 first (the baseline every error refers to), then the float references, then the integer widths
-    from widest to narrowest, each per-tensor and per-channel."""
-    points = [GridPoint("fp32"), *(GridPoint(name) for name in include)]
-    for b in sorted(bits, reverse=True):
-        points += [GridPoint(f"int{b}", granularity) for granularity, _ in GRANULARITIES]
-    return points
-
-
-def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: Any, backend: str,
-                    observations: np.ndarray | None = None) -> tuple[Any, str]:
-    """The greedy policy for one row and how it executes: 'int-kernel', 'native' or 'simulated'. Conv policies'
-    int rows calibrate their activation ranges on `observations` (`calibration_observations`)."""
-    prec = parse_precision(point.precision)
-    if prec.is_int and prec.bits > MAX_KERNEL_BITS:
-        rounded = fake_quantize_params(policy.params, prec, point.per_channel)
-        fp32 = quantize_params(rounded, "fp32")
-        return make_greedy_policy(policy.spec, fp32, action_spec, backend="jax"), "simulated"
-    qparams = quantize_for_actors(policy.spec, policy.params, prec, observations, point.per_channel)
-    greedy = make_greedy_policy(policy.spec, qparams, action_spec, backend=backend)
-    if greedy.simulated:
-        return greedy, "simulated"
-    return greedy, "int-kernel" if prec.is_int else "native"
-
-
-def calibration_observations(policy: LoadedPolicy, seed: int = CALIBRATION_SEED) -> np.ndarray | None:
-    """For conv policies: observations the fp32 greedy policy meets in an environment seeded apart from the
-    evaluation seeds (`quarl.calibration.rollout_observations`); None for the others (nothing to calibrate)."""
-    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
-
-    if not policy.spec.conv_layers:
-        return None
-    env = make_environment(policy.task, seed)
-    try:
-        greedy = make_greedy_policy(policy.spec, quantize_params(policy.params, "fp32"), env.action_spec(),
-                                    backend="onnx")
-        return rollout_observations(env, greedy)
-    finally:
-        env.close()
 
 
 def weight_metrics(params: dict, point: GridPoint) -> dict[str, float]:

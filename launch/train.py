@@ -82,10 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = validate(args, parser)
     except UsageError as e:
         fail(f"{PROG}: error: {e}")
-    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    from launch.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
     from launch.progress import print_summary  # pylint: disable=import-outside-toplevel
 
-    summary = run_experiment(config, progress=not args.no_progress)
+    summary = run_single_process(config, progress=not args.no_progress)  # PPO/A2C on-policy, the others replay
     print_summary(summary)
     return 0
 

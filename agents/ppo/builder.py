@@ -1,0 +1,86 @@
+"""PPO / A2C builder: the agent contract (docs/ARCHITECTURE.md, "Builder details") for an on-policy agent.
+
+PPO has no replay: `on_policy = True` tells the runners to train it with `launch.onpolicy` (rollouts of the
+quantized actor straight into the learner) instead of the adder/table loop, and the replay parts of the
+contract refuse with one line. Policy spec, learner and actors are built as for every other agent.
+"""
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+
+from agents.base import BuilderBase
+from agents.ppo.actor import ExecutorFactory, PPOActor
+from agents.ppo.config import PPOConfig
+from agents.ppo.learning import PPOLearner
+from agents.ppo.networks import PPONetworks, make_networks
+from quarl.envs import EnvSpec
+from quarl.policy import PolicySpec
+from quarl.quantization import QuantizedParams
+
+
+class Builder(BuilderBase):
+    """Makes every PPO piece from one `PPOConfig` (or `A2CConfig`); precision and backend are run-level."""
+
+    name = "ppo"
+    config_class = PPOConfig
+    config: PPOConfig
+    on_policy: ClassVar[bool] = True
+
+    def networks(self, env_spec: EnvSpec) -> PPONetworks:
+        """Policy (logits or Gaussian mean) and value networks for this task."""
+        if env_spec.discrete:
+            return make_networks(self.config, env_spec.obs_dim, env_spec.num_actions, env_spec.observation_shape)
+        low = np.asarray(env_spec.action_spec.minimum, np.float64)
+        high = np.asarray(env_spec.action_spec.maximum, np.float64)
+        if not (np.allclose(low, -1.0) and np.allclose(high, 1.0)):  # quarl.envs maps every task onto [-1, 1]
+            raise ValueError(f"PPO expects canonical [-1, 1] continuous actions, got [{low}, {high}]")
+        return make_networks(self.config, env_spec.obs_dim, env_spec.action_dim, env_spec.observation_shape,
+                             discrete=False)
+
+    def policy_spec(self, env_spec: EnvSpec) -> PolicySpec:
+        """What actors run: the policy network (logits or Gaussian mean); the value network stays with the learner."""
+        spec = self.networks(env_spec).policy
+        if self.config.qat_bits is not None and spec.conv_layers:
+            raise ValueError("quantization-aware training (qat_bits) covers Linear layers only, not the conv torso "
+                             "of image tasks")
+        return spec
+
+    def num_envs(self, envs_per_actor: int = 1) -> int:
+        """Environments a rollout steps: `--envs-per-actor K` when K > 1, else the config's `num_envs`."""
+        return int(envs_per_actor) if envs_per_actor > 1 else self.config.num_envs
+
+    def make_learner(self, env_spec: EnvSpec, seed: int, total_updates: int | None = None) -> PPOLearner:
+        """`total_updates` (PPO updates in the run) lets `anneal_lr` decay the rate to 0 at the run's end."""
+        return PPOLearner(self.networks(env_spec), self.config, seed, total_updates)
+
+    def make_actor(self, env_spec: EnvSpec, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
+                   evaluation: bool = False, backend: str = "auto", num_actors: int = 1,
+                   executor_factory: ExecutorFactory | None = None, batch_size: int = 1) -> PPOActor:
+        """A sampling actor (or a greedy one with `evaluation`); continuous actors start at `init_log_std` until
+        the runner hands them the learner's (`PPOActor.set_log_std`)."""
+        del num_actors
+        log_std = None if env_spec.discrete else np.full(env_spec.action_dim, self.config.init_log_std, np.float32)
+        return PPOActor(self.policy_spec(env_spec), qparams, discrete=env_spec.discrete,
+                        seed=int(seed) + 7919 * int(actor_id), log_std=log_std, evaluation=evaluation,
+                        backend=backend, executor_factory=executor_factory, batch_size=batch_size)
+
+    def action_column(self, env_spec: EnvSpec) -> tuple[tuple[int, ...], np.dtype]:
+        """The rollout's action column per environment step."""
+        if env_spec.discrete:
+            return (), np.dtype(np.int32)
+        return (env_spec.action_dim,), np.dtype(np.float32)
+
+    def _no_replay(self) -> Any:
+        raise ValueError(f"{self.name} is on-policy and has no replay: train it with launch.train "
+                         "(launch.onpolicy), not the replay-based actor/learner graph")
+
+    def sampler_settings(self) -> dict[str, Any]:
+        return self._no_replay()
+
+    def make_adder(self) -> Any:
+        return self._no_replay()
+
+    def table_config(self) -> dict[str, Any]:
+        return self._no_replay()

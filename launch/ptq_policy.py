@@ -1,0 +1,132 @@
+"""Which trained policy a PTQ sweep reads, and how each row of the sweep acts: shared by `launch.ptq` and
+`bench.ptq_study`.
+
+Any agent's policy loads the same way. Every runner saves the final fp32 policy with `quarl.policy_io.save_policy`
+(a spec plus its weights, and a sidecar naming the agent and task), and a greedy policy needs nothing from the
+agent's code: a discrete task acts on the argmax of the outputs (DQN's Q-values, PPO/A2C's logits), a continuous
+task on the outputs themselves (D4PG's tanh-bounded action, PPO/A2C's Gaussian mean, which the environment clips
+to its bounds). What is checked by agent name is only that this build knows the agent (`agents.AGENT_NAMES`), so
+a policy from a newer build fails with one line instead of being evaluated under assumptions that may not hold,
+and that the run's summary.json, when there is one, names the same agent and task as the policy's sidecar.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+import agents
+from quarl.calibration import quantize_for_actors, rollout_observations
+from quarl.evaluation import check_compatible, make_greedy_policy
+from quarl.policy_io import LoadedPolicy, load_policy, policy_paths
+from quarl.quantization import fake_quantize_params, parse_precision, quantize_params
+from quarl.runtimes.base import MAX_KERNEL_BITS
+
+NO_GRANULARITY = "n/a"  # float casts have no scale, so per-tensor vs per-channel does not apply
+GRANULARITIES = (("per-tensor", False), ("per-channel", True))
+# The environment seed conv policies' int rows are calibrated in: far from the evaluation seeds (--seed + i).
+CALIBRATION_SEED = 2**30
+SUMMARY_FILE = "summary.json"
+
+
+def load_trained_policy(path: str | os.PathLike) -> LoadedPolicy:
+    """The fp32 policy of a run directory (or a `.qrlp` file) of any agent this build knows, checked against its
+    task. Raises ValueError with one line naming what is wrong (missing, corrupt, unknown agent, a summary.json
+    that disagrees, a task that cannot be built or does not fit the policy)."""
+    policy = load_policy(path)
+    if policy.agent not in agents.AGENT_NAMES:
+        raise ValueError(f"the policy was trained by agent {policy.agent!r}, which this build does not know "
+                         f"(agents: {', '.join(agents.AGENT_NAMES)})")
+    _check_summary(policy_paths(path)[0].parent / SUMMARY_FILE, policy)
+    _check_task(policy)
+    return policy
+
+
+def _check_summary(summary_path: Path, policy: LoadedPolicy) -> None:
+    """A run's summary.json names the agent and task too: a policy file copied into another run's folder shows."""
+    try:
+        summary = json.loads(summary_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # a bare policy file (or a run that ended before its summary) has only its sidecar to go by
+    if not isinstance(summary, dict):
+        return
+    for key, have in (("agent", policy.agent), ("task", policy.task)):
+        said = summary.get(key)
+        if said is not None and said != have:
+            raise ValueError(f"{summary_path} says {key} {said!r} but the policy's sidecar says {have!r}")
+
+
+def _check_task(policy: LoadedPolicy) -> None:
+    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+    try:
+        env = make_environment(policy.task, 0)
+    except ValueError as e:
+        raise ValueError(f"the policy's task cannot be built: {e}") from None
+    try:
+        check_compatible(policy.spec, env.observation_spec(), env.action_spec())
+    except ValueError as e:
+        raise ValueError(f"the policy does not fit task {policy.task}: {e}") from None
+    finally:
+        env.close()
+
+
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One row of the sweep: a precision and how its weights are scaled."""
+
+    precision: str
+    granularity: str = NO_GRANULARITY
+
+    @property
+    def bits(self) -> int:
+        return parse_precision(self.precision).bits
+
+    @property
+    def per_channel(self) -> bool:
+        return self.granularity != "per-tensor"
+
+
+def sweep_grid(bits: Sequence[int], include: Sequence[str],
+               granularities: Sequence[str] = tuple(g for g, _ in GRANULARITIES)) -> list[GridPoint]:
+    """fp32 first (the baseline every error refers to), then the float references, then the integer widths
+    from widest to narrowest, each at every granularity asked for."""
+    points = [GridPoint("fp32"), *(GridPoint(name) for name in include)]
+    for b in sorted(bits, reverse=True):
+        points += [GridPoint(f"int{b}", granularity) for granularity in granularities]
+    return points
+
+
+def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: Any, backend: str,
+                    observations: np.ndarray | None = None) -> tuple[Any, str]:
+    """The greedy policy for one row and how it executes: 'int-kernel', 'native' or 'simulated'. Conv policies'
+    int rows calibrate their activation ranges on `observations` (`calibration_observations`)."""
+    prec = parse_precision(point.precision)
+    if prec.is_int and prec.bits > MAX_KERNEL_BITS:
+        rounded = fake_quantize_params(policy.params, prec, point.per_channel)
+        fp32 = quantize_params(rounded, "fp32")
+        return make_greedy_policy(policy.spec, fp32, action_spec, backend="jax"), "simulated"
+    qparams = quantize_for_actors(policy.spec, policy.params, prec, observations, point.per_channel)
+    greedy = make_greedy_policy(policy.spec, qparams, action_spec, backend=backend)
+    if greedy.simulated:
+        return greedy, "simulated"
+    return greedy, "int-kernel" if prec.is_int else "native"
+
+
+def calibration_observations(policy: LoadedPolicy, seed: int = CALIBRATION_SEED) -> np.ndarray | None:
+    """For conv policies: observations the fp32 greedy policy meets in an environment seeded apart from the
+    evaluation seeds (`quarl.calibration.rollout_observations`); None for the others (nothing to calibrate)."""
+    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+
+    if not policy.spec.conv_layers:
+        return None
+    env = make_environment(policy.task, seed)
+    try:
+        greedy = make_greedy_policy(policy.spec, quantize_params(policy.params, "fp32"), env.action_spec(),
+                                    backend="onnx")
+        return rollout_observations(env, greedy)
+    finally:
+        env.close()

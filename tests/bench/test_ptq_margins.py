@@ -1,0 +1,40 @@
+"""bench.ptq_margins on saved policies: discrete cells get margin/error/flip shares, continuous ones are left out."""
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+import agents
+from bench import ptq_margins
+from quarl.envs import environment_spec, make_environment
+from quarl.policy_io import save_policy
+from tests.quarl.helpers import random_params
+from tests.quarl.test_evaluation import cartpole_q_network
+
+
+def test_margins_of_discrete_cells(tmp_path):
+    runs = tmp_path / "runs"
+    spec, params = cartpole_q_network()
+    save_policy(runs / "dqn" / "CartPole-v1" / "s0", spec, params, task="CartPole-v1", agent="dqn")
+    env = make_environment("cartpole:balance", 0)
+    d4pg = agents.get_builder("d4pg", policy_layer_sizes=(8,)).policy_spec(environment_spec(env))
+    env.close()
+    save_policy(runs / "d4pg" / "cartpole_balance" / "s0", d4pg, random_params(d4pg), task="cartpole:balance",
+                agent="d4pg")
+    assert ptq_margins.main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--precision", "int2"]) == 0
+    with open(tmp_path / "out" / "ptq_margins.csv", newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["algo"], r["seed"]) for r in rows] == [("dqn", "0")]  # the continuous cell has no argmax
+    row = rows[0]
+    assert int(row["states"]) == 500  # the hand-made controller balances for the whole episode
+    assert float(row["median_margin"]) > 0 and float(row["median_error"]) > 0
+    assert 0.0 <= float(row["flipped"]) <= 1.0 and 0.0 <= float(row["error_over_margin"]) <= 1.0
+    assert "| dqn | CartPole-v1 | 0 | 500 |" in (tmp_path / "out" / "ptq_margins.md").read_text()
+
+
+def test_no_runs_is_exit_2(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        ptq_margins.main(["--runs", str(tmp_path), "--out", str(tmp_path / "out")])
+    assert exc.value.code == 2 and "no trained runs" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

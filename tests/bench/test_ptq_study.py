@@ -1,0 +1,133 @@
+"""bench.ptq_study at tiny size: a real training run per cell, the sweep, the table, and resuming across sessions."""
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+import agents
+from bench import ptq_study
+from quarl.envs import environment_spec, make_environment
+from quarl.policy_io import save_policy
+from tests.quarl.helpers import random_params
+
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+TINY = ["run", "--quick", "--algos", "dqn", "--tasks", "CartPole-v1", "--bits", "8,2", "--include", "fp16",
+        "--episodes", "2", "--allow-busy"]
+
+
+def _rows(path):
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def test_study_trains_sweeps_and_resumes(tmp_path, capsys):
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    flags = [*TINY, "--out", str(out), "--runs", str(runs)]
+    assert ptq_study.main([*flags, "--seeds", "0"]) == 0
+    first = _rows(out / "ptq_study.csv")
+    assert [(r["seed"], r["precision"]) for r in first] == [("0", "fp32"), ("0", "fp16"), ("0", "int8"), ("0", "int2")]
+    assert all(r["algo"] == "dqn" and r["task"] == "CartPole-v1" and r["train_steps"] == "600" for r in first)
+    assert int(first[0]["policy_bytes"]) > int(first[2]["policy_bytes"]) > int(first[3]["policy_bytes"])
+    assert {r["execution"] for r in first} == {"native", "int-kernel"}
+    summary = runs / "dqn" / "CartPole-v1" / "s0" / "summary.json"
+    stamp = summary.stat().st_mtime_ns
+    capsys.readouterr()
+
+    # A second session asks for one more seed: seed 0 is neither retrained nor re-evaluated.
+    assert ptq_study.main([*flags, "--seeds", "0,1"]) == 0
+    printed = capsys.readouterr().out
+    assert "dqn CartPole-v1 seed 0: in" in printed and "seed 1: training 600 env steps" in printed
+    assert summary.stat().st_mtime_ns == stamp
+    second = _rows(out / "ptq_study.csv")
+    assert second[:4] == first and len(second) == 8
+
+    # A third session on another machine (no run folders): the recorded cells are kept, nothing is run.
+    shutil.rmtree(runs)
+    assert ptq_study.main([*flags, "--seeds", "0,1"]) == 0
+    assert _rows(out / "ptq_study.csv") == second and not runs.exists()
+    md = (out / "ptq_study.md").read_text()
+    assert "| dqn | CartPole-v1 | int8 | 2 | 2 | 600 |" in md
+    assert (out / "ptq_study.png").read_bytes()[:8] == PNG_MAGIC
+    assert len(json.loads((out / "ptq_study_sessions.json").read_text())) == 3
+
+
+def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
+    rows = []
+    for seed, fp32, bf16, int8 in ((0, 200.0, 200.0, 190.0), (1, 100.0, 120.0, 110.0), (2, 400.0, 400.0, 400.0)):
+        for precision, ret, nbytes in (("fp32", fp32, 4000), ("bf16", bf16, 2000), ("int8", int8, 1100)):
+            rows.append({"algo": "dqn", "task": "CartPole-v1", "seed": seed, "train_steps": 1000,
+                         "precision": precision, "bits": {"fp32": 32, "bf16": 16}.get(precision, 8), "granularity": "n/a",
+                         "execution": "native", "backend": "jax", "episodes": 10, "mean_return": ret,
+                         "std_return": 0.0, "policy_bytes": nbytes, "train_final_eval": None, "cpu": "test CPU"})
+    ptq_study.write_rows(tmp_path / "ptq_study.csv", rows)
+    assert ptq_study.read_rows(tmp_path / "ptq_study.csv") == sorted(
+        rows, key=lambda r: (r["seed"], -r["bits"]))
+    by = {s["precision"]: s for s in ptq_study.summarize(rows)}
+    changes = [-0.05, 0.10, 0.0]
+    assert by["int8"]["change_mean"] == pytest.approx(np.mean(changes))
+    assert by["int8"]["change_std"] == pytest.approx(np.std(changes, ddof=1))
+    assert by["int8"]["reward_mean"] == pytest.approx(700 / 3) and by["int8"]["policy_bytes"] == 1100
+    text = ptq_study.report(tmp_path)
+    fp32 = [200.0, 100.0, 400.0]
+    line = (f"| dqn | CartPole-v1 | 3 | 1,000 | {np.mean(fp32):.1f} ± {np.std(fp32, ddof=1):.1f} | "
+            f"{100 * np.mean(changes):+.1f}% ± {100 * np.std(changes, ddof=1):.1f}% | yes on the mean; seed 1 +10.0% "
+            "(bf16 +20.0% on the same seed: fp32 policy fragile) |")
+    assert line in text
+
+
+def test_merge_adds_whole_cells_from_other_folders(tmp_path):
+    def cell(algo, seed, ret):
+        return [{"algo": algo, "task": "CartPole-v1", "seed": seed, "train_steps": 100, "precision": p,
+                 "bits": b, "granularity": "n/a", "execution": "native", "backend": "jax", "episodes": 2,
+                 "mean_return": ret, "std_return": 0.0, "policy_bytes": 10, "train_final_eval": None, "cpu": "c"}
+                for p, b in (("fp32", 32), ("int8", 8))]
+    main, other = tmp_path / "main", tmp_path / "other"
+    main.mkdir(), other.mkdir()
+    ptq_study.write_rows(main / "ptq_study.csv", cell("dqn", 0, 100.0))
+    ptq_study.write_rows(other / "ptq_study.csv", cell("dqn", 0, 999.0) + cell("ppo", 1, 50.0))
+    (other / "ptq_study_sessions.json").write_text(json.dumps([{"cpu": "other CPU"}]))
+    assert ptq_study.main(["merge", str(other), "--out", str(main)]) == 0
+    rows = ptq_study.read_rows(main / "ptq_study.csv")
+    assert [(r["algo"], r["seed"], r["mean_return"]) for r in rows] == [
+        ("dqn", 0, 100.0), ("dqn", 0, 100.0), ("ppo", 1, 50.0), ("ppo", 1, 50.0)]  # OUT's own cell wins
+    assert json.loads((main / "ptq_study_sessions.json").read_text()) == [{"cpu": "other CPU"}]
+    assert ptq_study.main(["merge", str(tmp_path / "none"), "--out", str(main)]) == 2
+
+
+def test_sweep_cell_evaluates_a_continuous_policy(tmp_path):
+    env = make_environment("cartpole:balance", 0)
+    spec = agents.get_builder("d4pg", policy_layer_sizes=(16, 16)).policy_spec(environment_spec(env))
+    env.close()
+    save_policy(tmp_path, spec, random_params(spec, 1), task="cartpole:balance", agent="d4pg", steps=7)
+    (tmp_path / "summary.json").write_text(json.dumps({"agent": "d4pg", "task": "cartpole:balance",
+                                                       "actor_steps": 700, "final_eval_return": 12.5}))
+    rows = ptq_study.sweep_cell(tmp_path, 3, ["fp32", "int8"], 1, "jax", "test CPU")
+    assert [(r["algo"], r["seed"], r["precision"], r["train_steps"]) for r in rows] == [
+        ("d4pg", 3, "fp32", 700), ("d4pg", 3, "int8", 700)]
+    assert all(0.0 <= r["mean_return"] <= 1000.0 for r in rows) and rows[1]["execution"] == "int-kernel"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--algos", "sarsa"], "has no row in the study"),
+    (["--tasks", "Pong"], "no selected algorithm has a row for Pong"),
+    (["--steps", "dqn/Pong=5"], "--steps expects ALGO/TASK=N"),
+    (["--steps", "dqn/CartPole-v1=x"], "--steps expects ALGO/TASK=N"),
+    (["--seeds", "a"], "--seeds takes comma-separated ints"),
+    (["--bits", "16"], "the study covers the integer kernels"),
+    (["--episodes", "0"], "--episodes must be positive"),
+])
+def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, flags, message):
+    assert ptq_study.main(["run", "--out", str(tmp_path / "o"), "--allow-busy", *flags]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and not (tmp_path / "o").exists()
+
+
+def test_agents_missing_from_the_build_are_left_out_of_the_default_grid():
+    rows, notes = ptq_study.select_rows(None, None, "", False)
+    assert {r.algo for r in rows} == {r.algo for r in ptq_study.GRID} & set(agents.AGENT_NAMES)
+    assert notes == [f"{a}: not in this build, left out" for a in dict.fromkeys(r.algo for r in ptq_study.GRID)
+                     if a not in agents.AGENT_NAMES]
