@@ -9,13 +9,12 @@ import csv
 
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from agents.ppo import Builder, PPOConfig
 from agents.ppo.config import CONTROL_OVERRIDES
 from launch.experiment import evaluate
-from launch.onpolicy import run_single_process
 from launch.experiment_config import ExperimentConfig
+from launch.onpolicy import run_single_process
 from quarl.envs import environment_spec, make_environment
 from quarl.quantization import quantize_params
 
