@@ -3,8 +3,9 @@ then one learner update on the whole rollout, then fresh weights to the actor; n
 
 `run_single_process` picks this runner for an on-policy agent (`builder.on_policy`) and
 `launch.experiment.run_experiment` for the others; `launch.train` runs through it, so `--agent ppo|a2c` takes the
-same flags as any other agent and the run folder is the same: summary.json (`launch.summary.build_summary`'s layout), evaluator.csv, learner.csv (one row per
-update), actor.csv (one row per finished episode) and the final and best fp32 policies for `launch.ptq`.
+same flags as any other agent and the run folder is the same: summary.json (`launch.summary.build_summary`'s
+layout), evaluator.csv, learner.csv (one row per update), actor.csv (one row per finished episode) and the final
+and best fp32 policies for `launch.ptq`.
 As in the replay runner, the actor only ever sees weights that went through quantize -> payload bytes -> decode
 (`launch.experiment.WeightChannel`), so a PPO run at `--precision int8` collects its data with the int8 policy
 and is evaluated with it. Every count is in env steps; one rollout advances them by K * num_steps, so

@@ -16,9 +16,11 @@ written.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import Sequence
 
+import agents
 from launch.devices import LEARNER_DEVICES
 from launch.cli import (DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError,
                         add_common_arguments, build_config, check_agent, check_agent_task, check_carbon_country,
@@ -61,6 +63,9 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     overrides = parse_overrides(agent, args.overrides)
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
     if period is not None:
+        if "actor_update_period" not in {f.name for f in dataclasses.fields(agents.config_class(agent))}:
+            raise UsageError(f"--actor-update-period does not apply to --agent {agent}: an on-policy actor gets new "
+                             "weights after every update")
         overrides["actor_update_period"] = period
     precision = check_precision(args.precision)
     overrides.update(qat_overrides(args.qat_bits, precision))

@@ -78,7 +78,8 @@ def ppo_loss(params: dict, apply: Any, batch: Mapping[str, jax.Array], config: P
     v_loss = 0.5 * jnp.mean(v_loss)
     ent = jnp.mean(entropy(policy_out, log_std))
     loss = pg_loss - config.entropy_coef * ent + config.value_coef * v_loss
-    clipped_frac = jnp.mean((jnp.abs(ratio - 1.0) > (config.clip_coef or 0.0)).astype(jnp.float32))
+    clipped_frac = (jnp.zeros(()) if config.clip_coef is None
+                    else jnp.mean((jnp.abs(ratio - 1.0) > config.clip_coef).astype(jnp.float32)))
     return loss, {"policy_loss": pg_loss, "value_loss": v_loss, "entropy": ent,
                   "approx_kl": jnp.mean((ratio - 1.0) - log_ratio), "clip_fraction": clipped_frac}
 

@@ -96,7 +96,7 @@ def test_registry_builds_dqn_with_overrides_and_rejects_unknown_keys():
     with pytest.raises(ValueError, match="no_such_key"):
         agents.get_builder("dqn", no_such_key=1)
     with pytest.raises(ValueError, match="unknown agent"):
-        agents.get_builder("ppo")
+        agents.get_builder("sac")
 
 
 # ---------------------------------------------------------------------------------------------- epsilon

@@ -9,13 +9,12 @@ import csv
 
 import jax.numpy as jnp
 import numpy as np
-import pytest
 
 from agents.ppo import Builder, PPOConfig
 from agents.ppo.config import CONTROL_OVERRIDES
 from launch.experiment import evaluate
-from launch.onpolicy import run_single_process
 from launch.experiment_config import ExperimentConfig
+from launch.onpolicy import run_single_process
 from quarl.envs import environment_spec, make_environment
 from quarl.quantization import quantize_params
 
@@ -97,7 +96,8 @@ def test_qat_policy_deploys_exactly_and_learns_cartpole(tmp_path):
     builder = Builder(PPOConfig(qat_bits=4))
     nets = builder.networks(_env_spec("CartPole-v1"))
     obs = np.random.default_rng(3).normal(size=(16, 4)).astype(np.float32)
-    params = {"policy": policy.params, "value": builder.make_learner(_env_spec("CartPole-v1"), 0)._state.params["value"]}
+    value = builder.make_learner(_env_spec("CartPole-v1"), 0)._state.params["value"]  # any: only the policy is read
+    params = {"policy": policy.params, "value": value}
     learner_view = np.asarray(nets.make_apply(4)(params, jnp.asarray(obs))[0])
     deployed = make_executor(policy.spec, quantize_params(policy.params, "int4"), "jax", batch_size=16)(obs)
     np.testing.assert_allclose(deployed, learner_view, rtol=1e-6, atol=1e-6)

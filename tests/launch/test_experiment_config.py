@@ -35,7 +35,7 @@ def test_eval_every_is_resolved_so_the_saved_config_is_complete(tmp_path: Path) 
 
 
 @pytest.mark.parametrize("change,field", [
-    ({"agent": "ppo"}, "agent"), ({"max_actor_steps": 0}, "max_actor_steps"), ({"seed": -1}, "seed"),
+    ({"agent": "sac"}, "agent"), ({"max_actor_steps": 0}, "max_actor_steps"), ({"seed": -1}, "seed"),
     ({"eval_every": -3}, "eval_every"), ({"num_actors": True}, "num_actors"), ({"precision": "int99"}, "precision"),
     ({"backend": "tpu"}, "backend"), ({"target_return": float("nan")}, "target_return"),
     ({"checkpoint_every": -1}, "checkpoint_every"), ({"overrides": {"no_such_key": 1}}, "overrides"),

@@ -24,7 +24,7 @@ _TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)
 _NUMBERS = st.one_of(st.integers(-10**20, 10**20).map(str), st.floats(allow_nan=True).map(repr),
                      st.sampled_from(["0", "-1", "1", "nan", "inf", "-inf", "1e400", "0x10", "", " ", "1_000"]))
 _VALUES = {
-    "--agent": st.one_of(st.sampled_from(["dqn", "d4pg", "DQN", "", "ppo"]), _TEXT),
+    "--agent": st.one_of(st.sampled_from(["dqn", "d4pg", "DQN", "", "ppo", "a2c", "sac"]), _TEXT),
     "--task": st.one_of(st.sampled_from(["CartPole-v1", "Acrobot-v1", "cartpole:balance", "cartpole:",
                                          ":", "NoSuch-v0"]), _TEXT),
     "--precision": st.one_of(st.sampled_from(["int8", "fp32", "8", "16", "32", "int1", "int17", "fp64",
@@ -95,7 +95,7 @@ def _field_names(agent: str) -> list[str]:
 
 
 @settings(max_examples=2000, deadline=None)
-@given(agent=st.sampled_from(["dqn", "d4pg"]), data=st.data())
+@given(agent=st.sampled_from(["dqn", "d4pg", "ppo", "a2c"]), data=st.data())
 def test_config_overrides_parse_or_raise_usage_error(agent, data):
     keys = st.one_of(st.sampled_from(_field_names(agent)), _TEXT)
     values = st.one_of(_NUMBERS, _TEXT, st.lists(st.integers(-3, 300).map(str), max_size=4).map(",".join),

@@ -94,7 +94,7 @@ def _argv(logdir: Path, flags: list[str]) -> list[str]:
 
 
 @pytest.mark.parametrize("flags,needle", [
-    (["--agent", "ppo"], "unknown agent"),
+    (["--agent", "sac"], "unknown agent"),
     (["--task", "NoSuchTask-v0"], "unknown task"),
     (["--precision", "int99"], "unknown precision"),
     (["--backend", "tpu"], "unknown backend"),
