@@ -35,7 +35,6 @@ from bench.machine import add_allow_busy, describe_load, finish, machine_info, p
 REPO = Path(__file__).resolve().parents[1]
 FULL = {"rounds": 40, "block": 50}
 QUICK = {"rounds": 3, "block": 10}
-SINGLE_THREAD = {"OMP_NUM_THREADS": "1", "XLA_FLAGS": "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"}
 
 
 def _actor(builder: Any, env_spec: Any, spec: Any, params: Any, precision: str, calib: np.ndarray) -> Any:
@@ -110,7 +109,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines = [f"# ActorQ on {result['task']}: one DQN actor's env steps/s, int8 vs fp32", "",
              f"Machine: {m['cpu']}, {m['cores']} logical cores; {describe_load(m)}; the actor pinned to one core, "
              f"one compute thread, `auto` backend; {result['rounds']} rounds of {result['block']} steps a precision.",
-             "", "| precision | backend/kernel | env steps/s | policy us/step | env us/step |", "|---|---|---:|---:|---:|"]
+             "", "| precision | backend/kernel | env steps/s | policy us/step | env us/step |",
+             "|---|---|---:|---:|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['precision']} | {r['backend']}/{r['kernel']} | {r['env_steps_per_s']:,.0f} | "
                      f"{r['policy_us']:.1f} | {r['env_us']:.1f} |")
@@ -137,7 +137,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if budget["rounds"] < 1 or budget["block"] < 1 or not precisions:
         parser.exit(2, f"{parser.prog}: error: --rounds/--block must be positive and --precisions non-empty\n")
     refuse_if_busy(parser, args.allow_busy)
-    for k, v in SINGLE_THREAD.items():
+    from launch.program import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
+
+    for k, v in SINGLE_THREAD_ENV.items():  # one compute thread, as an ActorQ actor (set before JAX loads)
         os.environ.setdefault(k, v)
     machine = machine_info(args.allow_busy)
     with tempfile.TemporaryDirectory(prefix="quarl-auto-") as cache:
@@ -147,7 +149,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         except ValueError as err:
             parser.exit(2, f"{parser.prog}: error: {err}\n")
     result["machine"] = finish(machine)
-    out = Path(args.out or (REPO / "runs" / "bench" / "actorq-minatar-quick" if args.quick else REPO / "bench" / "results"))
+    default = REPO / "runs" / "bench" / "actorq-minatar-quick" if args.quick else REPO / "bench" / "results"
+    out = Path(args.out or default)
     out.mkdir(parents=True, exist_ok=True)
     (out / "actorq_minatar.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     (out / "actorq_minatar.md").write_text(markdown(result), encoding="utf-8")

@@ -72,7 +72,8 @@ def markdown(results: list[dict[str, Any]], machine: dict[str, Any], command: st
              f"of {episodes} episodes of the deployed int8 policy. Authors: Young & Tian (2019), arXiv:1903.03176 and "
              "github.com/kenjyoung/MinAtar README figure (DQN with replay, 30 seeds, moving average of 100 training "
              "returns at epsilon 0.1, read off the plot: approximate).", "",
-             "| game | seed | frames | our return (best eval) | our return (last eval) | authors' DQN at that many frames "
+             "| game | seed | frames | our return (best eval) | our return (last eval) "
+             "| authors' DQN at that many frames "
              "| authors' DQN at 5M | short of authors at same frames |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
@@ -140,7 +141,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     (out / "minatar_dqn.json").write_text(json.dumps({"machine": machine, "settings": overrides,
                                                       "authors_dqn": AUTHORS_DQN, "results": results}, indent=1),
                                           encoding="utf-8")
-    (out / "minatar_dqn.md").write_text(markdown(results, machine, command.strip(), args.eval_episodes), encoding="utf-8")
+    text = markdown(results, machine, command.strip(), args.eval_episodes)
+    (out / "minatar_dqn.md").write_text(text, encoding="utf-8")
     return 0
 
 

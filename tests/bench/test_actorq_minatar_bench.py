@@ -9,7 +9,8 @@ from bench import actorq_minatar
 
 
 def test_quick_run_measures_both_precisions_and_records_the_machine(tmp_path):
-    assert actorq_minatar.main(["--quick", "--allow-busy", "--rounds", "2", "--block", "5", "--out", str(tmp_path)]) == 0
+    argv = ["--quick", "--allow-busy", "--rounds", "2", "--block", "5", "--out", str(tmp_path)]
+    assert actorq_minatar.main(argv) == 0
     result = json.loads((tmp_path / "actorq_minatar.json").read_text())
     assert result["machine"]["cpu"] and result["machine"]["load_end"]
     rows = {r["precision"]: r for r in result["rows"]}
