@@ -24,6 +24,7 @@ bench/results; per-run logs under runs/bench/minatar_dqn/).
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import sys
 import time
@@ -65,7 +66,8 @@ def authors_at(game: str, frames: int) -> tuple[int, float]:
 def markdown(results: list[dict[str, Any]], machine: dict[str, Any], command: str, episodes: int) -> str:
     lines = ["# DQN on MinAtar vs the MinAtar authors' DQN", "",
              f"Command: `{command}`", "",
-             f"Machine: {machine['cpu']}, {machine['cores']} logical cores; {describe_load(machine)} "
+             f"Machine: {machine['cpu']}, {machine['cores']} logical cores; "
+             f"{'report written from the run logs, ' if machine.get('from_runs') else ''}{describe_load(machine)} "
              "(returns are seeded and do not depend on load; no times are reported).", "",
              "Ours: int8 actors, fp32 learner, the authors' torso/replay/batch/update ratio/target period/exploration, "
              "Adam and 3-step double-DQN targets (see `bench/minatar_dqn.py`); each return is one greedy evaluation "
@@ -89,6 +91,22 @@ def markdown(results: list[dict[str, Any]], machine: dict[str, Any], command: st
     return "\n".join(lines) + "\n"
 
 
+def results_from_runs(run_dirs: Sequence[Path]) -> list[dict[str, Any]]:
+    """Result rows rebuilt from run directories (`<game>_<precision>_s<seed>/evaluator.csv`), e.g. of runs started
+    in separate processes or stopped before their budget: frames are those of the last evaluation written."""
+    results = []
+    for run in run_dirs:
+        game, precision, seed = Path(run).name.rsplit("_", 2)
+        with open(Path(run) / "evaluator.csv", newline="", encoding="utf-8") as f:
+            curve = [{"actor_steps": int(r["actor_steps"]), "return": float(r["return"])} for r in csv.DictReader(f)]
+        if game not in AUTHORS_DQN or not curve:
+            raise ValueError(f"{run}: not a MinAtar run directory with evaluations")
+        results.append({"game": game, "seed": int(seed.lstrip("s")), "frames": curve[-1]["actor_steps"],
+                        "precision": precision, "final_return": curve[-1]["return"],
+                        "best_return": max(c["return"] for c in curve), "curve": curve})
+    return results
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.minatar_dqn", description=__doc__.split("\n\n")[0])
     parser.add_argument("--games", default=",".join(GAMES), help="comma-separated MinAtar games")
@@ -100,6 +118,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one of the authors' settings (JSON value), e.g. --set min_replay_size=500")
     parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--from-runs", nargs="+", default=None, metavar="RUN_DIR",
+                        help="write the report from these run directories' evaluations instead of training")
     add_allow_busy(parser)  # accepted for symmetry: returns do not depend on load, so a busy machine is allowed
     args = parser.parse_args(argv)
     games = [g for g in args.games.split(",") if g]
@@ -117,6 +137,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.frames < 1 or args.eval_every < 1 or not seeds:
         parser.exit(2, f"{parser.prog}: error: --frames and --eval-every must be positive, --seeds non-empty\n")
     machine = machine_info(allow_busy=True)
+    if args.from_runs:
+        machine["from_runs"] = True  # the load below is the report's, not the training runs'
+        try:
+            return _write(Path(args.out), results_from_runs([Path(r) for r in args.from_runs]), machine, overrides,
+                          argv, args.eval_episodes)
+        except (OSError, ValueError, KeyError) as err:
+            parser.exit(2, f"{parser.prog}: error: {err}\n")
     stamp = time.strftime("%Y%m%d-%H%M%S")
     results = []
     for seed in seeds:
@@ -134,14 +161,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                             "curve": [{"actor_steps": c["actor_steps"], "return": c["return"]} for c in curve]})
             print(f"{game} seed {seed}: {result['actor_steps']} frames, last eval {result['final_return']:.1f}, "
                   f"best {result['best_return']:.1f}", flush=True)
+    return _write(Path(args.out), results, machine, overrides, argv, args.eval_episodes)
+
+
+def _write(out: Path, results: list[dict[str, Any]], machine: dict[str, Any], overrides: dict[str, Any],
+           argv: Sequence[str] | None, episodes: int) -> int:
     finish(machine)
-    out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "python -m bench.minatar_dqn " + " ".join(sys.argv[1:] if argv is None else argv)
     (out / "minatar_dqn.json").write_text(json.dumps({"machine": machine, "settings": overrides,
                                                       "authors_dqn": AUTHORS_DQN, "results": results}, indent=1),
                                           encoding="utf-8")
-    text = markdown(results, machine, command.strip(), args.eval_episodes)
+    text = markdown(results, machine, command.strip(), episodes)
     (out / "minatar_dqn.md").write_text(text, encoding="utf-8")
     return 0
 
