@@ -5,7 +5,9 @@
 
 Variants per (torso, batch): ONNX fp32, ONNX int8 (the static graph: QLinearConv, calibrated activation
 scales, in the form this CPU's self-check chose), ONNX int8 dequantized through fp32 (what `auto` falls back
-to where no integer kernel wins), JAX fp32 and JAX int8 (im2col + AQT), and which backend `auto` picks for int8.
+to where no integer kernel wins), JAX fp32 and JAX int8 (im2col + AQT), and which backend `auto` picks for int8;
+and int4: ONNX int4 (the static graph carrying 4-bit codes: ORT has no 4-bit conv kernel), `onnx-nbits` int4
+(MatMulNBits applies to Linear-only policies; a conv policy resolves to the same static forms) and `auto` int4.
 Calls alternate between variants in short blocks over several rounds (load drift hits all alike); each
 variant's median and 25th percentile microseconds per call are reported, with the max relative error of its
 outputs against the float64 reference of the weights it runs (dequantized for int8).
@@ -59,12 +61,18 @@ def executors(spec: Any, params: dict, obs: np.ndarray, batch: int) -> dict[str,
     from quarl.runtimes import make_executor
 
     fp32, int8 = quantize_params(params, "fp32"), quantize_for_actors(spec, params, "int8", obs[:128])
+    int4 = quantize_for_actors(spec, params, "int4", obs[:128])
     return {"onnx fp32": make_executor(spec, fp32, "onnx", batch_size=batch),
             "onnx int8": make_executor(spec, int8, "onnx", batch_size=batch),
             "onnx int8 dequantized": make_executor(spec, int8, "onnx", batch_size=batch, kernel_form="fp32"),
             "jax fp32": make_executor(spec, fp32, "jax", batch_size=batch),
             "jax int8": make_executor(spec, int8, "jax", batch_size=batch),
-            "auto int8": make_executor(spec, int8, "auto", batch_size=batch)}, int8
+            "auto int8": make_executor(spec, int8, "auto", batch_size=batch),
+            # int4: the static graph with 4-bit codes (no 4-bit conv kernel exists in ORT), the onnx-nbits backend
+            # (MatMulNBits where it applies; for a conv policy it resolves to the same static forms) and auto.
+            "onnx int4": make_executor(spec, int4, "onnx", batch_size=batch),
+            "onnx-nbits int4": make_executor(spec, int4, "onnx-nbits", batch_size=batch),
+            "auto int4": make_executor(spec, int4, "auto", batch_size=batch)}, {"int8": int8, "int4": int4}
 
 
 def time_interleaved(exs: dict[str, Any], x: np.ndarray, rounds: int, block: int) -> dict[str, list[float]]:
@@ -89,13 +97,14 @@ def bench_case(torso: str, batch: int, budget: dict[str, Any]) -> list[dict[str,
     from quarl.runtimes import kernel_summary
 
     spec, params, obs = make_case(torso)
-    exs, int8 = executors(spec, params, obs, batch)
+    exs, quantized = executors(spec, params, obs, batch)
     x = obs[128:128 + batch]
-    refs = {"fp32": reference_apply(spec, params, x), "int8": reference_apply(spec, dequantize_params(int8), x)}
+    refs = {"fp32": reference_apply(spec, params, x),
+            **{p: reference_apply(spec, dequantize_params(q), x) for p, q in quantized.items()}}
     samples = time_interleaved(exs, x, budget["rounds"], budget["block"])
     rows = []
     for name, ex in exs.items():
-        ref = refs["int8" if "int8" in name else "fp32"]
+        ref = refs[name.split()[1]]
         err = float(np.abs(ex(x).astype(np.float64) - ref).max() / max(np.abs(ref).max(), 1e-12))
         rows.append({"torso": torso, "batch": batch, "variant": name, "backend": ex.backend,
                      "kernel": kernel_summary(ex)["form"], "simulated": bool(ex.simulated),
@@ -113,7 +122,10 @@ def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         out.append({"torso": torso, "batch": batch, "fp32_us": base,
                     "int8_us": by["onnx int8"]["median_us"], "int8_speedup": base / by["onnx int8"]["median_us"],
                     "auto_backend": by["auto int8"]["backend"], "auto_kernel": by["auto int8"]["kernel"],
-                    "auto_speedup": base / by["auto int8"]["median_us"]})
+                    "auto_speedup": base / by["auto int8"]["median_us"],
+                    "int4_us": by["onnx int4"]["median_us"], "int4_speedup": base / by["onnx int4"]["median_us"],
+                    "auto_int4_backend": by["auto int4"]["backend"], "auto_int4_kernel": by["auto int4"]["kernel"],
+                    "auto_int4_speedup": base / by["auto int4"]["median_us"]})
     return out
 
 
@@ -139,7 +151,8 @@ def run(quick: bool, out: Path, allow_busy: bool) -> dict[str, Any]:
     for s in result["speedups"]:
         print(f"{s['torso']:>8} batch {s['batch']:>2}: fp32 {s['fp32_us']:8.1f} us, int8 {s['int8_us']:8.1f} us "
               f"({s['int8_speedup']:.2f}x); auto int8 -> {s['auto_backend']}/{s['auto_kernel']} "
-              f"({s['auto_speedup']:.2f}x)")
+              f"({s['auto_speedup']:.2f}x); int4 {s['int4_us']:8.1f} us ({s['int4_speedup']:.2f}x), auto int4 -> "
+              f"{s['auto_int4_backend']}/{s['auto_int4_kernel']} ({s['auto_int4_speedup']:.2f}x)")
     print(f"wrote {path}")
     return result
 

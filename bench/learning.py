@@ -88,7 +88,7 @@ def row_set(name: str) -> tuple[LearningRow, ...]:
 
 
 def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_at_target: bool = True,
-            backend: str = "auto") -> tuple[dict[str, Any], list[dict[str, Any]]]:
+            backend: str = "auto", learner_device: str = "auto") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One training run; returns its result line and its evaluation curve."""
     from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
     from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
@@ -103,7 +103,7 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
     config = ExperimentConfig(agent=row.agent, task=row.task, precision=precision, backend=backend,
                               max_actor_steps=row.max_actor_steps, seed=seed, logdir=str(logdir),
                               eval_every=row.eval_every, eval_episodes=row.eval_episodes,
-                              overrides=dict(row.overrides))
+                              overrides=dict(row.overrides), learner_device=learner_device)
     s = run_experiment(config, progress=False, energy=False, on_eval=on_eval)
     rt = s["runtime"]
     result = {

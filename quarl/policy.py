@@ -248,19 +248,17 @@ def mlp_q_network(obs_dim: int, hidden: Sequence[int], num_actions: int) -> Poli
 def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
     """The spec as a haiku function; call it inside `hk.transform` (top level, so names are unprefixed).
 
-    `qat_bits` (2..8) makes every Linear compute as an int-`qat_bits` actor does (fake-quantized weights,
+    `qat_bits` (2..8) makes every Linear and Conv2D compute as an int-`qat_bits` actor does (fake-quantized weights,
     8-bit activations, straight-through gradients; see `quarl.qat`) for quantization-aware training. The
     parameter tree and its initialisation are the same either way."""
     import haiku as hk
     import jax
     import jax.numpy as jnp
 
-    linear_cls = hk.Linear
-    if qat_bits is not None and spec.conv_layers:
-        raise ValueError("quantization-aware training covers Linear layers only, not Conv2D (yet)")
+    linear_cls, conv_cls = hk.Linear, hk.Conv2D
     if qat_bits is not None:
-        from quarl.qat import qat_linear  # pylint: disable=import-outside-toplevel  (AQT only when used)
-        linear_cls = qat_linear(qat_bits)
+        from quarl.qat import qat_conv2d, qat_linear  # pylint: disable=import-outside-toplevel  (AQT only when used)
+        linear_cls, conv_cls = qat_linear(qat_bits), qat_conv2d(qat_bits)
 
     def forward(x):
         if spec.input_shape is not None:  # flat rows or [B, H, W, C] batches alike
@@ -269,7 +267,7 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
             x = x * spec.input_scale
         for layer in spec.layers:
             if isinstance(layer, Conv2D):
-                x = hk.Conv2D(layer.out, layer.kernel, stride=layer.stride, padding="VALID", name=layer.name)(x)
+                x = conv_cls(layer.out, layer.kernel, stride=layer.stride, padding="VALID", name=layer.name)(x)
             elif isinstance(layer, Flatten):
                 x = jnp.reshape(x, (x.shape[0], -1))
             elif isinstance(layer, Linear):

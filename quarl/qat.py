@@ -33,7 +33,8 @@ How it is built, and why:
   as AQT does, but with a zero point), so there the trained and deployed networks differ by activation
   rounding only;
   the jax runtime matches exactly.
-* Only `Linear` weights are quantized; biases, LayerNorm and activations in between stay float32, as on
+* Only `Linear` and `Conv2D` weights are quantized (convs as the jax runtime runs them: im2col + the same dot,
+  `qat_conv2d`); biases, LayerNorm and activations in between stay float32, as on
   the actors. Critics and target networks never reach an actor, so they stay plain fp32.
 
 Numerical corner (documented, not handled): XLA on CPU flushes subnormal floats to zero, so a weight
@@ -187,3 +188,42 @@ def qat_linear(bits: int) -> type:
             return out
 
     return QATLinear
+
+
+def qat_conv2d(bits: int) -> type:
+    """A haiku `Conv2D` (VALID padding, NHWC, the only form `PolicySpec` has) computed as the int-`bits` JAX
+    actor computes it: the k x k x C_in windows (`quarl.runtimes.jax_backend.conv_windows`, the same im2col)
+    times the [k*k*C_in, out] weights through `make_qat_dense(bits)`, so each window is quantized to int8 on its
+    own and the weights per output channel, with straight-through gradients. Parameter names, shapes and
+    initialisers are `hk.Conv2D`'s, so QAT and fp32 networks share one parameter tree. (ONNX actors quantize conv
+    inputs with the calibrated static scales instead: they differ from this by activation rounding only.)"""
+    import haiku as hk
+    import jax.numpy as jnp
+
+    from quarl.runtimes.jax_backend import conv_windows  # pylint: disable=import-outside-toplevel
+
+    dense = make_qat_dense(bits)
+
+    class QATConv2D(hk.Module):
+        """hk.Conv2D's parameters with the deployed int-B conv arithmetic (im2col + W`bits`A8 dot, STE)."""
+
+        def __init__(self, output_channels: int, kernel_shape: int, stride: int = 1, padding: str = "VALID",
+                     name: str | None = None):
+            super().__init__(name=name)
+            if padding != "VALID" or not isinstance(kernel_shape, int) or not isinstance(stride, int):
+                raise ValueError("QAT conv supports square kernels, int strides and VALID padding only")
+            self.output_channels, self.kernel, self.stride = int(output_channels), kernel_shape, stride
+
+        def __call__(self, inputs: Any) -> Any:
+            inputs = jnp.asarray(inputs)
+            if inputs.ndim != 4:
+                raise ValueError(f"QAT conv takes [B, H, W, C] inputs, got shape {inputs.shape}")
+            k, c_in, out = self.kernel, inputs.shape[-1], self.output_channels
+            w_init = hk.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(k * k * c_in))  # hk.Conv2D's default
+            w = hk.get_parameter("w", [k, k, c_in, out], inputs.dtype, init=w_init)
+            b = hk.get_parameter("b", [out], inputs.dtype, init=jnp.zeros)
+            win = conv_windows(inputs.astype(jnp.float32), k, self.stride)
+            y = dense(win.reshape(-1, win.shape[-1]), w.reshape(k * k * c_in, out))
+            return y.reshape(*win.shape[:3], out) + b
+
+    return QATConv2D

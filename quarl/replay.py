@@ -220,7 +220,7 @@ class Table:
         self.priority_exponent = float(priority_exponent)
         self.rate_limiter = rate_limiter
         self.signature = _check_signature(signature)
-        self._data = {k: np.zeros((self.capacity, *shape), dtype) for k, (shape, dtype) in self.signature.items()}
+        self._data = self._allocate_storage()
         self._priorities = np.zeros(self.capacity, dtype=np.float64)
         self._keys = np.full(self.capacity, -1, dtype=np.int64)
         self._tree = SumTree(self.capacity) if sampler == "prioritized" else None
@@ -401,16 +401,24 @@ class Table:
                 "deletes": self._deletes,
                 "keys": keys,
                 "priorities": self._priorities[slots].copy(),
-                "data": {c: v[slots].copy() for c, v in self._data.items()},
+                "data": {c: v.copy() for c, v in self._gather(slots).items()},
             }
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Replaces the table's contents with `state` (from `state_dict`; the capacity may differ if it fits)."""
+        inserts, samples, deletes, size, prios = self._state_counters(state)
+        columns, n = self._check_batch(state["data"])
+        if n != size:
+            raise ValueError(f"replay state holds {n} data items but {size} keys")
+        self._restore(inserts, samples, deletes, size, [(columns, prios)])
+
+    def _state_counters(self, state: Mapping[str, Any]) -> tuple[int, int, int, int, np.ndarray]:
+        """(inserts, samples, deletes, size, priorities) of a `state_dict`, checked against this table."""
         try:
             version = int(state["format_version"])
             inserts, samples, deletes = int(state["inserts"]), int(state["samples"]), int(state["deletes"])
             keys = np.asarray(state["keys"])
-            data = state["data"]
+            _ = state["data"]
             prios = state["priorities"]
         except (KeyError, TypeError) as err:
             raise ValueError(f"malformed replay state: missing or bad field {err}") from None
@@ -421,25 +429,27 @@ class Table:
             raise ValueError(f"replay state holds {size} items; this table's capacity is {self.capacity}")
         if not np.array_equal(keys, np.arange(inserts - size, inserts)) or min(samples, deletes) < 0:
             raise ValueError("replay state keys/counters are inconsistent")
-        prios = _check_priorities(prios, size, "state priorities")
-        columns, n = self._check_batch(data)
-        if n != size:
-            raise ValueError(f"replay state holds {n} data items but {size} keys")
+        return inserts, samples, deletes, size, _check_priorities(prios, size, "state priorities")
+
+    def _restore(self, inserts: int, samples: int, deletes: int, size: int, parts: Any) -> None:
+        """Empties the table, writes `parts` ((columns, priorities) batches of checked items, oldest first, `size`
+        in all) and sets the counters: the tail of `load_state_dict`. `parts` may be a generator, so a subclass
+        can expand a compact state one batch at a time."""
         with self._cond:
             self._check_open()
-            for v in self._data.values():
-                v[...] = 0
+            self._clear_storage()
             self._priorities[:] = 0.0
             self._keys[:] = -1
             if self._tree is not None:
                 self._tree.clear()
-            self._inserts, self._size = inserts - n, 0
-            if n:
-                self._write(columns, prios)
-            self._inserts, self._samples, self._deletes, self._size = inserts, samples, deletes, n
+            self._inserts, self._size = inserts - size, 0
+            for columns, prios in parts:
+                if prios.shape[0]:
+                    self._write(columns, prios)
+            if self._size != size:
+                raise ValueError(f"replay state holds {self._size} data items but {size} keys")
+            self._inserts, self._samples, self._deletes = inserts, samples, deletes
             self._cond.notify_all()
-
-    # ------------------------------------------------------------------ internals
 
     def _check_open(self) -> None:
         if self._closed:
@@ -468,6 +478,25 @@ class Table:
             columns[name] = value.astype(dtype, copy=False)
         return columns, int(n or 0)
 
+    def _allocate_storage(self) -> dict[str, np.ndarray]:
+        """One [capacity, ...] array per column (subclasses store some columns otherwise)."""
+        return {k: np.zeros((self.capacity, *shape), dtype) for k, (shape, dtype) in self.signature.items()}
+
+    def _clear_storage(self) -> None:
+        for v in self._data.values():
+            v[...] = 0
+
+    def _store(self, slots: np.ndarray | slice, columns: Mapping[str, np.ndarray]) -> None:
+        """Writes checked columns into `slots` (unique indices, or a slice for a run that does not wrap); the items
+        there before are being evicted. Lock held."""
+        for c, v in columns.items():
+            self._data[c][slots] = v
+
+    def _gather(self, slots: np.ndarray) -> dict[str, np.ndarray]:
+        """The columns of the items in `slots`, as new arrays. Lock held."""
+        # np.take on axis 0: the same rows as fancy indexing, with less per-row overhead
+        return {c: np.take(v, slots, axis=0) for c, v in self._data.items()}
+
     def _write(self, columns: Mapping[str, np.ndarray], prios: np.ndarray) -> None:
         """Writes k <= capacity items at the next keys, evicting the oldest beyond capacity. Lock held."""
         k = int(prios.shape[0])
@@ -475,8 +504,7 @@ class Table:
         start = self._inserts % self.capacity
         # A run of slots that does not wrap is written as a slice (one memcpy per column, no index array).
         slots = slice(start, start + k) if start + k <= self.capacity else keys % self.capacity
-        for c, v in columns.items():
-            self._data[c][slots] = v
+        self._store(slots, columns)
         self._keys[slots] = keys
         self._set_priorities(slots, prios)
         evicted = max(0, self._size + k - self.capacity)
@@ -502,19 +530,21 @@ class Table:
             keys = self._inserts - self._size + self._rng.integers(0, self._size, size=k)
             slots = keys % self.capacity
             probs = np.full(k, 1.0 / self._size)
-        # np.take on axis 0: the same rows as fancy indexing, with less per-row overhead
-        return self._keys[slots], probs, {c: np.take(v, slots, axis=0) for c, v in self._data.items()}
+        return self._keys[slots], probs, self._gather(slots)
 
 
 def table_from_config(signature: Signature, table_config: Mapping[str, Any], *, name: str = "replay",
                       seed: int | None = None) -> "Table":
     """A `Table` with a samples-per-insert limiter from an agent builder's `table_config()` dict (keys capacity,
     sampler, priority_exponent, samples_per_insert, min_size_to_sample, error_buffer): the one place that turns an
-    agent's replay settings into a table, for the single-process runner and the replay server alike."""
+    agent's replay settings into a table, for the single-process runner and the replay server alike. Image
+    observations of stacked frames get a `quarl.replay_frames.FrameTable` (each frame stored once)."""
     limiter = SampleToInsertRatio(table_config["samples_per_insert"], table_config["min_size_to_sample"],
                                   table_config["error_buffer"])
-    return Table(name, table_config["capacity"], signature, sampler=table_config["sampler"],
-                 priority_exponent=table_config["priority_exponent"], rate_limiter=limiter, seed=seed)
+    from quarl.replay_frames import FrameTable, frame_columns  # pylint: disable=import-outside-toplevel
+    cls = FrameTable if frame_columns(signature) else Table  # stacked frames (ALE): each frame stored once
+    return cls(name, table_config["capacity"], signature, sampler=table_config["sampler"],
+               priority_exponent=table_config["priority_exponent"], rate_limiter=limiter, seed=seed)
 
 
 class _WaitClock:

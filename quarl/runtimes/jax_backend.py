@@ -54,7 +54,7 @@ def _aqt_dense(bits: int) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Arr
     return dense
 
 
-def _windows(x: jax.Array, kernel: int, stride: int) -> jax.Array:
+def conv_windows(x: jax.Array, kernel: int, stride: int) -> jax.Array:
     """x [B, H, W, C] -> its VALID conv windows [B, H', W', k * k * C], ordered (i, j, c) as `w.reshape(-1, O)`."""
     h_out = (x.shape[1] - kernel) // stride + 1
     w_out = (x.shape[2] - kernel) // stride + 1
@@ -65,7 +65,7 @@ def _windows(x: jax.Array, kernel: int, stride: int) -> jax.Array:
 
 def _conv(x: jax.Array, p: Any, layer: Conv2D, int_dense: Callable | None, compute: Any) -> jax.Array:
     if "codes" in p:
-        win = _windows(x.astype(jnp.float32), layer.kernel, layer.stride)
+        win = conv_windows(x.astype(jnp.float32), layer.kernel, layer.stride)
         rows = win.reshape(-1, win.shape[-1])
         y = int_dense(rows, p["codes"], p["scale"]).reshape(*win.shape[:3], -1)
         return y.astype(compute) + p["b"]

@@ -114,12 +114,17 @@ def _next_int_layer(spec: PolicySpec, lowered: LoweredParams, i: int) -> str | N
 def fused_convs(spec: PolicySpec, lowered: LoweredParams) -> dict[str, str]:
     """int Conv2D name -> the int layer its QLinearConv requantizes to (ReLU folded); other int convs run float.
     A fused output needs zero point 0 (the ReLU), which a calibrated ReLU output range always gives."""
-    out = {}
+    out: dict[str, str] = {}
     ranges = lowered.activation_ranges or {}
-    for i, layer in enumerate(spec.layers):
+    convs = {layer.name for layer in spec.layers if isinstance(layer, Conv2D)}
+    # Last layer first: the layer a conv requantizes to must itself take uint8 codes (an int Linear, or a conv
+    # fused in turn); an int conv that runs float (no ReLU after it) takes float input.
+    for i in reversed(range(len(spec.layers))):
+        layer = spec.layers[i]
         if isinstance(layer, Conv2D) and lowered.dense[layer.name].kind == "int":
             nxt = _next_int_layer(spec, lowered, i)
-            if nxt is not None and nxt in ranges and activation_qparams(*ranges[nxt])[1] == 0:
+            if (nxt is not None and (nxt not in convs or nxt in out) and nxt in ranges
+                    and activation_qparams(*ranges[nxt])[1] == 0):
                 out[layer.name] = nxt
     return out
 

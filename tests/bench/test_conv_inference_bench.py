@@ -15,12 +15,15 @@ def test_quick_conv_bench_writes_results_with_the_machine(tmp_path, monkeypatch)
     machine = result["machine"]
     assert machine["cpu"] and machine["load_start"] and machine["load_end"] and machine["allow_busy"]
     rows = {r["variant"]: r for r in result["rows"]}
-    assert set(rows) == {"onnx fp32", "onnx int8", "onnx int8 dequantized", "jax fp32", "jax int8", "auto int8"}
+    assert set(rows) == {"onnx fp32", "onnx int8", "onnx int8 dequantized", "jax fp32", "jax int8", "auto int8",
+                         "onnx int4", "onnx-nbits int4", "auto int4"}
     assert rows["onnx int8"]["kernel"] in ("u8s8", "u8u8", "fp32") and rows["onnx int8 dequantized"]["simulated"]
     assert all(r["median_us"] > 0 and r["calls"] > 0 for r in rows.values())
     assert rows["onnx fp32"]["max_rel_err"] < 1e-5 and rows["onnx int8"]["max_rel_err"] < 3e-2
+    assert rows["onnx int4"]["max_rel_err"] < 3e-2 and rows["onnx-nbits int4"]["max_rel_err"] < 3e-2
+    assert rows["onnx int4"]["kernel"] in ("u8s8", "u8u8", "fp32")  # int4 conv runs the static int8 kernels
     (speedup,) = result["speedups"]
-    assert speedup["torso"] == "minatar" and speedup["int8_speedup"] > 0
+    assert speedup["torso"] == "minatar" and speedup["int8_speedup"] > 0 and speedup["int4_speedup"] > 0
 
 
 def test_a_busy_machine_is_refused(monkeypatch, capsys):

@@ -1,0 +1,27 @@
+"""bench.ale_dqn at its smallest (--tiny): the whole path runs (Nature torso, frame-deduplicated replay, int8
+actors, a full unclipped Pong evaluation) and the record has the machine, seed, time and every evaluation."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from bench import ale_dqn
+
+
+@pytest.mark.slow
+def test_tiny_pong_run_writes_time_return_and_machine(tmp_path):
+    """~150 s on the loaded 2-core machine (one full Pong evaluation of an untrained policy, as test_dqn_ale)."""
+    assert ale_dqn.main(["--tiny", "--steps", "300", "--eval-every", "300", "--eval-episodes", "1",
+                         "--out", str(tmp_path)]) == 0
+    record = json.loads((tmp_path / "ale_dqn.json").read_text())
+    assert record["game"] == "Pong" and record["seed"] == 0 and record["actor_steps"] == 300
+    assert record["machine"]["cpu"] and record["machine"]["load_end"]
+    assert record["train_s"] > 0 and record["curve"] and -21 <= record["final_return"] <= 21
+    assert record["target"] == -15.0 and "Pong" in (tmp_path / "ale_dqn.md").read_text()
+
+
+def test_bad_arguments_exit_2(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        ale_dqn.main(["--steps", "0"])
+    assert exit_info.value.code == 2 and "--steps" in capsys.readouterr().err
