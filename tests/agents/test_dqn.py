@@ -365,7 +365,8 @@ def test_prioritized_table_priorities_follow_the_learner_td_errors():
 def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
     """Default config, int8 ONNX actors (a fixed backend: `auto` chooses by timing, which would make the run
     depend on the machine). Stops at the first evaluation averaging >= 150 (a random policy scores ~20)."""
-    from launch.experiment import evaluate, run_experiment
+    from launch.acting import evaluation_returns as evaluate
+    from launch.experiment import run_experiment
     from quarl.envs import make_environment
     from quarl.quantization import quantize_params
 
