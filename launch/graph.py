@@ -14,6 +14,14 @@ from launch.experiment_config import ExperimentConfig
 
 
 LEARNER_STREAM, ACTOR_STREAM, EVAL_STREAM, REPLAY_STREAM = 0, 1, 2, 3
+# What each ActorQ service/worker is called in messages ("replay server ('replay') died ..."); actors are "actor_<i>".
+NODE_ROLES: dict[str, str] = {"replay": "replay server", "counter": "counter", "weights": "weight server",
+                              "learner": "learner", "evaluator": "evaluator"}
+
+
+def node_role(name: str) -> str:
+    """What messages call node `name` of the ActorQ graph, e.g. "replay server"."""
+    return NODE_ROLES.get(name, "actor" if name.startswith("actor_") else "node")
 
 
 def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> Program:
@@ -24,38 +32,38 @@ def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> 
     builder, env_spec = spec.builder(), spec.env_spec()
     logdir = os.path.abspath(config.logdir)
     program = Program("actorq")
-    near_learner = dict(config.learner_resources)  # learner, services and evaluator: on one machine
+    near_learner = dict(config.distributed.learner_resources)  # learner, services and evaluator: on one machine
     # Only the learner may see a GPU (launch.devices): services, actors and the evaluator run JAX on the CPU.
     cpu = dict(CPU_ONLY_ENV)
-    counter = program.add(Node("counter", nc.Counter, {"resume": config.resume, "logdir": logdir},
+    counter = program.add(Node("counter", nc.Counter, {"resume": config.distributed.resume, "logdir": logdir},
                                max_concurrency=8, env_vars=cpu, resources=near_learner))
     replay = program.add(Node(
         "replay", nc.ReplayServer,
         {"table": table_spec(builder, env_spec), "seed": derive_seed(config.seed, REPLAY_STREAM),
-         "resume": config.resume, "logdir": logdir},
-        max_concurrency=max(8, 2 * config.num_actors + config.prefetch + 4), env_vars=cpu, resources=near_learner))
+         "resume": config.distributed.resume, "logdir": logdir},
+        max_concurrency=max(8, 2 * config.distributed.num_actors + config.distributed.prefetch + 4), env_vars=cpu, resources=near_learner))
     weights = program.add(Node(
         "weights", nc.WeightServer, {"precision": config.precision, "logdir": logdir},
-        max_concurrency=max(4, config.num_actors + 3), env_vars=cpu, resources=near_learner))
+        max_concurrency=max(4, config.distributed.num_actors + 3), env_vars=cpu, resources=near_learner))
     program.add(Node(
         "learner", nc.LearnerNode,
         {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
-         "weights": weights, "logdir": logdir, "precision": config.precision, "publish_period": config.publish_period,
-         "prefetch": config.prefetch, "checkpoint_every": config.checkpoint_every, "resume": config.resume,
-         "run_config": config.to_dict(), "log_every_s": config.log_every_s,
-         "steps_per_call": config.learner_steps_per_call, "publish_min_interval_s": config.publish_min_interval_s},
+         "weights": weights, "logdir": logdir, "precision": config.precision, "publish_period": config.distributed.publish_period,
+         "prefetch": config.distributed.prefetch, "checkpoint_every": config.distributed.checkpoint_every, "resume": config.distributed.resume,
+         "run_config": config.to_dict(), "log_every_s": config.distributed.log_every_s,
+         "steps_per_call": config.distributed.learner_steps_per_call, "publish_min_interval_s": config.distributed.publish_min_interval_s},
         kind="worker", num_cpus=1, accelerator=ACCELERATOR_BY_DEVICE[config.learner_device], max_concurrency=4,
         env_vars=learner_env(config.learner_device), resources=near_learner))
-    for i in range(config.num_actors):
+    for i in range(config.distributed.num_actors):
         program.add(Node(
             f"actor_{i}", nc.ActorNode,
-            {"spec": spec, "actor_id": i, "num_actors": config.num_actors,
+            {"spec": spec, "actor_id": i, "num_actors": config.distributed.num_actors,
              "seed": derive_seed(config.seed, ACTOR_STREAM, i), "precision": config.precision,
              "backend": config.backend, "kernel_form": config.kernel_form, "replay": replay, "counter": counter, "weights": weights,
-             "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.insert_batch,
-             "envs_per_actor": config.envs_per_actor, "pin": config.pin_actors},
+             "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.distributed.insert_batch,
+             "envs_per_actor": config.envs_per_actor, "pin": config.distributed.pin_actors},
             kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV,
-            resources=dict(config.actor_resources)))
+            resources=dict(config.distributed.actor_resources)))
     program.add(Node(
         "evaluator", nc.Evaluator,
         {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
