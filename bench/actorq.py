@@ -309,7 +309,7 @@ def bench_e2e(budget: Budget, seeds: list[int], logroot: Path) -> dict[str, Any]
     for i, seed in enumerate(seeds):
         for precision in (("int8", "fp32") if i % 2 == 0 else ("fp32", "int8")):
             logdir = _fresh(logroot / f"{precision}-seed{seed}")
-            config = ExperimentConfig(agent="d4pg", task=TASK, precision=precision, num_actors=2,
+            config = ExperimentConfig.create(agent="d4pg", task=TASK, precision=precision, num_actors=2,
                                       max_actor_steps=budget.e2e_max_steps, seed=seed, logdir=str(logdir),
                                       overrides=overrides, backend="auto", eval_every=2_000, eval_episodes=2,
                                       target_return=budget.e2e_target)

@@ -88,7 +88,7 @@ def run_arm(setting: Setting, precision: str, seed: int, logdir: Path, ray_addre
 
     shutil.rmtree(logdir, ignore_errors=True)  # logs append: an earlier arm's rows must go
     overrides = {**setting.overrides, "policy_layer_sizes": tuple(setting.policy)}
-    config = ExperimentConfig(agent="d4pg", task=setting.task, precision=precision, seed=seed, logdir=str(logdir),
+    config = ExperimentConfig.create(agent="d4pg", task=setting.task, precision=precision, seed=seed, logdir=str(logdir),
                               num_actors=setting.num_actors, max_actor_steps=setting.max_actor_steps,
                               overrides=overrides, backend="auto", eval_every=setting.eval_every,
                               eval_episodes=setting.eval_episodes, target_return=setting.target_return,

@@ -195,7 +195,7 @@ def ours_d4pg(setting: str, precision: str, actor_steps: int, seed: int, logdir:
     policy, critic, batch, spi = D4PG_SETTINGS[setting]
     overrides = {"policy_layer_sizes": policy, "critic_layer_sizes": critic, "batch_size": batch,
                  "samples_per_insert": spi, "min_replay_size": 1000}
-    config = ExperimentConfig(agent="d4pg", task=D4PG_TASK, precision=precision, num_actors=2,
+    config = ExperimentConfig.create(agent="d4pg", task=D4PG_TASK, precision=precision, num_actors=2,
                               max_actor_steps=actor_steps, seed=seed, logdir=str(logdir), overrides=overrides,
                               backend="auto", eval_every=max(1000, actor_steps // 4), eval_episodes=1)
     t0 = time.perf_counter()

@@ -168,12 +168,12 @@ def validate(args: argparse.Namespace) -> Invocation:
         config = _config_from_flags(args)
     if config.learner_device == "gpu" and args.runner != "ray":
         raise UsageError("--learner-device gpu needs --runner ray (the local runner keeps every node on the CPU)")
-    if (config.actor_resources or config.learner_resources) and args.runner != "ray":
+    if (config.distributed.actor_resources or config.distributed.learner_resources) and args.runner != "ray":
         raise UsageError("--actor-resource and --learner-resource need --runner ray")
     agent_config = check_agent_task(config.agent, config.task, dict(config.overrides)).config
-    resume = None if config.resume is None else _check_resume(config.resume, config.agent, config.task,
+    resume = None if config.distributed.resume is None else _check_resume(config.distributed.resume, config.agent, config.task,
                                                               agent_config)
-    logdir = _choose_logdir(None if config.logdir == _UNSET else config.logdir, config.resume, config.agent,
+    logdir = _choose_logdir(None if config.logdir == _UNSET else config.logdir, config.distributed.resume, config.agent,
                             config.task, config.precision)
     config = config.replace(resume=resume, logdir=str(logdir))
     return Invocation(config, args.runner, args.ray_address, not args.no_progress)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
 import agents
-from launch.experiment_config import ConfigError, ExperimentConfig
+from launch.experiment_config import DISTRIBUTED_FIELDS, ConfigError, ExperimentConfig
 
 EXIT_USAGE = 2
 # Files a run writes; a logdir already holding any of them belongs to another run.
@@ -321,15 +321,16 @@ def qat_overrides(qat_bits: int | None, precision: str) -> dict[str, Any]:
 
 def flag_names(**renames: str) -> dict[str, str]:
     """ExperimentConfig field -> the flag that sets it (`--eval-every`), with a CLI's own `renames`."""
-    names = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(ExperimentConfig)}
+    fields = [*(f.name for f in dataclasses.fields(ExperimentConfig)), *DISTRIBUTED_FIELDS]
+    names = {name: "--" + name.replace("_", "-") for name in fields}
     names.update(overrides="--set", actor_resources="--actor-resource", learner_resources="--learner-resource")
     names.update(renames)
     return names
 
 
 def build_config(flags: Mapping[str, str], **fields: Any) -> ExperimentConfig:
-    """`ExperimentConfig(**fields)`; its one-line ConfigError becomes a UsageError naming the flag."""
+    """`ExperimentConfig.create(**fields)`; its one-line ConfigError becomes a UsageError naming the flag."""
     try:
-        return ExperimentConfig(**fields)
+        return ExperimentConfig.create(**fields)
     except ConfigError as e:
         raise UsageError(e.message(flags)) from None

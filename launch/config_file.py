@@ -52,7 +52,7 @@ def config_with_overrides(path: str, logdir: str | None, seed: int | None) -> Ex
     if seed is not None:
         changes["seed"] = check_seed(seed)
     config = config.replace(**changes) if changes else config
-    if logdir is None and config.resume is None and any((Path(config.logdir) / f).exists() for f in RUN_FILES):
+    if logdir is None and config.distributed.resume is None and any((Path(config.logdir) / f).exists() for f in RUN_FILES):
         raise UsageError(f"--config {path!r} names the folder {config.logdir!r}, which already holds a run: "
                          "pass --logdir for the new one")
     return config

@@ -140,8 +140,8 @@ class PlannedRun:
 
     def config(self, run_dir: Path, backend: str) -> ExperimentConfig:
         """The experiment this run is: what either runner runs and summary.json records."""
-        return ExperimentConfig(agent=self.agent, task=self.task, precision=self.precision, seed=self.seed,
-                                logdir=str(run_dir), backend=backend, **dataclasses.asdict(self.budget))
+        return ExperimentConfig.create(agent=self.agent, task=self.task, precision=self.precision, seed=self.seed,
+                                       logdir=str(run_dir), backend=backend, **dataclasses.asdict(self.budget))
 
 
 # ------------------------------------------------------------------------------------------------ running

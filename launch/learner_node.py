@@ -211,7 +211,7 @@ class LearnerNode(NodeBase):
             steps = int(self._learner.steps)
         run = self._run_config
         extra = {"source": "launch.actorq", "seed": run.get("seed"), "actor_precision": run.get("precision"),
-                 "num_actors": run.get("num_actors")}
+                 "num_actors": (run.get("distributed") or {}).get("num_actors")}
         path = policy_io.save_policy(self._logdir, self._policy_spec, params, task=self._spec.task, agent=self._spec.agent,
                            steps=steps, extra=extra)
         log_event(self._logdir, "learner", f"saved the fp32 policy at learner step {steps} to {path.name}")

@@ -110,7 +110,7 @@ def build_summary(config: Any, *, runner: str, status: str, error: str | None, w
         # What the actors executed, in words ("int8 weights, fp32 compute (dequantized)"), the executor `auto`
         # would name (onnx-dequantized ...) and the CPU class: with the seed, what fixes the run's numerics.
         **run_execution({"precision": config.precision, "actors": actors}),
-        "num_actors": 1 if runner == "single" else config.num_actors,  # [distributed] in ExperimentConfig
+        "num_actors": 1 if runner == "single" else config.distributed.num_actors,  # ExperimentConfig.distributed
         "envs_per_actor": getattr(config, "envs_per_actor", 1),
         "seed": config.seed,
         "experiment": config.to_dict(),

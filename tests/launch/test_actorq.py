@@ -68,7 +68,7 @@ def test_tiny_distributed_dqn_run_writes_every_log_and_a_sane_summary(ray_sessio
     rt = summary["runtime"]
     assert set(rt["per_update"]) == {"quantize_encode_ms", "pull_ms", "deserialize_ms", "load_ms", "update_ms"}
     assert rt["updates"] == sum(a["times"]["updates"] for a in summary["actors"])
-    assert summary["replay"]["inserts"] >= 600 - 2 * config.insert_batch
+    assert summary["replay"]["inserts"] >= 600 - 2 * config.distributed.insert_batch
     energy = summary["energy"]
     assert set(energy["nodes"]) >= {"learner", "actor_0", "actor_1", "evaluator"}
     assert energy["total_kwh"] > 0 and energy["method"]

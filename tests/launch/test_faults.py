@@ -401,7 +401,7 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
     assert code2 == 0 and summary2["status"] == "completed", summary2["error"]
     assert summary2["learner"]["resumed_from"] == manifest["learner_steps"]
     assert summary2["learner_steps"] > manifest["learner_steps"]
-    assert summary2["replay"]["inserts"] >= manifest["replay"]["items"] + 600 - 2 * config.insert_batch
+    assert summary2["replay"]["inserts"] >= manifest["replay"]["items"] + 600 - 2 * config.distributed.insert_batch
 
 
 @pytest.mark.slow
@@ -489,7 +489,7 @@ def test_rate_limiter_keeps_samples_per_insert_within_its_error_buffer(tmp_path,
         assert float(row["rate_limiter_diff"]) == int(row["inserts"]) * spi - int(row["samples"])
     final = summary["replay"]
     assert low <= final["rate_limiter_diff"] <= high
-    assert final["inserts"] >= 1500 - 2 * config.insert_batch
+    assert final["inserts"] >= 1500 - 2 * config.distributed.insert_batch
     assert abs(final["samples_per_insert"] - spi) <= (spi * min_size + buffer) / final["inserts"]
     first, last = rows[0], rows[-1]
     if slow_side == "actor":  # the learner waited for data, again and again after the warm-up

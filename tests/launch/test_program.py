@@ -2,6 +2,7 @@
 single-process runner end to end, and CLI validation (bad flags exit 2 before Ray is even imported)."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -16,7 +17,7 @@ import pytest
 from launch import checkpoint as ckpt
 from launch import nodes
 from launch.supervisor import run_program
-from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
+from launch.local_runner import DaemonPool, LocalLaunch, LocalNodeHandle, LocalRunner
 from launch.agent_spec import AgentSpec, derive_seed
 from launch.graph import build_actorq_program
 from launch.program import SINGLE_THREAD_ENV, Handle, Node, Program
@@ -28,6 +29,11 @@ from quarl.quantization import quantize_params
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
 
 
 # ---------------------------------------------------------------------------------------------- program
@@ -248,7 +254,7 @@ def test_local_runner_runs_the_program_and_resumes_from_its_checkpoint(tmp_path)
     assert summary2["learner"]["resumed_from"] == steps_before
     assert summary2["learner_steps"] > steps_before and summary2["actor_steps"] >= 900
     # The replay came back: the table holds the first run's items plus the new ones.
-    assert summary2["replay"]["inserts"] >= summary["replay"]["inserts"] + 300 - 2 * config.insert_batch
+    assert summary2["replay"]["inserts"] >= summary["replay"]["inserts"] + 300 - 2 * config.distributed.insert_batch
     assert load_policy(tmp_path / "run").steps == summary2["learner_steps"]  # the resumed run's policy
 
 
@@ -483,6 +489,7 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
     """One schema, one vocabulary: the single-process and the distributed runner write summary.json with the same
     keys (every section, every actors[] entry), the same stage names with the same meaning and units (seconds
     over the run, ms per update, µs per env step), and a weights version is the learner step it was published at."""
+    from launch.acting import EPISODE_FIELDS, EVAL_FIELDS
     from launch.experiment import run_experiment
     from launch.summary import SUMMARY_KEYS
 
@@ -494,9 +501,22 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
     assert on_disk == json.loads(json.dumps([distributed, single]))  # what the runners return is what they wrote
     assert list(single) == list(distributed) == list(SUMMARY_KEYS)
     assert _layout_differences(*on_disk) == []
+    # evaluator.csv and the per-episode actor log: one header each, written by the one acting loop in both runners.
+    evaluator = [_csv_rows(tmp_path / name / "evaluator.csv") for name in ("ray", "single")]
+    episodes = [_csv_rows(tmp_path / "ray" / "actor_0.csv"), _csv_rows(tmp_path / "single" / "actor.csv")]
+    for rows in (*evaluator, *episodes):
+        assert rows  # at least one evaluation / one finished episode in each run
+    assert list(evaluator[0][0]) == list(evaluator[1][0]) == list(EVAL_FIELDS)
+    assert list(episodes[0][0]) == list(episodes[1][0]) == list(EPISODE_FIELDS)
+    for rows, run in zip(evaluator, (distributed, single)):  # each row's return is the mean of its episodes
+        assert len(rows) == run["evaluations"] and float(rows[-1]["return"]) == pytest.approx(run["final_eval_return"])
+        assert all(float(r["return_min"]) <= float(r["return"]) <= float(r["return_max"]) for r in rows)
+        assert all(int(r["episodes"]) == 1 and r["weights_version"] != "" for r in rows)
+    assert evaluator[0][-1]["train_clock_s"] == evaluator[0][-1]["wall_clock_s"]  # the evaluator is on the side
+    assert all(r["return_fp32"] == "" for r in evaluator[0] + evaluator[1])  # no --eval-fp32 in either run
     assert (single["runner"], distributed["runner"]) == ("single", "actorq")
     assert single["status"] == "completed" and single["num_actors"] == len(single["actors"]) == 1
-    assert single["experiment"]["num_actors"] == 1 and single["experiment"]["max_actor_steps"] == 400
+    assert single["experiment"]["distributed"]["num_actors"] == 1 and single["experiment"]["max_actor_steps"] == 400
     assert single["config"] == distributed["config"]  # the same agent config, written whole by both
     for s in on_disk:  # energy: per-node reports and totals, in both
         assert s["energy"]["nodes"] and s["energy"]["total_kwh"] > 0
@@ -536,3 +556,23 @@ def test_a_failed_run_whose_nodes_reported_nothing_still_gets_the_whole_layout(t
     assert summary["energy"]["total_kwh"] is None and summary["energy"]["nodes"] == {}
     print_summary(summary)
     assert "failed" in capsys.readouterr().out
+
+
+def test_both_runners_offer_the_whole_runner_and_launch_interface(tmp_path):
+    """The supervisor drives any runner through `launch.program.Runner`/`Launch` (no hasattr checks): the local
+    runner has one machine, so every node is placed there and no host is ever lost."""
+    from launch.program import Launch, Runner
+    from launch.ray_runner import RayLaunch, RayRunner
+
+    members = {Runner: ("launch", "close"),
+               Launch: ("wait_ready", "run", "pid", "placement", "lost_hosts", "can_host", "shutdown")}
+    for cls, protocol in ((RayLaunch, Launch), (RayRunner, Runner), (LocalLaunch, Launch), (LocalRunner, Runner)):
+        assert [m for m in members[protocol] if not callable(getattr(cls, m, None))] == [], cls.__name__
+    runner = LocalRunner()
+    launch = runner.launch(build_actorq_program(tiny_config(tmp_path, num_actors=1)))
+    try:
+        assert isinstance(runner, Runner) and isinstance(launch, Launch)
+        assert launch.placement() == {} and launch.lost_hosts() == {}
+        assert launch.can_host("actor_0") and not launch.can_host("actor_9")
+    finally:
+        launch.shutdown()

@@ -40,7 +40,7 @@ def test_train_cli_with_four_envs_per_actor_counts_env_steps(tmp_path):
         episodes = list(csv.DictReader(f))
     # Four environments' episodes, each of its own length, together at most the 800 env steps taken.
     assert len(episodes) == summary["episodes"] >= 4
-    assert sum(int(r["episode_length"]) for r in episodes) <= 800
+    assert sum(int(r["length"]) for r in episodes) <= 800
     # Transitions in replay: every env step except the <= n-1 still open per environment at the end.
     assert 800 - 4 * 2 <= summary["replay"]["inserts"] <= 800
 
@@ -107,14 +107,14 @@ def test_pinned_actors_each_claim_a_core_of_their_own(tmp_path, monkeypatch):
         pytest.skip("needs CPU affinity and two CPUs")
     monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(tmp_path / "locks"))
     args = build_parser().parse_args(["--agent", "dqn", "--pin-actors", "--logdir", str(tmp_path / "cli")])
-    assert validate(args).config.pin_actors
+    assert validate(args).config.distributed.pin_actors
     held = len(affinity._held)
     try:
         summary, code = run_program(tiny_config(tmp_path / "run", pin_actors=True), LocalRunner())
         assert code == 0 and summary["status"] == "completed", summary["error"]
         cores = [a["pinned_core"] for a in summary["actors"]]
         assert len(set(cores)) == 2 and set(cores) <= os.sched_getaffinity(0)
-        assert summary["experiment"]["pin_actors"] is True
+        assert summary["experiment"]["distributed"]["pin_actors"] is True
     finally:  # the local runner's actors are threads of this process: give their claims back
         for fd in affinity._held[held:]:
             os.close(fd)

@@ -16,4 +16,4 @@ def tiny_config(logdir: Path, **kw) -> ExperimentConfig:
                 logdir=str(logdir), overrides=dict(TINY_DQN), backend="onnx", eval_every=300, eval_episodes=1,
                 publish_period=5, insert_batch=32)
     base.update(kw)
-    return ExperimentConfig(**base)
+    return ExperimentConfig.create(**base)
