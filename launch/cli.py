@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
 import agents
-from launch.experiment_config import DISTRIBUTED_FIELDS, ConfigError, ExperimentConfig
+from launch.experiment_config import DISTRIBUTED_FIELDS, ExperimentConfig
+from quarl.checks import ConfigError, check_int
 
 EXIT_USAGE = 2
 # Files a run writes; a logdir already holding any of them belongs to another run.
@@ -140,9 +141,15 @@ def check_backend(name: str) -> str:
 def check_positive(flag: str, value: int | None, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
-    if value is None or value <= 0:
-        raise UsageError(f"{flag} must be a positive integer, got {value}")
-    return value
+    return _flag_int(flag, value, minimum=1)
+
+
+def _flag_int(flag: str, value: Any, *, minimum: int) -> int:
+    """`quarl.checks.check_int` on a flag's value, its ConfigError as the CLI's one-line UsageError."""
+    try:
+        return check_int(flag, value, minimum=minimum)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_resources(flag: str, values: Sequence[str]) -> dict[str, float]:
@@ -166,9 +173,7 @@ def parse_resources(flag: str, values: Sequence[str]) -> dict[str, float]:
 
 
 def check_seed(value: int) -> int:
-    if value < 0:
-        raise UsageError(f"--seed must be a non-negative integer, got {value}")
-    return value
+    return _flag_int("--seed", value, minimum=0)
 
 
 def check_logdir(path: str) -> Path:

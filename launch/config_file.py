@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launch.cli import RUN_FILES, UsageError, check_seed
-from launch.experiment_config import ConfigError, ExperimentConfig
+from launch.experiment_config import ExperimentConfig
+from quarl.checks import ConfigError
 
 
 def default_logdir(runner: str, agent: str, task: str, precision: str) -> str:

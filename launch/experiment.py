@@ -83,7 +83,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
                    sync_learner: bool = False, on_eval: Callable[[dict[str, Any]], bool | None] | None = None,
                    on_builder: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Trains `config`'s agent on its task for `config.max_actor_steps` env steps; returns (and writes) the
-    summary, with the whole config under "experiment". Fields marked [distributed] in ExperimentConfig are
+    summary, with the whole config under "experiment". `config.distributed` (ExperimentConfig) is
     ignored here (one actor, no Ray, no checkpoints).
 
     Evaluations every `config.eval_every` actor steps run greedily at the deployed precision (plus fp32 with

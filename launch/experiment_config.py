@@ -9,24 +9,12 @@ heavy imports; the few checks that need a library (precision names, agent config
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import os
 from typing import Any, Mapping
 
+from quarl.checks import ConfigError, check_bool, check_int, check_number, is_finite
+
 SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every service and the evaluator
-
-
-class ConfigError(ValueError):
-    """A bad config value, as one line; `field` names it so a CLI can say which flag was wrong."""
-
-    def __init__(self, field: str, problem: str):
-        super().__init__(f"{field} {problem}")
-        self.field, self.problem = field, problem
-
-    def message(self, flags: Mapping[str, str] | None = None) -> str:
-        """The message with the field named by its flag (`--max-actor-steps must be ...`) where one is given."""
-        return f"{(flags or {}).get(self.field, self.field)} {self.problem}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,20 +41,17 @@ class DistributedConfig:
 
     def __post_init__(self) -> None:
         for name in ("num_actors", "publish_period", "insert_batch", "prefetch", "learner_steps_per_call"):
-            _check_int(name, getattr(self, name), minimum=1)
-        _check_int("checkpoint_every", self.checkpoint_every, minimum=0)
-        if not _finite(self.publish_min_interval_s) or self.publish_min_interval_s < 0:
-            raise ConfigError("publish_min_interval_s", f"must be a finite number >= 0, got {self.publish_min_interval_s!r}")
-        if not _finite(self.log_every_s) or self.log_every_s <= 0:
-            raise ConfigError("log_every_s", f"must be a finite number > 0, got {self.log_every_s!r}")
-        if not isinstance(self.pin_actors, bool):
-            raise ConfigError("pin_actors", f"must be true or false, got {self.pin_actors!r}")
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("checkpoint_every", self.checkpoint_every, minimum=0)
+        check_number("publish_min_interval_s", self.publish_min_interval_s, low=0.0)
+        check_number("log_every_s", self.log_every_s, low=0.0, low_open=True)
+        check_bool("pin_actors", self.pin_actors)
         if self.resume is not None and (not isinstance(self.resume, str) or not self.resume):
             raise ConfigError("resume", f"must be a checkpoint path or null, got {self.resume!r}")
         for name in ("actor_resources", "learner_resources"):
             value = getattr(self, name)
             if not isinstance(value, Mapping) or not all(
-                    isinstance(k, str) and k and _finite(v) and v > 0 for k, v in value.items()):
+                    isinstance(k, str) and k and is_finite(v) and v > 0 for k, v in value.items()):
                 raise ConfigError(name, f"must map resource names to finite amounts > 0, got {value!r}")
             object.__setattr__(self, name, dict(value))
         for name in ("num_actors", "publish_period", "insert_batch", "prefetch", "learner_steps_per_call",
@@ -145,10 +130,10 @@ class ExperimentConfig:
             if not isinstance(value, (str, os.PathLike)) or not str(value):
                 raise ConfigError(name, f"must be a non-empty string, got {value!r}")
         for name in ("max_actor_steps", "eval_episodes", "envs_per_actor", "target_streak"):
-            _check_int(name, getattr(self, name), minimum=1)
+            check_int(name, getattr(self, name), minimum=1)
         if self.eval_every is not None:
-            _check_int("eval_every", self.eval_every, minimum=1)
-        _check_int("seed", self.seed, minimum=0)
+            check_int("eval_every", self.eval_every, minimum=1)
+        check_int("seed", self.seed, minimum=0)
         if isinstance(self.distributed, Mapping):  # from JSON
             object.__setattr__(self, "distributed", DistributedConfig.from_dict(self.distributed))
         if not isinstance(self.distributed, DistributedConfig):
@@ -164,10 +149,9 @@ class ExperimentConfig:
             if self.backend == "jax":
                 raise ConfigError("kernel_form", "applies to the onnx backends (jax has one integer kernel); "
                                                  "use --backend onnx")
-        if self.target_return is not None and not _finite(self.target_return):
+        if self.target_return is not None and not is_finite(self.target_return):
             raise ConfigError("target_return", f"must be a finite number, got {self.target_return!r}")
-        if not isinstance(self.eval_fp32, bool):
-            raise ConfigError("eval_fp32", f"must be true or false, got {self.eval_fp32!r}")
+        check_bool("eval_fp32", self.eval_fp32)
         from launch.devices import LEARNER_DEVICES  # pylint: disable=import-outside-toplevel
         if self.learner_device not in LEARNER_DEVICES:
             raise ConfigError("learner_device", f"must be one of {', '.join(LEARNER_DEVICES)}, "
@@ -255,16 +239,6 @@ def executor_factory(kernel_form: str | None) -> Any:
     from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
 
     return functools.partial(make_executor, kernel_form=kernel_form)
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        what = "a positive integer" if minimum == 1 else "a non-negative integer"
-        raise ConfigError(name, f"must be {what}, got {value!r}")
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # What actors may run: int2..int8 have integer kernels and int16 is the paper's wide baseline; int9..int15 (which

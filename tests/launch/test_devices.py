@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from launch import devices
-from launch.experiment_config import ConfigError
+from quarl.checks import ConfigError
 from launch.graph import build_actorq_program
 from launch.node_base import NodeBase
 from launch.program import Program

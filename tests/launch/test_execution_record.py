@@ -10,7 +10,7 @@ import pytest
 
 from analysis import execution
 from launch.experiment import run_experiment
-from launch.experiment_config import ConfigError
+from quarl.checks import ConfigError
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 
