@@ -1,12 +1,36 @@
-"""The ActorQ run configuration and its program graph: counter, replay server, weight server, fp32 learner (it
-quantizes each weights version once and publishes the bytes), N quantized
-actors and an evaluator (see `launch.program` for what a program is, `launch.nodes` for the node classes)."""
+"""The ActorQ program graph: counter, replay server, weight server, fp32 learner (it quantizes each weights version
+once and publishes the bytes), N quantized actors and an evaluator (see `launch.program` for what a program is).
+
+    Counter       run-wide counters (actor/learner steps, episodes, actor starts) and the wall clock
+    ReplayServer  the replay table (quarl.replay.Table, Reverb semantics); blocking insert/sample calls, so
+                  it must be served by several threads (Node.max_concurrency) or one blocked call stalls all
+    WeightServer  hands out the latest published payload (a reference: on Ray an object-store object the
+                  learner put once), or "not modified"
+    LearnerNode   fp32 learner: prefetches blocks of K sampled batches to the device, trains K steps per
+                  call, and every `publish_period` steps hands its policy to a publisher thread that quantizes
+                  + encodes it at the actors' precision, once, and publishes the bytes; reports priorities,
+                  checkpoints
+    ActorNode     K environments (`envs_per_actor`, default 1) and one quantized policy executor called once
+                  per step on the K observations (`launch.acting`); pulls weights every actor_update_period env
+                  steps (an unchanged version costs one small round trip and no payload), sends n-step
+                  transitions in batches, and times every stage of its loop
+    Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
+
+Nodes talk only through `NodeHandle.call/submit` (see `launch.program`) with plain values: NumPy arrays,
+dicts, and `launch.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.payload`): no fp32
+tree crosses a process boundary for acting. What went wrong, and what was done about it (an actor restarted,
+a payload rejected, the final policy saved, a node lost) is appended to `<logdir>/events.log`, one line per
+event, by whichever process saw it."""
 from __future__ import annotations
 
+import dataclasses
 import os
-from typing import Any, Sequence
+from typing import Sequence
 
-from launch import nodes
+from launch.actor_node import ActorNode
+from launch.evaluator_node import Evaluator
+from launch.learner_node import LearnerNode
+from launch.services import Counter, ReplayServer, WeightServer
 from launch.agent_spec import AgentSpec, derive_seed, table_spec
 from launch.devices import ACCELERATOR_BY_DEVICE, CPU_ONLY_ENV, learner_env
 from launch.program import SINGLE_THREAD_ENV, Node, Program
@@ -24,46 +48,59 @@ def node_role(name: str) -> str:
     return NODE_ROLES.get(name, "actor" if name.startswith("actor_") else "node")
 
 
-def build_actorq_program(config: ExperimentConfig, node_classes: Any = None) -> Program:
-    """The ActorQ graph for `config`. `node_classes` (a module or namespace with the node classes) lets tests
-    substitute instrumented nodes; by default `launch.nodes`."""
-    nc = nodes if node_classes is None else node_classes
+@dataclasses.dataclass(frozen=True)
+class NodeClasses:  # pylint: disable=invalid-name  (the fields are class names)
+    """The node classes the ActorQ graph is built from; tests substitute instrumented subclasses with
+    `dataclasses.replace(NodeClasses(), LearnerNode=...)`."""
+
+    Counter: type[Counter] = Counter
+    ReplayServer: type[ReplayServer] = ReplayServer
+    WeightServer: type[WeightServer] = WeightServer
+    LearnerNode: type[LearnerNode] = LearnerNode
+    ActorNode: type[ActorNode] = ActorNode
+    Evaluator: type[Evaluator] = Evaluator
+
+
+def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | None = None) -> Program:
+    """The ActorQ graph for `config`, its nodes made of `node_classes` (by default the real ones)."""
+    nc = NodeClasses() if node_classes is None else node_classes
     spec = AgentSpec(config.agent, config.task, dict(config.overrides))
     builder, env_spec = spec.builder(), spec.env_spec()
     logdir = os.path.abspath(config.logdir)
     program = Program("actorq")
-    near_learner = dict(config.distributed.learner_resources)  # learner, services and evaluator: on one machine
+    dist = config.distributed
+    near_learner = dict(dist.learner_resources)  # learner, services and evaluator: on one machine
     # Only the learner may see a GPU (launch.devices): services, actors and the evaluator run JAX on the CPU.
     cpu = dict(CPU_ONLY_ENV)
-    counter = program.add(Node("counter", nc.Counter, {"resume": config.distributed.resume, "logdir": logdir},
+    counter = program.add(Node("counter", nc.Counter, {"resume": dist.resume, "logdir": logdir},
                                max_concurrency=8, env_vars=cpu, resources=near_learner))
     replay = program.add(Node(
         "replay", nc.ReplayServer,
         {"table": table_spec(builder, env_spec), "seed": derive_seed(config.seed, REPLAY_STREAM),
-         "resume": config.distributed.resume, "logdir": logdir},
-        max_concurrency=max(8, 2 * config.distributed.num_actors + config.distributed.prefetch + 4), env_vars=cpu, resources=near_learner))
+         "resume": dist.resume, "logdir": logdir},
+        max_concurrency=max(8, 2 * dist.num_actors + dist.prefetch + 4), env_vars=cpu, resources=near_learner))
     weights = program.add(Node(
         "weights", nc.WeightServer, {"precision": config.precision, "logdir": logdir},
-        max_concurrency=max(4, config.distributed.num_actors + 3), env_vars=cpu, resources=near_learner))
+        max_concurrency=max(4, dist.num_actors + 3), env_vars=cpu, resources=near_learner))
     program.add(Node(
         "learner", nc.LearnerNode,
         {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
-         "weights": weights, "logdir": logdir, "precision": config.precision, "publish_period": config.distributed.publish_period,
-         "prefetch": config.distributed.prefetch, "checkpoint_every": config.distributed.checkpoint_every, "resume": config.distributed.resume,
-         "run_config": config.to_dict(), "log_every_s": config.distributed.log_every_s,
-         "steps_per_call": config.distributed.learner_steps_per_call, "publish_min_interval_s": config.distributed.publish_min_interval_s},
+         "weights": weights, "logdir": logdir, "precision": config.precision, "publish_period": dist.publish_period,
+         "prefetch": dist.prefetch, "checkpoint_every": dist.checkpoint_every, "resume": dist.resume,
+         "run_config": config.to_dict(), "log_every_s": dist.log_every_s,
+         "steps_per_call": dist.learner_steps_per_call, "publish_min_interval_s": dist.publish_min_interval_s},
         kind="worker", num_cpus=1, accelerator=ACCELERATOR_BY_DEVICE[config.learner_device], max_concurrency=4,
         env_vars=learner_env(config.learner_device), resources=near_learner))
-    for i in range(config.distributed.num_actors):
+    for i in range(dist.num_actors):
         program.add(Node(
             f"actor_{i}", nc.ActorNode,
-            {"spec": spec, "actor_id": i, "num_actors": config.distributed.num_actors,
+            {"spec": spec, "actor_id": i, "num_actors": dist.num_actors,
              "seed": derive_seed(config.seed, ACTOR_STREAM, i), "precision": config.precision,
              "backend": config.backend, "kernel_form": config.kernel_form, "replay": replay, "counter": counter, "weights": weights,
-             "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": config.distributed.insert_batch,
-             "envs_per_actor": config.envs_per_actor, "pin": config.distributed.pin_actors},
+             "logdir": logdir, "max_actor_steps": config.max_actor_steps, "insert_batch": dist.insert_batch,
+             "envs_per_actor": config.envs_per_actor, "pin": dist.pin_actors},
             kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV,
-            resources=dict(config.distributed.actor_resources)))
+            resources=dict(dist.actor_resources)))
     program.add(Node(
         "evaluator", nc.Evaluator,
         {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from launch.devices import learner_device_error, pin_driver_to_cpu
 from launch.experiment_config import ExperimentConfig
-from launch.graph import actor_names, build_actorq_program, node_role
+from launch.graph import NodeClasses, actor_names, build_actorq_program, node_role
 from launch.local_runner import LocalRunner
 from launch.node_base import log_event
 from launch.program import CallFuture, Launch, NodeLost, Runner
@@ -55,7 +55,8 @@ def make_runner(kind: str, ray_address: str | None = None) -> Runner:
     return LocalRunner() if kind == "local" else RayRunner(ray_address)
 
 
-def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = False, node_classes: object = None,
+def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = False,
+                node_classes: NodeClasses | None = None,
                 on_launch: Callable[[Launch], None] | None = None) -> tuple[dict[str, Any], int]:
     """Builds and runs the ActorQ program; returns (summary, exit code). Writes summary.json.
 

@@ -78,7 +78,7 @@ def _forbid_unpickling(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     from launch import checkpoint as ckpt
-    from launch import nodes
+    from launch.services import Counter, ReplayServer
     from launch.summary import read_evals
     from launch.agent_spec import AgentSpec, table_spec
     from analysis.runs import read_evaluator, read_summary
@@ -100,7 +100,7 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     save_policy(tmp_path / "run", spec, params, task="CartPole-v1", agent="dqn", steps=5)
 
     table = table_spec(builder, env_spec)
-    server = nodes.ReplayServer(table, seed=0)
+    server = ReplayServer(table, seed=0)
     n = TINY_DQN["min_replay_size"]
     server.insert({"observation": rng.normal(size=(n, 4)).astype(np.float32), "action": np.zeros(n, np.int32),
                    "reward": np.ones(n, np.float32), "discount": np.ones(n, np.float32),
@@ -132,8 +132,8 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     state = ckpt.load_replay(found / ckpt.REPLAY_FILE, ckpt.read_manifest(found)["checksums"][ckpt.REPLAY_FILE])
     assert int(state["inserts"]) == n
     # The nodes' own resume paths (replay server, counter).
-    assert nodes.ReplayServer(table, seed=0, resume=str(tmp_path / "run")).info()["size"] == n
-    assert nodes.Counter(resume=str(tmp_path / "run")).get()["actor_steps"] == 100
+    assert ReplayServer(table, seed=0, resume=str(tmp_path / "run")).info()["size"] == n
+    assert Counter(resume=str(tmp_path / "run")).get()["actor_steps"] == 100
     # Results and summaries.
     assert read_summary(tmp_path / "run")["status"] == "completed"
     assert list(read_evaluator(tmp_path / "run")["return"]) == [20.0]

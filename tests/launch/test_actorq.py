@@ -5,6 +5,7 @@ subprocess, which starts (and must tear down) its own private Ray.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,14 +13,14 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from launch import nodes
+from launch.graph import NodeClasses
+from launch.learner_node import LearnerNode
 from launch.supervisor import run_program
 from launch.ray_runner import RayRunner
 from quarl.policy_io import load_policy
@@ -113,7 +114,7 @@ def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_pa
     assert len(restarts) == 1 and f"version {actor_0['first_weights_version']}," in restarts[0]
 
 
-class FailingLearner(nodes.LearnerNode):
+class FailingLearner(LearnerNode):
     """A learner whose training step fails after a few updates (a bug, NaN weights, an OOM...)."""
 
     def __init__(self, *args, **kwargs):
@@ -133,9 +134,7 @@ class FailingLearner(nodes.LearnerNode):
 
 
 def test_learner_failure_stops_the_run_with_an_error(ray_session, tmp_path):
-    node_classes = types.SimpleNamespace(
-        **{name: getattr(nodes, name) for name in ("Counter", "ReplayServer", "WeightServer", "ActorNode",
-                                                   "Evaluator")}, LearnerNode=FailingLearner)
+    node_classes = dataclasses.replace(NodeClasses(), LearnerNode=FailingLearner)
     config = tiny_config(tmp_path, max_actor_steps=10_000_000)
     summary, code = run_program(config, RayRunner(), node_classes=node_classes)
     assert code == 1 and summary["status"] == "failed"

@@ -11,6 +11,7 @@ Elsewhere: a killed actor is restarted (tests/launch/test_actorq.py), Ctrl-C (sa
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -18,7 +19,6 @@ import signal
 import struct
 import threading
 import time
-import types
 from pathlib import Path
 
 import msgpack
@@ -26,7 +26,13 @@ import numpy as np
 import pytest
 
 from launch import checkpoint as ckpt
-from launch import nodes
+from launch.actor_node import ActorNode
+from launch.graph import NodeClasses
+from launch.learner_node import LearnerNode
+from launch.node_base import NodeBase
+from launch.services import Counter
+from launch.stages import StageTimes
+from launch.weights_client import PolicyClient
 from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
 from launch.agent_spec import AgentSpec
 from launch.experiment_config import ExperimentConfig
@@ -83,7 +89,7 @@ def _set_scale(value: float):
     return mutate
 
 
-class ScriptedWeights(nodes.NodeBase):
+class ScriptedWeights(NodeBase):
     """Serves a fixed sequence of published payloads, one per request, whatever version the actor has."""
 
     def __init__(self, script: list[bytes]):
@@ -97,7 +103,7 @@ class ScriptedWeights(nodes.NodeBase):
         return Blob.put(self.script[self.served - 1])
 
 
-class SinkReplay(nodes.NodeBase):
+class SinkReplay(NodeBase):
     """Accepts every insert (no rate limiter): the actor is never held back."""
 
     def __init__(self):
@@ -134,8 +140,8 @@ def test_actor_rejects_bad_payloads_counts_them_and_keeps_its_last_good_policy(t
         (good9, None),
     ]
     pool = DaemonPool(8)
-    weights, replay, counter = ScriptedWeights([p for p, _ in script]), SinkReplay(), nodes.Counter()
-    actor = nodes.ActorNode(agent, actor_id=0, num_actors=1, seed=0, precision="int8", backend="onnx",
+    weights, replay, counter = ScriptedWeights([p for p, _ in script]), SinkReplay(), Counter()
+    actor = ActorNode(agent, actor_id=0, num_actors=1, seed=0, precision="int8", backend="onnx",
                             replay=LocalNodeHandle(replay, pool), counter=LocalNodeHandle(counter, pool),
                             weights=LocalNodeHandle(weights, pool), logdir=str(tmp_path),
                             max_actor_steps=300, insert_batch=16)
@@ -163,8 +169,8 @@ def test_policy_client_refuses_a_payload_the_executor_cannot_load_without_changi
     agent = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
     spec = agent.builder().policy_spec(agent.env_spec())
     weights = ScriptedWeights([_payload(spec, 3)])
-    client_cls = nodes.PolicyClient
-    client = client_cls(LocalNodeHandle(weights, None), nodes.StageTimes(), spec=spec, precision="int8")
+    client_cls = PolicyClient
+    client = client_cls(LocalNodeHandle(weights, None), StageTimes(), spec=spec, precision="int8")
 
     def refuse(payload) -> None:
         raise ValueError("linear_1/w has shape (16, 2), expected (16, 16)")
@@ -440,12 +446,12 @@ class _SlowEnv:
         return getattr(self._env, name)
 
 
-class SlowActor(nodes.ActorNode):
+class SlowActor(ActorNode):
     def _make_environment(self, seed: int):
         return _SlowEnv(super()._make_environment(seed), 0.004)
 
 
-class SlowLearner(nodes.LearnerNode):
+class SlowLearner(LearnerNode):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         inner = self._learner
@@ -462,8 +468,7 @@ class SlowLearner(nodes.LearnerNode):
 
 
 def _node_classes(**replace):
-    names = ("Counter", "ReplayServer", "WeightServer", "LearnerNode", "ActorNode", "Evaluator")
-    return types.SimpleNamespace(**{n: replace.get(n, getattr(nodes, n)) for n in names})
+    return dataclasses.replace(NodeClasses(), **replace)
 
 
 @pytest.mark.slow

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from launch import checkpoint as ckpt
-from launch import nodes
+from launch.learner_node import LearnerNode
+from launch.services import Counter, ReplayServer, WeightServer
+from launch.stages import StageTimes
+from launch.weights_client import PolicyClient
 from launch.supervisor import run_program
 from launch.local_runner import DaemonPool, LocalLaunch, LocalNodeHandle, LocalRunner
 from launch.agent_spec import AgentSpec, derive_seed
@@ -58,13 +61,13 @@ def test_actorq_graph_has_every_node_with_its_placement(tmp_path):
 
 def test_program_rejects_dangling_and_duplicate_nodes():
     program = Program("p")
-    program.add(Node("a", nodes.Counter))
+    program.add(Node("a", Counter))
     with pytest.raises(ValueError, match="already has a node"):
-        program.add(Node("a", nodes.Counter))
+        program.add(Node("a", Counter))
     with pytest.raises(ValueError, match="not in the program"):
-        program.add(Node("b", nodes.Counter, {"other": Handle("missing")}))
+        program.add(Node("b", Counter, {"other": Handle("missing")}))
     with pytest.raises(ValueError, match="needs run"):
-        Node("w", nodes.Counter, kind="worker")
+        Node("w", Counter, kind="worker")
 
 
 def test_derived_seeds_differ_per_node_and_run():
@@ -93,7 +96,7 @@ def _blob(spec, params, version, precision="int8"):
 
 def test_weight_server_hands_out_the_latest_blob_once_per_version_whatever_the_number_of_actors():
     spec, params = _policy_params()
-    w = nodes.WeightServer("int8")
+    w = WeightServer("int8")
     assert w.get_payload(-1) is None  # nothing published yet
     w.publish(10, _blob(spec, params, 10))
     payloads: list = []
@@ -130,8 +133,8 @@ def test_learner_publishes_each_version_once_as_encoded_bytes_and_refuses_non_fi
     """The one-way weight path: the learner quantizes + encodes in its own process and publishes bytes that
     carry the spec's digest (not the spec, not an fp32 tree); non-finite weights stop it with a clear error."""
     agent = AgentSpec("dqn", "CartPole-v1", dict(TINY_DQN))
-    server, pool = nodes.WeightServer("int8"), DaemonPool(2)
-    learner = nodes.LearnerNode(agent, seed=0, replay=None, counter=None, weights=LocalNodeHandle(server, pool),
+    server, pool = WeightServer("int8"), DaemonPool(2)
+    learner = LearnerNode(agent, seed=0, replay=None, counter=None, weights=LocalNodeHandle(server, pool),
                                 logdir=str(tmp_path), precision="8")
     learner.publish_now()
     blob = server.get_payload(-1)
@@ -160,9 +163,9 @@ def test_learner_publishes_each_version_once_as_encoded_bytes_and_refuses_non_fi
 
 def test_actor_weight_client_fetches_only_when_the_version_changed():
     spec, params = _policy_params(hidden=(32, 32))
-    w = nodes.WeightServer("int8")
-    times = nodes.StageTimes()
-    client = nodes.PolicyClient(LocalNodeHandle(w, None), times, spec=spec, precision="int8")
+    w = WeightServer("int8")
+    times = StageTimes()
+    client = PolicyClient(LocalNodeHandle(w, None), times, spec=spec, precision="int8")
     w.publish(3, _blob(spec, params, 3))
     first = client.fetch()
     assert first is not None and first.version == 3 and client.version == 3
@@ -292,7 +295,7 @@ def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
     from launch.agent_spec import table_spec
 
     table = table_spec(spec.builder(), spec.env_spec())
-    server = nodes.ReplayServer(table, seed=0)
+    server = ReplayServer(table, seed=0)
     n = TINY_DQN["min_replay_size"]  # more would block: the rate limiter waits for samples
     batch = {"observation": np.random.default_rng(0).normal(size=(n, 4)).astype(np.float32),
              "action": np.zeros(n, np.int32), "reward": np.ones(n, np.float32),
@@ -304,7 +307,7 @@ def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
     directory = ckpt.write_checkpoint(tmp_path, step=3, learner_state={"w": np.ones(2, np.float32)},
                                       save_replay_to=server.save, manifest=manifest)
     assert ckpt.find_checkpoint(tmp_path) == directory
-    restored = nodes.ReplayServer(table, seed=0, resume=str(tmp_path))
+    restored = ReplayServer(table, seed=0, resume=str(tmp_path))
     info = restored.info()
     assert (info["size"], info["inserts"], info["samples"]) == (n, n, 8)
     assert restored.sample(4).data["observation"].shape == (4, 4)
