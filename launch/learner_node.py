@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from launch import checkpoint as ckpt
+from launch.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
 from launch.agent_spec import AgentSpec
 from launch.learner_feed import BlockFeed
 from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
@@ -25,11 +26,6 @@ from quarl.quantization import parse_precision, quantize_params
 from quarl import policy_io
 
 FINAL_PUBLISH_TIMEOUT_S = 60.0
-
-
-def crossed(before: int, after: int, period: int) -> bool:
-    """Whether a multiple of `period` lies in (before, after]: cadences on a step count that advances K at a time."""
-    return after // period > before // period
 
 
 def _import_orbax() -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from bench.learner_in_program import make_node, time_node
 from launch import learner_node
+from launch.acting import crossed
 from launch.learner_feed import BlockFeed
-from launch.learner_node import crossed
 from launch.local_runner import DaemonPool, LocalNodeHandle
 from quarl.replay import Sample
 from tests.launch.tiny import TINY_DQN
