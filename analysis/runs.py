@@ -4,7 +4,7 @@ run, and evaluation curves on a common grid.
 Shared by `launch.reproduce` (which writes figure.png, speedup.csv, carbon.csv, grid.csv, report.md) and the
 notebooks under notebooks/, so a number in a notebook and in report.md always come from the same code.
 
-Both runners write one summary.json layout (`launch.summary.SUMMARY_KEYS`, described in docs/ARCHITECTURE.md);
+Both runners write one summary.json layout (`launch.experiments.summary.SUMMARY_KEYS`, described in docs/ARCHITECTURE.md);
 it is flattened into one row per run, a value a run does not have (None) becoming NaN. Summaries written by the
 single-process runner before that layout existed are rewritten once with `python -m analysis.upgrade_summaries
 DIR`.
@@ -14,7 +14,7 @@ Definitions used throughout:
   evaluation return. For positive R this is `fraction * R` (the paper's "90% of fp32"); the |R| form keeps
   the target reachable for tasks whose returns are negative (MountainCar, Acrobot).
 - time of an evaluation (`time_s`): the training clock, evaluator.csv's `train_clock_s` (both runners write one
-  evaluator.csv layout, `launch.acting.EVAL_FIELDS`): the single-process runner's clock without its evaluations,
+  evaluator.csv layout, `launch.experiments.acting.EVAL_FIELDS`): the single-process runner's clock without its evaluations,
   and in a distributed run, whose evaluator works on the side, the wall clock. Runs written before that layout
   (a distributed evaluator.csv had no `train_clock_s`) still read: their time is `wall_clock_s`.
 - time to target of a run: the time of its first evaluation whose mean return reaches the target
@@ -142,7 +142,7 @@ def read_evaluator(run_dir: str | os.PathLike) -> pd.DataFrame:
     for c in df.columns:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     df = df[np.isfinite(df["return"]) & np.isfinite(df["wall_clock_s"])].copy()
-    if "train_clock_s" not in df.columns:  # the distributed layout before launch.acting.EVAL_FIELDS
+    if "train_clock_s" not in df.columns:  # the distributed layout before launch.experiments.acting.EVAL_FIELDS
         df["train_clock_s"] = df["wall_clock_s"]
     train = df["train_clock_s"]
     df["time_s"] = train if np.isfinite(train).all() else df["wall_clock_s"]
@@ -161,7 +161,7 @@ def _nansum(values: Iterable[float]) -> float:
 
 
 def _energy(summary: Mapping[str, Any]) -> tuple[float, float, str | None]:
-    """(kWh, kg CO2eq, method): the totals over the run's nodes (`launch.summary.sum_energy`)."""
+    """(kWh, kg CO2eq, method): the totals over the run's nodes (`launch.experiments.summary.sum_energy`)."""
     e = summary.get("energy") or {}
     return _num(e.get("total_kwh")), _num(e.get("total_emissions_kg")), e.get("method")
 

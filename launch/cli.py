@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
 import agents
-from launch.experiment_config import DISTRIBUTED_FIELDS, ExperimentConfig
+from launch.experiments.config import DISTRIBUTED_FIELDS, ExperimentConfig
 from quarl.checks import ConfigError, check_int
 
 EXIT_USAGE = 2
@@ -124,7 +124,7 @@ def check_agent(name: str) -> str:
 
 def check_precision(name: str) -> str:
     """An actor precision (`ACTOR_PRECISIONS`: fp32, bf16, fp16, int2..int8, int16) as its canonical name."""
-    from launch.experiment_config import actor_precision  # pylint: disable=import-outside-toplevel
+    from launch.experiments.config import actor_precision  # pylint: disable=import-outside-toplevel
     try:
         return actor_precision(name)
     except ValueError as e:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launch.cli import RUN_FILES, UsageError, check_seed
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 from quarl.checks import ConfigError
 
 

@@ -19,13 +19,13 @@ import argparse
 import sys
 from typing import Sequence
 
-from launch.devices import LEARNER_DEVICES
+from launch.program.devices import LEARNER_DEVICES
 from launch.cli import (DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError,
                         add_common_arguments, build_config, check_agent, check_agent_task, check_carbon_country,
                         check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
                         qat_overrides)
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 
 PROG = "launch.train"
 TRAIN_FLAGS = flag_names(max_actor_steps="--steps")
@@ -82,8 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = validate(args, parser)
     except UsageError as e:
         fail(f"{PROG}: error: {e}")
-    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
-    from launch.progress import print_summary  # pylint: disable=import-outside-toplevel
+    from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    from launch.experiments.progress import print_summary  # pylint: disable=import-outside-toplevel
 
     summary = run_experiment(config, progress=not args.no_progress)
     print_summary(summary)

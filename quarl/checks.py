@@ -1,4 +1,4 @@
-"""The value checks every config shares (agent configs, `launch.experiment_config`, the CLIs' flags), with one
+"""The value checks every config shares (agent configs, `launch.experiments.config`, the CLIs' flags), with one
 error type: a `ConfigError` is a one-line ValueError that names its field, so a CLI can name the flag instead.
 Plain Python: importing it costs nothing (the CLIs check flags before JAX loads)."""
 from __future__ import annotations

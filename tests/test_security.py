@@ -77,10 +77,10 @@ def _forbid_unpickling(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
-    from launch import checkpoint as ckpt
-    from launch.services import Counter, ReplayServer
-    from launch.summary import read_evals
-    from launch.agent_spec import AgentSpec, table_spec
+    from launch.experiments import checkpoint as ckpt
+    from launch.nodes.services import Counter, ReplayServer
+    from launch.experiments.summary import read_evals
+    from launch.experiments.agent_spec import AgentSpec, table_spec
     from analysis.runs import read_evaluator, read_summary
     from quarl.payload import decode_payload, encode_payload
     from quarl.quantization import quantize_params
@@ -150,7 +150,7 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
 _BIND_PROBE = r"""
 import json, os, sys
 import psutil
-from launch.ray_runner import init_ray
+from launch.program.ray_runner import init_ray
 init_ray(None, num_cpus=1)
 import ray
 

@@ -1,4 +1,4 @@
-"""analysis.runs reads one evaluator.csv layout (launch.acting.EVAL_FIELDS) and still reads the layouts written
+"""analysis.runs reads one evaluator.csv layout (launch.experiments.acting.EVAL_FIELDS) and still reads the layouts written
 before it: the single-process one committed under results/small and the distributed one without train_clock_s."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from analysis.runs import read_evaluator
-from launch.acting import EVAL_FIELDS, evaluation_row
+from launch.experiments.acting import EVAL_FIELDS, evaluation_row
 from quarl.logs import CSVLogger
 
 REPO = Path(__file__).resolve().parents[2]

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launch.graph import NodeClasses
-from launch.learner_node import LearnerNode
-from launch.supervisor import run_program
-from launch.ray_runner import RayRunner
+from launch.experiments.distributed import NodeClasses
+from launch.nodes.learner import LearnerNode
+from launch.experiments.supervisor import run_program
+from launch.program.ray_runner import RayRunner
 from quarl.policy_io import load_policy
 from tests.launch.tiny import TINY_D4PG, tiny_config
 
@@ -200,7 +200,7 @@ def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path):
 
 
 def test_summary_energy_counts_a_rapl_package_once_and_keeps_unavailable_emissions_unavailable():
-    from launch.summary import sum_energy
+    from launch.experiments.summary import sum_energy
     from quarl.carbon import EnergyReport
 
     def node(name, cpu, package, intensity=400.0):

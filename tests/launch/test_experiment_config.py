@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from launch import actorq, train
-from launch.experiment_config import DISTRIBUTED_FIELDS, ConfigError, DistributedConfig, ExperimentConfig
+from launch.experiments.config import DISTRIBUTED_FIELDS, ConfigError, DistributedConfig, ExperimentConfig
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -147,7 +147,7 @@ def test_quick_preset_is_what_the_default_actorq_job_runs(tmp_path: Path) -> Non
 def test_both_runners_record_the_same_experiment_in_summary_json(tmp_path: Path) -> None:
     """The same tiny config run in one process and by `launch.actorq --runner local` (from a --config file):
     both summary.json files hold it whole, under "experiment", equal but for the log directory."""
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
 
     single_cfg = tiny_config(tmp_path / "single", num_actors=1, max_actor_steps=300, eval_every=300,
                              overrides={**TINY_DQN, "actor_update_period": 50})

@@ -25,18 +25,18 @@ import msgpack
 import numpy as np
 import pytest
 
-from launch import checkpoint as ckpt
-from launch.actor_node import ActorNode
-from launch.graph import NodeClasses
-from launch.learner_node import LearnerNode
-from launch.node_base import NodeBase
-from launch.services import Counter
-from launch.stages import StageTimes
-from launch.weights_client import PolicyClient
-from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
-from launch.agent_spec import AgentSpec
-from launch.experiment_config import ExperimentConfig
-from launch.shared_blob import Blob
+from launch.experiments import checkpoint as ckpt
+from launch.nodes.actor import ActorNode
+from launch.experiments.distributed import NodeClasses
+from launch.nodes.learner import LearnerNode
+from launch.nodes.base import NodeBase
+from launch.nodes.services import Counter
+from launch.experiments.stages import StageTimes
+from launch.nodes.weights_client import PolicyClient
+from launch.program.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
+from launch.experiments.agent_spec import AgentSpec
+from launch.experiments.config import ExperimentConfig
+from launch.nodes.shared_blob import Blob
 from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC, encode_payload
 from quarl.quantization import quantize_params
 from tests.launch.tiny import TINY_DQN, tiny_config
@@ -373,8 +373,8 @@ def _assert_run_failed_naming(summary: dict, code: int, record: dict, returned: 
 
 @pytest.mark.slow
 def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes_the_run(ray_session, tmp_path):
-    from launch.supervisor import run_program
-    from launch.ray_runner import RayRunner
+    from launch.experiments.supervisor import run_program
+    from launch.program.ray_runner import RayRunner
 
     config = _config(tmp_path, checkpoint_every=50)
     record: dict = {}
@@ -412,8 +412,8 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
 
 @pytest.mark.slow
 def test_killed_learner_stops_the_run_naming_it_with_no_process_left(ray_session, tmp_path):
-    from launch.supervisor import run_program
-    from launch.ray_runner import RayRunner
+    from launch.experiments.supervisor import run_program
+    from launch.program.ray_runner import RayRunner
 
     record: dict = {}
 
@@ -477,7 +477,7 @@ def test_rate_limiter_keeps_samples_per_insert_within_its_error_buffer(tmp_path,
     """A slow actor with a fast learner, and a fast actor with a slow learner: at every logged point after the
     warm-up (replay.csv) and at the end (summary.json), inserts x samples_per_insert - samples stays within
     samples_per_insert x min_size +- error_buffer, and the limiter really held back the faster side."""
-    from launch.supervisor import run_program
+    from launch.experiments.supervisor import run_program
 
     replace = {"ActorNode": SlowActor} if slow_side == "actor" else {"LearnerNode": SlowLearner}
     config = _config(tmp_path, num_actors=1 if slow_side == "actor" else 2, max_actor_steps=1500,

@@ -14,17 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launch import checkpoint as ckpt
-from launch.learner_node import LearnerNode
-from launch.services import Counter, ReplayServer, WeightServer
-from launch.stages import StageTimes
-from launch.weights_client import PolicyClient
-from launch.supervisor import run_program
-from launch.local_runner import DaemonPool, LocalLaunch, LocalNodeHandle, LocalRunner
-from launch.agent_spec import AgentSpec, derive_seed
-from launch.graph import build_actorq_program
-from launch.program import SINGLE_THREAD_ENV, Handle, Node, Program
-from launch.shared_blob import Blob
+from launch.experiments import checkpoint as ckpt
+from launch.nodes.learner import LearnerNode
+from launch.nodes.services import Counter, ReplayServer, WeightServer
+from launch.experiments.stages import StageTimes
+from launch.nodes.weights_client import PolicyClient
+from launch.experiments.supervisor import run_program
+from launch.program.local_runner import DaemonPool, LocalLaunch, LocalNodeHandle, LocalRunner
+from launch.experiments.agent_spec import AgentSpec, derive_seed
+from launch.experiments.distributed import build_actorq_program
+from launch.program.graph import SINGLE_THREAD_ENV, Handle, Node, Program
+from launch.nodes.shared_blob import Blob
 from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.policy import layer_norm_mlp_policy
 from quarl.policy_io import load_policy
@@ -292,7 +292,7 @@ def test_local_runner_cli_exits_once_the_summary_is_out(tmp_path):
 
 def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
     spec = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
-    from launch.agent_spec import table_spec
+    from launch.experiments.agent_spec import table_spec
 
     table = table_spec(spec.builder(), spec.env_spec())
     server = ReplayServer(table, seed=0)
@@ -447,7 +447,7 @@ def test_every_step_an_actor_takes_reaches_replay_at_a_stop(tmp_path, stop_path)
 
 
 def test_a_run_is_solved_by_a_streak_of_evaluations_at_the_target():
-    from launch.summary import solved_at
+    from launch.experiments.summary import solved_at
 
     evals = [{"return": r, "actor_steps": 1000 * (i + 1)} for i, r in enumerate([100, 977, 630, 955, 990, 400])]
     assert solved_at(evals, 950.0, 1)["actor_steps"] == 2000
@@ -492,9 +492,9 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
     """One schema, one vocabulary: the single-process and the distributed runner write summary.json with the same
     keys (every section, every actors[] entry), the same stage names with the same meaning and units (seconds
     over the run, ms per update, µs per env step), and a weights version is the learner step it was published at."""
-    from launch.acting import EPISODE_FIELDS, EVAL_FIELDS
-    from launch.experiment import run_experiment
-    from launch.summary import SUMMARY_KEYS
+    from launch.experiments.acting import EPISODE_FIELDS, EVAL_FIELDS
+    from launch.experiments.run_experiment import run_experiment
+    from launch.experiments.summary import SUMMARY_KEYS
 
     distributed, code = run_program(tiny_config(tmp_path / "ray", num_actors=1, max_actor_steps=400), LocalRunner())
     assert code == 0, distributed["error"]
@@ -546,8 +546,8 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
 def test_a_failed_run_whose_nodes_reported_nothing_still_gets_the_whole_layout(tmp_path, capsys):
     """Lost actors and learner leave None results: summary.json keeps every key (None where nothing is known) and
     the final table prints instead of failing on the missing sections."""
-    from launch.progress import print_summary
-    from launch.summary import ACTOR_KEYS, LEARNER_KEYS, SUMMARY_KEYS, make_summary
+    from launch.experiments.progress import print_summary
+    from launch.experiments.summary import ACTOR_KEYS, LEARNER_KEYS, SUMMARY_KEYS, make_summary
 
     config = tiny_config(tmp_path)
     results = {"actor_0": None, "actor_1": None, "learner": None, "evaluator": None}
@@ -562,10 +562,10 @@ def test_a_failed_run_whose_nodes_reported_nothing_still_gets_the_whole_layout(t
 
 
 def test_both_runners_offer_the_whole_runner_and_launch_interface(tmp_path):
-    """The supervisor drives any runner through `launch.program.Runner`/`Launch` (no hasattr checks): the local
+    """The supervisor drives any runner through `launch.program.graph.Runner`/`Launch` (no hasattr checks): the local
     runner has one machine, so every node is placed there and no host is ever lost."""
-    from launch.program import Launch, Runner
-    from launch.ray_runner import RayLaunch, RayRunner
+    from launch.program.graph import Launch, Runner
+    from launch.program.ray_runner import RayLaunch, RayRunner
 
     members = {Runner: ("launch", "close"),
                Launch: ("wait_ready", "run", "pid", "placement", "lost_hosts", "can_host", "shutdown")}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 
 TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
 TINY_D4PG = {"policy_layer_sizes": (32, 32), "critic_layer_sizes": (32, 32), "num_atoms": 11, "batch_size": 32,

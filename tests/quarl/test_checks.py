@@ -37,7 +37,7 @@ def test_good_values_come_back_normalised():
 def test_agent_configs_the_experiment_and_the_flags_raise_the_one_error_type(tmp_path):
     import agents
     from launch.cli import UsageError, check_seed
-    from launch.experiment_config import ExperimentConfig
+    from launch.experiments.config import ExperimentConfig
 
     for agent, bad in (("dqn", {"discount": 2.0}), ("d4pg", {"num_atoms": 1})):
         with pytest.raises(ConfigError):

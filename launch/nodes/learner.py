@@ -10,14 +10,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from launch import checkpoint as ckpt
-from launch.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
-from launch.agent_spec import AgentSpec
-from launch.learner_feed import BlockFeed
-from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.program import NodeHandle
-from launch.publisher import Publisher, PublishTimes
-from launch.shared_blob import Blob
+from launch.experiments import checkpoint as ckpt
+from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
+from launch.experiments.agent_spec import AgentSpec
+from launch.nodes.learner_feed import BlockFeed
+from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
+from launch.program.graph import NodeHandle
+from launch.nodes.publisher import Publisher, PublishTimes
+from launch.nodes.shared_blob import Blob
 from quarl.carbon import stop_tracking
 from quarl.device_quantization import quantize_params_on_device
 from quarl.payload import encode_payload, fp32_payload_nbytes
@@ -277,7 +277,7 @@ class LearnerNode(NodeBase):
     # -------------------------------------------------------------- checkpoints
 
     def checkpoint(self) -> str:
-        """Learner state + replay snapshot + manifest (see launch.checkpoint); returns the directory."""
+        """Learner state + replay snapshot + manifest (see launch.experiments.checkpoint); returns the directory."""
         with self._lock:
             state = self._learner.get_state()
             step = int(self._learner.steps)

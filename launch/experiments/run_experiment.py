@@ -18,11 +18,11 @@ from typing import Any, Callable, Iterator, Mapping
 import jax
 import numpy as np
 
-from launch.acting import EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns, evaluation_row
-from launch.experiment_config import ExperimentConfig
-from launch.stages import StageTimes, runtime_section
-from launch.devices import device_report, use_learner_device
-from launch.summary import build_summary, solved_at, sum_energy
+from launch.experiments.acting import EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns, evaluation_row
+from launch.experiments.config import ExperimentConfig
+from launch.experiments.stages import StageTimes, runtime_section
+from launch.program.devices import device_report, use_learner_device
+from launch.experiments.summary import build_summary, solved_at, sum_energy
 from quarl.envs import environment_spec, make_environment
 from quarl.vector_env import make_vector_environment
 from quarl.carbon import start_tracking, stop_tracking
@@ -70,8 +70,8 @@ class WeightChannel:
 
 @contextlib.contextmanager
 def _progress(total: int, enabled: bool) -> Iterator[Any]:
-    """A bar on a terminal, plain lines every few seconds in a log (`launch.progress.StepProgress`)."""
-    from launch.progress import StepProgress  # pylint: disable=import-outside-toplevel
+    """A bar on a terminal, plain lines every few seconds in a log (`launch.experiments.progress.StepProgress`)."""
+    from launch.experiments.progress import StepProgress  # pylint: disable=import-outside-toplevel
     bar = StepProgress(total, enabled)
     try:
         yield bar
@@ -122,7 +122,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
 
     logdir = Path(config.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
-    times = StageTimes()  # the actor's stages, as a distributed actor times them (`launch.stages`)
+    times = StageTimes()  # the actor's stages, as a distributed actor times them (`launch.experiments.stages`)
     clock = {"sample_s": 0.0, "learner_s": 0.0, "evaluation_s": 0.0}  # the learner's and the evaluator's share
     channel = WeightChannel(learner, spec, prec, times)
     qparams = channel.pull(count=False)
@@ -275,7 +275,7 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
              fp32_bytes: int, actor: Any, actor_build_s: float, episodes: int, learner: Any,
              evals: list[dict[str, Any]], table_info: dict[str, Any], energy_result: Any, policy_file: str,
              best_policy_file: str | None, sync_learner: bool, update_period: int, agent_config: dict[str, Any]) -> dict[str, Any]:
-    """This run in summary.json's one layout (`launch.summary.build_summary`): one actor, one learner, and a
+    """This run in summary.json's one layout (`launch.experiments.summary.build_summary`): one actor, one learner, and a
     weight channel that publishes one version per update, all in this process."""
     steps, updates = int(learner.steps), times.updates
     publish = {"versions": updates, "quantize_encode_s": times.quantize_encode_s, "put_s": None,

@@ -1,5 +1,5 @@
 """The ActorQ program graph: counter, replay server, weight server, fp32 learner (it quantizes each weights version
-once and publishes the bytes), N quantized actors and an evaluator (see `launch.program` for what a program is).
+once and publishes the bytes), N quantized actors and an evaluator (see `launch.program.graph` for what a program is).
 
     Counter       run-wide counters (actor/learner steps, episodes, actor starts) and the wall clock
     ReplayServer  the replay table (quarl.replay.Table, Reverb semantics); blocking insert/sample calls, so
@@ -11,13 +11,13 @@ once and publishes the bytes), N quantized actors and an evaluator (see `launch.
                   + encodes it at the actors' precision, once, and publishes the bytes; reports priorities,
                   checkpoints
     ActorNode     K environments (`envs_per_actor`, default 1) and one quantized policy executor called once
-                  per step on the K observations (`launch.acting`); pulls weights every actor_update_period env
+                  per step on the K observations (`launch.experiments.acting`); pulls weights every actor_update_period env
                   steps (an unchanged version costs one small round trip and no payload), sends n-step
                   transitions in batches, and times every stage of its loop
     Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
 
-Nodes talk only through `NodeHandle.call/submit` (see `launch.program`) with plain values: NumPy arrays,
-dicts, and `launch.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.payload`): no fp32
+Nodes talk only through `NodeHandle.call/submit` (see `launch.program.graph`) with plain values: NumPy arrays,
+dicts, and `launch.nodes.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.payload`): no fp32
 tree crosses a process boundary for acting. What went wrong, and what was done about it (an actor restarted,
 a payload rejected, the final policy saved, a node lost) is appended to `<logdir>/events.log`, one line per
 event, by whichever process saw it."""
@@ -27,14 +27,14 @@ import dataclasses
 import os
 from typing import Sequence
 
-from launch.actor_node import ActorNode
-from launch.evaluator_node import Evaluator
-from launch.learner_node import LearnerNode
-from launch.services import Counter, ReplayServer, WeightServer
-from launch.agent_spec import AgentSpec, derive_seed, table_spec
-from launch.devices import ACCELERATOR_BY_DEVICE, CPU_ONLY_ENV, learner_env
-from launch.program import SINGLE_THREAD_ENV, Node, Program
-from launch.experiment_config import ExperimentConfig
+from launch.nodes.actor import ActorNode
+from launch.nodes.evaluator import Evaluator
+from launch.nodes.learner import LearnerNode
+from launch.nodes.services import Counter, ReplayServer, WeightServer
+from launch.experiments.agent_spec import AgentSpec, derive_seed, table_spec
+from launch.program.devices import ACCELERATOR_BY_DEVICE, CPU_ONLY_ENV, learner_env
+from launch.program.graph import SINGLE_THREAD_ENV, Node, Program
+from launch.experiments.config import ExperimentConfig
 
 
 LEARNER_STREAM, ACTOR_STREAM, EVAL_STREAM, REPLAY_STREAM = 0, 1, 2, 3
@@ -70,7 +70,7 @@ def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | N
     program = Program("actorq")
     dist = config.distributed
     near_learner = dict(dist.learner_resources)  # learner, services and evaluator: on one machine
-    # Only the learner may see a GPU (launch.devices): services, actors and the evaluator run JAX on the CPU.
+    # Only the learner may see a GPU (launch.program.devices): services, actors and the evaluator run JAX on the CPU.
     cpu = dict(CPU_ONLY_ENV)
     counter = program.add(Node("counter", nc.Counter, {"resume": dist.resume, "logdir": logdir},
                                max_concurrency=8, env_vars=cpu, resources=near_learner))

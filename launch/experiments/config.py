@@ -1,6 +1,6 @@
 """One experiment, described once (as Acme's `ExperimentConfig`): a frozen, validated record that every CLI,
-`launch.reproduce`, the benchmarks and the tests build, that either runner runs (`launch.experiment.run_experiment`
-in one process, `launch.supervisor.run_program` distributed), and that both write whole into summary.json under
+`launch.reproduce`, the benchmarks and the tests build, that either runner runs (`launch.experiments.run_experiment.run_experiment`
+in one process, `launch.experiments.supervisor.run_program` distributed), and that both write whole into summary.json under
 "experiment".
 
 Plain data: importing this module costs nothing (no JAX, no Ray), so CLIs build and check a config before the
@@ -19,7 +19,7 @@ SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every se
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
-    """What only the distributed runner (`launch.supervisor`) reads: the actors, the learner's publishing and
+    """What only the distributed runner (`launch.experiments.supervisor`) reads: the actors, the learner's publishing and
     prefetch, checkpoints and where nodes run. Validated at construction (`ConfigError` naming the field)."""
 
     num_actors: int = 1
@@ -104,7 +104,7 @@ class ExperimentConfig:
     # What only the distributed runner reads (the single-process runner has one actor, no services, no checkpoints).
     distributed: DistributedConfig = dataclasses.field(default_factory=lambda: DistributedConfig())
     # Where the learner's JAX runs: auto (a GPU when its process sees one, else the CPU) | cpu | gpu. Every other
-    # process runs JAX on the CPU whatever this says (`launch.devices`).
+    # process runs JAX on the CPU whatever this says (`launch.program.devices`).
     learner_device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -152,7 +152,7 @@ class ExperimentConfig:
         if self.target_return is not None and not is_finite(self.target_return):
             raise ConfigError("target_return", f"must be a finite number, got {self.target_return!r}")
         check_bool("eval_fp32", self.eval_fp32)
-        from launch.devices import LEARNER_DEVICES  # pylint: disable=import-outside-toplevel
+        from launch.program.devices import LEARNER_DEVICES  # pylint: disable=import-outside-toplevel
         if self.learner_device not in LEARNER_DEVICES:
             raise ConfigError("learner_device", f"must be one of {', '.join(LEARNER_DEVICES)}, "
                                                 f"got {self.learner_device!r}")

@@ -1,7 +1,7 @@
 """The grid's runs for `launch.reproduce`: the budgets (steps, evaluation cadence and agent config per panel),
 one planned run, and the two ways to run it (in this process, or as a `launch.actorq` subprocess).
 
-Kept apart from the CLI so `launch.grid_cluster`'s Ray tasks can run a grid run without importing the
+Kept apart from the CLI so `launch.grid.cluster`'s Ray tasks can run a grid run without importing the
 launcher that drives them (no import cycle).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from agents.dqn.config import MOUNTAINCAR_OVERRIDES
 from analysis.runs import PANELS, is_finished, read_summary
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 from quarl.io import write_json_atomic
 
 
@@ -148,8 +148,8 @@ class PlannedRun:
 
 
 def run_single(run: PlannedRun, run_dir: Path, backend: str) -> dict[str, Any]:
-    """One run in this process with `launch.experiment.run_experiment`."""
-    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    """One run in this process with `launch.experiments.run_experiment.run_experiment`."""
+    from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
 
     return run_experiment(run.config(run_dir, backend), progress=False)
 

@@ -1,4 +1,4 @@
-"""Runs a `launch.program.Program` in this process: every node an object, every worker's `run()` a thread.
+"""Runs a `launch.program.graph.Program` in this process: every node an object, every worker's `run()` a thread.
 
 Same program description and node code as on Ray, without processes or serialisation, so a run can be
 stepped through in a debugger and tests can inspect node objects directly. What it does not model: node
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from launch.program import CallFuture, NodeHandle, Program, resolve_handles
+from launch.program.graph import CallFuture, NodeHandle, Program, resolve_handles
 
 
 class ThreadFuture(CallFuture):
@@ -108,7 +108,7 @@ class LocalNodeHandle(NodeHandle):
 
 
 class LocalLaunch:
-    """A running program in this process (a `launch.program.Launch`, as `launch.ray_runner.RayLaunch`)."""
+    """A running program in this process (a `launch.program.graph.Launch`, as `launch.program.ray_runner.RayLaunch`)."""
 
     def __init__(self, program: Program):
         self.program = program

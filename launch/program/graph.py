@@ -1,14 +1,14 @@
 """Program descriptions: which nodes a run has and how they reference each other, and what a runner of them
-offers (`Runner`, `Launch`). Nothing here knows the ActorQ graph (its nodes and their roles: `launch.graph`).
+offers (`Runner`, `Launch`). Nothing here knows the ActorQ graph (its nodes and their roles: `launch.experiments.distributed`).
 
 A `Program` is plain data (node classes, constructor arguments, resource requests). It says nothing about
-processes, threads or Ray, so the same description runs on Ray (`launch.ray_runner`, one process per node,
-local or on a cluster) and in one process (`launch.local_runner`, threads; for tests and debugging).
+processes, threads or Ray, so the same description runs on Ray (`launch.program.ray_runner`, one process per node,
+local or on a cluster) and in one process (`launch.program.local_runner`, threads; for tests and debugging).
 Nodes reference each other through `Handle("name")` placeholders in their constructor arguments; a runner
 replaces every placeholder by a `NodeHandle` before it builds the node, so node code is written once against
 two calls: `handle.call(method, ...)` (blocking) and `handle.submit(method, ...)` (a future).
 
-`launch.graph.build_actorq_program(config)` builds the ActorQ graph from these pieces.
+`launch.experiments.distributed.build_actorq_program(config)` builds the ActorQ graph from these pieces.
 """
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import abc
 import dataclasses
 from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
 
-from launch.devices import CPU_ONLY_ENV
+from launch.program.devices import CPU_ONLY_ENV
 
 # Environment of every acting process: one compute thread, so N actors on N cores never oversubscribe and
 # a policy's latency is that of one core (the paper's setting), and JAX on the CPU with CUDA hidden (acting is
-# CPU work; `launch.devices`). Applied via Ray's runtime_env.
+# CPU work; `launch.program.devices`). Applied via Ray's runtime_env.
 SINGLE_THREAD_ENV: dict[str, str] = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
@@ -31,7 +31,7 @@ SINGLE_THREAD_ENV: dict[str, str] = {
 }
 
 NODE_KINDS = ("service", "worker")
-# A node's GPU request on Ray: "none" (never; its environment hides the GPU, see launch.devices), "auto" (one
+# A node's GPU request on Ray: "none" (never; its environment hides the GPU, see launch.program.devices), "auto" (one
 # GPU when the cluster has one) or "required" (one GPU; a cluster without one is an error before anything starts).
 ACCELERATOR_MODES = ("none", "auto", "required")
 
@@ -202,7 +202,7 @@ class Program:
 
 @runtime_checkable
 class Launch(Protocol):
-    """A running program, whatever runs it (`launch.local_runner.LocalLaunch`, `launch.ray_runner.RayLaunch`):
+    """A running program, whatever runs it (`launch.program.local_runner.LocalLaunch`, `launch.program.ray_runner.RayLaunch`):
     what the supervisor drives. A runner with one machine places every node on it and never loses a host."""
 
     program: Program

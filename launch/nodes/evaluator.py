@@ -4,13 +4,13 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-from launch.acting import EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
-from launch.agent_spec import AgentSpec, derive_seed
-from launch.experiment_config import executor_factory
-from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker
-from launch.program import NodeHandle
-from launch.stages import StageTimes
-from launch.weights_client import PolicyClient, precision_name
+from launch.experiments.acting import EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
+from launch.experiments.agent_spec import AgentSpec, derive_seed
+from launch.experiments.config import executor_factory
+from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
+from launch.program.graph import NodeHandle
+from launch.experiments.stages import StageTimes
+from launch.nodes.weights_client import PolicyClient, precision_name
 from quarl.carbon import stop_tracking
 from quarl.envs import make_environment
 from quarl.evaluation import EpisodeInterrupted

@@ -9,13 +9,13 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from launch.acting import EPISODE_FIELDS, ActingLoop
-from launch.agent_spec import AgentSpec, derive_seed
-from launch.experiment_config import executor_factory
-from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.program import NodeHandle
-from launch.stages import StageTimes
-from launch.weights_client import PolicyClient, precision_name
+from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
+from launch.experiments.agent_spec import AgentSpec, derive_seed
+from launch.experiments.config import executor_factory
+from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
+from launch.program.graph import NodeHandle
+from launch.experiments.stages import StageTimes
+from launch.nodes.weights_client import PolicyClient, precision_name
 from quarl.adders import TransitionBuffer
 from quarl.affinity import claim_core
 from quarl.carbon import stop_tracking

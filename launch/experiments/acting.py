@@ -2,11 +2,11 @@
 `acme/environment_loop.py`: one loop object owns stepping, the update cadence and the episode bookkeeping, and
 the caller only says where transitions go and how weights are pulled).
 
-The single-process runner (`launch.experiment`), every actor node (`launch.actor_node`) and the evaluator node
-(`launch.evaluator_node`) use it, so that:
+The single-process runner (`launch.experiments.run_experiment`), every actor node (`launch.nodes.actor`) and the evaluator node
+(`launch.nodes.evaluator`) use it, so that:
 - a periodic action happens when a count crosses a multiple of its period (`crossed`): weight pulls every
   `actor_update_period` env steps, evaluations every `eval_every` actor steps, whatever the step size K;
-- the actor's stages are timed in one place (`launch.stages.StageTimes`: env, policy, adders + insert);
+- the actor's stages are timed in one place (`launch.experiments.stages.StageTimes`: env, policy, adders + insert);
 - the per-episode log (`actor.csv` / `actor_<i>.csv`, `EPISODE_FIELDS`) and `evaluator.csv` (`EVAL_FIELDS`)
   have the same columns in both runners by construction; a value a runner does not have is left empty.
 """
@@ -18,7 +18,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from launch.stages import StageTimes
+from launch.experiments.stages import StageTimes
 from quarl.env_loop import VectorEnvLoop, VectorStep
 from quarl.evaluation import run_episode
 
