@@ -90,8 +90,8 @@ class ExecutorActor:
 
 
 class BuilderBase(abc.ABC):
-    """The one builder type (what `agents.get_builder` and `launch.experiments.agent_spec.AgentSpec.builder` return): makes
-    every piece of one agent from its config; precision and backend are run-level arguments. The parts that are
+    """The one builder type (what `agents.get_builder` and `launch.experiments.agent_spec.AgentSpec.builder`
+    return): makes every piece of one agent from its config; precision and backend are run-level arguments. The parts that are
     the same for every agent live here; subclasses set `name` and `config_class` and implement the abstract
     methods (`policy_spec`, `make_learner`, `make_actor`, `action_column`, `sampler_settings`): a builder
     missing one fails when it is instantiated, not mid-run."""

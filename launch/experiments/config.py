@@ -1,7 +1,7 @@
 """One experiment, described once (as Acme's `ExperimentConfig`): a frozen, validated record that every CLI,
-`launch.reproduce`, the benchmarks and the tests build, that either runner runs (`launch.experiments.run_experiment.run_experiment`
-in one process, `launch.experiments.supervisor.run_program` distributed), and that both write whole into summary.json under
-"experiment".
+`launch.reproduce`, the benchmarks and the tests build, that either runner runs
+(`launch.experiments.run_experiment.run_experiment` in one process, `launch.experiments.supervisor.run_program`
+distributed), and that both write whole into summary.json under "experiment".
 
 Plain data: importing this module costs nothing (no JAX, no Ray), so CLIs build and check a config before the
 heavy imports; the few checks that need a library (precision names, agent config keys) import it lazily.
@@ -19,8 +19,8 @@ SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every se
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
-    """What only the distributed runner (`launch.experiments.supervisor`) reads: the actors, the learner's publishing and
-    prefetch, checkpoints and where nodes run. Validated at construction (`ConfigError` naming the field)."""
+    """What only the distributed runner (`launch.experiments.supervisor`) reads: the actors, the learner's
+    publishing and prefetch, checkpoints and where nodes run. Validated at construction (`ConfigError` naming the field)."""
 
     num_actors: int = 1
     publish_period: int = 10  # learner steps between weight versions

@@ -11,9 +11,9 @@ once and publishes the bytes), N quantized actors and an evaluator (see `launch.
                   + encodes it at the actors' precision, once, and publishes the bytes; reports priorities,
                   checkpoints
     ActorNode     K environments (`envs_per_actor`, default 1) and one quantized policy executor called once
-                  per step on the K observations (`launch.experiments.acting`); pulls weights every actor_update_period env
-                  steps (an unchanged version costs one small round trip and no payload), sends n-step
-                  transitions in batches, and times every stage of its loop
+                  per step on the K observations (`launch.experiments.acting`); pulls weights every
+                  actor_update_period env steps (an unchanged version costs one small round trip and no
+                  payload), sends n-step transitions in batches, and times every stage of its loop
     Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
 
 Nodes talk only through `NodeHandle.call/submit` (see `launch.program.graph`) with plain values: NumPy arrays,

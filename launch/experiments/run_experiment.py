@@ -18,7 +18,8 @@ from typing import Any, Callable, Iterator, Mapping
 import jax
 import numpy as np
 
-from launch.experiments.acting import EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns, evaluation_row
+from launch.experiments.acting import (EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns,
+                                       evaluation_row)
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.stages import StageTimes, runtime_section
 from launch.program.devices import device_report, use_learner_device

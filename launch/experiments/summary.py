@@ -1,5 +1,6 @@
-"""summary.json of an ActorQ run, one layout for both runners (`launch.experiments.run_experiment` in one process, `launch.experiments.supervisor`
-distributed): outcome, throughput, payload sizes, the actors' runtime breakdown (`launch.experiments.stages`), energy."""
+"""summary.json of an ActorQ run, one layout for both runners (`launch.experiments.run_experiment` in one process,
+`launch.experiments.supervisor` distributed): outcome, throughput, payload sizes, the actors' runtime breakdown
+(`launch.experiments.stages`), energy."""
 from __future__ import annotations
 
 import csv

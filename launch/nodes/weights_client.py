@@ -1,4 +1,5 @@
-"""An actor's (or the evaluator's) side of the weight channel (its stages are timed in a `launch.experiments.stages.StageTimes`)."""
+"""An actor's (or the evaluator's) side of the weight channel (its stages are timed in a
+`launch.experiments.stages.StageTimes`)."""
 from __future__ import annotations
 
 import hashlib

@@ -1,5 +1,6 @@
 """Program descriptions: which nodes a run has and how they reference each other, and what a runner of them
-offers (`Runner`, `Launch`). Nothing here knows the ActorQ graph (its nodes and their roles: `launch.experiments.distributed`).
+offers (`Runner`, `Launch`). Nothing here knows the ActorQ graph (its nodes and their roles:
+`launch.experiments.distributed`).
 
 A `Program` is plain data (node classes, constructor arguments, resource requests). It says nothing about
 processes, threads or Ray, so the same description runs on Ray (`launch.program.ray_runner`, one process per node,
@@ -202,8 +203,8 @@ class Program:
 
 @runtime_checkable
 class Launch(Protocol):
-    """A running program, whatever runs it (`launch.program.local_runner.LocalLaunch`, `launch.program.ray_runner.RayLaunch`):
-    what the supervisor drives. A runner with one machine places every node on it and never loses a host."""
+    """A running program, whatever runs it (`launch.program.local_runner.LocalLaunch`,
+    `launch.program.ray_runner.RayLaunch`): what the supervisor drives. A runner with one machine places every node on it and never loses a host."""
 
     program: Program
     handles: Mapping[str, NodeHandle]
