@@ -402,7 +402,7 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
             "--eval-episodes", "1", "--publish-period", "5", "--insert-batch", "32", "--resume", str(tmp_path),
             *[a for item in sets for a in ("--set", item)]]
     resumed = validate(build_parser().parse_args(argv)).config
-    assert resumed.resume == str(directory) and Path(resumed.logdir).absolute() == tmp_path.absolute()
+    assert resumed.distributed.resume == str(directory) and Path(resumed.logdir).absolute() == tmp_path.absolute()
     summary2, code2 = run_program(resumed, RayRunner())
     assert code2 == 0 and summary2["status"] == "completed", summary2["error"]
     assert summary2["learner"]["resumed_from"] == manifest["learner_steps"]
