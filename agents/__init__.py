@@ -10,7 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the agents package stays light to import (CLIs validate flags with it before JAX loads)
-    from agents.base import Builder
+    from agents.base import BuilderBase
 
 # name -> (package, config class name inside `<package>.config`)
 _AGENTS: dict[str, tuple[str, str]] = {
@@ -34,7 +34,7 @@ def config_class(name: str) -> type:
     return getattr(importlib.import_module(f"{package}.config"), cls_name)
 
 
-def builder_class(name: str) -> type:
+def builder_class(name: str) -> type["BuilderBase"]:
     package, _ = _check_name(name)
     return getattr(importlib.import_module(f"{package}.builder"), "Builder")
 
@@ -52,7 +52,7 @@ def make_config(name: str, **overrides: Any) -> Any:
         raise ValueError(f"bad {name} config: {e}") from None
 
 
-def get_builder(name: str, **config_overrides: Any) -> "Builder":
+def get_builder(name: str, **config_overrides: Any) -> "BuilderBase":
     """`agents.<name>.Builder(<Config>(**config_overrides))`."""
     return builder_class(name)(make_config(name, **config_overrides))
 

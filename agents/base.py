@@ -2,8 +2,8 @@
 that is the same for every agent (config check, n-step adder, transition signature, replay table), so an agent's
 builder only says what differs: its networks, learner, actor and action column.
 
-The runners in `launch/` depend only on `Builder`, `Learner` and `Actor` below (docs/ARCHITECTURE.md, "Builder
-details").
+The runners in `launch/` depend only on `BuilderBase` (an ABC: the one builder type), and the `Learner` and
+`Actor` Protocols below (docs/ARCHITECTURE.md, "Builder details").
 """
 from __future__ import annotations
 
@@ -89,37 +89,18 @@ class ExecutorActor:
         self._executor.update(qparams)
 
 
-@runtime_checkable
-class Builder(Protocol):
-    """Makes every piece of one agent from its config; precision and backend are run-level arguments."""
-
-    name: ClassVar[str]
-    config: Any
-
-    def policy_spec(self, env_spec: EnvSpec) -> PolicySpec: ...
-
-    def make_learner(self, env_spec: EnvSpec, seed: int) -> Learner: ...
-
-    def make_actor(self, env_spec: EnvSpec, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
-                   evaluation: bool = False, backend: str = "auto", num_actors: int = 1,
-                   executor_factory: Any = None, batch_size: int = 1) -> Actor: ...
-
-    def make_adder(self) -> NStepTransitionAdder: ...
-
-    def transition_signature(self, env_spec: EnvSpec) -> Signature: ...
-
-    def table_config(self) -> dict[str, Any]: ...
-
-    def make_table(self, env_spec: EnvSpec, seed: int | None = None) -> Table: ...
-
-
 class BuilderBase(abc.ABC):
-    """The parts of a builder that are the same for every agent. Subclasses set `name` and `config_class` and
-    implement the abstract methods (`policy_spec`, `make_learner`, `make_actor`, `action_column`,
-    `sampler_settings`): a builder missing one fails when it is instantiated, not mid-run."""
+    """The one builder type (what `agents.get_builder` and `launch.experiments.agent_spec.AgentSpec.builder`
+    return): makes every piece of one agent from its config; precision and backend are run-level arguments. The parts that are
+    the same for every agent live here; subclasses set `name` and `config_class` and implement the abstract
+    methods (`policy_spec`, `make_learner`, `make_actor`, `action_column`, `sampler_settings`): a builder
+    missing one fails when it is instantiated, not mid-run."""
 
     name: ClassVar[str]
     config_class: ClassVar[type]
+    # An on-policy agent (PPO, A2C) has no replay: the runners train it with `launch.experiments.onpolicy`.
+    on_policy: ClassVar[bool] = False
+    config: Any  # an instance of `config_class` (a frozen dataclass)
 
     def __init__(self, config: Any = None):
         config = self.config_class() if config is None else config
@@ -139,7 +120,8 @@ class BuilderBase(abc.ABC):
     def make_actor(self, env_spec: EnvSpec, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
                    evaluation: bool = False, backend: str = "auto", num_actors: int = 1,
                    executor_factory: Any = None, batch_size: int = 1) -> Actor:
-        """An actor acting through `qparams` on `backend` (see `Builder.make_actor`)."""
+        """An actor acting through `qparams` on `backend` (`executor_factory`: how its policy executor is made,
+        None for the default; `batch_size`: the K observations it acts on per call)."""
 
     @abc.abstractmethod
     def action_column(self, env_spec: EnvSpec) -> tuple[tuple[int, ...], np.dtype]:

@@ -3,7 +3,7 @@ fp32 compute (dequantized)" ... An "int8" run whose actors ran the dequantized f
 no integer kernel beats fp32) must never read as an int8-kernel run: its speed is not an integer kernel's.
 
 Derived from what summary.json records per actor (precision, backend, kernel form), so it also reads runs made
-before summaries carried the words. Pure functions: launch.summary writes them, analysis tables read them.
+before summaries carried the words. Pure functions: launch.experiments.summary writes them, analysis tables read them.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ run, and evaluation curves on a common grid.
 Shared by `launch.reproduce` (which writes figure.png, speedup.csv, carbon.csv, grid.csv, report.md) and the
 notebooks under notebooks/, so a number in a notebook and in report.md always come from the same code.
 
-Both runners write one summary.json layout (`launch.summary.SUMMARY_KEYS`, described in docs/ARCHITECTURE.md);
+Both runners write one summary.json layout (`launch.experiments.summary.SUMMARY_KEYS`, described in docs/ARCHITECTURE.md);
 it is flattened into one row per run, a value a run does not have (None) becoming NaN. Summaries written by the
 single-process runner before that layout existed are rewritten once with `python -m analysis.upgrade_summaries
 DIR`.
@@ -13,9 +13,10 @@ Definitions used throughout:
 - target return of a panel: `R - (1 - fraction) * |R|`, R = mean over seeds of the baseline's (fp32) final
   evaluation return. For positive R this is `fraction * R` (the paper's "90% of fp32"); the |R| form keeps
   the target reachable for tasks whose returns are negative (MountainCar, Acrobot).
-- time of an evaluation (`time_s`): the training clock. The single-process runner evaluates in its training
-  loop and logs `train_clock_s`, its clock without the evaluations (a distributed run's evaluator works on
-  the side and costs its learner and actors nothing); where that column is absent it is `wall_clock_s`.
+- time of an evaluation (`time_s`): the training clock, evaluator.csv's `train_clock_s` (both runners write one
+  evaluator.csv layout, `launch.experiments.acting.EVAL_FIELDS`): the single-process runner's clock without its evaluations,
+  and in a distributed run, whose evaluator works on the side, the wall clock. Runs written before that layout
+  (a distributed evaluator.csv had no `train_clock_s`) still read: their time is `wall_clock_s`.
 - time to target of a run: the time of its first evaluation whose mean return reaches the target
   (evaluations are discrete, so this is an upper bound by at most one evaluation period).
 - speedup of a precision: mean baseline time to target / mean time to target of that precision, each mean
@@ -128,8 +129,8 @@ def is_finished(summary: Mapping[str, Any] | None) -> bool:
 def read_evaluator(run_dir: str | os.PathLike) -> pd.DataFrame:
     """evaluator.csv sorted by wall clock, with numeric actor_steps, wall_clock_s, time_s and return columns.
 
-    `time_s` is train_clock_s where the runner logged it, else wall_clock_s (see the module doc). Rows with a
-    non-finite return are dropped; a missing file gives an empty frame with those columns."""
+    `time_s` is train_clock_s (wall_clock_s in a run written before the one layout; see the module doc). Rows
+    with a non-finite return are dropped; a missing file gives an empty frame with those columns."""
     path = Path(run_dir) / "evaluator.csv"
     cols = ["actor_steps", "wall_clock_s", "return"]
     if not path.exists() or path.stat().st_size == 0:
@@ -141,8 +142,10 @@ def read_evaluator(run_dir: str | os.PathLike) -> pd.DataFrame:
     for c in df.columns:
         df[c] = pd.to_numeric(df[c], errors="coerce")
     df = df[np.isfinite(df["return"]) & np.isfinite(df["wall_clock_s"])].copy()
-    train = df["train_clock_s"] if "train_clock_s" in df.columns else None
-    df["time_s"] = df["wall_clock_s"] if train is None or not np.isfinite(train).all() else train
+    if "train_clock_s" not in df.columns:  # the distributed layout before launch.experiments.acting.EVAL_FIELDS
+        df["train_clock_s"] = df["wall_clock_s"]
+    train = df["train_clock_s"]
+    df["time_s"] = train if np.isfinite(train).all() else df["wall_clock_s"]
     return df.sort_values(["wall_clock_s", "actor_steps"], kind="stable").reset_index(drop=True)
 
 
@@ -158,7 +161,7 @@ def _nansum(values: Iterable[float]) -> float:
 
 
 def _energy(summary: Mapping[str, Any]) -> tuple[float, float, str | None]:
-    """(kWh, kg CO2eq, method): the totals over the run's nodes (`launch.summary.sum_energy`)."""
+    """(kWh, kg CO2eq, method): the totals over the run's nodes (`launch.experiments.summary.sum_energy`)."""
     e = summary.get("energy") or {}
     return _num(e.get("total_kwh")), _num(e.get("total_emissions_kg")), e.get("method")
 

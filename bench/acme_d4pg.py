@@ -1,4 +1,4 @@
-"""Acme 0.4.0's JAX D4PG in one process, evaluated like `launch.experiment` — the reference arm of bench.fidelity.
+"""Acme 0.4.0's JAX D4PG in one process, evaluated like `launch.experiments.run_experiment` — the reference arm of bench.fidelity.
 
 Runs under the legacy Acme venv (Python 3.10, dm-acme 0.4.0, jax 0.4.34; ../shared/anchors/acme_legacy/setup.sh),
 so it imports nothing from this repository:
@@ -27,7 +27,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("MUJOCO_GL", "disable")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-EVAL_SEED_OFFSET = 10_000  # as launch.experiment: evaluation episodes come from their own env instance and seed
+EVAL_SEED_OFFSET = 10_000  # as launch.experiments.run_experiment: evaluation episodes come from their own env instance and seed
 FIELDS = ("actor_steps", "learner_steps", "wall_clock_s", "train_clock_s", "return", "return_first",
           "return_std")
 

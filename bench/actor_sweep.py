@@ -269,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out) if args.out else Path("runs/bench/actor-sweep-quick" if args.quick else "bench/results")
     refuse_if_busy(parser, args.allow_busy)
 
-    from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
+    from launch.program.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
     import ray  # pylint: disable=import-outside-toplevel
 
     result: dict[str, Any] = {"machine": machine_info(args.allow_busy), "quick": args.quick}

@@ -80,7 +80,7 @@ class ActorProbe:
         # benchmark's "one actor at the limit of one core" requires; before anything starts a thread.
         self.core = pin_to_one_core() if pin else None
         import agents  # pylint: disable=import-outside-toplevel
-        from launch.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
+        from launch.experiments.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
 
         self._spec = AgentSpec("d4pg", TASK, {"policy_layer_sizes": PAPER_POLICY})
         self._builder = agents.get_builder("d4pg", policy_layer_sizes=PAPER_POLICY)
@@ -93,8 +93,8 @@ class ActorProbe:
         self._timesteps: dict[str, Any] = {}
 
     def _client(self, precision: str) -> Any:
-        from launch.stages import StageTimes  # pylint: disable=import-outside-toplevel
-        from launch.weights_client import PolicyClient  # pylint: disable=import-outside-toplevel
+        from launch.experiments.stages import StageTimes  # pylint: disable=import-outside-toplevel
+        from launch.nodes.weights_client import PolicyClient  # pylint: disable=import-outside-toplevel
 
         if precision not in self._clients:
             self._clients[precision] = PolicyClient(self._servers[precision], StageTimes())
@@ -186,12 +186,12 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
     import ray  # pylint: disable=import-outside-toplevel
 
     import agents  # pylint: disable=import-outside-toplevel
-    from launch.services import WeightServer  # pylint: disable=import-outside-toplevel
-    from launch.shared_blob import Blob  # pylint: disable=import-outside-toplevel
+    from launch.nodes.services import WeightServer  # pylint: disable=import-outside-toplevel
+    from launch.nodes.shared_blob import Blob  # pylint: disable=import-outside-toplevel
     from quarl.payload import encode_payload  # pylint: disable=import-outside-toplevel
     from quarl.quantization import quantize_params  # pylint: disable=import-outside-toplevel
-    from launch.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
-    from launch.ray_runner import RayNodeHandle  # pylint: disable=import-outside-toplevel
+    from launch.experiments.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
+    from launch.program.ray_runner import RayNodeHandle  # pylint: disable=import-outside-toplevel
 
     spec = AgentSpec("d4pg", TASK, {"policy_layer_sizes": PAPER_POLICY})
     builder = agents.get_builder("d4pg", policy_layer_sizes=PAPER_POLICY)
@@ -300,16 +300,16 @@ def _perturb(params: dict, rng: np.random.Generator) -> dict:
 def bench_e2e(budget: Budget, seeds: list[int], logroot: Path) -> dict[str, Any]:
     """Part 3: time to a target return, int8 vs fp32, same seeds, precisions alternating first."""
     from launch.actorq import quick_preset  # pylint: disable=import-outside-toplevel
-    from launch.supervisor import run_program  # pylint: disable=import-outside-toplevel
-    from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
-    from launch.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
+    from launch.experiments.supervisor import run_program  # pylint: disable=import-outside-toplevel
+    from launch.experiments.config import ExperimentConfig  # pylint: disable=import-outside-toplevel
+    from launch.program.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
 
     overrides = dict(quick_preset("d4pg", TASK)["overrides"], policy_layer_sizes=(256, 256, 256))
     runs = []
     for i, seed in enumerate(seeds):
         for precision in (("int8", "fp32") if i % 2 == 0 else ("fp32", "int8")):
             logdir = _fresh(logroot / f"{precision}-seed{seed}")
-            config = ExperimentConfig(agent="d4pg", task=TASK, precision=precision, num_actors=2,
+            config = ExperimentConfig.create(agent="d4pg", task=TASK, precision=precision, num_actors=2,
                                       max_actor_steps=budget.e2e_max_steps, seed=seed, logdir=str(logdir),
                                       overrides=overrides, backend="auto", eval_every=2_000, eval_episodes=2,
                                       target_return=budget.e2e_target)
@@ -520,7 +520,7 @@ def _num(v: Any) -> str:
 
 def run(quick: bool, out: Path, seeds: list[int], e2e: bool, allow_busy: bool = False,
         sweep: bool = True) -> dict[str, Any]:
-    from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
+    from launch.program.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
 
     budget = QUICK if quick else FULL
     out.mkdir(parents=True, exist_ok=True)

@@ -137,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if budget["rounds"] < 1 or budget["block"] < 1 or not precisions:
         parser.exit(2, f"{parser.prog}: error: --rounds/--block must be positive and --precisions non-empty\n")
     refuse_if_busy(parser, args.allow_busy)
-    from launch.program import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
+    from launch.program.graph import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
 
     for k, v in SINGLE_THREAD_ENV.items():  # one compute thread, as an ActorQ actor (set before JAX loads)
         os.environ.setdefault(k, v)

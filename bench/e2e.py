@@ -14,7 +14,7 @@ arm it reports, from the run's summary.json:
 - where each process spends its time: per actor (mean over actors) the shares of its acting loop spent
   stepping environments, in the policy, inserting into replay (the rate limiter's waits included) and on
   weight updates; the learner's shares of its training time spent in SGD steps, waiting for samples and
-  publishing; the stage times per env step and per weight update (`launch.stages`);
+  publishing; the stage times per env step and per weight update (`launch.experiments.stages`);
 - where the learner ran (`summary.json`'s learner_device, read in the learner's process).
 
 Then per seed the ratio fp32 time / int8 time to the target and int8 / fp32 env steps/s. Writes
@@ -83,12 +83,12 @@ def tiny_setting() -> Setting:
 def run_arm(setting: Setting, precision: str, seed: int, logdir: Path, ray_address: str | None = None
             ) -> dict[str, Any]:
     """One program run; its summary.json reduced to what this benchmark reports."""
-    from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
-    from launch.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
+    from launch.experiments.config import ExperimentConfig  # pylint: disable=import-outside-toplevel
+    from launch.experiments.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
 
     shutil.rmtree(logdir, ignore_errors=True)  # logs append: an earlier arm's rows must go
     overrides = {**setting.overrides, "policy_layer_sizes": tuple(setting.policy)}
-    config = ExperimentConfig(agent="d4pg", task=setting.task, precision=precision, seed=seed, logdir=str(logdir),
+    config = ExperimentConfig.create(agent="d4pg", task=setting.task, precision=precision, seed=seed, logdir=str(logdir),
                               num_actors=setting.num_actors, max_actor_steps=setting.max_actor_steps,
                               overrides=overrides, backend="auto", eval_every=setting.eval_every,
                               eval_episodes=setting.eval_episodes, target_return=setting.target_return,
@@ -137,7 +137,7 @@ def arm_result(summary: dict[str, Any], code: int, precision: str, seed: int, lo
 
 
 def _read_evals(logdir: Path) -> list[dict[str, float]]:
-    from launch.summary import read_evals  # pylint: disable=import-outside-toplevel
+    from launch.experiments.summary import read_evals  # pylint: disable=import-outside-toplevel
 
     return [{k: row[k] for k in ("actor_steps", "wall_clock_s", "return")}
             for row in read_evals(logdir / "evaluator.csv")]
@@ -304,7 +304,7 @@ def _ints(parser: argparse.ArgumentParser, flag: str, text: str) -> tuple[int, .
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from launch.devices import LEARNER_DEVICES  # pylint: disable=import-outside-toplevel
+    from launch.program.devices import LEARNER_DEVICES  # pylint: disable=import-outside-toplevel
 
     p = argparse.ArgumentParser(prog="python -m bench.e2e", description=__doc__.split("\n\n")[0])
     p.add_argument("--task", default="walker:stand")

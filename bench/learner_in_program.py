@@ -8,7 +8,7 @@ action 6; critic 256x3, batch 256, as `bench.learner_throughput`), at 256x3 and 
 
 - (a) `learner.step`: `bench.learner_throughput`'s host-batch-per-step loop (the reference);
 - (b) `scan`: `bench.learner_throughput`'s K device-resident batches per jit call (the device's ceiling);
-- (c) `node`: `launch.learner_node.LearnerNode` running in this process as in the program — a replay server
+- (c) `node`: `launch.nodes.learner.LearnerNode` running in this process as in the program — a replay server
   pre-filled with random transitions whose rate limiter never holds it back (no actors), the counter and the
   weight server as local nodes, prefetch threads, int8 weights published every `publish_period` steps;
 - (d) `node, no publishing`: the same with publishing off.
@@ -62,10 +62,10 @@ def make_node(agent: str, task: str, overrides: Mapping[str, Any], logdir: str, 
     """A `LearnerNode` wired to local service nodes (replay pre-filled, no rate limiting, no actors).
     Returns (node, pool, services); `pool.shutdown()` when done."""
     # pylint: disable=import-outside-toplevel
-    from launch.agent_spec import AgentSpec, table_spec
-    from launch.learner_node import LearnerNode
-    from launch.local_runner import DaemonPool, LocalNodeHandle
-    from launch.services import Counter, ReplayServer, WeightServer
+    from launch.experiments.agent_spec import AgentSpec, table_spec
+    from launch.nodes.learner import LearnerNode
+    from launch.program.local_runner import DaemonPool, LocalNodeHandle
+    from launch.nodes.services import Counter, ReplayServer, WeightServer
 
     spec = AgentSpec(agent, task, dict(overrides))
     builder = spec.builder()

@@ -10,7 +10,7 @@ walker shapes (obs 24, action 6) three ways:
   round trip between steps (the learner's compute alone; what a device-resident replay would allow);
 - `loop`: the jitted step called K times on device-resident batches, waiting only after the K-th
   (asynchronous dispatch, no per-step host round trip; the per-call dispatch overhead remains);
-- `learner.step`: `D4PGLearner.step` as `launch.experiment` drives it: a NumPy batch in (checked and copied
+- `learner.step`: `D4PGLearner.step` as `launch.experiments.run_experiment` drives it: a NumPy batch in (checked and copied
   to the device) and the metrics kept on device, as the learner node runs it; a block waits for its last step.
 
 Configurations: D4PG with 256x3 policy and 256x3 critic at batch 256 (the issue's setting), and, unless
@@ -230,7 +230,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "Modes: **scan** jits `lax.scan` over K device-resident batches (K = steps per block), so the K steps run "
         "with no host round trip between them: the learner's compute alone. **loop** calls the jitted step K "
         "times on device-resident batches and waits once at the end (asynchronous dispatch; per-call dispatch "
-        "cost remains). **learner.step** is what `launch.experiment` runs: a NumPy batch is validated and copied "
+        "cost remains). **learner.step** is what `launch.experiments.run_experiment` runs: a NumPy batch is validated and copied "
         "in every step, the metrics stay on device and each timed block waits for its last step.",
         "",
         *[f"learner.step with the policy trees donated too, {'x'.join(map(str, r['policy_layer_sizes']))} policy: "

@@ -3,7 +3,7 @@
     python -m bench.learning [--rows dqn|d4pg|all] [--tasks CartPole-v1,...] [--seeds 0,1,2]
                              [--precisions fp32,int8] [--full-curves] [--quick] [--out DIR]
 
-Every run is `launch.experiment.run_experiment` (the learner is fp32 either way; only the actors' weights
+Every run is `launch.experiments.run_experiment.run_experiment` (the learner is fp32 either way; only the actors' weights
 and arithmetic change with the precision). A run stops at its first evaluation that reaches the row's target
 (unless --full-curves), so "steps/seconds to target" are comparable across precisions; seeds and precisions
 are interleaved so that load from other processes on a shared machine hits both alike.
@@ -90,8 +90,8 @@ def row_set(name: str) -> tuple[LearningRow, ...]:
 def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_at_target: bool = True,
             backend: str = "auto", learner_device: str = "auto") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One training run; returns its result line and its evaluation curve."""
-    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
-    from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
+    from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    from launch.experiments.config import ExperimentConfig  # pylint: disable=import-outside-toplevel
 
     reached: dict[str, Any] = {}
 
@@ -189,7 +189,7 @@ def markdown_table(results: list[dict], rows: Sequence[LearningRow], name: str, 
     lines = [
         f"# Learning benchmark: {name}",
         "",
-        f"`{command}`, {time.strftime('%Y-%m-%d')}. Single-process runs (`launch.experiment`): fp32 learner, "
+        f"`{command}`, {time.strftime('%Y-%m-%d')}. Single-process runs (`launch.experiments.run_experiment`): fp32 learner, "
         "actors at the listed precision pulling weights as encoded payloads. A run stops at its first evaluation "
         "(mean over the row's evaluation episodes, greedy actor at the deployed precision) reaching the target. "
         "Medians over seeds that reached it; train seconds exclude evaluation time. On a shared machine "

@@ -107,7 +107,7 @@ def measuring_actor_env(prefix: str) -> Iterator[dict[str, str]]:
     """Env vars for a Ray actor that measures: one compute thread per runtime, and an `auto` backend cache of
     its own (a temporary folder, removed on exit) so the backends it times are chosen in this run, not read
     from an earlier one measured on other code or another load."""
-    from launch.program import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
+    from launch.program.graph import SINGLE_THREAD_ENV  # pylint: disable=import-outside-toplevel
     from quarl.runtimes.auto import CACHE_ENV  # pylint: disable=import-outside-toplevel
 
     cache = tempfile.mkdtemp(prefix=prefix)

@@ -13,7 +13,7 @@ figure by eye (no table of numbers is published), so they are approximate to abo
 (Space Invaders).
 
 This bench runs the same torso, replay size, batch, update ratio, target period and exploration schedule through
-`launch.experiment.run_experiment` with int8 actors (the learner is fp32); it differs in the optimiser (Adam, this
+`launch.experiments.run_experiment.run_experiment` with int8 actors (the learner is fp32); it differs in the optimiser (Adam, this
 project's learner) and in 3-step double-DQN targets (the project's default). Returns are the greedy evaluation of
 the deployed (int8) policy, 10 episodes. A MinAtar "frame" is one env step (there is no frame skip), so frames
 here are env steps. Returns do not depend on the machine's load (seeded); times do and are not reported.

@@ -188,14 +188,14 @@ def acme_d4pg(python: str, anchors: Path, setting: str, seconds: float, logdir: 
 
 
 def ours_d4pg(setting: str, precision: str, actor_steps: int, seed: int, logdir: Path) -> dict[str, Any]:
-    from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
-    from launch.supervisor import run_program  # pylint: disable=import-outside-toplevel
-    from launch.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
+    from launch.experiments.config import ExperimentConfig  # pylint: disable=import-outside-toplevel
+    from launch.experiments.supervisor import run_program  # pylint: disable=import-outside-toplevel
+    from launch.program.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
 
     policy, critic, batch, spi = D4PG_SETTINGS[setting]
     overrides = {"policy_layer_sizes": policy, "critic_layer_sizes": critic, "batch_size": batch,
                  "samples_per_insert": spi, "min_replay_size": 1000}
-    config = ExperimentConfig(agent="d4pg", task=D4PG_TASK, precision=precision, num_actors=2,
+    config = ExperimentConfig.create(agent="d4pg", task=D4PG_TASK, precision=precision, num_actors=2,
                               max_actor_steps=actor_steps, seed=seed, logdir=str(logdir), overrides=overrides,
                               backend="auto", eval_every=max(1000, actor_steps // 4), eval_episodes=1)
     t0 = time.perf_counter()
@@ -209,7 +209,7 @@ def ours_d4pg(setting: str, precision: str, actor_steps: int, seed: int, logdir:
 
 
 def bench_d4pg(args: argparse.Namespace, out: Path) -> list[dict[str, Any]]:
-    from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
+    from launch.program.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
 
     rows = []
     settings = ["small"] if args.quick else list(D4PG_SETTINGS)

@@ -5,7 +5,7 @@
 For each training seed:
 
 * PTQ, selected at int<B> (the like-for-like baseline): train DQN in fp32 (fp32 actors) with
-  `launch.experiment.run_experiment`; of its checkpoints, keep the one with the best int<B> selection return,
+  `launch.experiments.run_experiment.run_experiment`; of its checkpoints, keep the one with the best int<B> selection return,
   quantize it to int<B> (`quantize_params`) and evaluate it deployed.
 * QAT, for each B: train with `DQNConfig(qat_bits=B)` and int<B> actors (the learner optimises the network the
   actors run); keep the checkpoint with the best int<B> selection return; evaluate it deployed.
@@ -164,8 +164,8 @@ def _returns(spec: Any, params: dict, precision: str, seeds: Sequence[int]) -> n
 
 def train(plan: Plan, seed: int, qat_bits: int | None, select_precisions: Sequence[str]) -> dict[str, Any]:
     """One training run; returns the best checkpoint (by selection return) for each of `select_precisions`."""
-    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
-    from launch.experiment_config import ExperimentConfig  # pylint: disable=import-outside-toplevel
+    from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    from launch.experiments.config import ExperimentConfig  # pylint: disable=import-outside-toplevel
 
     holder: dict[str, Any] = {}
     spec_box: dict[str, Any] = {}

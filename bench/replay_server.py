@@ -9,7 +9,7 @@ batches of `--insert-batch` transitions (the actors' default 64); a learner at ~
 samples ~358,400 transitions/s, K batches per call. D4PG walker:stand transitions (obs 24, action 6, reward,
 discount, next obs), the agent's own table (capacity, uniform sampler), pre-filled to `--prefill` items.
 
-Per backend (`table`: one `quarl.replay.Table` shared by threads; `ray`: `launch.services.ReplayServer` as a Ray
+Per backend (`table`: one `quarl.replay.Table` shared by threads; `ray`: `launch.nodes.services.ReplayServer` as a Ray
 actor with the program's concurrency, inserted into by `--inserters` Ray actor processes and sampled by
 `--samplers` threads of this process, as the learner's prefetch threads do) and per K, with the rate limiter
 opened wide so that each side runs as fast as it can:
@@ -46,7 +46,7 @@ def walker_table() -> dict[str, Any]:
     """D4PG's replay table for walker:stand (signature and config as the program builds them), its rate limiter
     opened wide: each side of the benchmark runs unthrottled."""
     # pylint: disable=import-outside-toplevel
-    from launch.agent_spec import AgentSpec, table_spec
+    from launch.experiments.agent_spec import AgentSpec, table_spec
 
     spec = AgentSpec("d4pg", "walker:stand", {})
     table = table_spec(spec.builder(), spec.env_spec())
@@ -148,7 +148,7 @@ class TableBackend:
 
     def __init__(self, table: dict[str, Any], inserters: int, insert_batch: int, prefill: int):
         # pylint: disable=import-outside-toplevel
-        from launch.services import ReplayServer
+        from launch.nodes.services import ReplayServer
 
         self.signature = {k: (tuple(s), d) for k, (s, d) in table["signature"].items()}
         self.server = ReplayServer(table, seed=0)
@@ -190,10 +190,10 @@ class RayBackend:
         # pylint: disable=import-outside-toplevel
         import ray
 
-        from launch.services import ReplayServer
+        from launch.nodes.services import ReplayServer
 
         self.signature = {k: (tuple(s), d) for k, (s, d) in table["signature"].items()}
-        concurrency = max(8, 2 * inserters + 2 + 4)  # as launch.graph sizes the replay node
+        concurrency = max(8, 2 * inserters + 2 + 4)  # as launch.experiments.distributed sizes the replay node
         self.server = ray.remote(ReplayServer).options(num_cpus=0, max_concurrency=concurrency).remote(table, seed=0)
         _prefill(lambda *a: ray.get(self.server.insert.remote(*a)), self.signature, prefill)
         remote_inserter = ray.remote(Inserter).options(num_cpus=0, max_concurrency=2)
@@ -329,7 +329,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             # pylint: disable=import-outside-toplevel
             import ray
 
-            from launch.ray_runner import init_ray
+            from launch.program.ray_runner import init_ray
 
             started = init_ray(None, num_cpus=args.inserters + 2)
         backend = (TableBackend if mode == "table" else RayBackend)(table, args.inserters, args.insert_batch,

@@ -11,7 +11,7 @@ flushes logs, writes summary.json and a checkpoint, and exits 130.
 
 Writes to --logdir: learner.csv, evaluator.csv (actor_steps, wall_clock_s, return), actor_<i>.csv,
 replay.csv (the table's insert/sample counters over time), tb/<node>/ (TensorBoard), checkpoints/ (see
-launch.checkpoint for what --resume restores), policy_fp32.qrlp + .json (the final fp32 learner policy, what
+launch.experiments.checkpoint for what --resume restores), policy_fp32.qrlp + .json (the final fp32 learner policy, what
 `launch.ptq --checkpoint LOGDIR` reads), events.log (restarts, rejected payloads, lost nodes, how the run
 ended) and summary.json.
 
@@ -30,15 +30,15 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
-from launch import checkpoint as ckpt
+from launch.experiments import checkpoint as ckpt
 from launch.cli import (DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, OneLineArgumentParser, UsageError,
                         add_qat_argument, build_config, check_agent, check_agent_task, check_carbon_country,
                         check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
                         parse_resources, qat_overrides)
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
-from launch.devices import LEARNER_DEVICES, pin_driver_to_cpu
-from launch.experiment_config import SERVICE_SHARE, ExperimentConfig
-from launch.progress import print_summary
+from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
+from launch.experiments.config import SERVICE_SHARE, ExperimentConfig
+from launch.experiments.progress import print_summary
 
 # The default job (`make run`; DEFAULT_TASKS and DEFAULT_STEPS are launch.cli's, shared with launch.train):
 # about two minutes on 2 cores, and it ends solved. D4PG: small networks, a value
@@ -168,16 +168,17 @@ def validate(args: argparse.Namespace) -> Invocation:
         config = _config_from_flags(args)
     if config.learner_device == "gpu" and args.runner != "ray":
         raise UsageError("--learner-device gpu needs --runner ray (the local runner keeps every node on the CPU)")
-    if (config.actor_resources or config.learner_resources) and args.runner != "ray":
+    if (config.distributed.actor_resources or config.distributed.learner_resources) and args.runner != "ray":
         raise UsageError("--actor-resource and --learner-resource need --runner ray")
     builder = check_agent_task(config.agent, config.task, dict(config.overrides))
-    if getattr(builder, "on_policy", False):
+    if builder.on_policy:
         raise UsageError(f"--agent {config.agent} is on-policy (no replay, no actor fleet here): train it with "
                          "python -m launch.train")
     agent_config = builder.config
-    resume = None if config.resume is None else _check_resume(config.resume, config.agent, config.task,
+    resume = None if config.distributed.resume is None else _check_resume(config.distributed.resume, config.agent,
+                                                                           config.task,
                                                               agent_config)
-    logdir = _choose_logdir(None if config.logdir == _UNSET else config.logdir, config.resume, config.agent,
+    logdir = _choose_logdir(None if config.logdir == _UNSET else config.logdir, config.distributed.resume, config.agent,
                             config.task, config.precision)
     config = config.replace(resume=resume, logdir=str(logdir))
     return Invocation(config, args.runner, args.ray_address, not args.no_progress)
@@ -264,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(f"launch.actorq: error: {e}")
     # Imported only once the flags are valid: the supervisor brings the node classes, hence JAX (1.6 s of
     # imports on a 2-core machine against 0.08 s for this CLI), and a bad flag must fail at once.
-    from launch.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
+    from launch.experiments.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
 
     runner = make_runner(inv.runner, inv.ray_address)
     summary, code = run_program(inv.config, runner, progress=inv.progress)

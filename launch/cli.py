@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping, NoReturn, Sequence
 
 import agents
-from launch.experiment_config import ConfigError, ExperimentConfig
+from launch.experiments.config import DISTRIBUTED_FIELDS, ExperimentConfig
+from quarl.checks import ConfigError, check_int
 
 EXIT_USAGE = 2
 # Files a run writes; a logdir already holding any of them belongs to another run.
@@ -123,7 +124,7 @@ def check_agent(name: str) -> str:
 
 def check_precision(name: str) -> str:
     """An actor precision (`ACTOR_PRECISIONS`: fp32, bf16, fp16, int2..int8, int16) as its canonical name."""
-    from launch.experiment_config import actor_precision  # pylint: disable=import-outside-toplevel
+    from launch.experiments.config import actor_precision  # pylint: disable=import-outside-toplevel
     try:
         return actor_precision(name)
     except ValueError as e:
@@ -140,9 +141,15 @@ def check_backend(name: str) -> str:
 def check_positive(flag: str, value: int | None, *, optional: bool = False) -> int | None:
     if value is None and optional:
         return None
-    if value is None or value <= 0:
-        raise UsageError(f"{flag} must be a positive integer, got {value}")
-    return value
+    return _flag_int(flag, value, minimum=1)
+
+
+def _flag_int(flag: str, value: Any, *, minimum: int) -> int:
+    """`quarl.checks.check_int` on a flag's value, its ConfigError as the CLI's one-line UsageError."""
+    try:
+        return check_int(flag, value, minimum=minimum)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def parse_resources(flag: str, values: Sequence[str]) -> dict[str, float]:
@@ -166,9 +173,7 @@ def parse_resources(flag: str, values: Sequence[str]) -> dict[str, float]:
 
 
 def check_seed(value: int) -> int:
-    if value < 0:
-        raise UsageError(f"--seed must be a non-negative integer, got {value}")
-    return value
+    return _flag_int("--seed", value, minimum=0)
 
 
 def check_logdir(path: str) -> Path:
@@ -321,15 +326,16 @@ def qat_overrides(qat_bits: int | None, precision: str) -> dict[str, Any]:
 
 def flag_names(**renames: str) -> dict[str, str]:
     """ExperimentConfig field -> the flag that sets it (`--eval-every`), with a CLI's own `renames`."""
-    names = {f.name: "--" + f.name.replace("_", "-") for f in dataclasses.fields(ExperimentConfig)}
+    fields = [*(f.name for f in dataclasses.fields(ExperimentConfig)), *DISTRIBUTED_FIELDS]
+    names = {name: "--" + name.replace("_", "-") for name in fields}
     names.update(overrides="--set", actor_resources="--actor-resource", learner_resources="--learner-resource")
     names.update(renames)
     return names
 
 
 def build_config(flags: Mapping[str, str], **fields: Any) -> ExperimentConfig:
-    """`ExperimentConfig(**fields)`; its one-line ConfigError becomes a UsageError naming the flag."""
+    """`ExperimentConfig.create(**fields)`; its one-line ConfigError becomes a UsageError naming the flag."""
     try:
-        return ExperimentConfig(**fields)
+        return ExperimentConfig.create(**fields)
     except ConfigError as e:
         raise UsageError(e.message(flags)) from None

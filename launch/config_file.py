@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from launch.cli import RUN_FILES, UsageError, check_seed
-from launch.experiment_config import ConfigError, ExperimentConfig
+from launch.experiments.config import ExperimentConfig
+from quarl.checks import ConfigError
 
 
 def default_logdir(runner: str, agent: str, task: str, precision: str) -> str:
@@ -52,7 +53,7 @@ def config_with_overrides(path: str, logdir: str | None, seed: int | None) -> Ex
     if seed is not None:
         changes["seed"] = check_seed(seed)
     config = config.replace(**changes) if changes else config
-    if logdir is None and config.resume is None and any((Path(config.logdir) / f).exists() for f in RUN_FILES):
+    if logdir is None and config.distributed.resume is None and any((Path(config.logdir) / f).exists() for f in RUN_FILES):
         raise UsageError(f"--config {path!r} names the folder {config.logdir!r}, which already holds a run: "
                          "pass --logdir for the new one")
     return config

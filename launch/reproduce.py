@@ -17,7 +17,7 @@ is refused (exit 2) unless --force, the one way to replace a report by a smaller
 
 On one machine runs are sequential on purpose: their wall clocks are what the figure compares, so two runs
 must never share the machine. With --ray-address ADDR (single-process runner) the grid's runs are Ray tasks on
-that cluster, --cpus-per-run CPUs each, as many at once as fit (`launch.grid_cluster`); results land in the
+that cluster, --cpus-per-run CPUs each, as many at once as fit (`launch.grid.cluster`); results land in the
 same folder, and the grid resumes the same way. Bad flags print one line on stderr and exit 2 before anything is written; a grid with a
 failed run exits 1 after drawing the report of the runs that finished; Ctrl-C exits 130.
 """
@@ -37,9 +37,9 @@ from typing import Any, Sequence
 from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_precision, fail
 from analysis.runs import PANELS, is_finished, read_summary
 from analysis.upgrade_summaries import is_old_single_process
-from launch.grid_runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, PlannedRun, run_actorq, run_single
+from launch.grid.runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, PlannedRun, run_actorq, run_single
 from launch.report_guard import describe, finished_on_disk, finished_in_report, lost_runs, subset_dir
-from launch.grid_runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
+from launch.grid.runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
 from quarl.io import jsonable
 
 PROG = "launch.reproduce"
@@ -300,8 +300,8 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
 
 
 def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: Any, failures: list[str]) -> None:
-    """`todo` as Ray tasks on the cluster (`launch.grid_cluster`), reported as they finish."""
-    from launch.grid_cluster import run_on_cluster  # pylint: disable=import-outside-toplevel
+    """`todo` as Ray tasks on the cluster (`launch.grid.cluster`), reported as they finish."""
+    from launch.grid.cluster import run_on_cluster  # pylint: disable=import-outside-toplevel
 
     for run in todo:
         _clear(run.run_dir(inv.root))

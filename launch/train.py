@@ -21,13 +21,13 @@ import sys
 from typing import Sequence
 
 import agents
-from launch.devices import LEARNER_DEVICES
+from launch.program.devices import LEARNER_DEVICES
 from launch.cli import (DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError,
                         add_common_arguments, build_config, check_agent, check_agent_task, check_carbon_country,
                         check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
                         qat_overrides)
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 
 PROG = "launch.train"
 TRAIN_FLAGS = flag_names(max_actor_steps="--steps")
@@ -87,8 +87,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = validate(args, parser)
     except UsageError as e:
         fail(f"{PROG}: error: {e}")
-    from launch.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
-    from launch.progress import print_summary  # pylint: disable=import-outside-toplevel
+    from launch.experiments.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
+    from launch.experiments.progress import print_summary  # pylint: disable=import-outside-toplevel
 
     summary = run_single_process(config, progress=not args.no_progress)  # PPO/A2C on-policy, the others replay
     print_summary(summary)

@@ -46,6 +46,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from quarl.checks import ConfigError
+
 QAT_MIN_BITS, QAT_MAX_BITS = 2, 8  # the int kernels the runtimes deploy (wider ints are simulated in fp32)
 ACTIVATION_BITS = 8  # as `quarl.runtimes.jax_backend`: an int4 actor is W4A8
 _DN = (((1,), (0,)), ((), ()))  # [B, in] x [in, out] -> [B, out]
@@ -62,7 +64,7 @@ def check_qat_bits(value: Any, field: str = "qat_bits") -> int | None:
         return None
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
             or not QAT_MIN_BITS <= int(value) <= QAT_MAX_BITS:
-        raise ValueError(f"{field} must be None or an int in [{QAT_MIN_BITS}, {QAT_MAX_BITS}], got {value!r}")
+        raise ConfigError(field, f"must be None or an int in [{QAT_MIN_BITS}, {QAT_MAX_BITS}], got {value!r}")
     return int(value)
 
 

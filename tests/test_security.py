@@ -77,10 +77,10 @@ def _forbid_unpickling(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
-    from launch import checkpoint as ckpt
-    from launch import nodes
-    from launch.summary import read_evals
-    from launch.agent_spec import AgentSpec, table_spec
+    from launch.experiments import checkpoint as ckpt
+    from launch.nodes.services import Counter, ReplayServer
+    from launch.experiments.summary import read_evals
+    from launch.experiments.agent_spec import AgentSpec, table_spec
     from analysis.runs import read_evaluator, read_summary
     from quarl.payload import decode_payload, encode_payload
     from quarl.quantization import quantize_params
@@ -100,7 +100,7 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     save_policy(tmp_path / "run", spec, params, task="CartPole-v1", agent="dqn", steps=5)
 
     table = table_spec(builder, env_spec)
-    server = nodes.ReplayServer(table, seed=0)
+    server = ReplayServer(table, seed=0)
     n = TINY_DQN["min_replay_size"]
     server.insert({"observation": rng.normal(size=(n, 4)).astype(np.float32), "action": np.zeros(n, np.int32),
                    "reward": np.ones(n, np.float32), "discount": np.ones(n, np.float32),
@@ -132,8 +132,8 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     state = ckpt.load_replay(found / ckpt.REPLAY_FILE, ckpt.read_manifest(found)["checksums"][ckpt.REPLAY_FILE])
     assert int(state["inserts"]) == n
     # The nodes' own resume paths (replay server, counter).
-    assert nodes.ReplayServer(table, seed=0, resume=str(tmp_path / "run")).info()["size"] == n
-    assert nodes.Counter(resume=str(tmp_path / "run")).get()["actor_steps"] == 100
+    assert ReplayServer(table, seed=0, resume=str(tmp_path / "run")).info()["size"] == n
+    assert Counter(resume=str(tmp_path / "run")).get()["actor_steps"] == 100
     # Results and summaries.
     assert read_summary(tmp_path / "run")["status"] == "completed"
     assert list(read_evaluator(tmp_path / "run")["return"]) == [20.0]
@@ -150,7 +150,7 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
 _BIND_PROBE = r"""
 import json, os, sys
 import psutil
-from launch.ray_runner import init_ray
+from launch.program.ray_runner import init_ray
 init_ray(None, num_cpus=1)
 import ray
 

@@ -9,30 +9,15 @@ The ActorQ paper's larger policy is one call away: `D4PGConfig.paper()` (policy 
 from __future__ import annotations
 
 import dataclasses
-import math
 from typing import Any
 
 from agents.base import error_buffer
+from quarl.checks import ConfigError, check_int, check_number, check_sizes
 from quarl.qat import check_qat_bits
 
 
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ValueError(f"D4PGConfig.{name} must be a positive int, got {value!r}")
-
-
-def _finite(name: str, value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise ValueError(f"D4PGConfig.{name} must be a finite number, got {value!r}")
-    return float(value)
-
-
-def _layer_sizes(name: str, value: Any) -> None:
-    if not isinstance(value, tuple) or not value:
-        raise ValueError(f"D4PGConfig.{name} must be a non-empty tuple of positive ints, got {value!r}")
-    for size in value:
-        if isinstance(size, bool) or not isinstance(size, int) or size <= 0:
-            raise ValueError(f"D4PGConfig.{name} must be a non-empty tuple of positive ints, got {value!r}")
+def _field(name: str) -> str:
+    return f"D4PGConfig.{name}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,43 +59,31 @@ class D4PGConfig:
 
     def __post_init__(self) -> None:
         for name in ("policy_layer_sizes", "critic_layer_sizes"):  # lists arrive from CLIs and JSON
-            if isinstance(getattr(self, name), list):
-                object.__setattr__(self, name, tuple(getattr(self, name)))
-        _layer_sizes("policy_layer_sizes", self.policy_layer_sizes)
-        _layer_sizes("critic_layer_sizes", self.critic_layer_sizes)
+            object.__setattr__(self, name, check_sizes(_field(name), getattr(self, name)))
         for name in ("num_atoms", "n_step", "batch_size", "target_update_period", "min_replay_size",
                      "max_replay_size", "actor_update_period"):
-            _positive_int(name, getattr(self, name))
+            check_int(_field(name), getattr(self, name))
         if self.num_atoms < 2:
-            raise ValueError(f"D4PGConfig.num_atoms must be >= 2, got {self.num_atoms}")
-        vmin, vmax = _finite("vmin", self.vmin), _finite("vmax", self.vmax)
+            raise ConfigError(_field("num_atoms"), f"must be >= 2, got {self.num_atoms}")
+        vmin, vmax = check_number(_field("vmin"), self.vmin), check_number(_field("vmax"), self.vmax)
         if not vmin < vmax:
-            raise ValueError(f"D4PGConfig.vmax must exceed vmin, got vmin={vmin}, vmax={vmax}")
-        if not 0.0 <= _finite("discount", self.discount) <= 1.0:
-            raise ValueError(f"D4PGConfig.discount must be in [0, 1], got {self.discount}")
-        if _finite("learning_rate", self.learning_rate) <= 0.0:
-            raise ValueError(f"D4PGConfig.learning_rate must be positive, got {self.learning_rate}")
+            raise ConfigError(_field("vmax"), f"must exceed vmin, got vmin={vmin}, vmax={vmax}")
+        check_number(_field("discount"), self.discount, low=0.0, high=1.0)
+        for name in ("learning_rate", "samples_per_insert", "samples_per_insert_tolerance"):
+            check_number(_field(name), getattr(self, name), low=0.0, low_open=True)
         for name in ("max_gradient_norm", "dqda_clipping"):
-            value = getattr(self, name)
-            if value is not None and _finite(name, value) <= 0.0:
-                raise ValueError(f"D4PGConfig.{name} must be positive or None, got {value}")
-        if _finite("sigma", self.sigma) < 0.0:
-            raise ValueError(f"D4PGConfig.sigma must be >= 0, got {self.sigma}")
-        if _finite("sigma_spread", self.sigma_spread) < 1.0:
-            raise ValueError(f"D4PGConfig.sigma_spread must be >= 1, got {self.sigma_spread}")
+            if getattr(self, name) is not None:
+                check_number(_field(name), getattr(self, name), low=0.0, low_open=True)
+        check_number(_field("sigma"), self.sigma, low=0.0)
+        check_number(_field("sigma_spread"), self.sigma_spread, low=1.0)
         if self.actor_policy not in ("target", "online"):
-            raise ValueError(f"D4PGConfig.actor_policy must be 'target' or 'online', got {self.actor_policy!r}")
-        check_qat_bits(self.qat_bits, "D4PGConfig.qat_bits")
+            raise ConfigError(_field("actor_policy"), f"must be 'target' or 'online', got {self.actor_policy!r}")
+        check_qat_bits(self.qat_bits, _field("qat_bits"))
         if self.max_replay_size < self.min_replay_size:
-            raise ValueError(f"D4PGConfig.max_replay_size ({self.max_replay_size}) must be >= "
-                             f"min_replay_size ({self.min_replay_size})")
+            raise ConfigError(_field("max_replay_size"), f"({self.max_replay_size}) must be >= min_replay_size "
+                                                         f"({self.min_replay_size})")
         if self.batch_size > self.max_replay_size:
-            raise ValueError(f"D4PGConfig.batch_size ({self.batch_size}) must be <= max_replay_size")
-        if _finite("samples_per_insert", self.samples_per_insert) <= 0.0:
-            raise ValueError(f"D4PGConfig.samples_per_insert must be positive, got {self.samples_per_insert}")
-        if _finite("samples_per_insert_tolerance", self.samples_per_insert_tolerance) <= 0.0:
-            raise ValueError("D4PGConfig.samples_per_insert_tolerance must be positive, "
-                             f"got {self.samples_per_insert_tolerance}")
+            raise ConfigError(_field("batch_size"), f"({self.batch_size}) must be <= max_replay_size")
 
     @classmethod
     def paper(cls, **overrides: Any) -> "D4PGConfig":

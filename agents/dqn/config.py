@@ -6,9 +6,9 @@ replay ratio: these tasks are cheap to simulate, so sample efficiency per env st
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from agents.base import error_buffer
+from quarl.checks import ConfigError, check_bool, check_int, check_number, check_sizes, is_int
 from quarl.qat import check_qat_bits
 
 
@@ -80,13 +80,8 @@ class DQNConfig:
     qat_bits: int | None = None
 
     def __post_init__(self) -> None:
-        hidden = self.hidden_sizes
-        if isinstance(hidden, list):  # accept lists from JSON/CLI, store the hashable tuple
-            object.__setattr__(self, "hidden_sizes", tuple(hidden))
-            hidden = self.hidden_sizes
-        if (not isinstance(hidden, tuple) or not hidden
-                or not all(_is_int(h) and h > 0 for h in hidden)):
-            raise ValueError(f"hidden_sizes must be a non-empty tuple of positive ints, got {hidden!r}")
+        # lists arrive from JSON/CLI; the hashable tuple is stored
+        object.__setattr__(self, "hidden_sizes", check_sizes("hidden_sizes", self.hidden_sizes))
         _positive_float(self, "learning_rate")
         if self.learning_rate_end is not None:
             _positive_float(self, "learning_rate_end")
@@ -94,7 +89,7 @@ class DQNConfig:
         if self.target_update_tau is not None:
             _in_range(self, "target_update_tau", 0.0, 1.0)
             if self.target_update_tau == 0.0:
-                raise ValueError("target_update_tau must be in (0, 1] (0 would never update the target)")
+                raise ConfigError("target_update_tau", "must be in (0, 1] (0 would never update the target)")
         _positive_float(self, "adam_eps")
         _positive_float(self, "max_gradient_norm")
         _positive_float(self, "huber_loss_parameter")
@@ -104,14 +99,13 @@ class DQNConfig:
         _positive_int(self, "min_replay_size")
         _nonneg_int(self, "epsilon_decay_steps")
         if self.min_replay_size < self.batch_size:
-            raise ValueError(f"min_replay_size ({self.min_replay_size}) must be >= batch_size ({self.batch_size})")
+            raise ConfigError("min_replay_size", f"({self.min_replay_size}) must be >= batch_size ({self.batch_size})")
         if self.max_replay_size < self.min_replay_size:
-            raise ValueError(
-                f"max_replay_size ({self.max_replay_size}) must be >= min_replay_size ({self.min_replay_size})")
+            raise ConfigError("max_replay_size",
+                              f"({self.max_replay_size}) must be >= min_replay_size ({self.min_replay_size})")
         _positive_float(self, "samples_per_insert")
         _nonneg_float(self, "samples_per_insert_tolerance")
-        if not isinstance(self.prioritized_replay, bool):
-            raise ValueError(f"prioritized_replay must be a bool, got {self.prioritized_replay!r}")
+        check_bool("prioritized_replay", self.prioritized_replay)
         _in_range(self, "priority_exponent", 0.0, 1.0)
         _in_range(self, "importance_sampling_exponent", 0.0, 1.0)
         for name in ("epsilon_start", "epsilon_end", "apex_epsilon", "eval_epsilon"):
@@ -129,9 +123,9 @@ class DQNConfig:
 def apex_epsilon(actor_id: int, num_actors: int, base: float = 0.4, alpha: float = 7.0) -> float:
     """Ape-X per-actor exploration: actor i of N explores with base ** (1 + alpha * i / (N - 1)), so a fleet
     spans greedy-ish to very exploratory policies without any schedule. A lone actor gets `base`."""
-    if not _is_int(num_actors) or num_actors <= 0:
+    if not is_int(num_actors) or num_actors <= 0:
         raise ValueError(f"num_actors must be a positive int, got {num_actors!r}")
-    if not _is_int(actor_id) or not 0 <= actor_id < num_actors:
+    if not is_int(actor_id) or not 0 <= actor_id < num_actors:
         raise ValueError(f"actor_id must be in [0, {num_actors}), got {actor_id!r}")
     if num_actors == 1:
         return float(base)
@@ -145,39 +139,22 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
     return float(start + (end - start) * step / decay_steps)
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _is_real(v: object) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
+# The shared checks (`quarl.checks`: one error type, ConfigError, naming the field), read off the config.
 def _positive_int(cfg: DQNConfig, name: str) -> None:
-    v = getattr(cfg, name)
-    if not _is_int(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive int, got {v!r}")
+    check_int(name, getattr(cfg, name), minimum=1)
 
 
 def _nonneg_int(cfg: DQNConfig, name: str) -> None:
-    v = getattr(cfg, name)
-    if not _is_int(v) or v < 0:
-        raise ValueError(f"{name} must be a non-negative int, got {v!r}")
+    check_int(name, getattr(cfg, name), minimum=0)
 
 
 def _positive_float(cfg: DQNConfig, name: str) -> None:
-    v = getattr(cfg, name)
-    if not _is_real(v) or v <= 0:
-        raise ValueError(f"{name} must be a positive finite number, got {v!r}")
+    check_number(name, getattr(cfg, name), low=0.0, low_open=True)
 
 
 def _nonneg_float(cfg: DQNConfig, name: str) -> None:
-    v = getattr(cfg, name)
-    if not _is_real(v) or v < 0:
-        raise ValueError(f"{name} must be a non-negative finite number, got {v!r}")
+    check_number(name, getattr(cfg, name), low=0.0)
 
 
 def _in_range(cfg: DQNConfig, name: str, lo: float, hi: float) -> None:
-    v = getattr(cfg, name)
-    if not _is_real(v) or not lo <= v <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {v!r}")
+    check_number(name, getattr(cfg, name), low=lo, high=hi)

@@ -1,6 +1,6 @@
 """PPO / A2C builder: the agent contract (docs/ARCHITECTURE.md, "Builder details") for an on-policy agent.
 
-PPO has no replay: `on_policy = True` tells the runners to train it with `launch.onpolicy` (rollouts of the
+PPO has no replay: `on_policy = True` tells the runners to train it with `launch.experiments.onpolicy` (rollouts of the
 quantized actor straight into the learner) instead of the adder/table loop, and the replay parts of the
 contract refuse with one line. Policy spec, learner and actors are built as for every other agent.
 """
@@ -74,7 +74,7 @@ class Builder(BuilderBase):
 
     def _no_replay(self) -> Any:
         raise ValueError(f"{self.name} is on-policy and has no replay: train it with launch.train "
-                         "(launch.onpolicy), not the replay-based actor/learner graph")
+                         "(launch.experiments.onpolicy), not the replay-based actor/learner graph")
 
     def sampler_settings(self) -> dict[str, Any]:
         return self._no_replay()

@@ -240,7 +240,7 @@ def jax_platform() -> str:
 def cpu_candidates(factories: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
     """`factories` without the jax backend when JAX's default device here is not the CPU.
 
-    Actors act on the CPU: an actor's JAX on a GPU (its environment hides the GPU, `launch.devices`; this is
+    Actors act on the CPU: an actor's JAX on a GPU (its environment hides the GPU, `launch.program.devices`; this is
     the second line of defence) would take GPU memory from the learner and time a device the policy must
     not use. ONNX Runtime (the CPU package) is always a CPU candidate."""
     if "jax" in factories and jax_platform() != "cpu":

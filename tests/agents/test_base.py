@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import agents
-from agents.base import Actor, Builder, Learner, error_buffer
+from agents.base import Actor, BuilderBase, Learner, error_buffer
 from quarl.envs import environment_spec, make_environment
 from quarl.quantization import quantize_params
 
@@ -20,7 +20,7 @@ def test_each_agent_builds_pieces_that_satisfy_the_runner_protocols(name):
     env_spec = environment_spec(make_environment(task, 0))
     learner = builder.make_learner(env_spec, 0)
     actor = builder.make_actor(env_spec, quantize_params(learner.policy_params(), "int8"), seed=0, backend="jax")
-    assert isinstance(builder, Builder) and isinstance(learner, Learner) and isinstance(actor, Actor)
+    assert isinstance(builder, BuilderBase) and isinstance(learner, Learner) and isinstance(actor, Actor)
     table = builder.make_table(env_spec, seed=0)
     c = builder.config
     buffer = error_buffer(c.batch_size, c.min_replay_size, c.samples_per_insert, c.samples_per_insert_tolerance)
@@ -48,8 +48,6 @@ def test_a_builder_refuses_another_agents_config():
 
 def test_a_builder_missing_a_hook_fails_when_instantiated():
     """The agent-specific hooks are abstract: a builder that forgets one cannot be built at all."""
-    from agents.base import BuilderBase  # pylint: disable=import-outside-toplevel
-
     full = agents.builder_class("dqn")
 
     class NoSampler(full):  # drops one hook the replay table needs

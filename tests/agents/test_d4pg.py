@@ -386,7 +386,7 @@ def test_d4pg_learns_cartpole_balance_with_int8_actors(tmp_path):
     The untrained deterministic policy already scores ~735 here (its best episode ~770: balance starts upright
     and a near-constant push keeps the pole up for a while), so the bar is 850, above any untrained episode,
     and the run stops at the first evaluation averaging >= 850."""
-    from launch.experiment import evaluate
+    from launch.experiments.acting import evaluation_returns as evaluate
     overrides = dict(policy_layer_sizes=(64, 64), critic_layer_sizes=(128, 128), num_atoms=51, vmin=-10.0,
                      vmax=110.0, batch_size=128, learning_rate=1e-3, min_replay_size=1000,
                      max_replay_size=100_000, samples_per_insert=32.0)
@@ -399,8 +399,8 @@ def test_d4pg_learns_cartpole_balance_with_int8_actors(tmp_path):
                                    seed=seed, evaluation=True, backend="onnx")
     untrained_return = float(np.mean(evaluate(untrained, env, 5)))
 
-    from launch.experiment import run_experiment
-    from launch.experiment_config import ExperimentConfig
+    from launch.experiments.run_experiment import run_experiment
+    from launch.experiments.config import ExperimentConfig
     summary = run_experiment(ExperimentConfig(agent="d4pg", task=task, precision="int8", backend="onnx",
                                               max_actor_steps=60_000, seed=seed, logdir=tmp_path, eval_every=2500,
                                               eval_episodes=5, overrides=overrides),

@@ -13,7 +13,7 @@ from agents.dqn import Builder, DQNConfig, apex_epsilon, linear_epsilon
 from agents.dqn.actor import DQNActor, EpsilonSchedule
 from agents.dqn.learning import DQNLearner, double_q_targets, importance_weights
 from agents.dqn.networks import make_q_spec
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 
 OBS_DIM, NUM_ACTIONS, BATCH = 4, 3, 32
 
@@ -365,7 +365,8 @@ def test_prioritized_table_priorities_follow_the_learner_td_errors():
 def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
     """Default config, int8 ONNX actors (a fixed backend: `auto` chooses by timing, which would make the run
     depend on the machine). Stops at the first evaluation averaging >= 150 (a random policy scores ~20)."""
-    from launch.experiment import evaluate, run_experiment
+    from launch.experiments.acting import evaluation_returns as evaluate
+    from launch.experiments.run_experiment import run_experiment
     from quarl.envs import make_environment
     from quarl.quantization import quantize_params
 
@@ -388,7 +389,7 @@ def test_dqn_stays_solved_on_cartpole_to_the_end_of_its_run(tmp_path):
     """Not only solved once: BOTH last evaluations (25k and 30k env steps) of a CartPole-v1 run with int8 actors
     are >= 475. Seed 1 is the one that collapsed hardest at a constant learning rate (500 at 25k, then 286 at 30k
     and 34-172 later; bench/results/dqn_collapse.md); with the default decaying learning rate it holds 500."""
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
     run_experiment(ExperimentConfig(agent="dqn", task="CartPole-v1", precision="int8", backend="onnx",
                                     max_actor_steps=30_000, seed=1, logdir=tmp_path, eval_every=5000,
                                     eval_episodes=5), progress=False, energy=False)
@@ -409,7 +410,7 @@ def test_dqn_solves_cartpole_and_stays_solved(tmp_path, precision):
     """Full CartPole target within 50k env steps, and the last 3 evaluations (40k-50k) still average >= 475.
     Seed 2 holds 500 at both precisions with the defaults; fp32 seed 1 does not (last 3: 396, see
     bench/results/dqn_collapse.md), which is why the default-suite test above runs int8 seed 1 at 30k."""
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
     summary = run_experiment(ExperimentConfig(agent="dqn", task="CartPole-v1", precision=precision, backend="onnx",
                                               max_actor_steps=50_000, seed=2, logdir=tmp_path, eval_every=5000,
                                               eval_episodes=10), progress=False, energy=False)
@@ -419,7 +420,7 @@ def test_dqn_solves_cartpole_and_stays_solved(tmp_path, precision):
 
 
 def test_run_experiment_with_prioritized_replay_updates_priorities(tmp_path):
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
     config = ExperimentConfig(agent="dqn", task="CartPole-v1", precision="int4", backend="jax", max_actor_steps=600,
                               seed=0, logdir=tmp_path, eval_episodes=1,
                               overrides={"hidden_sizes": (32, 32), "min_replay_size": 200, "prioritized_replay": True})

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from agents.dqn import Builder, DQNConfig
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 from quarl.envs import environment_spec, make_environment
 
 
@@ -21,7 +21,7 @@ def test_atari_frames_get_the_nature_torso_scaled_to_unit_range():
 def test_dqn_runs_pong_with_int8_conv_actors(tmp_path):
     """~150 s on the loaded 2-core machine: the Nature update's compile and one full (unclipped) Pong evaluation
     episode of an untrained agent dominate."""
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
 
     overrides = {"batch_size": 8, "min_replay_size": 100, "max_replay_size": 1000, "samples_per_insert": 1.0}
     summary = run_experiment(ExperimentConfig(agent="dqn", task="ALE/Pong", precision="int8", backend="onnx",

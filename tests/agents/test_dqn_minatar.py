@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from agents.dqn import Builder, DQNConfig
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 from quarl.envs import environment_spec, make_environment
 from quarl.policy import Conv2D, Linear
 
@@ -51,7 +51,7 @@ def test_nature_torso_for_atari_frames():
 
 def test_dqn_runs_minatar_with_int8_conv_actors(tmp_path):
     """The whole single-process loop on a conv policy at int8 (calibrated static scales, payload format 4), short."""
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
 
     summary = run_experiment(ExperimentConfig(agent="dqn", task="MinAtar/Breakout", precision="int8", backend="onnx",
                                               max_actor_steps=800, seed=0, logdir=tmp_path, eval_episodes=1,
@@ -65,7 +65,7 @@ def test_dqn_runs_minatar_with_int8_conv_actors(tmp_path):
 def test_dqn_learns_minatar_breakout_with_int8_actors(tmp_path):
     """Reduced size: int8 ONNX conv actors, <= 12k env steps, stops at the first 10-episode evaluation averaging
     >= 2 (random 0.49, untrained greedy <= 0.55). ~100 s on the loaded 2-core machine."""
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
 
     summary = run_experiment(ExperimentConfig(agent="dqn", task="MinAtar/Breakout", precision="int8", backend="onnx",
                                               max_actor_steps=12_000, seed=0, logdir=tmp_path, eval_every=2000,
@@ -81,7 +81,7 @@ def test_dqn_qat_trains_a_conv_network_through_the_int8_arithmetic(tmp_path):
 
     from agents.dqn.learning import make_loss
     from agents.dqn.networks import init_params
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
 
     summary = run_experiment(ExperimentConfig(agent="dqn", task="MinAtar/Breakout", precision="int8", backend="onnx",
                                               max_actor_steps=600, seed=0, logdir=tmp_path, eval_episodes=1,
@@ -105,7 +105,7 @@ def test_dqn_qat_trains_a_conv_network_through_the_int8_arithmetic(tmp_path):
 def test_dqn_learns_minatar_breakout_with_conv_qat_and_int8_actors(tmp_path):
     """Reduced size, quantization-aware: the conv Q-network trains through the int8 arithmetic (qat_bits=8) and
     int8 ONNX actors (static calibrated scales) are evaluated greedily: a 10-episode mean >= 2 (random 0.49)."""
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
 
     summary = run_experiment(ExperimentConfig(agent="dqn", task="MinAtar/Breakout", precision="int8", backend="onnx",
                                               max_actor_steps=12_000, seed=0, logdir=tmp_path, eval_every=2000,

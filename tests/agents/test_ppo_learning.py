@@ -1,4 +1,4 @@
-"""PPO and A2C learn, through `launch.onpolicy.run_single_process` (what `launch.train --agent ppo|a2c` runs), with
+"""PPO and A2C learn, through `launch.experiments.onpolicy.run_single_process` (what `launch.train --agent ppo|a2c` runs), with
 quantized actors collecting the rollouts and evaluating; the run folder is the other agents' (summary.json,
 CSVs, final and best policies), QAT trains the policy `launch.ptq`-style int-B actors deploy, and a saved PPO
 policy evaluates offline with an int8 actor. Reduced sizes: each run stops at its first evaluation that reaches
@@ -12,9 +12,9 @@ import numpy as np
 
 from agents.ppo import Builder, PPOConfig
 from agents.ppo.config import CONTROL_OVERRIDES
-from launch.experiment import evaluate
-from launch.experiment_config import ExperimentConfig
-from launch.onpolicy import run_single_process
+from launch.experiments.run_experiment import evaluate
+from launch.experiments.config import ExperimentConfig
+from launch.experiments.onpolicy import run_single_process
 from quarl.envs import environment_spec, make_environment
 from quarl.quantization import quantize_params
 

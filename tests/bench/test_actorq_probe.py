@@ -19,9 +19,9 @@ class LocalHandle:
 def test_update_cost_reports_each_stage_of_one_fetch(monkeypatch, tmp_path):
     import agents
     from bench import actorq
-    from launch.agent_spec import AgentSpec
-    from launch.services import WeightServer
-    from launch.shared_blob import Blob
+    from launch.experiments.agent_spec import AgentSpec
+    from launch.nodes.services import WeightServer
+    from launch.nodes.shared_blob import Blob
     from quarl.payload import encode_payload
     from quarl.quantization import quantize_params
     from quarl.runtimes import auto
@@ -55,9 +55,9 @@ def test_throughput_steps_every_precision_on_its_auto_backend(monkeypatch, tmp_p
     fp32 included: the fastest fp32 executor auto measures) on the same recorded env state sequence."""
     import agents
     from bench import actorq
-    from launch.agent_spec import AgentSpec
-    from launch.services import WeightServer
-    from launch.shared_blob import Blob
+    from launch.experiments.agent_spec import AgentSpec
+    from launch.nodes.services import WeightServer
+    from launch.nodes.shared_blob import Blob
     from quarl.payload import encode_payload
     from quarl.quantization import quantize_params
     from quarl.runtimes import auto

@@ -91,7 +91,7 @@ def test_measuring_actor_env_gives_one_thread_and_a_fresh_auto_cache_then_remove
     from pathlib import Path
 
     from bench.machine import measuring_actor_env
-    from launch.program import SINGLE_THREAD_ENV
+    from launch.program.graph import SINGLE_THREAD_ENV
     from quarl.runtimes.auto import CACHE_ENV
 
     with measuring_actor_env("quarl-test-auto-") as env:

@@ -9,7 +9,7 @@ import pytest
 @pytest.fixture(scope="module")
 def ray_session():
     """One private local Ray per test module (started as the runner starts it); the environment is restored."""
-    from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
+    from launch.program.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
 
     saved = dict(os.environ)
     init_ray(None, num_cpus=8)

@@ -5,6 +5,7 @@ subprocess, which starts (and must tear down) its own private Ray.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -12,16 +13,16 @@ import subprocess
 import sys
 import threading
 import time
-import types
 import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from launch import nodes
-from launch.supervisor import run_program
-from launch.ray_runner import RayRunner
+from launch.experiments.distributed import NodeClasses
+from launch.nodes.learner import LearnerNode
+from launch.experiments.supervisor import run_program
+from launch.program.ray_runner import RayRunner
 from quarl.policy_io import load_policy
 from tests.launch.tiny import TINY_D4PG, tiny_config
 
@@ -68,7 +69,7 @@ def test_tiny_distributed_dqn_run_writes_every_log_and_a_sane_summary(ray_sessio
     rt = summary["runtime"]
     assert set(rt["per_update"]) == {"quantize_encode_ms", "pull_ms", "deserialize_ms", "load_ms", "update_ms"}
     assert rt["updates"] == sum(a["times"]["updates"] for a in summary["actors"])
-    assert summary["replay"]["inserts"] >= 600 - 2 * config.insert_batch
+    assert summary["replay"]["inserts"] >= 600 - 2 * config.distributed.insert_batch
     energy = summary["energy"]
     assert set(energy["nodes"]) >= {"learner", "actor_0", "actor_1", "evaluator"}
     assert energy["total_kwh"] > 0 and energy["method"]
@@ -113,7 +114,7 @@ def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_pa
     assert len(restarts) == 1 and f"version {actor_0['first_weights_version']}," in restarts[0]
 
 
-class FailingLearner(nodes.LearnerNode):
+class FailingLearner(LearnerNode):
     """A learner whose training step fails after a few updates (a bug, NaN weights, an OOM...)."""
 
     def __init__(self, *args, **kwargs):
@@ -133,9 +134,7 @@ class FailingLearner(nodes.LearnerNode):
 
 
 def test_learner_failure_stops_the_run_with_an_error(ray_session, tmp_path):
-    node_classes = types.SimpleNamespace(
-        **{name: getattr(nodes, name) for name in ("Counter", "ReplayServer", "WeightServer", "ActorNode",
-                                                   "Evaluator")}, LearnerNode=FailingLearner)
+    node_classes = dataclasses.replace(NodeClasses(), LearnerNode=FailingLearner)
     config = tiny_config(tmp_path, max_actor_steps=10_000_000)
     summary, code = run_program(config, RayRunner(), node_classes=node_classes)
     assert code == 1 and summary["status"] == "failed"
@@ -201,7 +200,7 @@ def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path):
 
 
 def test_summary_energy_counts_a_rapl_package_once_and_keeps_unavailable_emissions_unavailable():
-    from launch.summary import sum_energy
+    from launch.experiments.summary import sum_energy
     from quarl.carbon import EnergyReport
 
     def node(name, cpu, package, intensity=400.0):

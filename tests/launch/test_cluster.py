@@ -1,5 +1,5 @@
 """The cluster path on a real multi-node Ray: a head and worker nodes on this machine, loopback only
-(`launch.loopback_cluster`, what README "On a cluster" shows), one cluster for the module.
+(`launch.program.loopback_cluster`, what README "On a cluster" shows), one cluster for the module.
 
 Proves: every node, port and connection of the cluster is on 127.0.0.1; `launch.actorq --ray-address` with
 `--actor-resource` runs every actor on the worker node and the learner and services on the head; each weight
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.loopback_cluster import LoopbackCluster
+from launch.program.loopback_cluster import LoopbackCluster
 from analysis.runs import is_finished
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,7 +62,7 @@ def _actorq(c: LoopbackCluster, logdir: Path, *extra: str) -> subprocess.Popen:
 def _node_ids(c: LoopbackCluster) -> dict[str, str]:
     """Our node name -> Ray node id, from the cluster's node table (via `ray list`-free GCS access)."""
     out = subprocess.run([sys.executable, "-c", (
-        "import json, ray; from launch.ray_runner import init_ray; init_ray(%r); "
+        "import json, ray; from launch.program.ray_runner import init_ray; init_ray(%r); "
         "print(json.dumps([[n['NodeID'], n['NodeManagerAddress'], n['Alive'], n['Resources']] "
         "for n in ray.nodes()]))") % c.address], cwd=REPO, env=_env(c), capture_output=True, text=True,
         timeout=60, check=True)
@@ -122,12 +122,12 @@ def test_reproduce_grid_runs_as_tasks_on_the_cluster(cluster: LoopbackCluster, t
     assert again.returncode == 0 and "0 run(s) ran, 2 were already done" in again.stderr
 
 
-# Each node of an ActorQ program (EnvProbe stand-ins, launch.devices' environments) placed as a cluster run
+# Each node of an ActorQ program (EnvProbe stand-ins, launch.program.devices' environments) placed as a cluster run
 # places them, reporting where its JAX runs: prints {"reports": {node: report}, "placement": {node: ray node}}.
 _PROBE_PROGRAM = """
 import json, sys
-from launch.graph import build_actorq_program
-from launch.ray_runner import RayRunner
+from launch.experiments.distributed import build_actorq_program
+from launch.program.ray_runner import RayRunner
 from tests.launch.test_devices import PROBES
 from tests.launch.tiny import tiny_config
 config = tiny_config(sys.argv[2], num_actors=1, actor_resources={"actor_slot": 1},
@@ -216,7 +216,7 @@ def test_unpack_refuses_paths_outside_the_run_folder(tmp_path: Path) -> None:
     import io  # pylint: disable=import-outside-toplevel
     import tarfile  # pylint: disable=import-outside-toplevel
 
-    from launch.grid_cluster import unpack  # pylint: disable=import-outside-toplevel
+    from launch.grid.cluster import unpack  # pylint: disable=import-outside-toplevel
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
@@ -234,6 +234,6 @@ def test_unpack_refuses_paths_outside_the_run_folder(tmp_path: Path) -> None:
     ("127.0.0.1:6379", True), ("localhost:6379", True), ("127.0.0.2:1", True), ("[::1]:6379", True),
     ("10.0.0.5:6379", False), ("head.example:6379", False), ("ray://127.0.0.1:10001", True), ("", False)])
 def test_a_loopback_address_is_joined_on_loopback(address: str, loopback: bool) -> None:
-    from launch.ray_runner import _is_loopback_address  # pylint: disable=import-outside-toplevel
+    from launch.program.ray_runner import _is_loopback_address  # pylint: disable=import-outside-toplevel
 
     assert _is_loopback_address(address) is loopback

@@ -1,4 +1,4 @@
-"""Where JAX runs in an ActorQ program (`launch.devices`): only the learner may see a GPU; the driver never
+"""Where JAX runs in an ActorQ program (`launch.program.devices`): only the learner may see a GPU; the driver never
 starts one; the learner's environment follows --learner-device; the auto runtime never picks JAX on a GPU."""
 from __future__ import annotations
 
@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from launch import devices
-from launch.experiment_config import ConfigError
-from launch.graph import build_actorq_program
-from launch.node_base import NodeBase
-from launch.program import Program
+from launch.program import devices
+from quarl.checks import ConfigError
+from launch.experiments.distributed import build_actorq_program
+from launch.nodes.base import NodeBase
+from launch.program.graph import Program
 from tests.launch.tiny import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ def test_learner_device_is_validated_in_the_config_and_on_the_command_line(tmp_p
 
 def test_the_driver_pins_jax_to_the_cpu_before_jax_starts():
     """A fresh interpreter: the driver's pin leaves JAX on the CPU even where a shell asked for a GPU."""
-    code = ("import os; from launch.devices import pin_driver_to_cpu; assert pin_driver_to_cpu(); "
+    code = ("import os; from launch.program.devices import pin_driver_to_cpu; assert pin_driver_to_cpu(); "
             "import jax; print(jax.default_backend(), os.environ['JAX_PLATFORMS'])")
     env = {**os.environ, "JAX_PLATFORMS": "cuda", "PYTHONPATH": str(REPO)}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120,
@@ -102,7 +102,7 @@ PROBES = types.SimpleNamespace(**{name: EnvProbe for name in (
 def gpu_looking_ray():
     """A private Ray that declares two GPUs and whose processes would inherit CUDA_VISIBLE_DEVICES=0,1, as on a
     GPU machine where Ray 2.60 leaves the variable alone for workers that ask for no GPU (ray issue 54868)."""
-    from launch.ray_runner import init_ray
+    from launch.program.ray_runner import init_ray
 
     saved = dict(os.environ)
     os.environ["CUDA_VISIBLE_DEVICES"] = "0,1"
@@ -130,7 +130,7 @@ def _program_with_a_learner_per_device(tmp_path: Path) -> Program:
 
 
 def test_on_ray_only_the_learner_sees_a_gpu_and_its_environment_follows_learner_device(gpu_looking_ray, tmp_path):
-    from launch.ray_runner import RayRunner
+    from launch.program.ray_runner import RayRunner
 
     program = _program_with_a_learner_per_device(tmp_path)
     launch = RayRunner().launch(program)

@@ -1,5 +1,5 @@
 """What a run's actors executed is recorded and shown in words, and a seed plus a pinned executor reproduce a
-run: launch.summary's `executed`/`executor`/`cpu_class`, --kernel-form, analysis.execution."""
+run: launch.experiments.summary's `executed`/`executor`/`cpu_class`, --kernel-form, analysis.execution."""
 from __future__ import annotations
 
 import json
@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from analysis import execution
-from launch.experiment import run_experiment
-from launch.experiment_config import ConfigError
+from launch.experiments.run_experiment import run_experiment
+from quarl.checks import ConfigError
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 

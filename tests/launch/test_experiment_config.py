@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from launch import actorq, train
-from launch.experiment_config import ConfigError, ExperimentConfig
+from launch.experiments.config import DISTRIBUTED_FIELDS, ConfigError, DistributedConfig, ExperimentConfig
 from tests.launch.tiny import TINY_DQN, tiny_config
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _roundtrip(config: ExperimentConfig) -> ExperimentConfig:
@@ -17,12 +19,14 @@ def _roundtrip(config: ExperimentConfig) -> ExperimentConfig:
 
 
 def test_json_round_trip_is_exact_tuples_included(tmp_path: Path) -> None:
-    config = ExperimentConfig(agent="d4pg", task="cartpole:balance", max_actor_steps=1_000, logdir=tmp_path,
-                              overrides={"policy_layer_sizes": (32, 16), "critic_layer_sizes": [8]},
-                              target_return=950, learner_resources={"gpu_box": 0.01}, resume=None)
+    config = ExperimentConfig.create(agent="d4pg", task="cartpole:balance", max_actor_steps=1_000, logdir=tmp_path,
+                                     overrides={"policy_layer_sizes": (32, 16), "critic_layer_sizes": [8]},
+                                     target_return=950, learner_resources={"gpu_box": 0.01}, resume=None)
     assert config.overrides["critic_layer_sizes"] == (8,)  # lists normalised to the agent config's tuples
+    assert config.distributed == DistributedConfig(learner_resources={"gpu_box": 0.01})
+    assert config.to_dict()["distributed"]["learner_resources"] == {"gpu_box": 0.01}
     back = _roundtrip(config)
-    assert back == config
+    assert back == config and isinstance(back.distributed, DistributedConfig)
     assert back.overrides["policy_layer_sizes"] == (32, 16) and isinstance(back.target_return, float)
     assert back.logdir == str(tmp_path)
     assert back.builder().config.policy_layer_sizes == (32, 16)
@@ -50,6 +54,25 @@ def test_every_bad_value_is_one_line_naming_its_field(tmp_path: Path, change: di
     assert info.value.field == field and str(info.value).startswith(field)
     assert len(str(info.value).splitlines()) == 1
     assert info.value.message({field: "--flag"}).startswith("--flag ")
+
+
+def test_distributed_fields_are_nested_once_and_old_flat_summaries_still_read(tmp_path: Path) -> None:
+    """The distributed-only fields live in one frozen sub-config; a summary.json written when they were flat
+    (results/legacy/flat_experiment, a real run of that code) reads into the same nested config."""
+    old = json.loads((REPO / "results" / "legacy" / "flat_experiment" / "summary.json").read_text())["experiment"]
+    assert set(DISTRIBUTED_FIELDS) <= set(old) and "distributed" not in old  # the flat layout, as written
+    config = ExperimentConfig.from_dict(old)
+    assert config.distributed == DistributedConfig(**{k: old[k] for k in DISTRIBUTED_FIELDS})
+    assert config.to_dict() == {**{k: v for k, v in old.items() if k not in DISTRIBUTED_FIELDS},
+                                "distributed": {k: old[k] for k in DISTRIBUTED_FIELDS}}
+    assert _roundtrip(config) == config
+    assert config.replace(num_actors=3).distributed.num_actors == 3 and config.distributed.num_actors == 1
+    with pytest.raises(ConfigError, match="distributed is given twice"):
+        ExperimentConfig.from_dict({**config.to_dict(), "num_actors": 2})
+    with pytest.raises(ConfigError, match="distributed has unknown field.*actors"):
+        ExperimentConfig.from_dict({**config.to_dict(), "distributed": {"actors": 2}})
+    with pytest.raises(TypeError):  # the constructor itself takes only the nested form
+        ExperimentConfig(agent="dqn", task="CartPole-v1", max_actor_steps=10, logdir=tmp_path, num_actors=2)
 
 
 def test_from_dict_refuses_unknown_and_missing_fields(tmp_path: Path) -> None:
@@ -92,7 +115,7 @@ def test_actorq_config_file_is_run_as_written_and_bad_files_exit_2(tmp_path, cap
     inv = actorq.validate(actorq.build_parser().parse_args(["--config", str(good), "--runner", "local"]))
     assert inv.config == config and inv.runner == "local"
     bad_value = tmp_path / "bad_value.json"
-    bad_value.write_text(json.dumps({**config.to_dict(), "num_actors": 0}))
+    bad_value.write_text(json.dumps({**config.to_dict(), "distributed": {**config.distributed.to_dict(), "num_actors": 0}}))
     unknown = tmp_path / "unknown.json"
     unknown.write_text(json.dumps({**config.to_dict(), "steps": 3}))
     not_json = tmp_path / "not.json"
@@ -124,7 +147,7 @@ def test_quick_preset_is_what_the_default_actorq_job_runs(tmp_path: Path) -> Non
 def test_both_runners_record_the_same_experiment_in_summary_json(tmp_path: Path) -> None:
     """The same tiny config run in one process and by `launch.actorq --runner local` (from a --config file):
     both summary.json files hold it whole, under "experiment", equal but for the log directory."""
-    from launch.experiment import run_experiment
+    from launch.experiments.run_experiment import run_experiment
 
     single_cfg = tiny_config(tmp_path / "single", num_actors=1, max_actor_steps=300, eval_every=300,
                              overrides={**TINY_DQN, "actor_update_period": 50})

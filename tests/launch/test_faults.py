@@ -11,6 +11,7 @@ Elsewhere: a killed actor is restarted (tests/launch/test_actorq.py), Ctrl-C (sa
 from __future__ import annotations
 
 import csv
+import dataclasses
 import hashlib
 import json
 import os
@@ -18,19 +19,24 @@ import signal
 import struct
 import threading
 import time
-import types
 from pathlib import Path
 
 import msgpack
 import numpy as np
 import pytest
 
-from launch import checkpoint as ckpt
-from launch import nodes
-from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
-from launch.agent_spec import AgentSpec
-from launch.experiment_config import ExperimentConfig
-from launch.shared_blob import Blob
+from launch.experiments import checkpoint as ckpt
+from launch.nodes.actor import ActorNode
+from launch.experiments.distributed import NodeClasses
+from launch.nodes.learner import LearnerNode
+from launch.nodes.base import NodeBase
+from launch.nodes.services import Counter
+from launch.experiments.stages import StageTimes
+from launch.nodes.weights_client import PolicyClient
+from launch.program.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
+from launch.experiments.agent_spec import AgentSpec
+from launch.experiments.config import ExperimentConfig
+from launch.nodes.shared_blob import Blob
 from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC, encode_payload
 from quarl.quantization import quantize_params
 from tests.launch.tiny import TINY_DQN, tiny_config
@@ -83,7 +89,7 @@ def _set_scale(value: float):
     return mutate
 
 
-class ScriptedWeights(nodes.NodeBase):
+class ScriptedWeights(NodeBase):
     """Serves a fixed sequence of published payloads, one per request, whatever version the actor has."""
 
     def __init__(self, script: list[bytes]):
@@ -97,7 +103,7 @@ class ScriptedWeights(nodes.NodeBase):
         return Blob.put(self.script[self.served - 1])
 
 
-class SinkReplay(nodes.NodeBase):
+class SinkReplay(NodeBase):
     """Accepts every insert (no rate limiter): the actor is never held back."""
 
     def __init__(self):
@@ -134,8 +140,8 @@ def test_actor_rejects_bad_payloads_counts_them_and_keeps_its_last_good_policy(t
         (good9, None),
     ]
     pool = DaemonPool(8)
-    weights, replay, counter = ScriptedWeights([p for p, _ in script]), SinkReplay(), nodes.Counter()
-    actor = nodes.ActorNode(agent, actor_id=0, num_actors=1, seed=0, precision="int8", backend="onnx",
+    weights, replay, counter = ScriptedWeights([p for p, _ in script]), SinkReplay(), Counter()
+    actor = ActorNode(agent, actor_id=0, num_actors=1, seed=0, precision="int8", backend="onnx",
                             replay=LocalNodeHandle(replay, pool), counter=LocalNodeHandle(counter, pool),
                             weights=LocalNodeHandle(weights, pool), logdir=str(tmp_path),
                             max_actor_steps=300, insert_batch=16)
@@ -163,8 +169,8 @@ def test_policy_client_refuses_a_payload_the_executor_cannot_load_without_changi
     agent = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
     spec = agent.builder().policy_spec(agent.env_spec())
     weights = ScriptedWeights([_payload(spec, 3)])
-    client_cls = nodes.PolicyClient
-    client = client_cls(LocalNodeHandle(weights, None), nodes.StageTimes(), spec=spec, precision="int8")
+    client_cls = PolicyClient
+    client = client_cls(LocalNodeHandle(weights, None), StageTimes(), spec=spec, precision="int8")
 
     def refuse(payload) -> None:
         raise ValueError("linear_1/w has shape (16, 2), expected (16, 16)")
@@ -367,8 +373,8 @@ def _assert_run_failed_naming(summary: dict, code: int, record: dict, returned: 
 
 @pytest.mark.slow
 def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes_the_run(ray_session, tmp_path):
-    from launch.supervisor import run_program
-    from launch.ray_runner import RayRunner
+    from launch.experiments.supervisor import run_program
+    from launch.program.ray_runner import RayRunner
 
     config = _config(tmp_path, checkpoint_every=50)
     record: dict = {}
@@ -396,18 +402,18 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
             "--eval-episodes", "1", "--publish-period", "5", "--insert-batch", "32", "--resume", str(tmp_path),
             *[a for item in sets for a in ("--set", item)]]
     resumed = validate(build_parser().parse_args(argv)).config
-    assert resumed.resume == str(directory) and Path(resumed.logdir).absolute() == tmp_path.absolute()
+    assert resumed.distributed.resume == str(directory) and Path(resumed.logdir).absolute() == tmp_path.absolute()
     summary2, code2 = run_program(resumed, RayRunner())
     assert code2 == 0 and summary2["status"] == "completed", summary2["error"]
     assert summary2["learner"]["resumed_from"] == manifest["learner_steps"]
     assert summary2["learner_steps"] > manifest["learner_steps"]
-    assert summary2["replay"]["inserts"] >= manifest["replay"]["items"] + 600 - 2 * config.insert_batch
+    assert summary2["replay"]["inserts"] >= manifest["replay"]["items"] + 600 - 2 * config.distributed.insert_batch
 
 
 @pytest.mark.slow
 def test_killed_learner_stops_the_run_naming_it_with_no_process_left(ray_session, tmp_path):
-    from launch.supervisor import run_program
-    from launch.ray_runner import RayRunner
+    from launch.experiments.supervisor import run_program
+    from launch.program.ray_runner import RayRunner
 
     record: dict = {}
 
@@ -440,12 +446,12 @@ class _SlowEnv:
         return getattr(self._env, name)
 
 
-class SlowActor(nodes.ActorNode):
+class SlowActor(ActorNode):
     def _make_environment(self, seed: int):
         return _SlowEnv(super()._make_environment(seed), 0.004)
 
 
-class SlowLearner(nodes.LearnerNode):
+class SlowLearner(LearnerNode):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         inner = self._learner
@@ -462,8 +468,7 @@ class SlowLearner(nodes.LearnerNode):
 
 
 def _node_classes(**replace):
-    names = ("Counter", "ReplayServer", "WeightServer", "LearnerNode", "ActorNode", "Evaluator")
-    return types.SimpleNamespace(**{n: replace.get(n, getattr(nodes, n)) for n in names})
+    return dataclasses.replace(NodeClasses(), **replace)
 
 
 @pytest.mark.slow
@@ -472,7 +477,7 @@ def test_rate_limiter_keeps_samples_per_insert_within_its_error_buffer(tmp_path,
     """A slow actor with a fast learner, and a fast actor with a slow learner: at every logged point after the
     warm-up (replay.csv) and at the end (summary.json), inserts x samples_per_insert - samples stays within
     samples_per_insert x min_size +- error_buffer, and the limiter really held back the faster side."""
-    from launch.supervisor import run_program
+    from launch.experiments.supervisor import run_program
 
     replace = {"ActorNode": SlowActor} if slow_side == "actor" else {"LearnerNode": SlowLearner}
     config = _config(tmp_path, num_actors=1 if slow_side == "actor" else 2, max_actor_steps=1500,
@@ -489,7 +494,7 @@ def test_rate_limiter_keeps_samples_per_insert_within_its_error_buffer(tmp_path,
         assert float(row["rate_limiter_diff"]) == int(row["inserts"]) * spi - int(row["samples"])
     final = summary["replay"]
     assert low <= final["rate_limiter_diff"] <= high
-    assert final["inserts"] >= 1500 - 2 * config.insert_batch
+    assert final["inserts"] >= 1500 - 2 * config.distributed.insert_batch
     assert abs(final["samples_per_insert"] - spi) <= (spi * min_size + buffer) / final["inserts"]
     first, last = rows[0], rows[-1]
     if slow_side == "actor":  # the learner waited for data, again and again after the warm-up

@@ -1,4 +1,4 @@
-"""launch.onpolicy through `launch.train`: PPO and A2C take the same flags as the replay agents, run at every actor
+"""launch.experiments.onpolicy through `launch.train`: PPO and A2C take the same flags as the replay agents, run at every actor
 precision, write the same run folder as a DQN run (so launch.ptq and analysis read it), and the rollout collector
 restarts finished environments and keeps their final observations."""
 from __future__ import annotations
@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from launch import train
-from launch.onpolicy import RolloutCollector
-from launch.stages import StageTimes
+from launch.experiments.onpolicy import RolloutCollector
+from launch.experiments.stages import StageTimes
 
 # The policy keeps its default 64x64: at 8 units the int payloads' per-channel scales outweigh their weights.
 PPO_TINY = ["--set", "value_hidden_sizes=8", "--set", "num_envs=2", "--set", "num_steps=16"]

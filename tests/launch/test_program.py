@@ -2,6 +2,7 @@
 single-process runner end to end, and CLI validation (bad flags exit 2 before Ray is even imported)."""
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -13,14 +14,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launch import checkpoint as ckpt
-from launch import nodes
-from launch.supervisor import run_program
-from launch.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
-from launch.agent_spec import AgentSpec, derive_seed
-from launch.graph import build_actorq_program
-from launch.program import SINGLE_THREAD_ENV, Handle, Node, Program
-from launch.shared_blob import Blob
+from launch.experiments import checkpoint as ckpt
+from launch.nodes.learner import LearnerNode
+from launch.nodes.services import Counter, ReplayServer, WeightServer
+from launch.experiments.stages import StageTimes
+from launch.nodes.weights_client import PolicyClient
+from launch.experiments.supervisor import run_program
+from launch.program.local_runner import DaemonPool, LocalLaunch, LocalNodeHandle, LocalRunner
+from launch.experiments.agent_spec import AgentSpec, derive_seed
+from launch.experiments.distributed import build_actorq_program
+from launch.program.graph import SINGLE_THREAD_ENV, Handle, Node, Program
+from launch.nodes.shared_blob import Blob
 from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.policy import layer_norm_mlp_policy
 from quarl.policy_io import load_policy
@@ -28,6 +32,11 @@ from quarl.quantization import quantize_params
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
 
 
 # ---------------------------------------------------------------------------------------------- program
@@ -52,13 +61,13 @@ def test_actorq_graph_has_every_node_with_its_placement(tmp_path):
 
 def test_program_rejects_dangling_and_duplicate_nodes():
     program = Program("p")
-    program.add(Node("a", nodes.Counter))
+    program.add(Node("a", Counter))
     with pytest.raises(ValueError, match="already has a node"):
-        program.add(Node("a", nodes.Counter))
+        program.add(Node("a", Counter))
     with pytest.raises(ValueError, match="not in the program"):
-        program.add(Node("b", nodes.Counter, {"other": Handle("missing")}))
+        program.add(Node("b", Counter, {"other": Handle("missing")}))
     with pytest.raises(ValueError, match="needs run"):
-        Node("w", nodes.Counter, kind="worker")
+        Node("w", Counter, kind="worker")
 
 
 def test_derived_seeds_differ_per_node_and_run():
@@ -87,7 +96,7 @@ def _blob(spec, params, version, precision="int8"):
 
 def test_weight_server_hands_out_the_latest_blob_once_per_version_whatever_the_number_of_actors():
     spec, params = _policy_params()
-    w = nodes.WeightServer("int8")
+    w = WeightServer("int8")
     assert w.get_payload(-1) is None  # nothing published yet
     w.publish(10, _blob(spec, params, 10))
     payloads: list = []
@@ -124,8 +133,8 @@ def test_learner_publishes_each_version_once_as_encoded_bytes_and_refuses_non_fi
     """The one-way weight path: the learner quantizes + encodes in its own process and publishes bytes that
     carry the spec's digest (not the spec, not an fp32 tree); non-finite weights stop it with a clear error."""
     agent = AgentSpec("dqn", "CartPole-v1", dict(TINY_DQN))
-    server, pool = nodes.WeightServer("int8"), DaemonPool(2)
-    learner = nodes.LearnerNode(agent, seed=0, replay=None, counter=None, weights=LocalNodeHandle(server, pool),
+    server, pool = WeightServer("int8"), DaemonPool(2)
+    learner = LearnerNode(agent, seed=0, replay=None, counter=None, weights=LocalNodeHandle(server, pool),
                                 logdir=str(tmp_path), precision="8")
     learner.publish_now()
     blob = server.get_payload(-1)
@@ -154,9 +163,9 @@ def test_learner_publishes_each_version_once_as_encoded_bytes_and_refuses_non_fi
 
 def test_actor_weight_client_fetches_only_when_the_version_changed():
     spec, params = _policy_params(hidden=(32, 32))
-    w = nodes.WeightServer("int8")
-    times = nodes.StageTimes()
-    client = nodes.PolicyClient(LocalNodeHandle(w, None), times, spec=spec, precision="int8")
+    w = WeightServer("int8")
+    times = StageTimes()
+    client = PolicyClient(LocalNodeHandle(w, None), times, spec=spec, precision="int8")
     w.publish(3, _blob(spec, params, 3))
     first = client.fetch()
     assert first is not None and first.version == 3 and client.version == 3
@@ -248,7 +257,7 @@ def test_local_runner_runs_the_program_and_resumes_from_its_checkpoint(tmp_path)
     assert summary2["learner"]["resumed_from"] == steps_before
     assert summary2["learner_steps"] > steps_before and summary2["actor_steps"] >= 900
     # The replay came back: the table holds the first run's items plus the new ones.
-    assert summary2["replay"]["inserts"] >= summary["replay"]["inserts"] + 300 - 2 * config.insert_batch
+    assert summary2["replay"]["inserts"] >= summary["replay"]["inserts"] + 300 - 2 * config.distributed.insert_batch
     assert load_policy(tmp_path / "run").steps == summary2["learner_steps"]  # the resumed run's policy
 
 
@@ -283,10 +292,10 @@ def test_local_runner_cli_exits_once_the_summary_is_out(tmp_path):
 
 def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
     spec = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
-    from launch.agent_spec import table_spec
+    from launch.experiments.agent_spec import table_spec
 
     table = table_spec(spec.builder(), spec.env_spec())
-    server = nodes.ReplayServer(table, seed=0)
+    server = ReplayServer(table, seed=0)
     n = TINY_DQN["min_replay_size"]  # more would block: the rate limiter waits for samples
     batch = {"observation": np.random.default_rng(0).normal(size=(n, 4)).astype(np.float32),
              "action": np.zeros(n, np.int32), "reward": np.ones(n, np.float32),
@@ -298,7 +307,7 @@ def test_replay_server_round_trips_through_a_checkpoint(tmp_path):
     directory = ckpt.write_checkpoint(tmp_path, step=3, learner_state={"w": np.ones(2, np.float32)},
                                       save_replay_to=server.save, manifest=manifest)
     assert ckpt.find_checkpoint(tmp_path) == directory
-    restored = nodes.ReplayServer(table, seed=0, resume=str(tmp_path))
+    restored = ReplayServer(table, seed=0, resume=str(tmp_path))
     info = restored.info()
     assert (info["size"], info["inserts"], info["samples"]) == (n, n, 8)
     assert restored.sample(4).data["observation"].shape == (4, 4)
@@ -438,7 +447,7 @@ def test_every_step_an_actor_takes_reaches_replay_at_a_stop(tmp_path, stop_path)
 
 
 def test_a_run_is_solved_by_a_streak_of_evaluations_at_the_target():
-    from launch.summary import solved_at
+    from launch.experiments.summary import solved_at
 
     evals = [{"return": r, "actor_steps": 1000 * (i + 1)} for i, r in enumerate([100, 977, 630, 955, 990, 400])]
     assert solved_at(evals, 950.0, 1)["actor_steps"] == 2000
@@ -483,8 +492,9 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
     """One schema, one vocabulary: the single-process and the distributed runner write summary.json with the same
     keys (every section, every actors[] entry), the same stage names with the same meaning and units (seconds
     over the run, ms per update, µs per env step), and a weights version is the learner step it was published at."""
-    from launch.experiment import run_experiment
-    from launch.summary import SUMMARY_KEYS
+    from launch.experiments.acting import EPISODE_FIELDS, EVAL_FIELDS
+    from launch.experiments.run_experiment import run_experiment
+    from launch.experiments.summary import SUMMARY_KEYS
 
     distributed, code = run_program(tiny_config(tmp_path / "ray", num_actors=1, max_actor_steps=400), LocalRunner())
     assert code == 0, distributed["error"]
@@ -494,9 +504,22 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
     assert on_disk == json.loads(json.dumps([distributed, single]))  # what the runners return is what they wrote
     assert list(single) == list(distributed) == list(SUMMARY_KEYS)
     assert _layout_differences(*on_disk) == []
+    # evaluator.csv and the per-episode actor log: one header each, written by the one acting loop in both runners.
+    evaluator = [_csv_rows(tmp_path / name / "evaluator.csv") for name in ("ray", "single")]
+    episodes = [_csv_rows(tmp_path / "ray" / "actor_0.csv"), _csv_rows(tmp_path / "single" / "actor.csv")]
+    for rows in (*evaluator, *episodes):
+        assert rows  # at least one evaluation / one finished episode in each run
+    assert list(evaluator[0][0]) == list(evaluator[1][0]) == list(EVAL_FIELDS)
+    assert list(episodes[0][0]) == list(episodes[1][0]) == list(EPISODE_FIELDS)
+    for rows, run in zip(evaluator, (distributed, single)):  # each row's return is the mean of its episodes
+        assert len(rows) == run["evaluations"] and float(rows[-1]["return"]) == pytest.approx(run["final_eval_return"])
+        assert all(float(r["return_min"]) <= float(r["return"]) <= float(r["return_max"]) for r in rows)
+        assert all(int(r["episodes"]) == 1 and r["weights_version"] != "" for r in rows)
+    assert evaluator[0][-1]["train_clock_s"] == evaluator[0][-1]["wall_clock_s"]  # the evaluator is on the side
+    assert all(r["return_fp32"] == "" for r in evaluator[0] + evaluator[1])  # no --eval-fp32 in either run
     assert (single["runner"], distributed["runner"]) == ("single", "actorq")
     assert single["status"] == "completed" and single["num_actors"] == len(single["actors"]) == 1
-    assert single["experiment"]["num_actors"] == 1 and single["experiment"]["max_actor_steps"] == 400
+    assert single["experiment"]["distributed"]["num_actors"] == 1 and single["experiment"]["max_actor_steps"] == 400
     assert single["config"] == distributed["config"]  # the same agent config, written whole by both
     for s in on_disk:  # energy: per-node reports and totals, in both
         assert s["energy"]["nodes"] and s["energy"]["total_kwh"] > 0
@@ -523,8 +546,8 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
 def test_a_failed_run_whose_nodes_reported_nothing_still_gets_the_whole_layout(tmp_path, capsys):
     """Lost actors and learner leave None results: summary.json keeps every key (None where nothing is known) and
     the final table prints instead of failing on the missing sections."""
-    from launch.progress import print_summary
-    from launch.summary import ACTOR_KEYS, LEARNER_KEYS, SUMMARY_KEYS, make_summary
+    from launch.experiments.progress import print_summary
+    from launch.experiments.summary import ACTOR_KEYS, LEARNER_KEYS, SUMMARY_KEYS, make_summary
 
     config = tiny_config(tmp_path)
     results = {"actor_0": None, "actor_1": None, "learner": None, "evaluator": None}
@@ -536,3 +559,23 @@ def test_a_failed_run_whose_nodes_reported_nothing_still_gets_the_whole_layout(t
     assert summary["energy"]["total_kwh"] is None and summary["energy"]["nodes"] == {}
     print_summary(summary)
     assert "failed" in capsys.readouterr().out
+
+
+def test_both_runners_offer_the_whole_runner_and_launch_interface(tmp_path):
+    """The supervisor drives any runner through `launch.program.graph.Runner`/`Launch` (no hasattr checks): the local
+    runner has one machine, so every node is placed there and no host is ever lost."""
+    from launch.program.graph import Launch, Runner
+    from launch.program.ray_runner import RayLaunch, RayRunner
+
+    members = {Runner: ("launch", "close"),
+               Launch: ("wait_ready", "run", "pid", "placement", "lost_hosts", "can_host", "shutdown")}
+    for cls, protocol in ((RayLaunch, Launch), (RayRunner, Runner), (LocalLaunch, Launch), (LocalRunner, Runner)):
+        assert [m for m in members[protocol] if not callable(getattr(cls, m, None))] == [], cls.__name__
+    runner = LocalRunner()
+    launch = runner.launch(build_actorq_program(tiny_config(tmp_path, num_actors=1)))
+    try:
+        assert isinstance(runner, Runner) and isinstance(launch, Launch)
+        assert launch.placement() == {} and launch.lost_hosts() == {}
+        assert launch.can_host("actor_0") and not launch.can_host("actor_9")
+    finally:
+        launch.shutdown()

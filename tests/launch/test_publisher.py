@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launch.publisher import Publisher
+from launch.nodes.publisher import Publisher
 
 
 class _SlowSink:

@@ -281,10 +281,10 @@ def test_actorq_command_passes_the_budget_config(tmp_path: Path) -> None:
     cmd = reproduce.actorq_command(run, run_dir, "onnx")
     path = run_dir / "experiment.json"
     assert cmd[1:] == ["-m", "launch.actorq", "--config", str(path), "--no-progress"]  # no argv round trip
-    from launch.experiment_config import ExperimentConfig
+    from launch.experiments.config import ExperimentConfig
     written = ExperimentConfig.from_dict(json.loads(path.read_text()))
     assert written == run.config(run_dir, "onnx")  # the file round-trips to the planned run's config
-    assert written.task == "cartpole:balance" and written.num_actors == 4 and written.seed == 3
+    assert written.task == "cartpole:balance" and written.distributed.num_actors == 4 and written.seed == 3
     assert written.backend == "onnx" and written.logdir == str(run_dir)
     from launch.actorq import build_parser, validate
     inv = validate(build_parser().parse_args(cmd[3:]))  # the real CLI accepts it, and runs it unchanged

@@ -65,7 +65,7 @@ def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
     assert all(float(r["return_fp32"]) >= 8 for r in evals)  # CartPole returns are >= 8 for any policy
     episodes = _read_csv(logdir / "actor.csv")
     assert len(episodes) == summary["episodes"] > 0
-    assert sum(int(r["episode_length"]) for r in episodes) <= 1200
+    assert sum(int(r["length"]) for r in episodes) <= 1200
     learner_rows = _read_csv(logdir / "learner.csv")
     assert int(learner_rows[-1]["learner_steps"]) == summary["learner_steps"]  # a final row, whatever the period
     assert all(float(r["loss"]) >= 0 for r in learner_rows)

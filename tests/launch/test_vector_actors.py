@@ -40,7 +40,7 @@ def test_train_cli_with_four_envs_per_actor_counts_env_steps(tmp_path):
         episodes = list(csv.DictReader(f))
     # Four environments' episodes, each of its own length, together at most the 800 env steps taken.
     assert len(episodes) == summary["episodes"] >= 4
-    assert sum(int(r["episode_length"]) for r in episodes) <= 800
+    assert sum(int(r["length"]) for r in episodes) <= 800
     # Transitions in replay: every env step except the <= n-1 still open per environment at the end.
     assert 800 - 4 * 2 <= summary["replay"]["inserts"] <= 800
 
@@ -65,9 +65,9 @@ def test_distributed_actors_step_k_envs_each(tmp_path, agent):
     installed for D4PG's cartpole:balance): every actor reports K, the counts are env steps, each actor's
     episodes come from its own environments, and replay got a transition per env step (the actors flush
     their open n-step windows and partial insert batch when they stop)."""
-    from launch.supervisor import run_program
-    from launch.local_runner import LocalRunner
-    from launch.agent_spec import AgentSpec
+    from launch.experiments.supervisor import run_program
+    from launch.program.local_runner import LocalRunner
+    from launch.experiments.agent_spec import AgentSpec
     from tests.launch.tiny import TINY_D4PG, tiny_config
 
     extra = {} if agent == "dqn" else dict(agent="d4pg", task="cartpole:balance", overrides=dict(TINY_D4PG),
@@ -98,8 +98,8 @@ def test_pinned_actors_each_claim_a_core_of_their_own(tmp_path, monkeypatch):
     import os
 
     from launch.actorq import build_parser, validate
-    from launch.local_runner import LocalRunner
-    from launch.supervisor import run_program
+    from launch.program.local_runner import LocalRunner
+    from launch.experiments.supervisor import run_program
     from quarl import affinity
     from tests.launch.tiny import tiny_config
 
@@ -107,14 +107,14 @@ def test_pinned_actors_each_claim_a_core_of_their_own(tmp_path, monkeypatch):
         pytest.skip("needs CPU affinity and two CPUs")
     monkeypatch.setenv(affinity.LOCK_DIR_ENV, str(tmp_path / "locks"))
     args = build_parser().parse_args(["--agent", "dqn", "--pin-actors", "--logdir", str(tmp_path / "cli")])
-    assert validate(args).config.pin_actors
+    assert validate(args).config.distributed.pin_actors
     held = len(affinity._held)
     try:
         summary, code = run_program(tiny_config(tmp_path / "run", pin_actors=True), LocalRunner())
         assert code == 0 and summary["status"] == "completed", summary["error"]
         cores = [a["pinned_core"] for a in summary["actors"]]
         assert len(set(cores)) == 2 and set(cores) <= os.sched_getaffinity(0)
-        assert summary["experiment"]["pin_actors"] is True
+        assert summary["experiment"]["distributed"]["pin_actors"] is True
     finally:  # the local runner's actors are threads of this process: give their claims back
         for fd in affinity._held[held:]:
             os.close(fd)

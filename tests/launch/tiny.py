@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 
 TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
 TINY_D4PG = {"policy_layer_sizes": (32, 32), "critic_layer_sizes": (32, 32), "num_atoms": 11, "batch_size": 32,
@@ -16,4 +16,4 @@ def tiny_config(logdir: Path, **kw) -> ExperimentConfig:
                 logdir=str(logdir), overrides=dict(TINY_DQN), backend="onnx", eval_every=300, eval_episodes=1,
                 publish_period=5, insert_batch=32)
     base.update(kw)
-    return ExperimentConfig(**base)
+    return ExperimentConfig.create(**base)

@@ -8,8 +8,8 @@ import dm_env
 import numpy as np
 import pytest
 
-from launch import checkpoint as ckpt
-from launch import nodes
+from launch.experiments import checkpoint as ckpt
+from launch.nodes.services import ReplayServer
 from quarl import replay, replay_frames
 from quarl.adders import NStepTransitionAdder
 from quarl.replay_frames import FrameTable, frame_columns
@@ -172,11 +172,11 @@ def test_table_from_config_picks_frames_for_stacked_images_only():
 
 
 def test_replay_server_stores_ale_frames_once_and_samples_the_inserted_stacks(tmp_path):
-    from launch.agent_spec import AgentSpec, table_spec
+    from launch.experiments.agent_spec import AgentSpec, table_spec
 
     spec = AgentSpec("dqn", "ALE/Pong", {"min_replay_size": 64, "batch_size": 32, "max_replay_size": 1000})
     table = table_spec(spec.builder(), spec.env_spec())
-    server = nodes.ReplayServer(table, seed=0)
+    server = ReplayServer(table, seed=0)
     assert isinstance(server._table, FrameTable)  # pylint: disable=protected-access
     env = spec.env_spec()
     assert tuple(env.observation_shape) == (84, 84, 4)
@@ -196,6 +196,6 @@ def test_replay_server_stores_ale_frames_once_and_samples_the_inserted_stacks(tm
         np.testing.assert_array_equal(obs, batch["observation"][key])
         np.testing.assert_array_equal(next_obs, batch["next_observation"][key])
     assert server._table.memory()["frames_live"] <= 64 + 3 + K  # pylint: disable=protected-access
-    restored = nodes.ReplayServer(table, seed=0)
+    restored = ReplayServer(table, seed=0)
     restored._table.load_state_dict(server._table.state_dict())  # pylint: disable=protected-access
     assert restored.info()["size"] == 64

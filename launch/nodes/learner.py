@@ -10,13 +10,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from launch import checkpoint as ckpt
-from launch.agent_spec import AgentSpec
-from launch.learner_feed import BlockFeed
-from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.program import NodeHandle
-from launch.publisher import Publisher, PublishTimes
-from launch.shared_blob import Blob
+from launch.experiments import checkpoint as ckpt
+from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
+from launch.experiments.agent_spec import AgentSpec
+from launch.nodes.learner_feed import BlockFeed
+from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
+from launch.program.graph import NodeHandle
+from launch.nodes.publisher import Publisher, PublishTimes
+from launch.nodes.shared_blob import Blob
 from quarl.carbon import stop_tracking
 from quarl.device_quantization import quantize_params_on_device
 from quarl.payload import encode_payload, fp32_payload_nbytes
@@ -25,11 +26,6 @@ from quarl.quantization import parse_precision, quantize_params
 from quarl import policy_io
 
 FINAL_PUBLISH_TIMEOUT_S = 60.0
-
-
-def crossed(before: int, after: int, period: int) -> bool:
-    """Whether a multiple of `period` lies in (before, after]: cadences on a step count that advances K at a time."""
-    return after // period > before // period
 
 
 def _import_orbax() -> None:
@@ -211,7 +207,7 @@ class LearnerNode(NodeBase):
             steps = int(self._learner.steps)
         run = self._run_config
         extra = {"source": "launch.actorq", "seed": run.get("seed"), "actor_precision": run.get("precision"),
-                 "num_actors": run.get("num_actors")}
+                 "num_actors": (run.get("distributed") or {}).get("num_actors")}
         path = policy_io.save_policy(self._logdir, self._policy_spec, params, task=self._spec.task, agent=self._spec.agent,
                            steps=steps, extra=extra)
         log_event(self._logdir, "learner", f"saved the fp32 policy at learner step {steps} to {path.name}")
@@ -281,7 +277,7 @@ class LearnerNode(NodeBase):
     # -------------------------------------------------------------- checkpoints
 
     def checkpoint(self) -> str:
-        """Learner state + replay snapshot + manifest (see launch.checkpoint); returns the directory."""
+        """Learner state + replay snapshot + manifest (see launch.experiments.checkpoint); returns the directory."""
         with self._lock:
             state = self._learner.get_state()
             step = int(self._learner.steps)

@@ -1,7 +1,7 @@
 """One experiment, described once (as Acme's `ExperimentConfig`): a frozen, validated record that every CLI,
-`launch.reproduce`, the benchmarks and the tests build, that either runner runs (`launch.experiment.run_experiment`
-in one process, `launch.supervisor.run_program` distributed), and that both write whole into summary.json under
-"experiment".
+`launch.reproduce`, the benchmarks and the tests build, that either runner runs
+(`launch.experiments.run_experiment.run_experiment` in one process, `launch.experiments.supervisor.run_program`
+distributed), and that both write whole into summary.json under "experiment".
 
 Plain data: importing this module costs nothing (no JAX, no Ray), so CLIs build and check a config before the
 heavy imports; the few checks that need a library (precision names, agent config keys) import it lazily.
@@ -9,24 +9,67 @@ heavy imports; the few checks that need a library (precision names, agent config
 from __future__ import annotations
 
 import dataclasses
-import math
-import numbers
 import os
 from typing import Any, Mapping
+
+from quarl.checks import ConfigError, check_bool, check_int, check_number, is_finite
 
 SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every service and the evaluator
 
 
-class ConfigError(ValueError):
-    """A bad config value, as one line; `field` names it so a CLI can say which flag was wrong."""
+@dataclasses.dataclass(frozen=True)
+class DistributedConfig:
+    """What only the distributed runner (`launch.experiments.supervisor`) reads: the actors, the learner's
+    publishing and prefetch, checkpoints and where nodes run. Validated at construction (`ConfigError` naming the field)."""
 
-    def __init__(self, field: str, problem: str):
-        super().__init__(f"{field} {problem}")
-        self.field, self.problem = field, problem
+    num_actors: int = 1
+    publish_period: int = 10  # learner steps between weight versions
+    publish_min_interval_s: float = 0.0  # seconds at least between weight versions
+    learner_steps_per_call: int = 1  # SGD steps per learner call (one `lax.scan` over K batches): 1 on CPU, 8-32 on a GPU
+    insert_batch: int = 64  # transitions per replay insert call
+    prefetch: int = 2  # sampled blocks the learner keeps in flight
+    checkpoint_every: int = 0  # learner steps; 0 = only at shutdown
+    resume: str | None = None  # checkpoint directory to continue from
+    log_every_s: float = 1.0  # learner.csv cadence (seconds)
+    # Each actor pins its acting thread to a core of its machine that no other actor holds (`quarl.affinity`);
+    # the learner is never pinned.
+    pin_actors: bool = False
+    actor_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)  # Ray custom resources
+    # Ray custom resources marking the learner's machine: learner, services and evaluator each ask for
+    # SERVICE_SHARE of every one, so they run there together.
+    learner_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
-    def message(self, flags: Mapping[str, str] | None = None) -> str:
-        """The message with the field named by its flag (`--max-actor-steps must be ...`) where one is given."""
-        return f"{(flags or {}).get(self.field, self.field)} {self.problem}"
+    def __post_init__(self) -> None:
+        for name in ("num_actors", "publish_period", "insert_batch", "prefetch", "learner_steps_per_call"):
+            check_int(name, getattr(self, name), minimum=1)
+        check_int("checkpoint_every", self.checkpoint_every, minimum=0)
+        check_number("publish_min_interval_s", self.publish_min_interval_s, low=0.0)
+        check_number("log_every_s", self.log_every_s, low=0.0, low_open=True)
+        check_bool("pin_actors", self.pin_actors)
+        if self.resume is not None and (not isinstance(self.resume, str) or not self.resume):
+            raise ConfigError("resume", f"must be a checkpoint path or null, got {self.resume!r}")
+        for name in ("actor_resources", "learner_resources"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping) or not all(
+                    isinstance(k, str) and k and is_finite(v) and v > 0 for k, v in value.items()):
+                raise ConfigError(name, f"must map resource names to finite amounts > 0, got {value!r}")
+            object.__setattr__(self, name, dict(value))
+        for name in ("num_actors", "publish_period", "insert_batch", "prefetch", "learner_steps_per_call",
+                     "checkpoint_every"):
+            object.__setattr__(self, name, int(getattr(self, name)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "DistributedConfig":
+        unknown = sorted(set(data) - set(DISTRIBUTED_FIELDS))
+        if unknown:
+            raise ConfigError("distributed", f"has unknown field(s) {', '.join(unknown)}")
+        return cls(**dict(data))
+
+
+DISTRIBUTED_FIELDS = tuple(f.name for f in dataclasses.fields(DistributedConfig))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +79,8 @@ class ExperimentConfig:
     `overrides` are agent config fields (`agents.get_builder(agent, **overrides)`); the actors' weight-pull
     period is one of them (`actor_update_period`), so the agent config is its single source of truth.
     `eval_every=None` is resolved at construction (max_actor_steps // 10), so a saved config is complete.
-    Fields marked [distributed] are ignored by the single-process runner, [single] by the distributed one.
+    `distributed` (a `DistributedConfig`) is ignored by the single-process runner, fields marked [single] by the
+    distributed one. `create(**fields)` takes the distributed fields flat (as the CLIs' flags name them).
     """
 
     agent: str
@@ -57,25 +101,10 @@ class ExperimentConfig:
     target_return: float | None = None  # end the run once `target_streak` evaluations in a row reach it
     target_streak: int = 1
     eval_fp32: bool = False  # [single] also evaluate an fp32 actor next to the deployed-precision one
-    num_actors: int = 1  # [distributed] (the single-process runner has one actor)
-    publish_period: int = 10  # [distributed] learner steps between weight versions
-    publish_min_interval_s: float = 0.0  # [distributed] seconds at least between weight versions
-    # [distributed] SGD steps per learner call (one `lax.scan` over K sampled batches): 1 on CPU, 8-32 on a GPU
-    learner_steps_per_call: int = 1
-    insert_batch: int = 64  # [distributed] transitions per replay insert call
-    prefetch: int = 2  # [distributed] sampled batches the learner keeps in flight
-    checkpoint_every: int = 0  # [distributed] learner steps; 0 = only at shutdown
-    resume: str | None = None  # [distributed] checkpoint directory to continue from
-    log_every_s: float = 1.0  # [distributed] learner.csv cadence (seconds)
-    # [distributed] each actor pins its acting thread to a core of its machine that no other actor holds
-    # (`quarl.affinity`); the learner is never pinned
-    pin_actors: bool = False
-    actor_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)  # [distributed] Ray custom
-    # [distributed] Ray custom resources marking the learner's machine: learner, services and evaluator each
-    # ask for SERVICE_SHARE of every one, so they run there together.
-    learner_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # What only the distributed runner reads (the single-process runner has one actor, no services, no checkpoints).
+    distributed: DistributedConfig = dataclasses.field(default_factory=lambda: DistributedConfig())
     # Where the learner's JAX runs: auto (a GPU when its process sees one, else the CPU) | cpu | gpu. Every other
-    # process runs JAX on the CPU whatever this says (`launch.devices`).
+    # process runs JAX on the CPU whatever this says (`launch.program.devices`).
     learner_device: str = "auto"
 
     def __post_init__(self) -> None:
@@ -83,8 +112,6 @@ class ExperimentConfig:
         put = object.__setattr__  # frozen: normalised values are set once, here
         put(self, "precision", _precision(self.precision))
         put(self, "overrides", {k: _tuples(v) for k, v in dict(self.overrides).items()})
-        put(self, "actor_resources", dict(self.actor_resources))
-        put(self, "learner_resources", dict(self.learner_resources))
         put(self, "logdir", os.fspath(self.logdir))
         if self.eval_every is None:
             put(self, "eval_every", max(1, int(self.max_actor_steps) // 10))
@@ -102,13 +129,15 @@ class ExperimentConfig:
         for name, value in (("task", self.task), ("logdir", self.logdir)):
             if not isinstance(value, (str, os.PathLike)) or not str(value):
                 raise ConfigError(name, f"must be a non-empty string, got {value!r}")
-        for name in ("max_actor_steps", "eval_episodes", "envs_per_actor", "target_streak", "num_actors",
-                     "publish_period", "insert_batch", "prefetch", "learner_steps_per_call"):
-            _check_int(name, getattr(self, name), minimum=1)
+        for name in ("max_actor_steps", "eval_episodes", "envs_per_actor", "target_streak"):
+            check_int(name, getattr(self, name), minimum=1)
         if self.eval_every is not None:
-            _check_int("eval_every", self.eval_every, minimum=1)
-        _check_int("seed", self.seed, minimum=0)
-        _check_int("checkpoint_every", self.checkpoint_every, minimum=0)
+            check_int("eval_every", self.eval_every, minimum=1)
+        check_int("seed", self.seed, minimum=0)
+        if isinstance(self.distributed, Mapping):  # from JSON
+            object.__setattr__(self, "distributed", DistributedConfig.from_dict(self.distributed))
+        if not isinstance(self.distributed, DistributedConfig):
+            raise ConfigError("distributed", f"must be a DistributedConfig, got {type(self.distributed).__name__}")
         from quarl.runtimes import BACKEND_NAMES  # pylint: disable=import-outside-toplevel
         if self.backend not in BACKEND_NAMES:
             raise ConfigError("backend", f"{self.backend!r} is an unknown backend; valid: {', '.join(BACKEND_NAMES)}")
@@ -120,26 +149,13 @@ class ExperimentConfig:
             if self.backend == "jax":
                 raise ConfigError("kernel_form", "applies to the onnx backends (jax has one integer kernel); "
                                                  "use --backend onnx")
-        if self.target_return is not None and not _finite(self.target_return):
+        if self.target_return is not None and not is_finite(self.target_return):
             raise ConfigError("target_return", f"must be a finite number, got {self.target_return!r}")
-        if not _finite(self.publish_min_interval_s) or self.publish_min_interval_s < 0:
-            raise ConfigError("publish_min_interval_s", f"must be a finite number >= 0, got {self.publish_min_interval_s!r}")
-        if not _finite(self.log_every_s) or self.log_every_s <= 0:
-            raise ConfigError("log_every_s", f"must be a finite number > 0, got {self.log_every_s!r}")
-        for name in ("eval_fp32", "pin_actors"):
-            if not isinstance(getattr(self, name), bool):
-                raise ConfigError(name, f"must be true or false, got {getattr(self, name)!r}")
-        from launch.devices import LEARNER_DEVICES  # pylint: disable=import-outside-toplevel
+        check_bool("eval_fp32", self.eval_fp32)
+        from launch.program.devices import LEARNER_DEVICES  # pylint: disable=import-outside-toplevel
         if self.learner_device not in LEARNER_DEVICES:
             raise ConfigError("learner_device", f"must be one of {', '.join(LEARNER_DEVICES)}, "
                                                 f"got {self.learner_device!r}")
-        if self.resume is not None and (not isinstance(self.resume, str) or not self.resume):
-            raise ConfigError("resume", f"must be a checkpoint path or null, got {self.resume!r}")
-        for name in ("actor_resources", "learner_resources"):
-            value = getattr(self, name)
-            if not isinstance(value, Mapping) or not all(
-                    isinstance(k, str) and k and _finite(v) and v > 0 for k, v in value.items()):
-                raise ConfigError(name, f"must map resource names to finite amounts > 0, got {value!r}")
         if not isinstance(self.overrides, Mapping):
             raise ConfigError("overrides", f"must map agent config keys to values, got {self.overrides!r}")
         try:
@@ -156,8 +172,17 @@ class ExperimentConfig:
 
         return agents.get_builder(self.agent, **dict(self.overrides))
 
+    @classmethod
+    def create(cls, **fields: Any) -> "ExperimentConfig":
+        """`ExperimentConfig(**fields)` with `DistributedConfig`'s fields given flat (`num_actors=2`), as the
+        CLIs' flags, the grid and the benchmarks name them."""
+        return cls(**_nest(fields))
+
     def replace(self, **changes: Any) -> "ExperimentConfig":
-        """A copy with `changes` (validated again)."""
+        """A copy with `changes` (validated again); distributed fields may be named flat (`resume=...`)."""
+        changes = _nest(changes)
+        if isinstance(changes.get("distributed"), Mapping):
+            changes["distributed"] = dataclasses.replace(self.distributed, **changes["distributed"])
         return dataclasses.replace(self, **changes)
 
     def executor_factory(self) -> Any:
@@ -171,16 +196,17 @@ class ExperimentConfig:
         """Plain JSON types (tuples become lists); `from_dict` restores the identical config."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["overrides"] = {k: _lists(v) for k, v in self.overrides.items()}
-        d["actor_resources"] = dict(self.actor_resources)
-        d["learner_resources"] = dict(self.learner_resources)
+        d["distributed"] = self.distributed.to_dict()
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ExperimentConfig":
-        """The config `to_dict` wrote (lists in overrides become tuples: agent configs hold tuples).
-        Unknown or missing fields raise ConfigError."""
+        """The config `to_dict` wrote (lists in overrides become tuples: agent configs hold tuples), or one written
+        before the distributed fields were nested (flat, as in older summaries). Unknown or missing fields raise
+        ConfigError."""
         if not isinstance(data, Mapping):
             raise ConfigError("config", f"must be a JSON object, got {type(data).__name__}")
+        data = _nest(dict(data))
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - names)
         if unknown:
@@ -192,8 +218,17 @@ class ExperimentConfig:
         return cls(**dict(data))
 
 
-_INTS = ("max_actor_steps", "seed", "eval_every", "eval_episodes", "envs_per_actor", "target_streak",
-         "num_actors", "publish_period", "insert_batch", "prefetch", "checkpoint_every", "learner_steps_per_call")
+_INTS = ("max_actor_steps", "seed", "eval_every", "eval_episodes", "envs_per_actor", "target_streak")
+
+
+def _nest(fields: dict[str, Any]) -> dict[str, Any]:
+    """`fields` with `DistributedConfig`'s fields, given flat, moved under "distributed" (one may not give both)."""
+    flat = {k: fields.pop(k) for k in list(fields) if k in DISTRIBUTED_FIELDS}
+    if flat:
+        if "distributed" in fields:
+            raise ConfigError("distributed", f"is given twice: nested and as {', '.join(sorted(flat))}")
+        fields["distributed"] = flat
+    return fields
 
 
 def executor_factory(kernel_form: str | None) -> Any:
@@ -204,16 +239,6 @@ def executor_factory(kernel_form: str | None) -> Any:
     from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
 
     return functools.partial(make_executor, kernel_form=kernel_form)
-
-
-def _check_int(name: str, value: Any, *, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        what = "a positive integer" if minimum == 1 else "a non-negative integer"
-        raise ConfigError(name, f"must be {what}, got {value!r}")
-
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # What actors may run: int2..int8 have integer kernels and int16 is the paper's wide baseline; int9..int15 (which

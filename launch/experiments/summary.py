@@ -1,5 +1,6 @@
-"""summary.json of an ActorQ run, one layout for both runners (`launch.experiment` in one process, `launch.supervisor`
-distributed): outcome, throughput, payload sizes, the actors' runtime breakdown (`launch.stages`), energy."""
+"""summary.json of an ActorQ run, one layout for both runners (`launch.experiments.run_experiment` in one process,
+`launch.experiments.supervisor` distributed): outcome, throughput, payload sizes, the actors' runtime breakdown
+(`launch.experiments.stages`), energy."""
 from __future__ import annotations
 
 import csv
@@ -8,7 +9,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from analysis.execution import run_execution
-from launch.stages import runtime_section
+from launch.experiments.stages import runtime_section
 from quarl.carbon import EnergyReport, combine
 
 
@@ -37,7 +38,7 @@ def sum_energy(parts: Mapping[str, Any]) -> dict[str, Any]:
 
 # The one summary.json layout (both runners): top-level keys, and the keys of each actors[] entry, of the learner
 # section and of the payload section. A key a runner has no value for is present with None (see
-# docs/ARCHITECTURE.md, "summary.json"); `runtime` is `launch.stages.runtime_section`.
+# docs/ARCHITECTURE.md, "summary.json"); `runtime` is `launch.experiments.stages.runtime_section`.
 SUMMARY_KEYS = (
     "status", "error", "runner", "agent", "task", "precision", "backend", "kernel_form", "kernel_fallback",
     "executed", "executor", "cpu_class", "num_actors", "envs_per_actor", "seed", "experiment", "config", "logdir",
@@ -78,7 +79,7 @@ def build_summary(config: Any, *, runner: str, status: str, error: str | None, w
                   **runner_facts: Any) -> dict[str, Any]:
     """summary.json of either runner (the single-process one is one actor and one learner in one process).
 
-    `config` is the run's `launch.experiment_config.ExperimentConfig` (written whole under "experiment");
+    `config` is the run's `launch.experiments.config.ExperimentConfig` (written whole under "experiment");
     `counts` holds actor_steps, learner_steps and episodes; `evals` the evaluator rows (return, actor_steps, wall_clock_s, learner_steps);
     `runner_facts` are among RUNNER_FACTS (None when not given)."""
     unknown = sorted(set(runner_facts) - set(RUNNER_FACTS))
@@ -110,7 +111,7 @@ def build_summary(config: Any, *, runner: str, status: str, error: str | None, w
         # What the actors executed, in words ("int8 weights, fp32 compute (dequantized)"), the executor `auto`
         # would name (onnx-dequantized ...) and the CPU class: with the seed, what fixes the run's numerics.
         **run_execution({"precision": config.precision, "actors": actors}),
-        "num_actors": 1 if runner == "single" else config.num_actors,  # [distributed] in ExperimentConfig
+        "num_actors": 1 if runner == "single" else config.distributed.num_actors,  # ExperimentConfig.distributed
         "envs_per_actor": getattr(config, "envs_per_actor", 1),
         "seed": config.seed,
         "experiment": config.to_dict(),
@@ -150,7 +151,7 @@ def build_summary(config: Any, *, runner: str, status: str, error: str | None, w
         "replay": {k: v for k, v in replay.items() if isinstance(v, (int, float, str))},
         "energy": dict(energy),
         "lost_nodes": [], "placement": {}, "lost_hosts": [],
-        # Where the learner's JAX ran (launch.devices.device_report, read in the learner's process).
+        # Where the learner's JAX ran (launch.program.devices.device_report, read in the learner's process).
         "learner_device": None,
         **{k: runner_facts.get(k) for k in RUNNER_FACTS},
     }

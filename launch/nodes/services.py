@@ -8,9 +8,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from launch import checkpoint as ckpt
-from launch.node_base import NodeBase
-from launch.shared_blob import Blob
+from launch.experiments import checkpoint as ckpt
+from launch.nodes.base import NodeBase
+from launch.nodes.shared_blob import Blob
 from quarl.quantization import parse_precision
 from quarl.replay import RateLimiterTimeout, table_from_config
 
@@ -105,7 +105,7 @@ class ReplayServer(NodeBase):
         return self._table.info()
 
     def save(self, path: str) -> dict[str, Any]:
-        """Snapshot of the table as npz at `path` (see launch.checkpoint); returns its checksum and size."""
+        """Snapshot of the table as npz at `path` (see launch.experiments.checkpoint); returns its checksum and size."""
         return ckpt.save_replay(path, self._table.state_dict())
 
     def close(self) -> None:

@@ -2,12 +2,12 @@
 then one learner update on the whole rollout, then fresh weights to the actor; no replay.
 
 `run_single_process` picks this runner for an on-policy agent (`builder.on_policy`) and
-`launch.experiment.run_experiment` for the others; `launch.train` runs through it, so `--agent ppo|a2c` takes the
-same flags as any other agent and the run folder is the same: summary.json (`launch.summary.build_summary`'s
+`launch.experiments.run_experiment.run_experiment` for the others; `launch.train` runs through it, so `--agent ppo|a2c` takes the
+same flags as any other agent and the run folder is the same: summary.json (`launch.experiments.summary.build_summary`'s
 layout), evaluator.csv, learner.csv (one row per update), actor.csv (one row per finished episode) and the final
 and best fp32 policies for `launch.ptq`.
 As in the replay runner, the actor only ever sees weights that went through quantize -> payload bytes -> decode
-(`launch.experiment.WeightChannel`), so a PPO run at `--precision int8` collects its data with the int8 policy
+(`launch.experiments.run_experiment.WeightChannel`), so a PPO run at `--precision int8` collects its data with the int8 policy
 and is evaluated with it. Every count is in env steps; one rollout advances them by K * num_steps, so
 evaluations happen at the first rollout boundary past each multiple of `eval_every`.
 """
@@ -21,12 +21,13 @@ from typing import Any, Callable
 
 import numpy as np
 
-from launch.devices import device_report, use_learner_device
-from launch.experiment import (EVAL_SEED_OFFSET, WeightChannel, _crossed, _progress, _summary, evaluate,
-                               evaluation_row, save_best_policy, save_final_policy)
-from launch.experiment_config import ExperimentConfig
-from launch.stages import StageTimes
-from launch.summary import solved_at
+from launch.experiments.acting import EPISODE_FIELDS, EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
+from launch.experiments.config import ExperimentConfig
+from launch.experiments.run_experiment import (EVAL_SEED_OFFSET, WeightChannel, _progress, _summary,
+                                               save_best_policy, save_final_policy)
+from launch.experiments.stages import StageTimes
+from launch.experiments.summary import solved_at
+from launch.program.devices import device_report, use_learner_device
 from quarl.carbon import start_tracking, stop_tracking
 from quarl.envs import environment_spec, make_environment
 from quarl.io import jsonable, write_json_atomic
@@ -84,10 +85,10 @@ class RolloutCollector:
 
 def run_single_process(config: ExperimentConfig, **kwargs: Any) -> dict[str, Any]:
     """`config` in one process, whatever its agent: `run_on_policy` for on-policy agents (PPO, A2C), else
-    `launch.experiment.run_experiment` (replay); `kwargs` are the keyword arguments both take."""
-    if getattr(config.builder(), "on_policy", False):
+    `launch.experiments.run_experiment.run_experiment` (replay); `kwargs` are the keyword arguments both take."""
+    if config.builder().on_policy:
         return run_on_policy(config, **kwargs)
-    from launch.experiment import run_experiment  # pylint: disable=import-outside-toplevel
+    from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
 
     return run_experiment(config, **kwargs)
 
@@ -130,7 +131,8 @@ def run_on_policy(config: ExperimentConfig, *, progress: bool = True, energy: bo
     if config.eval_fp32 and prec != "fp32":
         fp32_actor = builder.make_actor(env_spec, fp32_channel.pull(), seed=seed + 2, evaluation=True,
                                         backend=config.backend, executor_factory=pinned)
-    logs = {name: CSVLogger(logdir / f"{name}.csv") for name in ("evaluator", "learner", "actor")}
+    logs = {"evaluator": CSVLogger(logdir / "evaluator.csv", EVAL_FIELDS), "learner": CSVLogger(logdir / "learner.csv"),
+            "actor": CSVLogger(logdir / "actor.csv", EPISODE_FIELDS)}
     tracker = start_tracking(logdir, "run") if energy else None
     evals: list[dict[str, Any]] = []
     best: dict[str, Any] = {"file": None, "return": -math.inf}
@@ -139,11 +141,15 @@ def run_on_policy(config: ExperimentConfig, *, progress: bool = True, energy: bo
     def evaluation(actor_steps: int) -> bool:
         t = time.perf_counter()
         eval_actor.update(channel.pull(count=False))
-        returns = evaluate(eval_actor, eval_env, config.eval_episodes)
-        row = evaluation_row(returns, actor_steps, learner.steps, t - start, clock["evaluation_s"])
+        returns = evaluation_returns(eval_actor, eval_env, config.eval_episodes)
+        fp32_return = None
         if fp32_actor is not None:
             fp32_actor.update(fp32_channel.pull())
-            row["return_fp32"] = float(np.mean(evaluate(fp32_actor, eval_env, config.eval_episodes)))
+            fp32_return = float(np.mean(evaluation_returns(fp32_actor, eval_env, config.eval_episodes)))
+        # Clocks at the start of this evaluation; train_clock_s leaves out all evaluation time.
+        row = evaluation_row(returns, actor_steps=actor_steps, learner_steps=learner.steps,
+                             wall_clock_s=t - start, train_clock_s=t - start - clock["evaluation_s"],
+                             weights_version=channel.version, return_fp32=fp32_return)
         logs["evaluator"].write(row)
         evals.append(row)
         if row["return"] > best["return"]:
@@ -161,10 +167,10 @@ def run_on_policy(config: ExperimentConfig, *, progress: bool = True, energy: bo
                 prev, step = step, step + per_rollout
                 for episode_return, length in ended:
                     episodes += 1
-                    logs["actor"].write({"actor_steps": step, "episodes": episodes,
-                                         "wall_clock_s": round(time.perf_counter() - start, 3),
-                                         "episode_return": episode_return, "episode_length": length,
-                                         "exploration": round(actor.sigma, 5), "learner_steps": learner.steps})
+                    logs["actor"].write({"actor_steps": step, "wall_clock_s": round(time.perf_counter() - start, 3),
+                                         "episode": episodes, "return": episode_return, "length": length,
+                                         "steps_per_s": None, "exploration": round(actor.sigma, 5),
+                                         "weights_version": channel.version, "total_actor_steps": step})
                 t = time.perf_counter()
                 metrics = learner.step(rollout)
                 clock["learner_s"] += time.perf_counter() - t
@@ -181,7 +187,7 @@ def run_on_policy(config: ExperimentConfig, *, progress: bool = True, energy: bo
                 times.updates += 1
                 times.pulls += 1
                 stop = False
-                if _crossed(prev, step, int(config.eval_every)) or step >= config.max_actor_steps:
+                if crossed(prev, step, int(config.eval_every)) or step >= config.max_actor_steps:
                     stop = evaluation(step)
                     bar.set_postfix(eval_return=f"{evals[-1]['return']:.1f}", learner_steps=learner.steps,
                                     refresh=False)

@@ -4,32 +4,30 @@ workers, poll progress, notice failures and lost nodes, stop every node in depen
 from __future__ import annotations
 
 import dataclasses
-import math
 import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from types import FrameType
+from typing import Any, Callable, Mapping, Sequence
 
-from launch.devices import learner_device_error, pin_driver_to_cpu
-from launch.experiment_config import ExperimentConfig
-from launch.graph import actor_names, build_actorq_program
-from launch.local_runner import LocalRunner
-from launch.node_base import log_event
-from launch.program import NodeLost
-from launch.progress import ProgressView, Snapshot
-from launch.ray_runner import RayRunner
-from launch.summary import make_summary, solved_at
+from launch.program.devices import learner_device_error, pin_driver_to_cpu
+from launch.experiments.config import ExperimentConfig
+from launch.experiments.distributed import NodeClasses, actor_names, build_actorq_program, node_role
+from launch.program.local_runner import LocalRunner
+from launch.nodes.base import log_event
+from launch.program.graph import CallFuture, Launch, NodeLost, Runner
+from launch.experiments.progress import ProgressView, Snapshot
+from launch.experiments.replay_log import ReplayLog
+from launch.program.ray_runner import RayRunner
+from launch.experiments.summary import make_summary, solved_at
 from quarl.io import jsonable, write_json_atomic
-from quarl.logs import CSVLogger
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 POLL_S = 0.5
 STOP_GRACE_S = 6.0  # after Ctrl-C: how long nodes get to flush and checkpoint before they are killed
 HOST_LOSS_WAIT_S = 20.0  # every actor failed: how long to look for a lost cluster machine that explains it
 LOST_GRACE_S = 3.0  # after a node died: no checkpoint is possible without it; flush logs and stop
-REPLAY_LOG_FIELDS = ["wall_clock_s", "actor_steps", "learner_steps", "size", "inserts", "samples",
-                     "samples_per_insert", "rate_limiter_diff", "insert_blocked_calls", "sample_blocked_calls"]
 
 
 class _Interrupted(Exception):
@@ -41,24 +39,25 @@ class _Interrupted(Exception):
 _SIGNALS_RECEIVED: list[int] = []
 
 
-def _defer_signal(signum: int, _frame: Any) -> None:
+def _defer_signal(signum: int, _frame: FrameType | None) -> None:
     _SIGNALS_RECEIVED.append(signum)
 
 
-def _raise_interrupt(signum: int, _frame: Any) -> None:
+def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
     # Recorded as well as raised: raised inside Ray's C extension, the exception can come out wrapped (as a
     # SystemError), and the run must still count as interrupted.
     _SIGNALS_RECEIVED.append(signum)
     raise _Interrupted(signum)
 
 
-def make_runner(kind: str, ray_address: str | None = None) -> Any:
+def make_runner(kind: str, ray_address: str | None = None) -> Runner:
     """"local" (threads in this process) or "ray" (one process per node; Ray itself is imported on launch)."""
     return LocalRunner() if kind == "local" else RayRunner(ray_address)
 
 
-def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False, node_classes: Any = None,
-                on_launch: Any = None) -> tuple[dict[str, Any], int]:
+def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = False,
+                node_classes: NodeClasses | None = None,
+                on_launch: Callable[[Launch], None] | None = None) -> tuple[dict[str, Any], int]:
     """Builds and runs the ActorQ program; returns (summary, exit code). Writes summary.json.
 
     `on_launch(launch)` is called once every node is up (tests use it to inject faults)."""
@@ -74,9 +73,9 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
     lost_hosts: set[str] = set()  # Ray nodes (machines) found dead, already reported
     placement: dict[str, str] = {}  # node name -> Ray node id (Ray runner)
     learner_device: dict[str, Any] | None = None  # where the learner's JAX runs, as its process reports
-    replay_log = _ReplayLog(config.logdir, config.log_every_s)
-    launch = None
-    futures: dict[str, Any] = {}
+    replay_log = ReplayLog(config.logdir, config.distributed.log_every_s)
+    launch: Launch | None = None
+    futures: dict[str, CallFuture] = {}
     results: dict[str, Any] = {}
     stats: dict[str, Any] = {}
     previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
@@ -94,7 +93,7 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
             if _SIGNALS_RECEIVED:
                 raise _Interrupted(_SIGNALS_RECEIVED[-1])
             launch.wait_ready()
-            placement = dict(launch.placement()) if hasattr(launch, "placement") else {}
+            placement = dict(launch.placement())
             learner_device = launch.handles["learner"].call("device_report")
             device_error = learner_device_error(config.learner_device, learner_device)
             if device_error:
@@ -103,7 +102,7 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
                 on_launch(launch)
             for name in ("learner", *actors, "evaluator"):
                 futures[name] = launch.run(name)
-            title = f"ActorQ {config.agent} · {config.task} · actors {config.precision} x{config.num_actors}"
+            title = f"ActorQ {config.agent} · {config.task} · actors {config.precision} x{config.distributed.num_actors}"
             with ProgressView(progress, title) as view:
                 while True:
                     if _SIGNALS_RECEIVED:  # a signal whose exception some library code swallowed
@@ -176,7 +175,7 @@ def run_program(config: ExperimentConfig, runner: Any, *, progress: bool = False
     return summary, code
 
 
-def _agent_config(config: Any) -> dict[str, Any] | None:
+def _agent_config(config: ExperimentConfig) -> dict[str, Any] | None:
     """The agent's whole config (defaults + overrides) for summary.json, as the single-process runner writes it."""
     try:
         return jsonable(dataclasses.asdict(config.builder().config))
@@ -188,34 +187,7 @@ def _in_main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-class _ReplayLog:
-    """replay.csv: the table's counters as the driver polls them, every `every_s` seconds, so the rate
-    limiter's behaviour over a run (samples per insert, who was held back) can be checked afterwards."""
-
-    def __init__(self, logdir: str, every_s: float):
-        self._path = Path(logdir) / "replay.csv"
-        self._every_s = float(every_s)
-        self._last = -math.inf
-        self._log: Any = None
-
-    def write(self, counts: Mapping[str, Any], info: Mapping[str, Any], force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < self._every_s:
-            return
-        if self._log is None:
-            self._log = CSVLogger(self._path, REPLAY_LOG_FIELDS)
-        self._last = now
-        row = {"wall_clock_s": float(counts["wall_clock_s"]), "actor_steps": int(counts["actor_steps"]),
-               "learner_steps": int(counts["learner_steps"])}
-        row.update({k: info[k] for k in REPLAY_LOG_FIELDS if k in info and k not in row})
-        self._log.write(row)
-
-    def close(self) -> None:
-        if self._log is not None:
-            self._log.close()
-
-
-def _poll(launch: Any, config: Any, replay_log: _ReplayLog | None = None) -> tuple[Snapshot, list[dict]]:
+def _poll(launch: Launch, config: ExperimentConfig, replay_log: ReplayLog | None = None) -> tuple[Snapshot, list[dict]]:
     """The progress snapshot and every evaluation so far (the evaluator's rows)."""
     h = launch.handles
     counts = h["counter"].call("get")
@@ -231,7 +203,7 @@ def _poll(launch: Any, config: Any, replay_log: _ReplayLog | None = None) -> tup
                     elapsed_s=float(counts["wall_clock_s"])), list(evals)
 
 
-def _check_workers(futures: Mapping[str, Any], actors: Sequence[str]) -> str | None:
+def _check_workers(futures: Mapping[str, CallFuture], actors: Sequence[str]) -> str | None:
     """A failure that ends the run: the learner or evaluator stopped (they only stop when told to), or
     every actor failed. One actor failing for good (restarts exhausted) is reported but not fatal."""
     for name in ("learner", "evaluator"):
@@ -259,13 +231,11 @@ def _check_workers(futures: Mapping[str, Any], actors: Sequence[str]) -> str | N
     return None
 
 
-def _check_hosts(launch: Any, logdir: str, reported: set[str], wait_s: float = 0.0) -> str | None:
+def _check_hosts(launch: Launch, logdir: str, reported: set[str], wait_s: float = 0.0) -> str | None:
     """A cluster machine (Ray node) that hosted some of our nodes died: named in events.log once. Services
     on it surface as `NodeLost`; actors are restarted by Ray where a live machine offers what they need
     (their custom resources), and when none does the run cannot go on: the returned error ends it.
     `wait_s` > 0: keep looking that long for a lost machine (its death reaches the node table late)."""
-    if not hasattr(launch, "lost_hosts"):
-        return None  # the local runner has one machine
     deadline = time.monotonic() + wait_s
     lost = launch.lost_hosts()
     while not set(lost) - reported and time.monotonic() < deadline:
@@ -285,11 +255,11 @@ def _check_hosts(launch: Any, logdir: str, reported: set[str], wait_s: float = 0
     return None
 
 
-def _lost_nodes(launch: Any, futures: Mapping[str, Any], timeout_s: float = 2.0) -> dict[str, str]:
+def _lost_nodes(launch: Launch, futures: Mapping[str, CallFuture], timeout_s: float = 2.0) -> dict[str, str]:
     """Nodes whose process is gone, with the message that says so: services that do not answer a ping
     (in parallel, `timeout_s` at most) and workers whose `run()` ended in `NodeLost` for themselves."""
     lost: dict[str, str] = {}
-    pings: dict[str, Any] = {}
+    pings: dict[str, CallFuture] = {}
     for name in launch.program.names(kind="service"):
         try:
             pings[name] = launch.handles[name].submit("ping")
@@ -318,7 +288,8 @@ def _lost_nodes(launch: Any, futures: Mapping[str, Any], timeout_s: float = 2.0)
 def _lost_message(e: BaseException) -> str:
     """The one-line message of a `NodeLost`, also when it reached us inside Ray's error wrapper (which is
     an instance of the cause's class, with Ray's traceback as its text)."""
-    return str(NodeLost(getattr(e, "node", "?"), getattr(e, "detail", "")))
+    node = getattr(e, "node", "?")
+    return str(NodeLost(node, getattr(e, "detail", ""), node_role(node)))
 
 
 def _first_line(e: BaseException) -> str:
@@ -328,7 +299,7 @@ def _first_line(e: BaseException) -> str:
     return lines[-1] if lines else type(e).__name__
 
 
-def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str], graceful: bool,
+def _stop_nodes(launch: Launch, futures: Mapping[str, CallFuture], actors: Sequence[str], graceful: bool,
                 grace_s: float = STOP_GRACE_S, skip: set[str] | frozenset = frozenset()
                 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stops workers in dependency order and collects their results (bounded in time).
@@ -375,7 +346,7 @@ def _stop_nodes(launch: Any, futures: Mapping[str, Any], actors: Sequence[str], 
     # Services in parallel: energy reports, final counters, table and weight-server statistics.
     wanted = [(name, "energy") for name in ("counter", "replay", "weights")]
     wanted += [("counter", "get"), ("replay", "info"), ("weights", "stats")]
-    calls: dict[tuple[str, str], Any] = {}
+    calls: dict[tuple[str, str], CallFuture] = {}
     for name, method in wanted:
         if name not in skip:
             try:

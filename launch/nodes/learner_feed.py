@@ -13,8 +13,8 @@ import queue
 import threading
 from typing import Any, Callable, Sequence
 
-from launch.node_base import POLL_S, wait_or_stop
-from launch.program import NodeHandle
+from launch.nodes.base import POLL_S, wait_or_stop
+from launch.program.graph import NodeHandle
 from quarl.replay import TableClosed
 
 

@@ -4,17 +4,17 @@ For trying and testing the cluster path (`launch.actorq --ray-address`, `launch.
 without a second machine. Each node is a real `ray start` (its own raylet, object store and ports), so
 actors placed on another node get their arguments and weights through Ray's object transfer, as on a cluster.
 
-    python -m launch.loopback_cluster start --head --port 6380 --num-cpus 4 --temp-dir /tmp/rc/head
-    python -m launch.loopback_cluster start --address 127.0.0.1:6380 --num-cpus 2 \
+    python -m launch.program.loopback_cluster start --head --port 6380 --num-cpus 4 --temp-dir /tmp/rc/head
+    python -m launch.program.loopback_cluster start --address 127.0.0.1:6380 --num-cpus 2 \
         --resources '{"actor_slot": 2}' --temp-dir /tmp/rc/w1
     python -m launch.actorq --ray-address 127.0.0.1:6380 --actor-resource actor_slot ...
 
-`python -m launch.loopback_cluster start ...` is `ray start ...` that keeps 127.0.0.1. Plain
+`python -m launch.program.loopback_cluster start ...` is `ray start ...` that keeps 127.0.0.1. Plain
 `ray start --node-ip-address 127.0.0.1` does not: Ray replaces a loopback address by the host's routable one
 (`services.resolve_ip_for_localhost`) unless "single-machine mode" is on (RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0),
 and in that mode `ray start --address` refuses to add a node. So the Ray processes run in single-machine mode
 (they resolve every address to 127.0.0.1) while this command, which only starts them, keeps loopback
-addresses as given. Clients of such a cluster (drivers) resolve loopback the same way: `launch.ray_runner`
+addresses as given. Clients of such a cluster (drivers) resolve loopback the same way: `launch.program.ray_runner`
 does it for any 127.x address.
 
 `LoopbackCluster` starts the head and the nodes with free ports and one temp dir each, kills a node (its
@@ -218,7 +218,7 @@ class LoopbackCluster:
         env.pop("RAY_ADDRESS", None)
         log = open(temp_dir / "ray_start.log", "wb")  # pylint: disable=consider-using-with
         try:
-            proc = subprocess.run([sys.executable, "-m", "launch.loopback_cluster", "start", *args],
+            proc = subprocess.run([sys.executable, "-m", "launch.program.loopback_cluster", "start", *args],
                                   stdout=log, stderr=subprocess.STDOUT, env=env, timeout=START_TIMEOUT_S,
                                   start_new_session=True, check=False, cwd=_REPO)
         except subprocess.TimeoutExpired:

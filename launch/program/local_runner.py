@@ -1,4 +1,4 @@
-"""Runs a `launch.program.Program` in this process: every node an object, every worker's `run()` a thread.
+"""Runs a `launch.program.graph.Program` in this process: every node an object, every worker's `run()` a thread.
 
 Same program description and node code as on Ray, without processes or serialisation, so a run can be
 stepped through in a debugger and tests can inspect node objects directly. What it does not model: node
@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from launch.program import CallFuture, NodeHandle, Program, resolve_handles
+from launch.program.graph import CallFuture, NodeHandle, Program, resolve_handles
 
 
 class ThreadFuture(CallFuture):
@@ -108,7 +108,7 @@ class LocalNodeHandle(NodeHandle):
 
 
 class LocalLaunch:
-    """A running program in this process (same interface as `launch.ray_runner.RayLaunch`)."""
+    """A running program in this process (a `launch.program.graph.Launch`, as `launch.program.ray_runner.RayLaunch`)."""
 
     def __init__(self, program: Program):
         self.program = program
@@ -143,6 +143,17 @@ class LocalLaunch:
 
     def pid(self, name: str) -> int:
         return os.getpid()
+
+    def placement(self) -> dict[str, str]:
+        """One machine: no cluster node ids to report."""
+        return {}
+
+    def lost_hosts(self) -> dict[str, list[str]]:
+        """This process's machine cannot be lost while it runs the supervisor."""
+        return {}
+
+    def can_host(self, name: str) -> bool:
+        return name in self.handles
 
     def shutdown(self) -> None:
         """Ask every worker to stop, give their threads a moment, and release the call pool."""

@@ -1,25 +1,27 @@
-"""Program descriptions: which nodes an ActorQ run has and how they reference each other.
+"""Program descriptions: which nodes a run has and how they reference each other, and what a runner of them
+offers (`Runner`, `Launch`). Nothing here knows the ActorQ graph (its nodes and their roles:
+`launch.experiments.distributed`).
 
 A `Program` is plain data (node classes, constructor arguments, resource requests). It says nothing about
-processes, threads or Ray, so the same description runs on Ray (`launch.ray_runner`, one process per node,
-local or on a cluster) and in one process (`launch.local_runner`, threads; for tests and debugging).
+processes, threads or Ray, so the same description runs on Ray (`launch.program.ray_runner`, one process per node,
+local or on a cluster) and in one process (`launch.program.local_runner`, threads; for tests and debugging).
 Nodes reference each other through `Handle("name")` placeholders in their constructor arguments; a runner
 replaces every placeholder by a `NodeHandle` before it builds the node, so node code is written once against
 two calls: `handle.call(method, ...)` (blocking) and `handle.submit(method, ...)` (a future).
 
-`launch.graph.build_actorq_program(config)` builds the ActorQ graph from these pieces.
+`launch.experiments.distributed.build_actorq_program(config)` builds the ActorQ graph from these pieces.
 """
 from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
 
-from launch.devices import CPU_ONLY_ENV
+from launch.program.devices import CPU_ONLY_ENV
 
 # Environment of every acting process: one compute thread, so N actors on N cores never oversubscribe and
 # a policy's latency is that of one core (the paper's setting), and JAX on the CPU with CUDA hidden (acting is
-# CPU work; `launch.devices`). Applied via Ray's runtime_env.
+# CPU work; `launch.program.devices`). Applied via Ray's runtime_env.
 SINGLE_THREAD_ENV: dict[str, str] = {
     "OMP_NUM_THREADS": "1",
     "MKL_NUM_THREADS": "1",
@@ -30,7 +32,7 @@ SINGLE_THREAD_ENV: dict[str, str] = {
 }
 
 NODE_KINDS = ("service", "worker")
-# A node's GPU request on Ray: "none" (never; its environment hides the GPU, see launch.devices), "auto" (one
+# A node's GPU request on Ray: "none" (never; its environment hides the GPU, see launch.program.devices), "auto" (one
 # GPU when the cluster has one) or "required" (one GPU; a cluster without one is an error before anything starts).
 ACCELERATOR_MODES = ("none", "auto", "required")
 
@@ -47,30 +49,20 @@ class Handle:
     name: str
 
 
-# What each service/worker is called in messages ("replay server ('replay') died ..."); actors are "actor_<i>".
-NODE_ROLES: dict[str, str] = {"replay": "replay server", "counter": "counter", "weights": "weight server",
-                              "learner": "learner", "evaluator": "evaluator"}
-
-
-def describe_node(name: str) -> str:
-    """A node's name as messages show it: its role and its name, e.g. "replay server ('replay')"."""
-    role = NODE_ROLES.get(name, "actor" if name.startswith("actor_") else "node")
-    return f"{role} ({name!r})"
-
-
 class NodeLost(RuntimeError):
     """A call went to a node whose process is gone for good (killed, crashed, out of memory).
 
     Runners raise it in place of their own "actor died" errors, so node code and the supervisor can say which
-    node is gone without knowing about Ray; the local runner never raises it (it has no processes)."""
+    node is gone without knowing about Ray; the local runner never raises it (it has no processes). `role`
+    is what the program calls the node in messages (`describe`); a runner knows only its name."""
 
-    def __init__(self, node: str, detail: str = ""):
-        self.node, self.detail = str(node), str(detail)
-        super().__init__(f"{describe_node(self.node)} died: its process exited or was killed"
+    def __init__(self, node: str, detail: str = "", role: str = "node"):
+        self.node, self.detail, self.role = str(node), str(detail), str(role)
+        super().__init__(f"{self.role} ({self.node!r}) died: its process exited or was killed"
                          + (f" ({self.detail})" if self.detail else ""))
 
     def __reduce__(self) -> tuple:  # crosses process boundaries inside Ray's error wrapper
-        return (NodeLost, (self.node, self.detail))
+        return (NodeLost, (self.node, self.detail, self.role))
 
 
 class CallFuture(abc.ABC):
@@ -202,3 +194,51 @@ class Program:
     @property
     def num_cpus(self) -> float:
         return sum(n.num_cpus for n in self._nodes.values())
+
+
+# ------------------------------------------------------------------------------------------------------
+# Runners
+# ------------------------------------------------------------------------------------------------------
+
+
+@runtime_checkable
+class Launch(Protocol):
+    """A running program, whatever runs it (`launch.program.local_runner.LocalLaunch`,
+    `launch.program.ray_runner.RayLaunch`): what the supervisor drives. A runner with one machine places every node on it and never loses a host."""
+
+    program: Program
+    handles: Mapping[str, NodeHandle]
+
+    def wait_ready(self, timeout: float = ...) -> None:
+        """Returns once every node is built (raises TimeoutError when they are not up in time)."""
+
+    def run(self, name: str) -> CallFuture:
+        """Starts worker `name`'s `run()`."""
+
+    def pid(self, name: str) -> int:
+        """The process node `name` runs in."""
+
+    def placement(self) -> dict[str, str]:
+        """Node name -> the machine (cluster node id) it runs on; {} with one machine."""
+
+    def lost_hosts(self) -> dict[str, list[str]]:
+        """Machines that hosted nodes of this program and are gone -> those node names; {} with one machine."""
+
+    def can_host(self, name: str) -> bool:
+        """Whether a live machine still offers what node `name` needs."""
+
+    def shutdown(self) -> None:
+        """The hard stop: no node outlives it."""
+
+
+@runtime_checkable
+class Runner(Protocol):
+    """Starts programs: `launch(program)` builds every node and returns the running `Launch`."""
+
+    name: str
+
+    def launch(self, program: Program) -> Launch:
+        """Builds the program's nodes in dependency order."""
+
+    def close(self) -> None:
+        """Releases what the runner started even when `launch` never returned."""

@@ -1,7 +1,7 @@
 """The grid's runs for `launch.reproduce`: the budgets (steps, evaluation cadence and agent config per panel),
 one planned run, and the two ways to run it (in this process, or as a `launch.actorq` subprocess).
 
-Kept apart from the CLI so `launch.grid_cluster`'s Ray tasks can run a grid run without importing the
+Kept apart from the CLI so `launch.grid.cluster`'s Ray tasks can run a grid run without importing the
 launcher that drives them (no import cycle).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, Mapping
 
 from agents.dqn.config import MOUNTAINCAR_OVERRIDES
 from analysis.runs import PANELS, is_finished, read_summary
-from launch.experiment_config import ExperimentConfig
+from launch.experiments.config import ExperimentConfig
 from quarl.io import write_json_atomic
 
 
@@ -140,16 +140,16 @@ class PlannedRun:
 
     def config(self, run_dir: Path, backend: str) -> ExperimentConfig:
         """The experiment this run is: what either runner runs and summary.json records."""
-        return ExperimentConfig(agent=self.agent, task=self.task, precision=self.precision, seed=self.seed,
-                                logdir=str(run_dir), backend=backend, **dataclasses.asdict(self.budget))
+        return ExperimentConfig.create(agent=self.agent, task=self.task, precision=self.precision, seed=self.seed,
+                                       logdir=str(run_dir), backend=backend, **dataclasses.asdict(self.budget))
 
 
 # ------------------------------------------------------------------------------------------------ running
 
 
 def run_single(run: PlannedRun, run_dir: Path, backend: str) -> dict[str, Any]:
-    """One run in this process (`launch.onpolicy.run_single_process`: replay or on-policy by agent)."""
-    from launch.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
+    """One run in this process (`launch.experiments.onpolicy.run_single_process`: replay or on-policy by agent)."""
+    from launch.experiments.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
 
     return run_single_process(run.config(run_dir, backend), progress=False)
 

@@ -4,17 +4,16 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
-import numpy as np
-
-from launch.agent_spec import AgentSpec, derive_seed
-from launch.experiment_config import executor_factory
-from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker
-from launch.program import NodeHandle
-from launch.stages import StageTimes
-from launch.weights_client import PolicyClient, precision_name
+from launch.experiments.acting import EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
+from launch.experiments.agent_spec import AgentSpec, derive_seed
+from launch.experiments.config import executor_factory
+from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
+from launch.program.graph import NodeHandle
+from launch.experiments.stages import StageTimes
+from launch.nodes.weights_client import PolicyClient, precision_name
 from quarl.carbon import stop_tracking
 from quarl.envs import make_environment
-from quarl.evaluation import EpisodeInterrupted, run_episode
+from quarl.evaluation import EpisodeInterrupted
 
 EVAL_ENV_STREAM = 11
 
@@ -22,8 +21,7 @@ EVAL_ENV_STREAM = 11
 class Evaluator(NodeBase):
     """Greedy episodes with the deployed (quantized) policy, every `eval_every` actor steps and at the end."""
 
-    LOG_FIELDS = ["actor_steps", "wall_clock_s", "return", "return_std", "episodes", "learner_steps",
-                  "weights_version"]
+    LOG_FIELDS = list(EVAL_FIELDS)
 
     def __init__(self, spec: AgentSpec, seed: int, precision: str, backend: str, weights: NodeHandle,
                  counter: NodeHandle, logdir: str, eval_every: int, episodes: int, kernel_form: str | None = None):
@@ -60,15 +58,14 @@ class Evaluator(NodeBase):
         env = make_environment(self._spec.task, derive_seed(self._seed, EVAL_ENV_STREAM))
         actor = None
         try:
-            totals = self._counter.call("get")
-            next_eval = (int(totals["actor_steps"]) // self._eval_every + 1) * self._eval_every
+            last = int(self._counter.call("get")["actor_steps"])  # a resumed run continues its cadence
             while not self._stop.is_set():
                 totals = self._counter.call("get")
-                if totals["actor_steps"] < next_eval:
+                if not crossed(last, int(totals["actor_steps"]), self._eval_every):
                     self._stop.wait(POLL_S)
                     continue
                 actor = self._evaluate(client, actor, env, totals, log, final=False)
-                next_eval = (int(totals["actor_steps"]) // self._eval_every + 1) * self._eval_every
+                last = int(totals["actor_steps"])
             if self._final.is_set():
                 actor = self._evaluate(client, actor, env, self._counter.call("get"), log, final=True)
         finally:
@@ -94,13 +91,13 @@ class Evaluator(NodeBase):
             return None
         stop = None if final else self._stop.is_set
         try:
-            returns = [run_episode(env, actor.select_action, should_stop=stop)[0] for _ in range(self._episodes)]
+            returns = evaluation_returns(actor, env, self._episodes, should_stop=stop)
         except EpisodeInterrupted:
             return actor
-        row = {"actor_steps": int(totals["actor_steps"]), "wall_clock_s": float(totals["wall_clock_s"]),
-               "return": float(np.mean(returns)), "return_std": float(np.std(returns)),
-               "episodes": len(returns), "learner_steps": int(totals["learner_steps"]),
-               "weights_version": client.version}
+        # Evaluating here costs the learner and the actors nothing: the training clock is the wall clock.
+        clock = float(totals["wall_clock_s"])
+        row = evaluation_row(returns, actor_steps=int(totals["actor_steps"]), learner_steps=int(totals["learner_steps"]),
+                             wall_clock_s=clock, train_clock_s=clock, weights_version=client.version)
         log.write(row)
         self._results.append(row)
         return actor

@@ -1,4 +1,5 @@
-"""An actor's (or the evaluator's) side of the weight channel (its stages are timed in a `launch.stages.StageTimes`)."""
+"""An actor's (or the evaluator's) side of the weight channel (its stages are timed in a
+`launch.experiments.stages.StageTimes`)."""
 from __future__ import annotations
 
 import hashlib
@@ -7,9 +8,9 @@ import threading
 import time
 from typing import Any, Callable
 
-from launch.node_base import log_event
-from launch.program import NodeHandle
-from launch.stages import StageTimes
+from launch.nodes.base import log_event
+from launch.program.graph import NodeHandle
+from launch.experiments.stages import StageTimes
 from quarl.payload import decode_payload
 from quarl.quantization import parse_precision
 

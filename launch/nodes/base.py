@@ -48,8 +48,8 @@ class NodeBase:
         return True
 
     def device_report(self) -> dict[str, Any]:
-        """Where JAX runs in this node's process, read there (`launch.devices.device_report`)."""
-        from launch.devices import device_report  # pylint: disable=import-outside-toplevel
+        """Where JAX runs in this node's process, read there (`launch.program.devices.device_report`)."""
+        from launch.program.devices import device_report  # pylint: disable=import-outside-toplevel
 
         return device_report()
 

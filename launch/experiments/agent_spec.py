@@ -3,12 +3,15 @@ per-node seeds of a run."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 import agents
-from quarl.envs import environment_spec, make_environment
+from quarl.envs import EnvSpec, environment_spec, make_environment
+
+if TYPE_CHECKING:  # agents.base imports JAX; the CLIs check their flags with this module before JAX loads
+    from agents.base import BuilderBase
 
 
 @dataclasses.dataclass(frozen=True)
@@ -19,10 +22,10 @@ class AgentSpec:
     task: str
     overrides: Mapping[str, Any]
 
-    def builder(self) -> Any:
+    def builder(self) -> "BuilderBase":
         return agents.get_builder(self.agent, **dict(self.overrides))
 
-    def env_spec(self) -> Any:
+    def env_spec(self) -> EnvSpec:
         env = make_environment(self.task, 0)
         try:
             return environment_spec(env)
@@ -36,7 +39,7 @@ def derive_seed(seed: int, *path: int) -> int:
     return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1, np.uint32)[0] & 0x7FFFFFFF)
 
 
-def table_spec(builder: Any, env_spec: Any) -> dict[str, Any]:
+def table_spec(builder: "BuilderBase", env_spec: EnvSpec) -> dict[str, Any]:
     """The replay table as plain data (rate limiter settings + column signature), so the replay server
     builds a `quarl.replay.Table` without importing the agent (and JAX) in its process."""
     signature = builder.transition_signature(env_spec)

@@ -1,7 +1,7 @@
 """The reproduction grid's runs as Ray tasks on a cluster (`launch.reproduce --ray-address ADDR`).
 
 Each run is one task that asks for `cpus_per_run` CPUs, so Ray runs as many at once as the cluster has room for
-and queues the rest. A task runs `launch.grid_runs.run_single` in a scratch folder on whichever machine Ray picks
+and queues the rest. A task runs `launch.grid.runs.run_single` in a scratch folder on whichever machine Ray picks
 and returns the finished run folder as a tar archive (bytes); the driver unpacks it into the grid's usual
 place. So nodes need the project's code but no shared filesystem, and only finished runs ever appear in the
 results folder (an interrupted grid resumes exactly as on one machine).
@@ -21,15 +21,15 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from launch.devices import CPU_ONLY_ENV
-from launch.program import SINGLE_THREAD_ENV
+from launch.program.devices import CPU_ONLY_ENV
+from launch.program.graph import SINGLE_THREAD_ENV
 
 _SLICE_S = 0.2  # longest uninterruptible wait in the driver (Ctrl-C)
 
 
 def _run_packed(run: Any, backend: str) -> bytes:
     """One grid run in a scratch folder on this node; its folder as a tar.gz archive."""
-    from launch.grid_runs import run_single  # pylint: disable=import-outside-toplevel
+    from launch.grid.runs import run_single  # pylint: disable=import-outside-toplevel
     from analysis.runs import is_finished  # pylint: disable=import-outside-toplevel
 
     with tempfile.TemporaryDirectory(prefix="quarl-grid-") as tmp:
@@ -65,11 +65,11 @@ def run_on_cluster(runs: Sequence[Any], root: Path, backend: str, address: str, 
     each as it finishes (summary None and a one-line error when it failed). Ctrl-C cancels what is left."""
     import ray  # pylint: disable=import-outside-toplevel
 
-    from launch.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
+    from launch.program.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
     from analysis.runs import read_summary  # pylint: disable=import-outside-toplevel
 
     init_ray(address)
-    # Grid runs ask Ray for no GPU, so none may start one (launch.devices): on a GPU machine each would take 75%
+    # Grid runs ask Ray for no GPU, so none may start one (launch.program.devices): on a GPU machine each would take 75%
     # of its memory. One core per run: no library may spread over more either.
     env = dict(SINGLE_THREAD_ENV) if cpus_per_run <= 1 else dict(CPU_ONLY_ENV)
     options: dict[str, Any] = {"num_cpus": cpus_per_run, "max_retries": 0, "runtime_env": {"env_vars": env}}

@@ -9,16 +9,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from launch.agent_spec import AgentSpec, derive_seed
-from launch.experiment_config import executor_factory
-from launch.node_base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.program import NodeHandle
-from launch.stages import StageTimes
-from launch.weights_client import PolicyClient, precision_name
+from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
+from launch.experiments.agent_spec import AgentSpec, derive_seed
+from launch.experiments.config import executor_factory
+from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
+from launch.program.graph import NodeHandle
+from launch.experiments.stages import StageTimes
+from launch.nodes.weights_client import PolicyClient, precision_name
 from quarl.adders import TransitionBuffer
 from quarl.affinity import claim_core
 from quarl.carbon import stop_tracking
-from quarl.env_loop import VectorEnvLoop
 from quarl.vector_env import make_vector_environment
 
 ACTOR_ENV_STREAM = 10
@@ -28,11 +28,28 @@ class _StoppedEarly(Exception):
     """Stopped before the first weights arrived."""
 
 
+class _CountReport:
+    """This actor's steps and episodes not yet added to the run's counter; `send()` adds them (after every
+    batched insert and at the end) and reads back the run's total actor steps, which ends the acting loop."""
+
+    def __init__(self, counter: NodeHandle, name: str, total: int):
+        self._counter, self._name = counter, name
+        self.total = int(total)
+        self.steps = self.episodes = 0
+
+    def send(self) -> None:
+        if not (self.steps or self.episodes):
+            return
+        totals = self._counter.call("increment", actor_steps=self.steps, episodes=self.episodes,
+                                    **{f"{self._name}_steps": self.steps})
+        self.steps = self.episodes = 0
+        self.total = int(totals["actor_steps"])
+
+
 class ActorNode(NodeBase):
     """One acting process: environment + quantized policy + n-step adder; see the module docstring."""
 
-    LOG_FIELDS = ["actor_steps", "wall_clock_s", "episode", "return", "length", "steps_per_s",
-                  "weights_version", "total_actor_steps"]
+    LOG_FIELDS = list(EPISODE_FIELDS)
 
     def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str,
                  backend: str, replay: NodeHandle, counter: NodeHandle, weights: NodeHandle, logdir: str,
@@ -102,51 +119,35 @@ class ActorNode(NodeBase):
                                               f"again with the latest weights, version {first_version}, after "
                                               f"{int(start.get(f'{name}_steps', 0))} steps of its own so far",
                           logging.WARNING)
-            loop = VectorEnvLoop(env, self._builder.make_adder)
             buffer = TransitionBuffer(self._insert_batch, self._builder.transition_signature(self._env_spec))
-            steps = episodes = 0
-            unreported_steps = unreported_episodes = 0
-            total = int(start["actor_steps"])
+            loop = ActingLoop(env, self._builder.make_adder, times, update_period=update_period, episode_log=log,
+                              clock=lambda: time.monotonic() - t_origin)
+            counts = _CountReport(self._counter, name, int(start["actor_steps"]))
+
+            def insert(transitions: list) -> None:
+                counts.steps += self._num_envs
+                for batch in buffer.extend(transitions):
+                    self._insert(batch)
+                    counts.send()
+
+            def pull() -> None:
+                client.fetch(apply=lambda p: actor.update(p.params))
+
             t_run = time.monotonic()
-            times.env_step_s += loop.reset()
-            ep_start = [time.monotonic()] * self._num_envs
+            loop.reset()
             try:
-                while not self._stop.is_set() and total < self._max_steps:
-                    out = loop.step(actor.select_actions)
-                    times.policy_s += out.policy_s
-                    times.env_step_s += out.env_s
-                    prev, steps = steps, steps + self._num_envs
-                    times.env_steps = steps
-                    unreported_steps += self._num_envs
-                    for batch in buffer.extend(out.transitions):
-                        self._insert(batch)
-                        totals = self._counter.call("increment", actor_steps=unreported_steps,
-                                                    episodes=unreported_episodes,
-                                                    **{f"{name}_steps": unreported_steps})
-                        unreported_steps = unreported_episodes = 0
-                        total = int(totals["actor_steps"])
-                    for episode in out.episodes:
-                        episodes += 1
-                        unreported_episodes += 1
-                        now = time.monotonic()
-                        log.write({"actor_steps": steps, "wall_clock_s": now - t_origin, "episode": episodes,
-                                   "return": episode.episode_return, "length": episode.length,
-                                   # the actor's env steps/s over this episode (its K environments step together)
-                                   "steps_per_s": self._num_envs * episode.length
-                                                  / max(now - ep_start[episode.env_index], 1e-9),
-                                   "weights_version": client.version, "total_actor_steps": total})
-                        ep_start[episode.env_index] = now
-                    if steps // update_period > prev // update_period:
-                        client.fetch(apply=lambda p: actor.update(p.params))
+                while not self._stop.is_set() and counts.total < self._max_steps:
+                    out = loop.step(actor, insert, pull, weights_version=client.version,
+                                    total_actor_steps=lambda: counts.total)
+                    counts.episodes += len(out.episodes)
             except Exception as e:
                 self._flush_after_error(buffer, loop.adders, name, e)
                 raise
             self._flush(buffer, loop.adders)
-            if unreported_steps or unreported_episodes:
-                self._counter.call("increment", actor_steps=unreported_steps, episodes=unreported_episodes,
-                                   **{f"{name}_steps": unreported_steps})
+            counts.send()
             elapsed = time.monotonic() - t_run
-            result = {"actor_id": self._id, "attempt": attempt, "actor_steps": steps, "episodes": episodes,
+            steps = loop.steps
+            result = {"actor_id": self._id, "attempt": attempt, "actor_steps": steps, "episodes": loop.episodes,
                       "envs_per_actor": self._num_envs, "pinned_core": self.core,
                       "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
                       "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,

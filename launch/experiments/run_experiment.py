@@ -18,13 +18,13 @@ from typing import Any, Callable, Iterator, Mapping
 import jax
 import numpy as np
 
-from launch.experiment_config import ExperimentConfig
-from launch.stages import StageTimes, runtime_section
-from launch.devices import device_report, use_learner_device
-from launch.summary import build_summary, solved_at, sum_energy
-from quarl.env_loop import VectorEnvLoop
+from launch.experiments.acting import (EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns,
+                                       evaluation_row)
+from launch.experiments.config import ExperimentConfig
+from launch.experiments.stages import StageTimes, runtime_section
+from launch.program.devices import device_report, use_learner_device
+from launch.experiments.summary import build_summary, solved_at, sum_energy
 from quarl.envs import environment_spec, make_environment
-from quarl.evaluation import run_episode
 from quarl.vector_env import make_vector_environment
 from quarl.carbon import start_tracking, stop_tracking
 from quarl.io import write_json_atomic
@@ -69,15 +69,10 @@ class WeightChannel:
         return payload.params
 
 
-def evaluate(actor: Any, env: Any, episodes: int) -> list[float]:
-    """Undiscounted returns of `episodes` full episodes with the (evaluation-mode) actor."""
-    return [run_episode(env, actor.select_action)[0] for _ in range(episodes)]
-
-
 @contextlib.contextmanager
 def _progress(total: int, enabled: bool) -> Iterator[Any]:
-    """A bar on a terminal, plain lines every few seconds in a log (`launch.progress.StepProgress`)."""
-    from launch.progress import StepProgress  # pylint: disable=import-outside-toplevel
+    """A bar on a terminal, plain lines every few seconds in a log (`launch.experiments.progress.StepProgress`)."""
+    from launch.experiments.progress import StepProgress  # pylint: disable=import-outside-toplevel
     bar = StepProgress(total, enabled)
     try:
         yield bar
@@ -89,7 +84,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
                    sync_learner: bool = False, on_eval: Callable[[dict[str, Any]], bool | None] | None = None,
                    on_builder: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Trains `config`'s agent on its task for `config.max_actor_steps` env steps; returns (and writes) the
-    summary, with the whole config under "experiment". Fields marked [distributed] in ExperimentConfig are
+    summary, with the whole config under "experiment". `config.distributed` (ExperimentConfig) is
     ignored here (one actor, no Ray, no checkpoints).
 
     Evaluations every `config.eval_every` actor steps run greedily at the deployed precision (plus fp32 with
@@ -123,13 +118,12 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     spec = builder.policy_spec(env_spec)
     learner = builder.make_learner(env_spec, seed)
     table = builder.make_table(env_spec, seed=seed)
-    loop = VectorEnvLoop(env, builder.make_adder)
     prioritized = getattr(table, "sampler", "uniform") == "prioritized"
     batch_size = int(agent_config.batch_size)
 
     logdir = Path(config.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
-    times = StageTimes()  # the actor's stages, as a distributed actor times them (`launch.stages`)
+    times = StageTimes()  # the actor's stages, as a distributed actor times them (`launch.experiments.stages`)
     clock = {"sample_s": 0.0, "learner_s": 0.0, "evaluation_s": 0.0}  # the learner's and the evaluator's share
     channel = WeightChannel(learner, spec, prec, times)
     qparams = channel.pull(count=False)
@@ -146,13 +140,16 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
         fp32_actor = builder.make_actor(env_spec, fp32_channel.pull(), seed=seed + 2, actor_id=0,
                                         evaluation=True, backend=backend, executor_factory=pinned)
 
-    evaluator_log = CSVLogger(logdir / "evaluator.csv")
+    evaluator_log = CSVLogger(logdir / "evaluator.csv", EVAL_FIELDS)
     learner_log = CSVLogger(logdir / "learner.csv")
-    actor_log = CSVLogger(logdir / "actor.csv")
+    actor_log = CSVLogger(logdir / "actor.csv", EPISODE_FIELDS)
     tracker = start_tracking(logdir, "run") if energy else None
     evals: list[dict[str, Any]] = []
     start = time.perf_counter()
     learner_window = (start, 0)  # (time, learner steps) at the previous learner.csv row
+    loop = ActingLoop(env, builder.make_adder, times, update_period=update_period, episode_log=actor_log,
+                      clock=lambda: time.perf_counter() - start)
+    acting_version = [channel.version]  # the weights the actor acts with (an evaluation pulls newer ones)
 
     best_policy: dict[str, Any] = {"file": None, "return": -math.inf}
 
@@ -165,11 +162,15 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     def run_evaluation(actor_steps: int) -> bool:
         t = time.perf_counter()
         eval_actor.update(channel.pull(count=False))
-        returns = evaluate(eval_actor, eval_env, eval_episodes)
-        row = evaluation_row(returns, actor_steps, learner.steps, t - start, clock["evaluation_s"])
+        returns = evaluation_returns(eval_actor, eval_env, eval_episodes)
+        fp32_return = None
         if fp32_actor is not None:
             fp32_actor.update(fp32_channel.pull())
-            row["return_fp32"] = float(np.mean(evaluate(fp32_actor, eval_env, eval_episodes)))
+            fp32_return = float(np.mean(evaluation_returns(fp32_actor, eval_env, eval_episodes)))
+        # Clocks at the start of this evaluation; train_clock_s leaves out all evaluation time.
+        row = evaluation_row(returns, actor_steps=actor_steps, learner_steps=learner.steps,
+                             wall_clock_s=t - start, train_clock_s=t - start - clock["evaluation_s"],
+                             weights_version=channel.version, return_fp32=fp32_return)
         evaluator_log.write(row)
         evals.append(row)
         keep_best(row)
@@ -207,45 +208,36 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
             if learner.steps % LEARNER_LOG_EVERY == 0:
                 log_learner()
 
-    times.env_step_s += loop.reset()
-    episodes = 0
+    def insert(transitions: list) -> None:
+        if transitions:
+            t = time.perf_counter()
+            _insert(table, transitions, learn)
+            times.insert_s += time.perf_counter() - t
+
+    def pull() -> None:
+        qp = channel.pull()
+        t = time.perf_counter()
+        actor.update(qp)
+        times.load_s += time.perf_counter() - t
+        acting_version[0] = channel.version
+        times.updates += 1
+        times.pulls += 1
+
+    loop.reset()
     step = 0
     try:
         with _progress(max_actor_steps, progress) as bar:
             while step < max_actor_steps:
-                out = loop.step(actor.select_actions)
-                prev, step = step, step + num_envs
-                t = time.perf_counter()
-                if out.transitions:
-                    _insert(table, out.transitions, learn)
-                times.policy_s += out.policy_s
-                times.env_step_s += out.env_s
-                times.insert_s += out.adder_s + time.perf_counter() - t
-                times.env_steps = step
+                prev = step
+                loop.step(actor, insert, pull, weights_version=acting_version[0])
+                step = loop.steps
                 learn()
-
-                for episode in out.episodes:
-                    episodes += 1
-                    actor_log.write({"actor_steps": step, "episodes": episodes,
-                                     "wall_clock_s": round(time.perf_counter() - start, 3),
-                                     "episode_return": episode.episode_return, "episode_length": episode.length,
-                                     "exploration": _exploration(actor),
-                                     "learner_steps": learner.steps})
-
-                if _crossed(prev, step, update_period):
-                    qp = channel.pull()
-                    t = time.perf_counter()
-                    actor.update(qp)
-                    times.load_s += time.perf_counter() - t
-                    times.updates += 1
-                    times.pulls += 1
-
                 stop = False
-                if _crossed(prev, step, eval_every) or step >= max_actor_steps:
+                if crossed(prev, step, eval_every) or step >= max_actor_steps:
                     stop = run_evaluation(step)
                     bar.set_postfix(eval_return=f"{evals[-1]['return']:.1f}", learner_steps=learner.steps,
                                     refresh=False)
-                if _crossed(prev, step, 100) or step >= max_actor_steps or stop:
+                if crossed(prev, step, 100) or step >= max_actor_steps or stop:
                     bar.update(min(step, max_actor_steps) - bar.n)
                 if stop:
                     break
@@ -261,7 +253,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     wall = time.perf_counter() - start
     fp32_bytes, policy_file = save_final_policy(config, spec, learner, channel, evals)
     summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
-                       actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
+                       actor_build_s=actor_build_s, episodes=loop.episodes, learner=learner, evals=evals,
                        table_info=table.info(), energy_result=energy_result, policy_file=policy_file,
                        best_policy_file=best_policy["file"],
                        sync_learner=sync_learner, update_period=update_period,
@@ -269,17 +261,6 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     summary["learner_device"] = device_report()
     write_json_atomic(logdir / "summary.json", summary)
     return summary
-
-
-def evaluation_row(returns: list[float], actor_steps: int, learner_steps: int, elapsed_s: float,
-                   evaluation_s: float) -> dict[str, Any]:
-    """One evaluator.csv row; the clocks are at the start of the evaluation (`elapsed_s` since the run's start),
-    and train_clock_s leaves out the `evaluation_s` spent in earlier evaluations."""
-    return {"actor_steps": actor_steps, "learner_steps": learner_steps, "wall_clock_s": round(elapsed_s, 3),
-            "train_clock_s": round(elapsed_s - evaluation_s, 3), "return": float(np.mean(returns)),
-            "return_std": float(np.std(returns)), "return_min": float(np.min(returns)),
-            "return_max": float(np.max(returns)),
-            "return_first": returns[0]}  # one noiseless episode: Acme's usual evaluation protocol
 
 
 def save_best_policy(config: ExperimentConfig, spec: Any, learner: Any, row: Mapping[str, Any]) -> str:
@@ -308,7 +289,7 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
              fp32_bytes: int, actor: Any, actor_build_s: float, episodes: int, learner: Any,
              evals: list[dict[str, Any]], table_info: dict[str, Any], energy_result: Any, policy_file: str,
              best_policy_file: str | None, sync_learner: bool, update_period: int, agent_config: dict[str, Any]) -> dict[str, Any]:
-    """This run in summary.json's one layout (`launch.summary.build_summary`): one actor, one learner, and a
+    """This run in summary.json's one layout (`launch.experiments.summary.build_summary`): one actor, one learner, and a
     weight channel that publishes one version per update, all in this process."""
     steps, updates = int(learner.steps), times.updates
     publish = {"versions": updates, "quantize_encode_s": times.quantize_encode_s, "put_s": None,
@@ -341,21 +322,6 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
         train_clock_s=round(wall - clock["evaluation_s"], 3), evaluation_s=clock["evaluation_s"],
         sync_learner=bool(sync_learner), final_eval_return_fp32=evals[-1].get("return_fp32"),
         actor_update_period=update_period, policy_file=policy_file, best_policy_file=best_policy_file)
-
-
-def _crossed(before: int, after: int, period: int) -> bool:
-    """Whether a multiple of `period` lies in (before, after]: periodic work keyed on env-step counts that
-    advance K at a time (with K=1, `after % period == 0`)."""
-    return after // period > before // period
-
-
-def _exploration(actor: Any) -> float:
-    """The actor's current exploration setting: epsilon (DQN) or Gaussian sigma (D4PG); NaN if neither."""
-    for name in ("epsilon", "sigma"):
-        value = getattr(actor, name, None)
-        if isinstance(value, (int, float, np.floating)):
-            return round(float(value), 5)
-    return math.nan
 
 
 def _insert(table: Any, transitions: Any, learn: Callable[[], None]) -> None:

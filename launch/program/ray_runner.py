@@ -1,4 +1,4 @@
-"""Runs a `launch.program.Program` on Ray: one Ray actor (one process) per node.
+"""Runs a `launch.program.graph.Program` on Ray: one Ray actor (one process) per node.
 
 Local by default: the command starts a private single-node Ray bound to 127.0.0.1 (no dashboard, Ray's own
 logs kept in its session folder, not the terminal) and tears it down at the end, so no Ray process outlives
@@ -13,7 +13,7 @@ Resources: every node asks for its `num_cpus` and runs with its `env_vars` (acto
 local cluster is sized to the program (logical CPUs = what the nodes ask for), because on a 2-core laptop
 the point is to run all nodes, one thread each, not to queue them. A node whose `accelerator` is "auto" gets
 one GPU when the cluster has one, "required" always gets one (and a cluster without a GPU is refused before any
-node starts); every other node asks for none, and its `env_vars` hide the GPU (`launch.devices`).
+node starts); every other node asks for none, and its `env_vars` hide the GPU (`launch.program.devices`).
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ import time
 import warnings
 from typing import Any
 
-from launch.program import CallFuture, NodeHandle, NodeLost, Program, resolve_handles
+from launch.program.graph import CallFuture, NodeHandle, NodeLost, Program, resolve_handles
 
 _SLICE_S = 0.2  # longest uninterruptible wait in the driver
 _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -35,7 +35,7 @@ _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 class RayFuture(CallFuture):
     """An ObjectRef behind the runner-neutral future interface.
 
-    A call to a node whose process died for good raises `launch.program.NodeLost` naming the node (Ray's
+    A call to a node whose process died for good raises `launch.program.graph.NodeLost` naming the node (Ray's
     ActorDiedError says "an actor", not which one). A node that is restarting (ActorUnavailableError) is
     not lost: that error passes through unchanged."""
 
@@ -151,7 +151,7 @@ def _bind_to_loopback() -> None:
 
 
 def _is_loopback_address(address: str | None) -> bool:
-    from launch.loopback_cluster import is_loopback  # pylint: disable=import-outside-toplevel
+    from launch.program.loopback_cluster import is_loopback  # pylint: disable=import-outside-toplevel
 
     host = (address or "").removeprefix("ray://").rsplit(":", 1)[0]
     return bool(host) and is_loopback(host)
@@ -168,7 +168,7 @@ def init_ray(address: str | None = None, num_cpus: float | None = None, num_gpus
     if local:
         _prepare_local_auth()
     if local or _is_loopback_address(address):
-        # A cluster on 127.0.0.1 (launch.loopback_cluster) is reached on 127.0.0.1, not the host's address.
+        # A cluster on 127.0.0.1 (launch.program.loopback_cluster) is reached on 127.0.0.1, not the host's address.
         _bind_to_loopback()
     import ray  # pylint: disable=import-outside-toplevel
 

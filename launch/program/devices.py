@@ -28,7 +28,7 @@ _PLATFORMS = {"auto": "", "gpu": "cuda,cpu"}
 # What a node reports of its environment (tests and summary.json).
 REPORTED_ENV = ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREALLOCATE",
                 "XLA_PYTHON_CLIENT_MEM_FRACTION")
-# A Node's GPU request (launch.program.Node.accelerator): never, one when the cluster has one, or one always.
+# A Node's GPU request (launch.program.graph.Node.accelerator): never, one when the cluster has one, or one always.
 ACCELERATOR_BY_DEVICE = {"cpu": "none", "auto": "auto", "gpu": "required"}
 
 

@@ -1,0 +1,129 @@
+"""The one acting loop and the one evaluation record of both runners (Acme's `EnvironmentLoop` idea,
+`acme/environment_loop.py`: one loop object owns stepping, the update cadence and the episode bookkeeping, and
+the caller only says where transitions go and how weights are pulled).
+
+The single-process runner (`launch.experiments.run_experiment`), every actor node (`launch.nodes.actor`) and the
+evaluator node (`launch.nodes.evaluator`) use it, so that:
+- a periodic action happens when a count crosses a multiple of its period (`crossed`): weight pulls every
+  `actor_update_period` env steps, evaluations every `eval_every` actor steps, whatever the step size K;
+- the actor's stages are timed in one place (`launch.experiments.stages.StageTimes`: env, policy, adders + insert);
+- the per-episode log (`actor.csv` / `actor_<i>.csv`, `EPISODE_FIELDS`) and `evaluator.csv` (`EVAL_FIELDS`)
+  have the same columns in both runners by construction; a value a runner does not have is left empty.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from launch.experiments.stages import StageTimes
+from quarl.env_loop import VectorEnvLoop, VectorStep
+from quarl.evaluation import run_episode
+
+# evaluator.csv, both runners. train_clock_s: the run's clock without evaluation time (the distributed evaluator
+# works on the side, so there it is the wall clock); return_first: the first, noiseless episode (Acme's usual
+# one-episode protocol); return_fp32: the same episodes at fp32 (single process with --eval-fp32 only).
+EVAL_FIELDS = ("actor_steps", "learner_steps", "wall_clock_s", "train_clock_s", "return", "return_std",
+               "return_min", "return_max", "return_first", "episodes", "weights_version", "return_fp32")
+# One row per finished episode: the actor's own env steps, its steps/s over the episode (its K environments step
+# together), exploration (DQN epsilon, D4PG sigma), the weights it acted with, and the run's total actor steps.
+EPISODE_FIELDS = ("actor_steps", "wall_clock_s", "episode", "return", "length", "steps_per_s", "exploration",
+                  "weights_version", "total_actor_steps")
+
+
+def crossed(before: int, after: int, period: int) -> bool:
+    """Whether a multiple of `period` lies in (before, after]: the one cadence rule for counts that advance K
+    at a time (with K = 1, `after % period == 0`)."""
+    return int(after) // int(period) > int(before) // int(period)
+
+
+def exploration(actor: Any) -> float:
+    """The actor's current exploration setting: epsilon (DQN) or Gaussian sigma (D4PG); NaN if neither."""
+    for name in ("epsilon", "sigma"):
+        value = getattr(actor, name, None)
+        if isinstance(value, (int, float, np.floating)):
+            return round(float(value), 5)
+    return math.nan
+
+
+class ActingLoop:
+    """One actor's loop over K environments: one batched policy call per step, stage times, episode rows and
+    the weight-pull cadence. The caller supplies `insert(transitions)` (an in-memory table or a replay server;
+    it times its own insert into `times.insert_s`) and `pull()` (a payload made in this process or fetched)."""
+
+    def __init__(self, env: Any, make_adder: Callable[[], Any], times: StageTimes, *, update_period: int,
+                 episode_log: Any, clock: Callable[[], float]):
+        self.env_loop = VectorEnvLoop(env, make_adder)
+        self.num_envs = self.env_loop.num_envs
+        self.times = times
+        self.update_period = int(update_period)
+        self.steps = 0  # this loop's env steps (K per iteration)
+        self.episodes = 0
+        self._log, self._clock = episode_log, clock
+        self._episode_start: list[float] = []
+
+    @property
+    def adders(self) -> Sequence[Any]:
+        return self.env_loop.adders
+
+    def reset(self) -> None:
+        self.times.env_step_s += self.env_loop.reset()
+        self._episode_start = [time.monotonic()] * self.num_envs
+
+    def step(self, actor: Any, insert: Callable[[list], None], pull: Callable[[], None], *,
+             weights_version: int, total_actor_steps: Callable[[], int] | None = None) -> VectorStep:
+        """One iteration: act, hand the transitions to `insert`, log finished episodes, and `pull()` when the
+        env-step count crossed a multiple of the update period."""
+        out = self.env_loop.step(actor.select_actions)
+        times = self.times
+        times.policy_s += out.policy_s
+        times.env_step_s += out.env_s
+        times.insert_s += out.adder_s
+        prev, self.steps = self.steps, self.steps + self.num_envs
+        times.env_steps = self.steps
+        insert(out.transitions)
+        if out.episodes:
+            total = self.steps if total_actor_steps is None else int(total_actor_steps())
+            self._log_episodes(out, actor, weights_version, total)
+        if crossed(prev, self.steps, self.update_period):
+            pull()
+        return out
+
+    def _log_episodes(self, out: VectorStep, actor: Any, weights_version: int, total: int) -> None:
+        now = time.monotonic()
+        for episode in out.episodes:
+            self.episodes += 1
+            seconds = max(now - self._episode_start[episode.env_index], 1e-9)
+            self._episode_start[episode.env_index] = now
+            self._log.write({"actor_steps": self.steps, "wall_clock_s": round(self._clock(), 3),
+                             "episode": self.episodes, "return": episode.episode_return, "length": episode.length,
+                             "steps_per_s": round(self.num_envs * episode.length / seconds, 2),
+                             "exploration": exploration(actor), "weights_version": weights_version,
+                             "total_actor_steps": total})
+
+    def close(self) -> None:
+        self.env_loop.close()
+
+
+def evaluation_returns(actor: Any, env: Any, episodes: int,
+                       should_stop: Callable[[], bool] | None = None) -> list[float]:
+    """Undiscounted returns of `episodes` full episodes with the (evaluation-mode) actor; `should_stop` abandons
+    the evaluation (`quarl.evaluation.EpisodeInterrupted`)."""
+    return [run_episode(env, actor.select_action, should_stop=should_stop)[0] for _ in range(int(episodes))]
+
+
+def evaluation_row(returns: Sequence[float], *, actor_steps: int, learner_steps: int, wall_clock_s: float,
+                   train_clock_s: float, weights_version: int | None,
+                   return_fp32: float | None = None) -> dict[str, Any]:
+    """One evaluator.csv row (`EVAL_FIELDS`, in order) from the episodes' returns and the clocks at its start."""
+    values = np.asarray(returns, np.float64)
+    row = {"actor_steps": int(actor_steps), "learner_steps": int(learner_steps),
+           "wall_clock_s": round(float(wall_clock_s), 3), "train_clock_s": round(float(train_clock_s), 3),
+           "return": float(values.mean()), "return_std": float(values.std()), "return_min": float(values.min()),
+           "return_max": float(values.max()), "return_first": float(values[0]), "episodes": len(values),
+           "weights_version": None if weights_version is None else int(weights_version),
+           "return_fp32": return_fp32}
+    return {k: row[k] for k in EVAL_FIELDS}
+

@@ -1,0 +1,3 @@
+"""The ActorQ node classes (no Ray here: `launch.program.ray_runner` wraps them in Ray actors,
+`launch.program.local_runner` calls them directly): actor, learner (+ its publisher and batch feed),
+evaluator, the services (counter, replay, weight server), the weights client and what they share."""
