@@ -285,6 +285,11 @@ def _num(v: Any, fmt: str = "{:,.1f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
+def _spread(values: Sequence[float]) -> str:
+    """"min / median" of per-seed figures (the worst seed is what "on every seed" targets are judged by)."""
+    return f"{_num(min(values))} / {_num(statistics.median(values))}" if values else "— / —"
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = ["# This project beside its peers, measured in one run", "",
              f"`{result['command']}` ({describe_load(result['machine'])}; {result['machine']['cpu']}). Peers ran "
@@ -316,12 +321,14 @@ def dqn_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
              "Wall clock to target includes evaluation for both (SB3's clock starts when training starts, after "
              "its model is built; ours when the run starts, so ours also counts building the agent and "
              "compiling). Time medians are over the seeds that reached the target (count shown). \"last 3\" is "
-             "the mean of a run's last 3 evaluations (min over seeds and median shown); \"stayed\" is the "
+             "the mean of a run's last 3 evaluations and \"final\" its last evaluation (min over seeds and median "
+             "shown); \"stayed\" is the "
              "fraction of evaluations after the first solve still at or above the target (mean over seeds). Env "
              "steps/s exclude evaluation for SB3, and are ours' training-clock rate.", "",
              "| task | system | seeds reaching target | median env steps to target | median s to target | "
-             "last 3: min / median | stayed | median env steps/s | per seed (steps / s to target; last 3) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "last 3: min / median | final: min / median | stayed | median env steps/s | "
+             "per seed (steps / s to target; last 3) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
 
     def med(key: str, xs: Sequence[dict[str, Any]]) -> float | None:
         vals = [r[key] for r in xs if r.get(key) is not None]
@@ -331,13 +338,14 @@ def dqn_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
         rs = [r for r in rows if r["task"] == task and r["system"] == system]
         ok = [r for r in rs if r["solved"]]
         last3 = [r["last3_mean"] for r in rs if r.get("last3_mean") is not None]
+        final = [r["final_return"] for r in rs if r.get("final_return") is not None]
         stayed = [r["stay_fraction"] for r in rs if r.get("stay_fraction") is not None]
         per_seed = ", ".join(
             f"s{r['seed']}: " + (f"{r['steps_to_target']:,} / {r['wall_s_to_target']:.0f}" if r["solved"]
                                  else "not reached") + f"; {_num(r.get('last3_mean'), '{:.0f}')}" for r in rs)
         lines.append(f"| {task} | {system} | {len(ok)}/{len(rs)} | {_num(med('steps_to_target', ok), '{:,.0f}')} "
                      f"| {_num(med('wall_s_to_target', ok))} | "
-                     f"{_num(min(last3) if last3 else None)} / {_num(statistics.median(last3) if last3 else None)} "
+                     f"{_spread(last3)} | {_spread(final)} "
                      f"| {_num(statistics.fmean(stayed) if stayed else None, '{:.2f}')} "
                      f"| {_num(med('env_steps_per_s', rs), '{:,.0f}')} | {per_seed} |")
     sb3 = next((r.get("version") for r in rows if r["system"] == "sb3" and r.get("version")), None)

@@ -121,5 +121,5 @@ def test_dqn_comparison_reports_time_to_solve_and_final_returns_at_tiny_size(tmp
         assert ours["last3_mean"] == pytest.approx(sum(ours["eval_returns"][-3:]) / 3)
         assert ours["env_steps_per_s"] > 0
     table = "\n".join(peers.dqn_markdown(rows))
-    assert "| CartPole-v1 | sb3 | 1/1 | 500 | 3.0 | 60.0 / 60.0 | 1.00 |" in table
+    assert "| CartPole-v1 | sb3 | 1/1 | 500 | 3.0 | 60.0 / 60.0 | 80.0 / 80.0 | 1.00 |" in table
     assert table.count("| CartPole-v1 | ours ") == 2 and "SB3 run: sb3 2.9.2 fake" in table
