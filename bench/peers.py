@@ -17,7 +17,8 @@ one job at a time, alternating with ours, so every figure in the result was meas
    and fp32 actors), same task, step budget, evaluation cadence (10 greedy episodes every 2,500 env steps) and
    target, each run to its full budget, per seed: env steps and wall clock (evaluation included, for both) to
    the first evaluation at or above the target, whether it stayed solved (the mean of the last 3 evaluations,
-   the fraction of evaluations after the first solve still at or above the target), and env steps/s.
+   the last evaluation, the fraction of evaluations after the first solve still at or above the target), and env
+   steps/s. Step budgets are rl-zoo3's for each task (50k, 100k, 120k env steps; bench.learning.DQN_ROWS).
 
 Interpreters come from the flags or $QUARL_ACME_PYTHON / $QUARL_SB3_PYTHON; a missing one is an error (exit 2)
 unless its part is skipped. The full run writes bench/results/peers.{json,md}; --quick writes to
