@@ -1,7 +1,7 @@
 """This project beside the systems its users would otherwise pick, measured in the same benchmark run.
 
     python -m bench.peers [--quick] [--out DIR] [--seeds 0,1,2] [--dqn-tasks CartPole-v1,...] [--skip-acme]
-        [--skip-sb3] [--allow-busy]
+        [--skip-sb3] [--merge] [--allow-busy]
         [--acme-python VENV/bin/python] [--sb3-python VENV/bin/python] [--anchors DIR]
 
 Peers run as subprocesses of their own interpreters (built by the anchors' setup in `../shared/anchors/`:
@@ -295,6 +295,10 @@ def markdown(result: dict[str, Any]) -> str:
     lines = ["# This project beside its peers, measured in one run", "",
              f"`{result['command']}` ({describe_load(result['machine'])}; {result['machine']['cpu']}). Peers ran "
              "as subprocesses one at a time, alternating with ours; nothing here is copied from elsewhere.", ""]
+    for sitting in result.get("earlier_sittings", []):
+        lines += [f"Merged with an earlier sitting on the same output: `{sitting['command']}` "
+                  f"({describe_load(sitting['machine'])}; {sitting['machine']['cpu']}); its rows are those of the "
+                  "tasks this command did not run.", ""]
     if result.get("d4pg"):
         lines += [f"## D4PG, {D4PG_TASK}, 2 actors: legacy Acme (Launchpad + Reverb) vs this project", "",
                   "Ours ran the actor steps Acme reached in its budget (same work). Acme's rates are parsed from its "
@@ -353,6 +357,21 @@ def dqn_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
     return lines + ["", f"SB3 run: {sb3}." if sb3 else "", ""]
 
 
+def merge_results(earlier: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """`now` plus what `earlier` measured that `now` did not: DQN rows of other tasks (placed first, tasks in
+    their order) and the D4PG part when `now` skipped it. Each sitting's command and machine stay on record."""
+    tasks = {r["task"] for r in now.get("dqn", [])}
+    merged = dict(now)
+    kept = [r for r in earlier.get("dqn", []) if r["task"] not in tasks]
+    if kept or now.get("dqn"):
+        merged["dqn"] = kept + list(now.get("dqn", []))
+    if not now.get("d4pg") and earlier.get("d4pg"):
+        merged["d4pg"] = earlier["d4pg"]
+    merged["earlier_sittings"] = [*earlier.get("earlier_sittings", []),
+                                  {"command": earlier.get("command"), "machine": earlier.get("machine")}]
+    return merged
+
+
 # ------------------------------------------------------------------------------------------------ CLI
 
 
@@ -372,6 +391,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="interpreter of the SB3 venv (sb3_dqn/README.md); $QUARL_SB3_PYTHON")
     parser.add_argument("--anchors", type=Path, default=REPO.parent / "shared" / "anchors",
                         help="folder holding acme_legacy/ and sb3_dqn/ (default ../shared/anchors)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the DQN rows of other tasks (and the D4PG part, if skipped now) from OUT's "
+                             "peers.json: the tasks can be measured in separate sittings into one table")
     add_allow_busy(parser)
     args = parser.parse_args(argv)
     try:
@@ -406,6 +428,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_sb3:
         result["dqn"] = bench_dqn(args, work, seeds)
     finish(result["machine"])
+    if args.merge and (out / "peers.json").is_file():
+        result = merge_results(json.loads((out / "peers.json").read_text(encoding="utf-8")), result)
     (out / "peers.json").write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
     (out / "peers.md").write_text(markdown(result), encoding="utf-8")
     print(f"[bench.peers] wrote {out / 'peers.json'} and {out / 'peers.md'}", flush=True)
