@@ -2,8 +2,9 @@
 updates, optional prioritized-replay importance weights — all in one jitted update.
 
 The whole training state lives on the device between steps; the only host transfers are the sampled batch in
-and (for prioritized tables) the new priorities out, read when the caller needs them rather than at each step. Metrics come back as 0-d device arrays so that a caller
-that does not log every step never waits for the device; `float(v)` converts one when it is needed.
+and (for prioritized tables) the new priorities out, read when the caller needs them rather than at each step.
+Metrics come back as 0-d device arrays so that a caller that does not log every step never waits for the device;
+`float(v)` converts one when it is needed.
 """
 from __future__ import annotations
 

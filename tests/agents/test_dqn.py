@@ -388,8 +388,8 @@ def test_dqn_stays_solved_on_cartpole_to_the_end_of_its_run(tmp_path):
     """Not only solved once: the last 3 evaluations (25k, 27.5k, 30k env steps, evaluating every 2,500 steps as
     bench.peers does) of a CartPole-v1 run with int8 actors and CartPole's settings all reach 475. Seed 1 is the
     run that collapsed hardest at the Huber threshold of 1 (207 and 278 at 25k and 27.5k, last 3 at 50k: 244,
-    bench/results/peers_cartpole). The backend is fixed (auto picks by timing): int8 weights dequantized through ONNX's fp32 kernel, what
-    `auto` chose on the machine that measured bench/results/dqn_collapse.md."""
+    bench/results/peers_cartpole). The backend is fixed (auto picks by timing): int8 weights dequantized
+    through ONNX's fp32 kernel, what `auto` chose on the machine that measured bench/results/dqn_collapse.md."""
     from agents.dqn.config import task_overrides
     from launch.experiment import run_experiment
     run_experiment(ExperimentConfig(agent="dqn", task="CartPole-v1", precision="int8", backend="onnx",

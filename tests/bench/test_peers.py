@@ -129,9 +129,12 @@ def test_merge_keeps_other_tasks_rows_and_records_each_sitting():
     """Tasks measured in separate sittings (`--merge`) end up in one table; a task measured again replaces its
     earlier rows, and the report names both commands."""
     machine = {"cpu": "test cpu", "cores": 2, "load_start": [0.1], "load_end": [0.2]}
-    row = lambda task, system, last: {"task": task, "system": system, "seed": 0, "target": 1.0, "solved": True,  # noqa: E731
-                                      "steps_to_target": 10, "wall_s_to_target": 1.0, "last3_mean": last,
-                                      "final_return": last, "stay_fraction": 1.0, "env_steps_per_s": 5.0}
+    def row(task: str, system: str, last: float) -> dict:
+        return {"task": task, "system": system, "seed": 0, "target": 1.0, "solved": True, "steps_to_target": 10,
+                "wall_s_to_target": 1.0, "last3_mean": last, "final_return": last, "stay_fraction": 1.0,
+                "env_steps_per_s": 5.0}
+
+
     earlier = {"command": "python -m bench.peers --dqn-tasks Acrobot-v1,CartPole-v1", "machine": machine,
                "dqn": [row("Acrobot-v1", "sb3", -90.0), row("CartPole-v1", "sb3", 100.0)], "d4pg": [{"x": 1}]}
     now = {"command": "python -m bench.peers --dqn-tasks CartPole-v1 --skip-acme", "machine": machine,
