@@ -361,12 +361,13 @@ def merge_results(earlier: dict[str, Any], now: dict[str, Any]) -> dict[str, Any
     """`now` plus what `earlier` measured that `now` did not: DQN rows of other tasks (placed first, tasks in
     their order) and the D4PG part when `now` skipped it. Each sitting's command and machine stay on record."""
     tasks = {r["task"] for r in now.get("dqn", [])}
-    merged = dict(now)
     kept = [r for r in earlier.get("dqn", []) if r["task"] not in tasks]
-    if kept or now.get("dqn"):
-        merged["dqn"] = kept + list(now.get("dqn", []))
-    if not now.get("d4pg") and earlier.get("d4pg"):
-        merged["d4pg"] = earlier["d4pg"]
+    d4pg = earlier.get("d4pg") if not now.get("d4pg") else None
+    if not kept and not d4pg:  # nothing of the earlier sitting survives: nothing to credit it with
+        return now
+    merged = dict(now, dqn=kept + list(now.get("dqn", [])))
+    if d4pg:
+        merged["d4pg"] = d4pg
     merged["earlier_sittings"] = [*earlier.get("earlier_sittings", []),
                                   {"command": earlier.get("command"), "machine": earlier.get("machine")}]
     return merged

@@ -145,3 +145,6 @@ def test_merge_keeps_other_tasks_rows_and_records_each_sitting():
     text = peers.markdown({**merged, "d4pg": []})  # (the D4PG part has its own rows; carried over as they were)
     assert earlier["command"] in text and now["command"] in text
     assert "| CartPole-v1 | sb3 | 1/1 |" in text and "100.0" not in text
+    assert peers.merge_results({**earlier, "d4pg": []}, {**now, "dqn": [row("Acrobot-v1", "sb3", -80.0),
+                                                                    row("CartPole-v1", "sb3", 500.0)]}) == {
+        **now, "dqn": [row("Acrobot-v1", "sb3", -80.0), row("CartPole-v1", "sb3", 500.0)]}  # all remeasured
