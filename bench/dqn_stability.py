@@ -15,14 +15,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def run_setting(task: str, overrides: dict[str, Any], seeds: Sequence[int], precisions: Sequence[str], *,
-                label: str, runs_dir: Path, backend: str, steps: int | None = None) -> list[dict[str, Any]]:
-    """Every (seed, precision) of `task`'s bench.learning row with `overrides` over its own; one record each."""
+                label: str, runs_dir: Path, backend: str, steps: int | None = None) -> Iterator[dict[str, Any]]:
+    """Every (seed, precision) of `task`'s bench.learning row with `overrides` over its own: one record per run,
+    yielded as soon as the run ends (a long sweep keeps what it finished if stopped)."""
     import dataclasses  # pylint: disable=import-outside-toplevel
 
     from bench.learning import DQN_ROWS, run_one  # pylint: disable=import-outside-toplevel
@@ -31,16 +32,13 @@ def run_setting(task: str, overrides: dict[str, Any], seeds: Sequence[int], prec
     base = next(r for r in DQN_ROWS if r.task == task)
     row = dataclasses.replace(base, overrides={**base.overrides, **overrides},
                               max_actor_steps=steps or base.max_actor_steps)
-    records = []
     for seed in seeds:
         for precision in precisions:
             logdir = runs_dir / f"{label}-{task}-{precision}-s{seed}"
             result, _ = run_one(row, precision, seed, logdir=logdir, stop_at_target=False, backend=backend)
             metrics = eval_metrics(read_our_evals(logdir / "evaluator.csv"), row.target)
-            records.append({"label": label, "task": task, "precision": precision, "seed": seed,
-                            "backend": result["backend"], "overrides": row.overrides,
-                            "learner_steps": result["learner_steps"], **metrics})
-    return records
+            yield {"label": label, "task": task, "precision": precision, "seed": seed, "backend": result["backend"],
+                   "overrides": dict(row.overrides), "learner_steps": result["learner_steps"], **metrics}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -72,7 +70,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         with open(args.out, "a", encoding="utf-8") as f:
             f.write(json.dumps(rec, default=str) + "\n")
         print(f"{rec['label']} {rec['task']} {rec['precision']} s{rec['seed']}: first {rec['steps_to_target']} "
-              f"last3 {rec['last3_mean']:.0f} stayed {rec['stay_fraction']} evals "
+              f"last3 {rec['last3_mean']:.1f} stayed {rec['stay_fraction']} evals "
               + " ".join(f"{x:.0f}" for x in rec["eval_returns"]), flush=True)
     return 0
 

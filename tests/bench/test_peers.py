@@ -148,3 +148,21 @@ def test_merge_keeps_other_tasks_rows_and_records_each_sitting():
     assert peers.merge_results({**earlier, "d4pg": []}, {**now, "dqn": [row("Acrobot-v1", "sb3", -80.0),
                                                                     row("CartPole-v1", "sb3", 500.0)]}) == {
         **now, "dqn": [row("Acrobot-v1", "sb3", -80.0), row("CartPole-v1", "sb3", 500.0)]}  # all remeasured
+
+
+def test_dqn_stability_records_one_line_per_run_and_rejects_bad_settings(tmp_path, capsys):
+    """bench.dqn_stability at a tiny size: a real (untrained) run per seed, one JSON line each with the figures
+    bench.peers reports; a bad --set is a one-line error, exit 2."""
+    import json
+    from bench import dqn_stability
+    out = tmp_path / "s.jsonl"
+    assert dqn_stability.main(["--seeds", "0,1", "--precisions", "fp32", "--steps", "300", "--set",
+                               "hidden_sizes=16,16", "--out", str(out), "--label", "tiny"]) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["label"], r["seed"], r["precision"]) for r in lines] == [("tiny", 0, "fp32"), ("tiny", 1, "fp32")]
+    for r in lines:
+        assert r["overrides"]["hidden_sizes"] == [16, 16] and len(r["eval_returns"]) == 1  # the final evaluation
+        assert r["last3_mean"] == r["final_return"] == r["eval_returns"][0] and not r["solved"]
+    with pytest.raises(SystemExit) as e:
+        dqn_stability.main(["--set", "no_such_key=1", "--out", str(out)])
+    assert e.value.code == 2 and "no_such_key" in capsys.readouterr().err
