@@ -52,9 +52,17 @@ def make_config(name: str, **overrides: Any) -> Any:
         raise ValueError(f"bad {name} config: {e}") from None
 
 
+def task_defaults(name: str, task: str) -> dict[str, Any]:
+    """`name`'s tuned settings for `task` ({} where the defaults suit it), what the CLIs start from before the
+    user's `--set` values: a config module may define `task_overrides(task, config_name) -> dict`."""
+    package, cls_name = _check_name(name)
+    hook = getattr(importlib.import_module(f"{package}.config"), "task_overrides", None)
+    return {} if hook is None else dict(hook(task, cls_name))
+
+
 def get_builder(name: str, **config_overrides: Any) -> "BuilderBase":
     """`agents.<name>.Builder(<Config>(**config_overrides))`."""
     return builder_class(name)(make_config(name, **config_overrides))
 
 
-__all__ = ["AGENT_NAMES", "builder_class", "config_class", "get_builder", "make_config"]
+__all__ = ["AGENT_NAMES", "builder_class", "config_class", "get_builder", "make_config", "task_defaults"]

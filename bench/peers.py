@@ -1,7 +1,7 @@
 """This project beside the systems its users would otherwise pick, measured in the same benchmark run.
 
     python -m bench.peers [--quick] [--out DIR] [--seeds 0,1,2] [--dqn-tasks CartPole-v1,...] [--skip-acme]
-        [--skip-sb3] [--allow-busy]
+        [--skip-sb3] [--merge] [--allow-busy]
         [--acme-python VENV/bin/python] [--sb3-python VENV/bin/python] [--anchors DIR]
 
 Peers run as subprocesses of their own interpreters (built by the anchors' setup in `../shared/anchors/`:
@@ -17,7 +17,8 @@ one job at a time, alternating with ours, so every figure in the result was meas
    and fp32 actors), same task, step budget, evaluation cadence (10 greedy episodes every 2,500 env steps) and
    target, each run to its full budget, per seed: env steps and wall clock (evaluation included, for both) to
    the first evaluation at or above the target, whether it stayed solved (the mean of the last 3 evaluations,
-   the fraction of evaluations after the first solve still at or above the target), and env steps/s.
+   the last evaluation, the fraction of evaluations after the first solve still at or above the target), and env
+   steps/s. Step budgets are rl-zoo3's for each task (50k, 100k, 120k env steps; bench.learning.DQN_ROWS).
 
 Interpreters come from the flags or $QUARL_ACME_PYTHON / $QUARL_SB3_PYTHON; a missing one is an error (exit 2)
 unless its part is skipped. The full run writes bench/results/peers.{json,md}; --quick writes to
@@ -285,10 +286,19 @@ def _num(v: Any, fmt: str = "{:,.1f}") -> str:
     return "—" if v is None else fmt.format(v)
 
 
+def _spread(values: Sequence[float]) -> str:
+    """"min / median" of per-seed figures (the worst seed is what "on every seed" targets are judged by)."""
+    return f"{_num(min(values))} / {_num(statistics.median(values))}" if values else "— / —"
+
+
 def markdown(result: dict[str, Any]) -> str:
     lines = ["# This project beside its peers, measured in one run", "",
              f"`{result['command']}` ({describe_load(result['machine'])}; {result['machine']['cpu']}). Peers ran "
              "as subprocesses one at a time, alternating with ours; nothing here is copied from elsewhere.", ""]
+    for sitting in result.get("earlier_sittings", []):
+        lines += [f"Merged with an earlier sitting on the same output: `{sitting['command']}` "
+                  f"({describe_load(sitting['machine'])}; {sitting['machine']['cpu']}); its rows are those of the "
+                  "tasks this command did not run.", ""]
     if result.get("d4pg"):
         lines += [f"## D4PG, {D4PG_TASK}, 2 actors: legacy Acme (Launchpad + Reverb) vs this project", "",
                   "Ours ran the actor steps Acme reached in its budget (same work). Acme's rates are parsed from its "
@@ -318,12 +328,14 @@ def dqn_markdown(rows: Sequence[dict[str, Any]],
              "Wall clock to target includes evaluation for both (SB3's clock starts when training starts, after "
              "its model is built; ours when the run starts, so ours also counts building the agent and "
              "compiling). Time medians are over the seeds that reached the target (count shown). \"last 3\" is "
-             "the mean of a run's last 3 evaluations (min over seeds and median shown); \"stayed\" is the "
+             "the mean of a run's last 3 evaluations and \"final\" its last evaluation (min over seeds and median "
+             "shown); \"stayed\" is the "
              "fraction of evaluations after the first solve still at or above the target (mean over seeds). Env "
              "steps/s exclude evaluation for SB3, and are ours' training-clock rate.", "",
              "| task | system | seeds reaching target | median env steps to target | median s to target | "
-             "last 3: min / median | stayed | median env steps/s | per seed (steps / s to target; last 3) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             "last 3: min / median | final: min / median | stayed | median env steps/s | "
+             "per seed (steps / s to target; last 3) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
 
     def med(key: str, xs: Sequence[dict[str, Any]]) -> float | None:
         vals = [r[key] for r in xs if r.get(key) is not None]
@@ -333,17 +345,34 @@ def dqn_markdown(rows: Sequence[dict[str, Any]],
         rs = [r for r in rows if r["task"] == task and r["system"] == system]
         ok = [r for r in rs if r["solved"]]
         last3 = [r["last3_mean"] for r in rs if r.get("last3_mean") is not None]
+        final = [r["final_return"] for r in rs if r.get("final_return") is not None]
         stayed = [r["stay_fraction"] for r in rs if r.get("stay_fraction") is not None]
         per_seed = ", ".join(
             f"s{r['seed']}: " + (f"{r['steps_to_target']:,} / {r['wall_s_to_target']:.0f}" if r["solved"]
                                  else "not reached") + f"; {_num(r.get('last3_mean'), '{:.0f}')}" for r in rs)
         lines.append(f"| {task} | {system} | {len(ok)}/{len(rs)} | {_num(med('steps_to_target', ok), '{:,.0f}')} "
                      f"| {_num(med('wall_s_to_target', ok))} | "
-                     f"{_num(min(last3) if last3 else None)} / {_num(statistics.median(last3) if last3 else None)} "
+                     f"{_spread(last3)} | {_spread(final)} "
                      f"| {_num(statistics.fmean(stayed) if stayed else None, '{:.2f}')} "
                      f"| {_num(med('env_steps_per_s', rs), '{:,.0f}')} | {per_seed} |")
     sb3 = next((r.get("version") for r in rows if r["system"] == "sb3" and r.get("version")), None)
     return lines + ["", f"SB3 run: {sb3}." if sb3 else "", ""]
+
+
+def merge_results(earlier: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
+    """`now` plus what `earlier` measured that `now` did not: DQN rows of other tasks (placed first, tasks in
+    their order) and the D4PG part when `now` skipped it. Each sitting's command and machine stay on record."""
+    tasks = {r["task"] for r in now.get("dqn", [])}
+    kept = [r for r in earlier.get("dqn", []) if r["task"] not in tasks]
+    d4pg = earlier.get("d4pg") if not now.get("d4pg") else None
+    if not kept and not d4pg:  # nothing of the earlier sitting survives: nothing to credit it with
+        return now
+    merged = dict(now, dqn=kept + list(now.get("dqn", [])))
+    if d4pg:
+        merged["d4pg"] = d4pg
+    merged["earlier_sittings"] = [*earlier.get("earlier_sittings", []),
+                                  {"command": earlier.get("command"), "machine": earlier.get("machine")}]
+    return merged
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -365,6 +394,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="interpreter of the SB3 venv (sb3_dqn/README.md); $QUARL_SB3_PYTHON")
     parser.add_argument("--anchors", type=Path, default=REPO.parent / "shared" / "anchors",
                         help="folder holding acme_legacy/ and sb3_dqn/ (default ../shared/anchors)")
+    parser.add_argument("--merge", action="store_true",
+                        help="keep the DQN rows of other tasks (and the D4PG part, if skipped now) from OUT's "
+                             "peers.json: the tasks can be measured in separate sittings into one table")
     add_allow_busy(parser)
     args = parser.parse_args(argv)
     try:
@@ -399,6 +431,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.skip_sb3:
         result["dqn"] = bench_dqn(args, work, seeds)
     finish(result["machine"])
+    if args.merge and (out / "peers.json").is_file():
+        result = merge_results(json.loads((out / "peers.json").read_text(encoding="utf-8")), result)
     (out / "peers.json").write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
     (out / "peers.md").write_text(markdown(result), encoding="utf-8")
     print(f"[bench.peers] wrote {out / 'peers.json'} and {out / 'peers.md'}", flush=True)

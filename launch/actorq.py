@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, NoReturn, Sequence
 
 from launch.experiments import checkpoint as ckpt
+import agents
 from launch.cli import (DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, OneLineArgumentParser, UsageError,
                         add_qat_argument, build_config, check_agent, check_agent_task, check_carbon_country,
                         check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
@@ -188,7 +189,8 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     agent = check_agent(args.agent)
     task = args.task or DEFAULT_TASKS[agent]
     preset = {"overrides": {}} if args.full_size else quick_preset(agent, task)
-    overrides = {**preset["overrides"], **parse_overrides(agent, args.overrides)}
+    # The agent's tuned settings for this task, the quick preset, then the user's --set values.
+    overrides = {**agents.task_defaults(agent, task), **preset["overrides"], **parse_overrides(agent, args.overrides)}
     overrides.update(qat_overrides(args.qat_bits, check_precision(args.precision)))
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
     if period is not None:

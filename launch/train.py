@@ -60,7 +60,8 @@ def validate(args: argparse.Namespace, parser: argparse.ArgumentParser | None = 
 def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     agent = check_agent(args.agent or DEFAULT_AGENT)
     task = args.task or DEFAULT_TASKS[agent]
-    overrides = parse_overrides(agent, args.overrides)
+    # The agent's tuned settings for this task first (agents.task_defaults), then the user's --set values.
+    overrides = {**agents.task_defaults(agent, task), **parse_overrides(agent, args.overrides)}
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
     if period is not None:
         if "actor_update_period" not in {f.name for f in dataclasses.fields(agents.config_class(agent))}:

@@ -2,8 +2,9 @@
 updates, optional prioritized-replay importance weights — all in one jitted update.
 
 The whole training state lives on the device between steps; the only host transfers are the sampled batch in
-and (for prioritized tables) the new priorities out. Metrics come back as 0-d device arrays so that a caller
-that does not log every step never waits for the device; `float(v)` converts one when it is needed.
+and (for prioritized tables) the new priorities out, read when the caller needs them rather than at each step.
+Metrics come back as 0-d device arrays so that a caller that does not log every step never waits for the device;
+`float(v)` converts one when it is needed.
 """
 from __future__ import annotations
 
@@ -77,7 +78,7 @@ def make_loss(spec: PolicySpec, huber_loss_parameter: float, qat_bits: int | Non
 class DQNLearner(JaxLearner):
     """`step(sample)` runs one update (`prepare` + `run_block`: K in one scan, see `agents.learner_base`);
     `policy_params()` hands the fp32 online params to the quantizer. With prioritized replay the metrics carry
-    `priorities` (np.ndarray, |TD|; [B] per step, [K, B] per block)."""
+    `priorities` (|TD| as a device array, [B] per step, [K, B] per block; `np.asarray` brings it to the host)."""
 
     agent_name = "DQN"
 
@@ -109,7 +110,7 @@ class DQNLearner(JaxLearner):
         def update_batch(state: TrainingState, batch: Mapping[str, jax.Array]) -> tuple[TrainingState, dict]:
             columns = {k: batch[k] for k in self.columns}
             state, metrics, td_error = update(state, columns, batch.get("probabilities"))
-            return state, dict(metrics, td_error=td_error)
+            return state, dict(metrics, td_abs=jnp.abs(td_error))
 
         super().__init__(state, update_batch, donate=False)
 
@@ -141,9 +142,11 @@ class DQNLearner(JaxLearner):
         return {"probabilities": probs}
 
     def _host_outputs(self, metrics: dict[str, Any]) -> dict[str, Any]:
-        td_error = metrics.pop("td_error")
+        # |TD| stays a device array: reading it waits for the update, so a caller that can act meanwhile (the
+        # single-process loop steps the environment) reads it only when the table next samples.
+        td_abs = metrics.pop("td_abs")
         if self._config.prioritized_replay:
-            metrics["priorities"] = np.abs(np.asarray(td_error, np.float64))
+            metrics["priorities"] = td_abs
         return metrics
 
 

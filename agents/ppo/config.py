@@ -23,6 +23,14 @@ CONTROL_OVERRIDES: dict = {"discount": 0.99, "gae_lambda": 0.95, "num_steps": 64
                            "num_minibatches": 4, "init_log_std": -0.5}
 
 
+def task_overrides(task: str, config_name: str = "PPOConfig") -> dict:
+    """PPO's settings for `task` over the defaults: `CONTROL_OVERRIDES` on DM Control tasks ("domain:task"). A2C
+    keeps its defaults everywhere (its one epoch and one minibatch are what make it A2C)."""
+    if config_name == "PPOConfig" and ":" in task:
+        return dict(CONTROL_OVERRIDES)
+    return {}
+
+
 @dataclasses.dataclass(frozen=True)
 class PPOConfig:
     """Every field is validated in `__post_init__`; a bad value raises a one-line ValueError naming the field."""

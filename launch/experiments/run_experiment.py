@@ -191,16 +191,26 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
         learner_log.write(row)
         learner_window = (now, learner.steps)
 
+    # Prioritized replay: the last update's (keys, |TD|), written to the table just before the next sample. Reading
+    # |TD| waits for the device, so deferring it lets the update run while the actor steps; the table is the same
+    # as with an immediate write (new items take priority 1, the sum tree recomputes exact sums), so is every draw.
+    pending_priorities: list = []
+
+    def flush_priorities() -> None:
+        if pending_priorities:
+            table.update_priorities(*pending_priorities.pop())
+
     def learn() -> None:
         while table.can_sample(batch_size):
             t = time.perf_counter()
+            flush_priorities()
             sample = table.sample(batch_size, timeout=0.0)
             t1 = time.perf_counter()
             metrics = learner.step(sample)
             if sync_learner:
                 jax.block_until_ready(metrics)
             if prioritized:
-                table.update_priorities(sample.keys, metrics["priorities"])
+                pending_priorities.append((sample.keys, metrics["priorities"]))
             t2 = time.perf_counter()
             clock["sample_s"] += t1 - t
             clock["learner_s"] += t2 - t1
@@ -241,6 +251,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
                     bar.update(min(step, max_actor_steps) - bar.n)
                 if stop:
                     break
+        flush_priorities()
         if last_metrics and learner.steps % LEARNER_LOG_EVERY:
             log_learner()  # the final state, whatever the log period
     finally:

@@ -145,7 +145,7 @@ class LearnerNode(NodeBase):
                 else:
                     wait_s += t1 - t0
                 if prioritized and "priorities" in metrics:  # one update per sampled batch, in order
-                    prios = np.reshape(metrics["priorities"], block.keys.shape)
+                    prios = np.reshape(np.asarray(metrics["priorities"]), block.keys.shape)
                     pending.append(self._replay.submit("update_priorities", block.keys.reshape(-1), prios.reshape(-1)))
                 while pending and pending[0].done():
                     pending.popleft().result()

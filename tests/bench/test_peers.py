@@ -121,5 +121,48 @@ def test_dqn_comparison_reports_time_to_solve_and_final_returns_at_tiny_size(tmp
         assert ours["last3_mean"] == pytest.approx(sum(ours["eval_returns"][-3:]) / 3)
         assert ours["env_steps_per_s"] > 0
     table = "\n".join(peers.dqn_markdown(rows))
-    assert "| CartPole-v1 | sb3 | 1/1 | 500 | 3.0 | 60.0 / 60.0 | 1.00 |" in table
+    assert "| CartPole-v1 | sb3 | 1/1 | 500 | 3.0 | 60.0 / 60.0 | 80.0 / 80.0 | 1.00 |" in table
     assert table.count("| CartPole-v1 | ours ") == 2 and "SB3 run: sb3 2.9.2 fake" in table
+
+
+def test_merge_keeps_other_tasks_rows_and_records_each_sitting():
+    """Tasks measured in separate sittings (`--merge`) end up in one table; a task measured again replaces its
+    earlier rows, and the report names both commands."""
+    machine = {"cpu": "test cpu", "cores": 2, "load_start": [0.1], "load_end": [0.2]}
+    def row(task: str, system: str, last: float) -> dict:
+        return {"task": task, "system": system, "seed": 0, "target": 1.0, "solved": True, "steps_to_target": 10,
+                "wall_s_to_target": 1.0, "last3_mean": last, "final_return": last, "stay_fraction": 1.0,
+                "env_steps_per_s": 5.0}
+
+
+    earlier = {"command": "python -m bench.peers --dqn-tasks Acrobot-v1,CartPole-v1", "machine": machine,
+               "dqn": [row("Acrobot-v1", "sb3", -90.0), row("CartPole-v1", "sb3", 100.0)], "d4pg": [{"x": 1}]}
+    now = {"command": "python -m bench.peers --dqn-tasks CartPole-v1 --skip-acme", "machine": machine,
+           "dqn": [row("CartPole-v1", "sb3", 500.0)]}
+    merged = peers.merge_results(earlier, now)
+    assert [(r["task"], r["last3_mean"]) for r in merged["dqn"]] == [("Acrobot-v1", -90.0), ("CartPole-v1", 500.0)]
+    assert merged["d4pg"] == [{"x": 1}] and merged["command"] == now["command"]
+    text = peers.markdown({**merged, "d4pg": []})  # (the D4PG part has its own rows; carried over as they were)
+    assert earlier["command"] in text and now["command"] in text
+    assert "| CartPole-v1 | sb3 | 1/1 |" in text and "100.0" not in text
+    assert peers.merge_results({**earlier, "d4pg": []}, {**now, "dqn": [row("Acrobot-v1", "sb3", -80.0),
+                                                                    row("CartPole-v1", "sb3", 500.0)]}) == {
+        **now, "dqn": [row("Acrobot-v1", "sb3", -80.0), row("CartPole-v1", "sb3", 500.0)]}  # all remeasured
+
+
+def test_dqn_stability_records_one_line_per_run_and_rejects_bad_settings(tmp_path, capsys):
+    """bench.dqn_stability at a tiny size: a real (untrained) run per seed, one JSON line each with the figures
+    bench.peers reports; a bad --set is a one-line error, exit 2."""
+    import json
+    from bench import dqn_stability
+    out = tmp_path / "s.jsonl"
+    assert dqn_stability.main(["--seeds", "0,1", "--precisions", "fp32", "--steps", "300", "--set",
+                               "hidden_sizes=16,16", "--out", str(out), "--label", "tiny"]) == 0
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [(r["label"], r["seed"], r["precision"]) for r in lines] == [("tiny", 0, "fp32"), ("tiny", 1, "fp32")]
+    for r in lines:
+        assert r["overrides"]["hidden_sizes"] == [16, 16] and len(r["eval_returns"]) == 1  # the final evaluation
+        assert r["last3_mean"] == r["final_return"] == r["eval_returns"][0] and not r["solved"]
+    with pytest.raises(SystemExit) as e:
+        dqn_stability.main(["--set", "no_such_key=1", "--out", str(out)])
+    assert e.value.code == 2 and "no_such_key" in capsys.readouterr().err

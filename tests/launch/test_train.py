@@ -154,6 +154,21 @@ def test_every_flag_has_launch_actorqs_default(tmp_path, monkeypatch):
     assert not (tmp_path / "runs").exists()  # nothing written by validation
 
 
+def test_runs_start_from_the_agents_tuned_task_settings_and_set_wins(tmp_path, monkeypatch):
+    """A plain `launch.train --agent dqn --task CartPole-v1` runs CartPole's tuned DQN settings (Huber 5, what
+    keeps it solved), PPO on a DM Control task its control settings, A2C its own defaults; `--set` overrides a key."""
+    monkeypatch.chdir(tmp_path)
+    parse = lambda *flags: train.validate(train.build_parser().parse_args(list(flags)))
+    assert parse("--agent", "dqn", "--task", "CartPole-v1").overrides["huber_loss_parameter"] == 5.0
+    assert "huber_loss_parameter" not in parse("--agent", "dqn", "--task", "Acrobot-v1").overrides
+    assert parse("--agent", "dqn", "--task", "CartPole-v1", "--set",
+                 "huber_loss_parameter=2").overrides["huber_loss_parameter"] == 2.0
+    assert parse("--agent", "ppo", "--task", "cartpole:balance").overrides["update_epochs"] == 10
+    assert "update_epochs" not in parse("--agent", "a2c", "--task", "cartpole:balance").overrides
+    assert "update_epochs" not in parse("--agent", "ppo", "--task", "CartPole-v1").overrides
+    assert not (tmp_path / "runs").exists()
+
+
 def test_overrides_are_parsed_by_field_type():
     got = parse_overrides("dqn", ["hidden_sizes=64,32", "prioritized_replay=true", "learning_rate=3e-4",
                                   "n_step=5"])

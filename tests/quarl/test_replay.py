@@ -82,6 +82,28 @@ def test_update_priorities_changes_sampling_and_ignores_evicted_keys():
         table.update_priorities(np.array([2, 3]), np.array([1.0]))
 
 
+def test_priorities_written_after_the_next_insert_leave_table_and_draws_unchanged():
+    """launch.experiments.run_experiment writes an update's priorities just before the next sample, after the actor's insert
+    (so the learner never waits on the device mid-step). That is only sound if the order does not matter: new
+    items take their own priority, evicted keys are skipped, and the sum tree recomputes exact sums."""
+    def run(deferred: bool) -> tuple[replay.Sample, dict]:
+        table = _table(capacity=6, sampler="prioritized", priority_exponent=0.6)
+        table.insert(_batch(0, 5))
+        first = table.sample(4)
+        prios = np.linspace(0.1, 2.3, 4)  # includes key 0, which the next insert evicts
+        if not deferred:
+            table.update_priorities(first.keys, prios)
+        table.insert(_batch(5, 3))
+        if deferred:
+            table.update_priorities(first.keys, prios)
+        return table.sample(64), table.state_dict()
+
+    (a, state_a), (b, state_b) = run(False), run(True)
+    np.testing.assert_array_equal(a.keys, b.keys)
+    np.testing.assert_array_equal(a.probabilities, b.probabilities)
+    np.testing.assert_array_equal(state_a["priorities"], state_b["priorities"])
+
+
 def test_all_zero_priorities_fall_back_to_uniform():
     table = _table(capacity=4, sampler="prioritized")
     table.insert(_batch(0, 4), priorities=np.zeros(4))
