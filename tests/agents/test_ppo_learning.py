@@ -12,7 +12,7 @@ import numpy as np
 
 from agents.ppo import Builder, PPOConfig
 from agents.ppo.config import CONTROL_OVERRIDES
-from launch.experiments.run_experiment import evaluate
+from launch.experiments.acting import evaluation_returns as evaluate
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.onpolicy import run_single_process
 from quarl.envs import environment_spec, make_environment
