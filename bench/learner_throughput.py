@@ -42,34 +42,16 @@ OBS_DIM, ACT_DIM = 24, 6  # walker:stand / walker:walk
 
 
 def machine_info(allow_busy: bool = False) -> dict[str, Any]:
-    """bench.machine's record plus JAX's version, backend and XLA flags, and the busiest processes."""
+    """bench.machine's record plus JAX's version, backend and XLA flags (the machine and its load only: never
+    other processes' command lines)."""
     import jax  # pylint: disable=import-outside-toplevel
     info = base_machine_info(allow_busy)
     info.update({"jax": jax.__version__, "jax_backend": jax.default_backend(),
                  # What the learner ran on: "cpu:0 cpu" here, "gpu:0 NVIDIA H200" on an accelerator.
                  "jax_devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
                  "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": info.pop("load_start"),
-                 "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "busiest_processes": busiest_processes()})
+                 "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
     return info
-
-
-def busiest_processes(count: int = 4) -> list[str]:
-    """The processes using the most CPU when the benchmark starts ("%cpu command"), to say what shared it."""
-    import subprocess  # pylint: disable=import-outside-toplevel
-    try:
-        out = subprocess.run(["ps", "-eo", "pid,pcpu,args", "--sort=-pcpu"], capture_output=True, text=True,
-                             timeout=10, check=True).stdout.splitlines()[1:]
-    except (OSError, subprocess.SubprocessError):
-        return []
-    rows = [ln.split(None, 1) for ln in out]
-    return [rest.strip()[:110] for pid, rest in rows if pid != str(os.getpid())][:count]
-
-
-def _busiest(machine: dict[str, Any]) -> str:
-    procs = machine.get("busiest_processes") or []
-    if not procs:
-        return ""
-    return "busiest processes at the start (%CPU, command): " + "; ".join(f"`{p}`" for p in procs) + "."
 
 
 def _batches(rng: np.random.Generator, count: int, batch_size: int) -> dict[str, np.ndarray]:
@@ -204,8 +186,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"{m['cpu']}, {m['cores']} logical cores, {m['platform']}, Python {m['python']}, jax {m['jax']} "
         f"({m['jax_backend']}: {', '.join(m.get('jax_devices') or ['?'])}), XLA_FLAGS `{m['xla_flags'] or '(unset: default threading, all cores)'}`. "
         f"**Shared machine**: load average {m['load_average_start'][0]:.1f} at the start and "
-        f"{m['load_average_end'][0]:.1f} at the end (1-min); "
-        f"{_busiest(result['machine'])} Absolute rates are therefore below what this CPU gives an idle learner; "
+        f"{m['load_average_end'][0]:.1f} at the end (1-min). "
+        f"Absolute rates are therefore below what this CPU gives an idle learner; "
         "the min..max spread over timed blocks shows how much the load moved them.",
         "",
         "## Steps per second (median over timed blocks; min..max in brackets)",
