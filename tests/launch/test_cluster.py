@@ -83,7 +83,7 @@ def test_actors_run_on_the_worker_node_and_each_version_crosses_once(cluster: Lo
     worker = next(i for i, _, _, res in _node_ids(cluster) if res.get("actor_slot"))
     before = cluster.chunks_received("w1")
     # Weights change rarely (every 40 learner steps) and actors ask often (every 10 steps): both actors
-    # fetch every version, so per-actor transfers would be twice the versions.
+    # fetch most versions, so per-actor transfers would be about twice the versions they fetch.
     proc = _actorq(cluster, tmp_path / "run", "--actor-resource", "actor_slot", "--learner-resource",
                    "learner_slot", "--max-actor-steps", "800", "--publish-period", "40",
                    "--actor-update-period", "10")
@@ -98,8 +98,13 @@ def test_actors_run_on_the_worker_node_and_each_version_crosses_once(cluster: Lo
     crossed = cluster.chunks_received("w1") - before
     fetched = sum(int(a["times"]["updates"]) for a in summary["actors"])
     versions = int(summary["payload"]["published"])  # each encoded once and put once by the learner
-    assert fetched > versions >= 2, (fetched, versions)  # the actors shared versions
-    assert 1 <= crossed <= versions, (crossed, versions, fetched)
+    # The learner may publish its last versions after the actors have stopped, so `fetched` is compared with
+    # what crossed, not with what was published: a version fetched by both actors crosses once, so fewer
+    # transfers than fetches shows the actors shared it, and no more transfers than versions shows none
+    # crossed twice.
+    assert versions >= 2 and fetched >= 2, (fetched, versions)
+    assert 1 <= crossed < fetched, (crossed, versions, fetched)
+    assert crossed <= versions, (crossed, versions, fetched)
 
 
 def test_reproduce_grid_runs_as_tasks_on_the_cluster(cluster: LoopbackCluster, tmp_path: Path) -> None:
