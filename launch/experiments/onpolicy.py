@@ -13,7 +13,6 @@ evaluations happen at the first rollout boundary past each multiple of `eval_eve
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 import time
 from pathlib import Path
@@ -23,14 +22,13 @@ import numpy as np
 
 from launch.experiments.acting import EPISODE_FIELDS, EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
 from launch.experiments.config import ExperimentConfig
-from launch.experiments.run_experiment import (EVAL_SEED_OFFSET, WeightChannel, _progress, _summary,
-                                               save_best_policy, save_final_policy)
+from launch.experiments.run_experiment import (EVAL_SEED_OFFSET, WeightChannel, _progress, finish_run,
+                                               save_best_policy)
 from launch.experiments.stages import StageTimes
 from launch.experiments.summary import solved_at
-from launch.program.devices import device_report, use_learner_device
+from launch.program.devices import use_learner_device
 from quarl.carbon import start_tracking, stop_tracking
 from quarl.envs import environment_spec, make_environment
-from quarl.io import jsonable, write_json_atomic
 from quarl.logs import CSVLogger
 from quarl.vector_env import make_vector_environment
 
@@ -201,13 +199,7 @@ def run_on_policy(config: ExperimentConfig, *, progress: bool = True, energy: bo
         env.close()
         eval_env.close()
 
-    wall = time.perf_counter() - start
-    fp32_bytes, policy_file = save_final_policy(config, spec, learner, channel, evals)
-    summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
-                       actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
-                       table_info={}, energy_result=energy_result, policy_file=policy_file,
-                       best_policy_file=best["file"], sync_learner=False, update_period=per_rollout,
-                       agent_config=jsonable(dataclasses.asdict(agent_config)))
-    summary["learner_device"] = device_report()
-    write_json_atomic(logdir / "summary.json", summary)
-    return summary
+    return finish_run(config, spec, learner, channel, evals, time.perf_counter() - start, times, clock,
+                      actor=actor, actor_build_s=actor_build_s, episodes=episodes, table_info={},
+                      energy_result=energy_result, best_policy_file=best["file"], sync_learner=False,
+                      update_period=per_rollout, agent_config=agent_config)

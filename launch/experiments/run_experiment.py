@@ -261,17 +261,10 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
         loop.close()
         eval_env.close()
 
-    wall = time.perf_counter() - start
-    fp32_bytes, policy_file = save_final_policy(config, spec, learner, channel, evals)
-    summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
-                       actor_build_s=actor_build_s, episodes=loop.episodes, learner=learner, evals=evals,
-                       table_info=table.info(), energy_result=energy_result, policy_file=policy_file,
-                       best_policy_file=best_policy["file"],
-                       sync_learner=sync_learner, update_period=update_period,
-                       agent_config=jsonable(dataclasses.asdict(agent_config)))
-    summary["learner_device"] = device_report()
-    write_json_atomic(logdir / "summary.json", summary)
-    return summary
+    return finish_run(config, spec, learner, channel, evals, time.perf_counter() - start, times, clock,
+                      actor=actor, actor_build_s=actor_build_s, episodes=loop.episodes, table_info=table.info(),
+                      energy_result=energy_result, best_policy_file=best_policy["file"],
+                      sync_learner=sync_learner, update_period=update_period, agent_config=agent_config)
 
 
 def save_best_policy(config: ExperimentConfig, spec: Any, learner: Any, row: Mapping[str, Any]) -> str:
@@ -294,6 +287,24 @@ def save_final_policy(config: ExperimentConfig, spec: Any, learner: Any, channel
                        steps=int(learner.steps), extra={"seed": config.seed, "precision": config.precision,
                                                         "final_eval_return": evals[-1]["return"]})
     return fp32_bytes, path.name
+
+
+def finish_run(config: ExperimentConfig, spec: Any, learner: Any, channel: WeightChannel,
+               evals: list[dict[str, Any]], wall: float, times: StageTimes, clock: dict[str, float], *,
+               actor: Any, actor_build_s: float, episodes: int, table_info: dict[str, Any], energy_result: Any,
+               best_policy_file: str | None, sync_learner: bool, update_period: int,
+               agent_config: Any) -> dict[str, Any]:
+    """Ends a single-process run the one way every agent's loop does (replay or on-policy): saves the final
+    policy, writes summary.json atomically (with where the learner ran) and returns the summary."""
+    fp32_bytes, policy_file = save_final_policy(config, spec, learner, channel, evals)
+    summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
+                       actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
+                       table_info=table_info, energy_result=energy_result, policy_file=policy_file,
+                       best_policy_file=best_policy_file, sync_learner=sync_learner, update_period=update_period,
+                       agent_config=jsonable(dataclasses.asdict(agent_config)))
+    summary["learner_device"] = device_report()
+    write_json_atomic(Path(config.logdir) / "summary.json", summary)
+    return summary
 
 
 def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[str, float], *, channel: WeightChannel,
