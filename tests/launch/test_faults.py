@@ -39,6 +39,7 @@ from launch.experiments.config import ExperimentConfig
 from launch.nodes.shared_blob import Blob
 from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC, encode_payload
 from quarl.quantization import quantize_params
+from agents import make_config, task_defaults
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 
@@ -396,7 +397,12 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
     # `--resume RUN_DIR`, through the CLI's own validation (same agent config, same run directory).
     from launch.actorq import build_parser, validate
 
-    sets = [f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}" for k, v in TINY_DQN.items()]
+    # The CLI starts from the task's tuned settings (agents.task_defaults); the killed run was built without
+    # them, so its values for those keys are passed too, as a user resuming a differently-built run would.
+    original = make_config("dqn", **config.overrides)
+    keys = dict.fromkeys([*TINY_DQN, *task_defaults("dqn", "CartPole-v1")])
+    sets = [f"{k}={','.join(map(str, v)) if isinstance(v, tuple) else v}"
+            for k, v in ((k, getattr(original, k)) for k in keys)]
     argv = ["--agent", "dqn", "--task", "CartPole-v1", "--num-actors", "2", "--backend", "onnx",
             "--max-actor-steps", str(int(manifest["counts"]["actor_steps"]) + 600), "--eval-every", "1000000",
             "--eval-episodes", "1", "--publish-period", "5", "--insert-batch", "32", "--resume", str(tmp_path),
