@@ -72,6 +72,21 @@ def test_k_step_blocks_update_priorities_per_batch_and_publish_on_crossing(tmp_p
     assert node.publish_times.offered == 2 + steps // period  # first, every crossing, last
 
 
+def test_k_is_chosen_for_the_learners_device_when_the_run_does_not_set_it(tmp_path):
+    """`steps_per_call=None` (the program's default): the node runs K = `default_steps_per_call()` steps per call,
+    the measured choice for its platform, and reports it."""
+    by_platform = learner_node.STEPS_PER_CALL_BY_PLATFORM
+    assert learner_node.default_steps_per_call("cpu") == by_platform["cpu"] > 1
+    assert learner_node.default_steps_per_call("no-such-platform") == learner_node.STEPS_PER_CALL_OTHER
+    k = learner_node.default_steps_per_call()
+    node, pool, _ = make_node("dqn", "CartPole-v1", TINY_DQN, str(tmp_path), steps_per_call=None)
+    try:
+        timed = time_node(node, warmup_s=0.1, window_s=0.5)
+    finally:
+        pool.shutdown()
+    assert timed["steps_per_call"] == k and timed["window_steps"] > 0 and timed["window_steps"] % k == 0
+
+
 def test_cadences_fire_when_steps_cross_a_multiple():
     assert crossed(8, 12, 10) and crossed(9, 10, 10) and not crossed(10, 19, 10) and crossed(0, 64, 32)
 
