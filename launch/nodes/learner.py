@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 
 from launch.experiments import checkpoint as ckpt
@@ -40,10 +41,7 @@ STEPS_PER_CALL_OTHER = 8
 
 def default_steps_per_call(platform: str | None = None) -> int:
     """K for a learner on `platform` (default: JAX's default backend, where the learner's state lives)."""
-    if platform is None:
-        import jax  # pylint: disable=import-outside-toplevel
-        platform = jax.default_backend()
-    return STEPS_PER_CALL_BY_PLATFORM.get(platform, STEPS_PER_CALL_OTHER)
+    return STEPS_PER_CALL_BY_PLATFORM.get(platform or jax.default_backend(), STEPS_PER_CALL_OTHER)
 
 
 def _import_orbax() -> None:
@@ -269,6 +267,8 @@ class LearnerNode(NodeBase):
         object-store object that every actor reads) to the weight server. Non-finite weights fail here: the
         learner stops with that error."""
         params, observations = offered
+        t_offered = time.perf_counter()
+        jax.block_until_ready(params)  # the steps dispatched before the snapshot: timed apart (no CPU spent)
         t0 = time.perf_counter()
         qparams = (quantize_params_on_device(params, self._precision.name) if self._precision.is_int
                    else quantize_params(params, self._precision.name))
@@ -281,7 +281,8 @@ class LearnerNode(NodeBase):
         if not self._fp32_nbytes:
             self._fp32_nbytes = fp32_payload_nbytes(params, version=version, spec_hash=self._spec_hash)
         self._weights.call("publish", version, blob, self._fp32_nbytes)
-        self.publish_times.add(quantize_encode_s=t1 - t0, put_s=t2 - t1, nbytes=blob.nbytes)
+        self.publish_times.add(quantize_encode_s=t1 - t0, put_s=t2 - t1, nbytes=blob.nbytes,
+                               ready_wait_s=t0 - t_offered)
         self._version = max(self._version, version)
 
     def _log_row(self, log: Any, metrics: Mapping[str, Any], steps: int, wall_clock_s: float,

@@ -72,6 +72,27 @@ def test_k_step_blocks_update_priorities_per_batch_and_publish_on_crossing(tmp_p
     assert node.publish_times.offered == 2 + steps // period  # first, every crossing, last
 
 
+def test_the_publishers_wait_for_the_snapshot_is_timed_apart_from_quantize_encode(tmp_path, monkeypatch):
+    """The publisher first waits for the offered params to be computed (updates run asynchronously): that wait is
+    `ready_wait_s`, not part of `quantize_encode_s`, which is what publishing spends."""
+    ready = learner_node.jax.block_until_ready
+
+    def slow_ready(tree):
+        if threading.current_thread().name == "publisher":  # the training thread's own waits stay as they are
+            time.sleep(0.2)
+        return ready(tree)
+
+    monkeypatch.setattr(learner_node.jax, "block_until_ready", slow_ready)
+    node, pool, _ = make_node("dqn", "CartPole-v1", TINY_DQN, str(tmp_path), publish_period=1)
+    try:
+        publish = time_node(node, warmup_s=0.1, window_s=0.6)["publish"]
+    finally:
+        pool.shutdown()
+    assert publish["versions"] >= 3 and publish["ready_wait_ms_per_version"] >= 200.0
+    assert publish["quantize_encode_ms_per_version"] < 200.0
+    assert publish["ready_wait_s"] == pytest.approx(1e-3 * publish["ready_wait_ms_per_version"] * publish["versions"])
+
+
 def test_k_is_chosen_for_the_learners_device_when_the_run_does_not_set_it(tmp_path):
     """`steps_per_call=None` (the program's default): the node runs K = `default_steps_per_call()` steps per call,
     the measured choice for its platform, and reports it."""
