@@ -37,6 +37,11 @@ FINAL_PUBLISH_TIMEOUT_S = 60.0
 # GPU scan figures suggest (issue 20); not yet measured per K there.
 STEPS_PER_CALL_BY_PLATFORM = {"cpu": 4}
 STEPS_PER_CALL_OTHER = 8
+# Blocks dispatched but not yet run that the training thread allows. Updates are asynchronous and XLA itself lets
+# tens of calls queue up: the publisher's snapshot then waits for all of them (2.7-7 s per 2048x3 version on the
+# 2-core EPYC), so actors got weights seconds older than their version's place in training, and the step count
+# ran ahead of the device. Two keep the device busy (one runs while the next waits) at no cost in steps/s.
+MAX_BLOCKS_IN_FLIGHT = 2
 
 
 def default_steps_per_call(platform: str | None = None) -> int:
@@ -138,6 +143,7 @@ class LearnerNode(NodeBase):
         t_first: float | None = None  # first learner step (after replay reached its minimum size)
         last_log = (time.monotonic(), start_steps, 0.0)
         pending: collections.deque = collections.deque()  # priority updates in flight
+        in_flight: collections.deque = collections.deque()  # one device array per dispatched block
         counter_future = None
         publish_owed = False
         last_report = 0.0
@@ -156,6 +162,7 @@ class LearnerNode(NodeBase):
                     before = int(self._learner.steps)
                     metrics = self._learner.run_block(block)
                     steps = int(self._learner.steps)
+                self._bound_in_flight(in_flight, metrics)
                 step_s += time.perf_counter() - t1
                 now = time.monotonic()
                 if t_first is None:
@@ -216,6 +223,15 @@ class LearnerNode(NodeBase):
                 "resumed_from": self.resumed_from, "policy_file": policy_file,
                 "publish": self.publish_times.summary(), "publish_handoff": self.publish_times.handoff(),
                 "energy": energy}
+
+    @staticmethod
+    def _bound_in_flight(in_flight: collections.deque, metrics: Mapping[str, Any]) -> None:
+        """Waits until at most `MAX_BLOCKS_IN_FLIGHT` dispatched blocks have not yet run on the device."""
+        done = next((v for v in metrics.values() if isinstance(v, jax.Array)), None)
+        if done is not None:
+            in_flight.append(done)
+        while len(in_flight) > MAX_BLOCKS_IN_FLIGHT:
+            jax.block_until_ready(in_flight.popleft())
 
     def save_policy(self) -> str:
         """The current fp32 policy as `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint

@@ -93,6 +93,27 @@ def test_the_publishers_wait_for_the_snapshot_is_timed_apart_from_quantize_encod
     assert publish["ready_wait_s"] == pytest.approx(1e-3 * publish["ready_wait_ms_per_version"] * publish["versions"])
 
 
+def test_the_training_thread_keeps_at_most_two_blocks_in_flight(tmp_path):
+    """Each block is dispatched only once every block but the last `MAX_BLOCKS_IN_FLIGHT` has run on the device, so
+    a publisher's snapshot waits for two blocks at most, not for the tens XLA would queue."""
+    node, pool, _ = make_node("dqn", "CartPole-v1", TINY_DQN, str(tmp_path), steps_per_call=2)
+    run_block, dispatched, not_run = node._learner.run_block, [], []  # pylint: disable=protected-access
+    limit = learner_node.MAX_BLOCKS_IN_FLIGHT
+
+    def recording_run_block(block):
+        not_run.append(sum(not m.is_ready() for m in dispatched[:max(0, len(dispatched) - limit)]))
+        metrics = run_block(block)
+        dispatched.append(next(v for v in metrics.values() if isinstance(v, learner_node.jax.Array)))
+        return metrics
+
+    node._learner.run_block = recording_run_block  # pylint: disable=protected-access
+    try:
+        time_node(node, warmup_s=0.1, window_s=0.5)
+    finally:
+        pool.shutdown()
+    assert len(dispatched) > 2 * limit and not any(not_run)
+
+
 def test_k_is_chosen_for_the_learners_device_when_the_run_does_not_set_it(tmp_path):
     """`steps_per_call=None` (the program's default): the node runs K = `default_steps_per_call()` steps per call,
     the measured choice for its platform, and reports it."""
