@@ -2,6 +2,9 @@
 
     python -m bench.learner_in_program [--quick] [--no-paper] [--steps-per-call K] [--out DIR]
 
+K defaults to the program's own choice for this device (`launch.nodes.learner.default_steps_per_call`: 4 on CPU),
+so (c) and (d) are the learner as `launch.actorq` runs it; `--steps-per-call 1` measures the one-step node.
+
 Issue 20's learner targets, measured on one machine in one run, for D4PG at walker:stand shapes (obs 24,
 action 6; critic 256x3, batch 256, as `bench.learner_throughput`), at 256x3 and (unless --no-paper) the paper's
 2048x3 policy:
@@ -56,7 +59,7 @@ def fill_replay(replay: Any, signature: Mapping[str, Any], items: int, seed: int
     replay.insert(data, force=True)
 
 
-def make_node(agent: str, task: str, overrides: Mapping[str, Any], logdir: str, *, steps_per_call: int = 1,
+def make_node(agent: str, task: str, overrides: Mapping[str, Any], logdir: str, *, steps_per_call: int | None = 1,
               publish: bool = True, publish_period: int = 10, precision: str = "int8", prefill: int | None = None,
               seed: int = 0) -> tuple[Any, Any, dict[str, Any]]:
     """A `LearnerNode` wired to local service nodes (replay pre-filled, no rate limiting, no actors).
@@ -114,7 +117,7 @@ def time_node(node: Any, warmup_s: float, window_s: float) -> dict[str, Any]:
             "sample_wait_s": result.get("sample_wait_s"), "steps_per_call": result.get("steps_per_call")}
 
 
-def measure_size(policy: Sequence[int], *, steps_per_call: int, warmup_s: float, window_s: float,
+def measure_size(policy: Sequence[int], *, steps_per_call: int | None, warmup_s: float, window_s: float,
                  lt_steps: int, lt_rounds: int, publish_period: int) -> dict[str, Any]:
     """(a)..(d) for one policy size."""
     out: dict[str, Any] = {"policy_layer_sizes": list(policy), "critic_layer_sizes": list(CRITIC),
@@ -132,6 +135,7 @@ def measure_size(policy: Sequence[int], *, steps_per_call: int, warmup_s: float,
                 out[key] = time_node(node, warmup_s, window_s)
             finally:
                 pool.shutdown()
+    out["steps_per_call"] = out["node"]["steps_per_call"]  # K as the node resolved it (the device's default for None)
     out["ratio_node_vs_learner_step"] = out["node"]["steps_per_s"] / out["learner.step"]
     out["ratio_publish_on_vs_off"] = out["node"]["steps_per_s"] / out["node_no_publish"]["steps_per_s"]
     return out
@@ -161,13 +165,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.learner_in_program", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="tiny networks and short windows (a smoke run)")
     p.add_argument("--no-paper", action="store_true", help="skip the 2048x3 policy")
-    p.add_argument("--steps-per-call", type=int, default=1, help="K of the node (c, d)")
+    p.add_argument("--steps-per-call", type=int, default=None,
+                   help="K of the node (c, d); default: the program's choice for this device")
     p.add_argument("--publish-period", type=int, default=10)
     p.add_argument("--window-s", type=float, default=None, help="timed seconds per node measurement")
     p.add_argument("--out", default=None)
     add_allow_busy(p)
     args = p.parse_args(argv)
-    if args.steps_per_call < 1 or args.publish_period < 1 or (args.window_s is not None and not args.window_s > 0):
+    bad_k = args.steps_per_call is not None and args.steps_per_call < 1
+    if bad_k or args.publish_period < 1 or (args.window_s is not None and not args.window_s > 0):
         p.error("--steps-per-call and --publish-period must be >= 1, --window-s > 0")
     refuse_if_busy(p, args.allow_busy)
     outdir = Path(args.out) if args.out else (REPO / "runs" / "bench" / "learner-in-program-quick" if args.quick

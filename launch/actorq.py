@@ -132,8 +132,9 @@ def build_parser() -> OneLineArgumentParser:
                         "job, else 1)")
     p.add_argument("--publish-period", type=int, default=10, help="learner steps between weight versions")
     p.add_argument("--publish-min-interval-s", type=float, default=0.0, help="seconds at least between weight versions")
-    p.add_argument("--learner-steps-per-call", type=int, default=1,
-                   help="SGD steps per learner call, one lax.scan over K sampled batches (GPU: 8-32)")
+    p.add_argument("--learner-steps-per-call", type=int, default=None,
+                   help="SGD steps per learner call, one lax.scan over K sampled batches (default: chosen for the "
+                        "learner's device, 4 on CPU)")
     p.add_argument("--insert-batch", type=int, default=64, help="transitions per replay insert call")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="agent config override, repeatable (e.g. --set batch_size=128)")

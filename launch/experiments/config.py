@@ -25,7 +25,9 @@ class DistributedConfig:
     num_actors: int = 1
     publish_period: int = 10  # learner steps between weight versions
     publish_min_interval_s: float = 0.0  # seconds at least between weight versions
-    learner_steps_per_call: int = 1  # SGD steps per learner call (one `lax.scan` over K batches): 1 on CPU, 8-32 on a GPU
+    # SGD steps per learner call (one `lax.scan` over K batches); None: chosen for the learner's device
+    # (`launch.nodes.learner.default_steps_per_call`: 4 on CPU, as measured there).
+    learner_steps_per_call: int | None = None
     insert_batch: int = 64  # transitions per replay insert call
     prefetch: int = 2  # sampled blocks the learner keeps in flight
     checkpoint_every: int = 0  # learner steps; 0 = only at shutdown
@@ -40,8 +42,11 @@ class DistributedConfig:
     learner_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name in ("num_actors", "publish_period", "insert_batch", "prefetch", "learner_steps_per_call"):
+        for name in ("num_actors", "publish_period", "insert_batch", "prefetch"):
             check_int(name, getattr(self, name), minimum=1)
+        if self.learner_steps_per_call is not None:
+            object.__setattr__(self, "learner_steps_per_call",
+                               check_int("learner_steps_per_call", self.learner_steps_per_call, minimum=1))
         check_int("checkpoint_every", self.checkpoint_every, minimum=0)
         check_number("publish_min_interval_s", self.publish_min_interval_s, low=0.0)
         check_number("log_every_s", self.log_every_s, low=0.0, low_open=True)
@@ -54,8 +59,7 @@ class DistributedConfig:
                     isinstance(k, str) and k and is_finite(v) and v > 0 for k, v in value.items()):
                 raise ConfigError(name, f"must map resource names to finite amounts > 0, got {value!r}")
             object.__setattr__(self, name, dict(value))
-        for name in ("num_actors", "publish_period", "insert_batch", "prefetch", "learner_steps_per_call",
-                     "checkpoint_every"):
+        for name in ("num_actors", "publish_period", "insert_batch", "prefetch", "checkpoint_every"):
             object.__setattr__(self, name, int(getattr(self, name)))
 
     def to_dict(self) -> dict[str, Any]:

@@ -55,11 +55,13 @@ ACTOR_KEYS = ("actor_id", "attempt", "starts", "actor_steps", "total_steps", "ep
 LEARNER_KEYS = ("learner_steps", "steps_this_run", "training_s", "steps_per_s", "step_s", "step_s_mean",
                 "sample_wait_s", "weights_version", "resumed_from", "policy_file", "publish", "energy", "steps_per_call",
                 "publish_handoff")
+# ready_wait_*: the distributed learner's publisher thread waiting for the offered params to be computed, kept out
+# of quantize_encode_* (None in one process: no publisher thread there).
 PUBLISH_KEYS = ("versions", "quantize_encode_s", "put_s", "payload_bytes", "quantize_encode_ms_per_version",
-                "put_ms_per_version")
+                "put_ms_per_version", "ready_wait_s", "ready_wait_ms_per_version")
 PAYLOAD_KEYS = ("precision", "bytes", "fp32_bytes", "compression", "versions", "published", "requests",
                 "payloads_served", "not_modified", "quantize_encode_s", "put_s", "quantize_encode_ms_per_version",
-                "put_ms_per_version")
+                "put_ms_per_version", "ready_wait_s", "ready_wait_ms_per_version")
 # Facts only one runner has (the other writes None): the single-process loop's clocks and switches.
 RUNNER_FACTS = ("train_clock_s", "evaluation_s", "sync_learner", "final_eval_return_fp32", "actor_update_period",
                 "policy_file", "best_policy_file")  # best_policy_file: policy_best_<precision>.qrlp (one process)

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import Any, Mapping
 
+import jax
 import numpy as np
 
 from launch.experiments import checkpoint as ckpt
@@ -27,6 +28,26 @@ from quarl import policy_io
 
 FINAL_PUBLISH_TIMEOUT_S = 60.0
 
+# SGD steps per learner call when the run does not set K (`steps_per_call=None`), by the learner's JAX platform.
+# CPU: K = 4. On the 2-core EPYC, D4PG 256x3 at batch 256, interleaved arms under the same load: `run_block`
+# at K = 2, 4, 8 took 4-6% less process CPU per step than K = 1 (14.5 vs 15.3 ms), and the node at K = 4 used
+# 15.5 ms of CPU per step against 17.3 ms at K = 1 and 16.8 ms for `learner.step` (the feed, the dispatch and
+# the training thread's bookkeeping are paid once per block); K = 8 gained no more. On a CPU the "device" is the
+# same cores, so every per-call cost is a cost to training. Other platforms: 8, the low end of the range the
+# GPU scan figures suggest (issue 20); not yet measured per K there.
+STEPS_PER_CALL_BY_PLATFORM = {"cpu": 4}
+STEPS_PER_CALL_OTHER = 8
+# Blocks dispatched but not yet run that the training thread allows. Updates are asynchronous and XLA itself lets
+# tens of calls queue up: the publisher's snapshot then waits for all of them (2.7-7 s per 2048x3 version on the
+# 2-core EPYC), so actors got weights seconds older than their version's place in training, and the step count
+# ran ahead of the device. Two keep the device busy (one runs while the next waits) at no cost in steps/s.
+MAX_BLOCKS_IN_FLIGHT = 2
+
+
+def default_steps_per_call(platform: str | None = None) -> int:
+    """K for a learner on `platform` (default: JAX's default backend, where the learner's state lives)."""
+    return STEPS_PER_CALL_BY_PLATFORM.get(platform or jax.default_backend(), STEPS_PER_CALL_OTHER)
+
 
 def _import_orbax() -> None:
     try:
@@ -38,9 +59,10 @@ def _import_orbax() -> None:
 class LearnerNode(NodeBase):
     """The fp32 learner and the source of weight versions (version = learner step at publication).
 
-    The training thread runs blocks of `steps_per_call` SGD steps that `BlockFeed` threads sampled and moved to
-    the device ahead of time; every `publish_period` steps (at most once per `publish_min_interval_s` seconds) it
-    hands a device snapshot of the policy to the `Publisher` thread, which quantizes, encodes and publishes it."""
+    The training thread runs blocks of `steps_per_call` SGD steps (by default chosen per device) that `BlockFeed`
+    threads sampled and moved to the device ahead of time; every `publish_period` steps (at most once per
+    `publish_min_interval_s` seconds) it hands a device snapshot of the policy to the `Publisher` thread, which
+    quantizes, encodes and publishes it."""
 
     LOG_FIELDS = ["learner_steps", "wall_clock_s", "steps_per_s", "weights_version",
                   "sample_wait_frac", "loss", "critic_loss", "policy_loss", "q_mean", "td_abs_mean",
@@ -50,7 +72,7 @@ class LearnerNode(NodeBase):
                  weights: NodeHandle, logdir: str, precision: str = "int8", publish_period: int = 10,
                  prefetch: int = 2, checkpoint_every: int = 0, resume: str | None = None,
                  run_config: Mapping[str, Any] | None = None, log_every_s: float = 1.0,
-                 steps_per_call: int = 1, publish_min_interval_s: float = 0.0, publish: bool = True):
+                 steps_per_call: int | None = None, publish_min_interval_s: float = 0.0, publish: bool = True):
         self._spec = spec
         self._builder = spec.builder()
         env_spec = spec.env_spec()
@@ -65,7 +87,8 @@ class LearnerNode(NodeBase):
         self._publish_period = max(1, int(publish_period))
         self._publish_enabled = bool(publish)  # False: only benchmarks (bench.learner_in_program) turn it off
         self._prefetch = max(1, int(prefetch))
-        self._steps_per_call = max(1, int(steps_per_call))
+        # None: K chosen for the learner's device (`default_steps_per_call`); the run's summary records it.
+        self._steps_per_call = max(1, int(default_steps_per_call() if steps_per_call is None else steps_per_call))
         self._checkpoint_every = int(checkpoint_every)
         self._run_config = dict(run_config or {})
         self._log_every_s = float(log_every_s)
@@ -120,6 +143,7 @@ class LearnerNode(NodeBase):
         t_first: float | None = None  # first learner step (after replay reached its minimum size)
         last_log = (time.monotonic(), start_steps, 0.0)
         pending: collections.deque = collections.deque()  # priority updates in flight
+        in_flight: collections.deque = collections.deque()  # one device array per dispatched block
         counter_future = None
         publish_owed = False
         last_report = 0.0
@@ -138,6 +162,7 @@ class LearnerNode(NodeBase):
                     before = int(self._learner.steps)
                     metrics = self._learner.run_block(block)
                     steps = int(self._learner.steps)
+                self._bound_in_flight(in_flight, metrics)
                 step_s += time.perf_counter() - t1
                 now = time.monotonic()
                 if t_first is None:
@@ -199,6 +224,15 @@ class LearnerNode(NodeBase):
                 "publish": self.publish_times.summary(), "publish_handoff": self.publish_times.handoff(),
                 "energy": energy}
 
+    @staticmethod
+    def _bound_in_flight(in_flight: collections.deque, metrics: Mapping[str, Any]) -> None:
+        """Waits until at most `MAX_BLOCKS_IN_FLIGHT` dispatched blocks have not yet run on the device."""
+        done = next((v for v in metrics.values() if isinstance(v, jax.Array)), None)
+        if done is not None:
+            in_flight.append(done)
+        while len(in_flight) > MAX_BLOCKS_IN_FLIGHT:
+            jax.block_until_ready(in_flight.popleft())
+
     def save_policy(self) -> str:
         """The current fp32 policy as `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint
         LOGDIR` reads (see quarl.policy_io). Returns the file's path."""
@@ -249,6 +283,8 @@ class LearnerNode(NodeBase):
         object-store object that every actor reads) to the weight server. Non-finite weights fail here: the
         learner stops with that error."""
         params, observations = offered
+        t_offered = time.perf_counter()
+        jax.block_until_ready(params)  # the steps dispatched before the snapshot: timed apart (no CPU spent)
         t0 = time.perf_counter()
         qparams = (quantize_params_on_device(params, self._precision.name) if self._precision.is_int
                    else quantize_params(params, self._precision.name))
@@ -261,7 +297,8 @@ class LearnerNode(NodeBase):
         if not self._fp32_nbytes:
             self._fp32_nbytes = fp32_payload_nbytes(params, version=version, spec_hash=self._spec_hash)
         self._weights.call("publish", version, blob, self._fp32_nbytes)
-        self.publish_times.add(quantize_encode_s=t1 - t0, put_s=t2 - t1, nbytes=blob.nbytes)
+        self.publish_times.add(quantize_encode_s=t1 - t0, put_s=t2 - t1, nbytes=blob.nbytes,
+                               ready_wait_s=t0 - t_offered)
         self._version = max(self._version, version)
 
     def _log_row(self, log: Any, metrics: Mapping[str, Any], steps: int, wall_clock_s: float,

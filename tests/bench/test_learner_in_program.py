@@ -38,3 +38,18 @@ def test_a_tiny_run_writes_the_results_with_the_machine_record(tmp_path):
     assert config["ratio_publish_on_vs_off"] == pytest.approx(
         config["node"]["steps_per_s"] / config["node_no_publish"]["steps_per_s"])
     assert "(c)/(a)" in (tmp_path / "learner_in_program.md").read_text()
+
+
+def test_the_node_runs_the_programs_k_unless_told(monkeypatch, tmp_path):
+    """Without --steps-per-call the node gets K = None, which `LearnerNode` resolves to its device's choice
+    (what `launch.actorq` runs by default); the table shows the K the node reported."""
+    seen = []
+
+    def fake_measure(policy, **kwargs):
+        seen.append(kwargs["steps_per_call"])
+        return _config(95.0, 100.0, 100.0)
+
+    monkeypatch.setattr(lip, "measure_size", fake_measure)
+    assert lip.main(["--quick", "--allow-busy", "--out", str(tmp_path)]) == 0
+    assert lip.main(["--quick", "--allow-busy", "--steps-per-call", "3", "--out", str(tmp_path)]) == 0
+    assert seen == [None, 3]

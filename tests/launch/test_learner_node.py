@@ -72,6 +72,63 @@ def test_k_step_blocks_update_priorities_per_batch_and_publish_on_crossing(tmp_p
     assert node.publish_times.offered == 2 + steps // period  # first, every crossing, last
 
 
+def test_the_publishers_wait_for_the_snapshot_is_timed_apart_from_quantize_encode(tmp_path, monkeypatch):
+    """The publisher first waits for the offered params to be computed (updates run asynchronously): that wait is
+    `ready_wait_s`, not part of `quantize_encode_s`, which is what publishing spends."""
+    ready = learner_node.jax.block_until_ready
+
+    def slow_ready(tree):
+        if threading.current_thread().name == "publisher":  # the training thread's own waits stay as they are
+            time.sleep(0.2)
+        return ready(tree)
+
+    monkeypatch.setattr(learner_node.jax, "block_until_ready", slow_ready)
+    node, pool, _ = make_node("dqn", "CartPole-v1", TINY_DQN, str(tmp_path), publish_period=1)
+    try:
+        publish = time_node(node, warmup_s=0.1, window_s=0.6)["publish"]
+    finally:
+        pool.shutdown()
+    assert publish["versions"] >= 3 and publish["ready_wait_ms_per_version"] >= 200.0
+    assert publish["quantize_encode_ms_per_version"] < 200.0
+    assert publish["ready_wait_s"] == pytest.approx(1e-3 * publish["ready_wait_ms_per_version"] * publish["versions"])
+
+
+def test_the_training_thread_keeps_at_most_two_blocks_in_flight(tmp_path):
+    """Each block is dispatched only once every block but the last `MAX_BLOCKS_IN_FLIGHT` has run on the device, so
+    a publisher's snapshot waits for two blocks at most, not for the tens XLA would queue."""
+    node, pool, _ = make_node("dqn", "CartPole-v1", TINY_DQN, str(tmp_path), steps_per_call=2)
+    run_block, dispatched, not_run = node._learner.run_block, [], []  # pylint: disable=protected-access
+    limit = learner_node.MAX_BLOCKS_IN_FLIGHT
+
+    def recording_run_block(block):
+        not_run.append(sum(not m.is_ready() for m in dispatched[:max(0, len(dispatched) - limit)]))
+        metrics = run_block(block)
+        dispatched.append(next(v for v in metrics.values() if isinstance(v, learner_node.jax.Array)))
+        return metrics
+
+    node._learner.run_block = recording_run_block  # pylint: disable=protected-access
+    try:
+        time_node(node, warmup_s=0.1, window_s=0.5)
+    finally:
+        pool.shutdown()
+    assert len(dispatched) > 2 * limit and not any(not_run)
+
+
+def test_k_is_chosen_for_the_learners_device_when_the_run_does_not_set_it(tmp_path):
+    """`steps_per_call=None` (the program's default): the node runs K = `default_steps_per_call()` steps per call,
+    the measured choice for its platform, and reports it."""
+    by_platform = learner_node.STEPS_PER_CALL_BY_PLATFORM
+    assert learner_node.default_steps_per_call("cpu") == by_platform["cpu"] > 1
+    assert learner_node.default_steps_per_call("no-such-platform") == learner_node.STEPS_PER_CALL_OTHER
+    k = learner_node.default_steps_per_call()
+    node, pool, _ = make_node("dqn", "CartPole-v1", TINY_DQN, str(tmp_path), steps_per_call=None)
+    try:
+        timed = time_node(node, warmup_s=0.1, window_s=0.5)
+    finally:
+        pool.shutdown()
+    assert timed["steps_per_call"] == k and timed["window_steps"] > 0 and timed["window_steps"] % k == 0
+
+
 def test_cadences_fire_when_steps_cross_a_multiple():
     assert crossed(8, 12, 10) and crossed(9, 10, 10) and not crossed(10, 19, 10) and crossed(0, 64, 32)
 
