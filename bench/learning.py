@@ -56,7 +56,7 @@ class LearningRow:
 # 100k, 120k env steps), so bench.peers compares final returns at equal env steps. Each task runs with its settings
 # from agents.dqn.config.task_overrides ({} where the defaults suit it); MountainCar's reward is sparse, so it
 # takes rl-baselines3-zoo's MountainCar settings (faster learning rate, gamma 0.98, small replay, longer
-# exploration).
+# exploration), with its observation bounds mapped onto [-1, 1] and the learning rate decaying over the run.
 DQN_ROWS: tuple[LearningRow, ...] = (
     LearningRow("dqn", "CartPole-v1", 475.0, 50_000, 2_500, overrides=dqn_task_overrides("CartPole-v1")),
     LearningRow("dqn", "Acrobot-v1", -100.0, 100_000, 2_500, overrides=dqn_task_overrides("Acrobot-v1")),

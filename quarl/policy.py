@@ -91,6 +91,10 @@ class PolicySpec:
     input_shape: tuple[int, ...] | None = None
     # A factor every observation value is multiplied by first (1/255 for Atari frames), None = 1.
     input_scale: float | None = None
+    # Vector policies: per-feature observation bounds ((low, ...), (high, ...)) that every runtime first maps onto
+    # [-1, 1] (`input_affine`), so features of very different ranges (MountainCar's position in [-1.2, 0.6] and
+    # velocity in [-0.07, 0.07]) get the first layer's int8 weight and activation ranges alike. None: as they come.
+    input_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.input_dim, (int, np.integer)) or self.input_dim <= 0:
@@ -108,6 +112,8 @@ class PolicySpec:
                     or not np.isfinite(self.input_scale) or self.input_scale <= 0:
                 raise ValueError(f"PolicySpec.input_scale must be a positive finite number, got {self.input_scale!r}")
             object.__setattr__(self, "input_scale", float(self.input_scale))
+        if self.input_bounds is not None:
+            object.__setattr__(self, "input_bounds", _checked_bounds(self.input_bounds, self))
         names = set()
         for layer in self.layers:
             if type(layer) not in _KIND_OF:
@@ -189,7 +195,17 @@ class PolicySpec:
             out["input_shape"] = list(self.input_shape)
         if self.input_scale is not None:
             out["input_scale"] = float(self.input_scale)
+        if self.input_bounds is not None:  # absent without bounds: older specs keep their digests
+            out["input_bounds"] = [list(side) for side in self.input_bounds]
         return out
+
+    def input_affine(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """float32 (offset, scale) with `(x - offset) * scale` mapping `input_bounds` onto [-1, 1], or None. Made
+        here once, so the learner and every runtime subtract and multiply by the very same float32 constants."""
+        if self.input_bounds is None:
+            return None
+        low, high = (np.asarray(side, np.float64) for side in self.input_bounds)
+        return ((low + high) / 2).astype(np.float32), (2.0 / (high - low)).astype(np.float32)
 
     def digest(self) -> str:
         """SHA-256 (hex) of the canonical JSON of `to_dict()`: what actor payloads carry instead of the spec
@@ -212,7 +228,7 @@ class PolicySpec:
             shape = d.get("input_shape")
             return cls(input_dim=int(d["input_dim"]), layers=tuple(layers),
                        input_shape=None if shape is None else tuple(int(v) for v in shape),
-                       input_scale=d.get("input_scale"))
+                       input_scale=d.get("input_scale"), input_bounds=d.get("input_bounds"))
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed policy spec: {e}") from None
 
@@ -236,13 +252,27 @@ def layer_norm_mlp_policy(
     return PolicySpec(obs_dim, tuple(layers))
 
 
-def mlp_q_network(obs_dim: int, hidden: Sequence[int], num_actions: int) -> PolicySpec:
-    """DQN's Q-network: ReLU MLP with a linear head (one Q-value per discrete action)."""
+def _checked_bounds(bounds: Any, spec: "PolicySpec") -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """`PolicySpec.input_bounds` as two tuples of floats; ValueError unless a vector policy's finite low < high."""
+    try:
+        low, high = (tuple(float(v) for v in side) for side in bounds)
+    except (TypeError, ValueError):
+        raise ValueError(f"PolicySpec.input_bounds must be (low values, high values), got {bounds!r}") from None
+    if spec.input_shape is not None or len(low) != spec.input_dim or len(high) != spec.input_dim:
+        raise ValueError(f"PolicySpec.input_bounds needs {spec.input_dim} lows and highs of a vector policy")
+    if not np.all(np.isfinite(low + high)) or any(h <= lo for lo, h in zip(low, high)):
+        raise ValueError(f"PolicySpec.input_bounds must be finite with low < high, got {bounds!r}")
+    return low, high
+
+
+def mlp_q_network(obs_dim: int, hidden: Sequence[int], num_actions: int,
+                  input_bounds: Sequence[Sequence[float]] | None = None) -> PolicySpec:
+    """DQN's Q-network: ReLU MLP, linear head (a Q-value per action); `input_bounds` as in `PolicySpec`."""
     layers: list[Layer] = []
     for i, h in enumerate(hidden):
         layers += [Linear(f"linear_{i}", h), Activation("relu")]
     layers.append(Linear(f"linear_{len(hidden)}", num_actions))
-    return PolicySpec(obs_dim, tuple(layers))
+    return PolicySpec(obs_dim, tuple(layers), input_bounds=input_bounds)
 
 
 def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
@@ -265,6 +295,8 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
             x = jnp.reshape(x, (x.shape[0], *spec.input_shape))
         if spec.input_scale is not None:
             x = x * spec.input_scale
+        if spec.input_bounds is not None:
+            x = (x - spec.input_affine()[0]) * spec.input_affine()[1]
         for layer in spec.layers:
             if isinstance(layer, Conv2D):
                 x = conv_cls(layer.out, layer.kernel, stride=layer.stride, padding="VALID", name=layer.name)(x)
@@ -302,6 +334,9 @@ def reference_apply(spec: PolicySpec, params: dict, obs: np.ndarray, *, dtype: A
         x = x.reshape((x.shape[0], *spec.input_shape))
     if spec.input_scale is not None:
         x = x * dtype(spec.input_scale)
+    if spec.input_bounds is not None:
+        offset, scale = spec.input_affine()
+        x = (x - offset.astype(dtype)) * scale.astype(dtype)
     for layer in spec.layers:
         if on_input is not None and isinstance(layer, (Conv2D, Linear)):
             on_input(layer.name, x)

@@ -31,7 +31,7 @@ class Builder(BuilderBase):
         """The Q-network actors run: obs -> one Q-value per action (an MLP, or a conv torso for image tasks)."""
         self._check_env(env_spec)
         return make_q_spec(env_spec.obs_dim, env_spec.num_actions, self.config.hidden_sizes,
-                           env_spec.observation_shape)
+                           env_spec.observation_shape, self.config.observation_bounds)
 
     def make_learner(self, env_spec: EnvSpec, seed: int) -> DQNLearner:
         return DQNLearner(self.policy_spec(env_spec), self.config, seed)

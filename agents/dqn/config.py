@@ -6,6 +6,7 @@ replay ratio: these tasks are cheap to simulate, so sample efficiency per env st
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from agents.base import error_buffer
 from quarl.checks import ConfigError, check_bool, check_int, check_number, check_sizes, is_int
@@ -16,9 +17,18 @@ from quarl.qat import check_qat_bits
 # reached the goal within 150k steps. rl-baselines3-zoo's MountainCar hyper-parameters (faster learning rate,
 # gamma 0.98, a small replay, longer exploration) reached -130 within ~50k steps on every seed tried
 # (bench/results/learning_dqn.md). Use as `DQNConfig(**MOUNTAINCAR_OVERRIDES)` or `--set` each key.
+# Its observation bounds (gymnasium's MountainCarEnv: position [-1.2, 0.6], velocity [-0.07, 0.07]) are mapped onto
+# [-1, 1] before the first layer: raw, the velocity spans 1/13 of the position's range, so the int8 first layer
+# (per-column weight scales set by the large velocity weights, per-row activation scales by the position) rounded
+# away part of what the policy read from it: on trained policies its int8 weights alone flipped 1-5% of the greedy
+# actions, 0-0.3% with the bounds, and int8 seed 2 never reached the goal in 120k steps (it does with them).
+# The learning rate decays linearly from 4e-3 to 4e-4 over the 60k updates of the 120k-step budget: held at 4e-3,
+# the solved policy kept swinging to -140..-190 between evaluations up to the end (bench/results/dqn_collapse.md).
+MOUNTAINCAR_BOUNDS = ((-1.2, -0.07), (0.6, 0.07))
 MOUNTAINCAR_OVERRIDES: dict = {"learning_rate": 4e-3, "discount": 0.98, "target_update_period": 300,
                                "batch_size": 128, "max_replay_size": 10_000, "epsilon_decay_steps": 24_000,
-                               "epsilon_end": 0.07, "learning_rate_end": None}
+                               "epsilon_end": 0.07, "learning_rate_end": 4e-4, "learning_rate_decay_steps": 60_000,
+                               "observation_bounds": MOUNTAINCAR_BOUNDS}
 # CartPole-v1: a Huber threshold of 5 instead of 1. Once solved, almost every transition has a TD error near 0;
 # the few that lead toward a fall or the track's edge have errors of 5-50, and at threshold 1 each of those pulls
 # no harder than an error of 1, so the drift toward the edge was unlearned between visits and the policy
@@ -43,6 +53,9 @@ class DQNConfig:
 
     # Network.
     hidden_sizes: tuple[int, ...] = (256, 256)
+    # ((lows), (highs)) of vector observations, mapped onto [-1, 1] before the first layer by the learner and every
+    # actor (`quarl.policy.PolicySpec.input_bounds`); None feeds them as they come.
+    observation_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     # Optimiser (Adam with global-norm clipping).
     learning_rate: float = 1e-3
     # Linear decay of the learning rate to `learning_rate_end` over `learning_rate_decay_steps` learner steps,
@@ -90,6 +103,8 @@ class DQNConfig:
     def __post_init__(self) -> None:
         # lists arrive from JSON/CLI; the hashable tuple is stored
         object.__setattr__(self, "hidden_sizes", check_sizes("hidden_sizes", self.hidden_sizes))
+        if self.observation_bounds is not None:
+            object.__setattr__(self, "observation_bounds", _checked_bounds(self.observation_bounds))
         _positive_float(self, "learning_rate")
         if self.learning_rate_end is not None:
             _positive_float(self, "learning_rate_end")
@@ -145,6 +160,17 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
     if decay_steps <= 0 or step >= decay_steps:
         return float(end)
     return float(start + (end - start) * step / decay_steps)
+
+
+def _checked_bounds(bounds: object) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """((lows), (highs)) as tuples (lists arrive from JSON/CLI); ConfigError unless finite, equal length, low < high."""
+    try:
+        low, high = (tuple(float(v) for v in side) for side in bounds)  # type: ignore[union-attr]
+    except (TypeError, ValueError):
+        raise ConfigError("observation_bounds", f"must be (lows, highs), got {bounds!r}") from None
+    if len(low) != len(high) or not low or not all(-math.inf < lo < hi < math.inf for lo, hi in zip(low, high)):
+        raise ConfigError("observation_bounds", f"needs as many finite lows as highs, each low < high, got {bounds!r}")
+    return low, high
 
 
 # The shared checks (`quarl.checks`: one error type, ConfigError, naming the field), read off the config.

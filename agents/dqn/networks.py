@@ -19,13 +19,17 @@ NATURE_MIN_SIZE = 36
 
 
 def make_q_spec(obs_dim: int, num_actions: int, hidden_sizes: Sequence[int],
-                obs_shape: Sequence[int] | None = None) -> PolicySpec:
+                obs_shape: Sequence[int] | None = None,
+                observation_bounds: Sequence[Sequence[float]] | None = None) -> PolicySpec:
     """One Q-value per discrete action: a ReLU MLP for vector observations, a conv torso for [H, W, C] images
-    (see the module docstring)."""
+    (see the module docstring). `observation_bounds` ((lows), (highs)): the MLP maps them onto [-1, 1] first
+    (`PolicySpec.input_bounds`), in the learner and every actor alike."""
     if num_actions < 2:
         raise ValueError(f"DQN needs a discrete action space with >= 2 actions, got {num_actions}")
     if obs_shape is None or len(obs_shape) == 1:
-        return mlp_q_network(obs_dim, tuple(hidden_sizes), num_actions)
+        return mlp_q_network(obs_dim, tuple(hidden_sizes), num_actions, observation_bounds)
+    if observation_bounds is not None:
+        raise ValueError("observation_bounds apply to vector observations only")
     if len(obs_shape) != 3:
         raise ValueError(f"DQN takes vector or [H, W, C] image observations, got shape {tuple(obs_shape)}")
     if min(obs_shape[:2]) >= NATURE_MIN_SIZE:

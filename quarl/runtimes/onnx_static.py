@@ -45,10 +45,15 @@ _MIN_SCALE = np.float32(1e-12)  # an all-zero calibrated range: codes stay 0 ins
 
 
 def policy_input(graph: Graph, x: str, spec: PolicySpec) -> str:
-    """The observations as the first layer takes them: times `spec.input_scale` if any, and for image policies
-    flat [B, H*W*C] -> NCHW [B, C, H, W] (ONNX's Conv layout)."""
+    """The observations as the first layer takes them: times `spec.input_scale` if any, `input_bounds` mapped onto
+    [-1, 1] (before the first layer quantizes them), and for image policies flat [B, H*W*C] -> NCHW [B, C, H, W]
+    (ONNX's Conv layout)."""
     if spec.input_scale is not None:
         (x,) = graph.op("Mul", [x, graph.const("input.scale", np.float32(spec.input_scale))])
+    if spec.input_bounds is not None:
+        offset, scale = spec.input_affine()
+        (x,) = graph.op("Sub", [x, graph.const("input.offset", offset)])
+        (x,) = graph.op("Mul", [x, graph.const("input.bounds_scale", scale)])
     if spec.input_shape is None:
         return x
     (x,) = graph.op("Reshape", [x, graph.const("input.shape", np.array([-1, *spec.input_shape], np.int64))])

@@ -58,6 +58,9 @@ def _init(spec: PolicySpec, seed: int) -> dict:
 SPECS = {
     "d4pg": layer_norm_mlp_policy(12, [64, 64], [-2.0, -1.0, 0.0], [2.0, 1.0, 3.0]),
     "dqn": mlp_q_network(8, [64, 64], 5),
+    # per-feature observation bounds of very different widths, mapped onto [-1, 1] by every runtime first
+    "dqn_bounds": mlp_q_network(8, [64, 64], 5, ([-0.07, -1.2, 0.0, -3.0, -0.5, -10.0, 1.0, -0.01],
+                                                 [0.07, 0.6, 2.0, 3.0, 0.5, 10.0, 4.0, 0.01])),
 }
 
 
