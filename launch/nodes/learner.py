@@ -14,7 +14,7 @@ import numpy as np
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
 from launch.experiments.agent_spec import AgentSpec
-from launch.nodes.learner_feed import BlockFeed
+from launch.nodes.learner_feed import BlockFeed, PriorityUpdates
 from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
 from launch.program.graph import NodeHandle
 from launch.nodes.publisher import Publisher, PublishTimes
@@ -142,7 +142,7 @@ class LearnerNode(NodeBase):
         wait_s = step_s = 0.0
         t_first: float | None = None  # first learner step (after replay reached its minimum size)
         last_log = (time.monotonic(), start_steps, 0.0)
-        pending: collections.deque = collections.deque()  # priority updates in flight
+        priorities = PriorityUpdates(self._replay)
         in_flight: collections.deque = collections.deque()  # one device array per dispatched block
         counter_future = None
         publish_owed = False
@@ -169,11 +169,10 @@ class LearnerNode(NodeBase):
                     t_first, last_log = now, (now, before, wait_s)
                 else:
                     wait_s += t1 - t0
-                if prioritized and "priorities" in metrics:  # one update per sampled batch, in order
+                if prioritized and "priorities" in metrics:  # each sampled batch's own priorities, in order
                     prios = np.reshape(np.asarray(metrics["priorities"]), block.keys.shape)
-                    pending.append(self._replay.submit("update_priorities", block.keys.reshape(-1), prios.reshape(-1)))
-                while pending and pending[0].done():
-                    pending.popleft().result()
+                    priorities.add(block.keys.reshape(-1), prios.reshape(-1))
+                priorities.poll()
                 publish_owed = publish_owed or crossed(before, steps, self._publish_period)
                 if publish_owed and self._publish_enabled and self._publisher.due():
                     self._offer()
@@ -191,8 +190,7 @@ class LearnerNode(NodeBase):
                 now = time.monotonic()
                 self._log_row(log, metrics, self.steps(), now - t_origin, last_log, now, wait_s)
             # Final weights for the final evaluation; final checkpoint.
-            for fut in pending:
-                fut.result(timeout=10)
+            priorities.flush(timeout=10)
             if counter_future is not None:
                 counter_future.result(timeout=10)
             self._counter.call("increment", learner_steps=self.steps() - reported)

@@ -13,6 +13,8 @@ import queue
 import threading
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from launch.nodes.base import POLL_S, wait_or_stop
 from launch.program.graph import NodeHandle
 from quarl.replay import TableClosed
@@ -84,3 +86,40 @@ class BlockFeed:
         except BaseException as e:  # pylint: disable=broad-except  (raised on the training thread by get)
             if not self._stop.is_set():
                 self._errors.append(e)
+
+
+class PriorityUpdates:
+    """The learner's PER priority updates, applied by the replay server in the order the blocks trained.
+
+    Why: the server runs calls on several threads (a threaded Ray actor, the local runner's pool), so two updates
+    in flight at once may apply in either order, and a key sampled in both blocks would keep the older priority.
+    One update is in flight at a time; blocks trained meanwhile wait here and go as one concatenated update
+    (same order, later wins), so the training thread never waits for the server.
+    """
+
+    def __init__(self, replay: NodeHandle):
+        self._replay = replay
+        self._queued: list[tuple[np.ndarray, np.ndarray]] = []
+        self._in_flight: Any = None
+
+    def add(self, keys: np.ndarray, priorities: np.ndarray) -> None:
+        self._queued.append((np.asarray(keys), np.asarray(priorities)))
+
+    def poll(self) -> None:
+        """Non-blocking: collects a finished update (raising its error) and sends what has queued since."""
+        if self._in_flight is not None and self._in_flight.done():
+            self._in_flight, done = None, self._in_flight
+            done.result()
+        if self._in_flight is None and self._queued:
+            keys = np.concatenate([k for k, _ in self._queued])
+            prios = np.concatenate([p for _, p in self._queued])
+            self._queued = []
+            self._in_flight = self._replay.submit("update_priorities", keys, prios)
+
+    def flush(self, timeout: float) -> None:
+        """Waits until every added update has been applied (at a stop: none is dropped)."""
+        while self._in_flight is not None or self._queued:
+            if self._in_flight is not None:
+                self._in_flight.result(timeout=timeout)
+                self._in_flight = None
+            self.poll()

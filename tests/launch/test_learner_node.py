@@ -3,6 +3,7 @@ training, K-step blocks keep PER's per-batch priority updates and the cadences, 
 nor reuses a sampled batch and stops cleanly."""
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 import time
 
@@ -12,7 +13,7 @@ import pytest
 from bench.learner_in_program import make_node, time_node
 from launch.nodes import learner as learner_node
 from launch.experiments.acting import crossed
-from launch.nodes.learner_feed import BlockFeed
+from launch.nodes.learner_feed import BlockFeed, PriorityUpdates
 from launch.program.local_runner import DaemonPool, LocalNodeHandle
 from quarl.replay import Sample, StackedSample
 from tests.launch.tiny import TINY_DQN
@@ -64,11 +65,14 @@ def test_k_step_blocks_update_priorities_per_batch_and_publish_on_crossing(tmp_p
         pool.shutdown()
     steps = node.steps()
     assert steps % k == 0 and steps == k * len(trained) and len(trained) >= 3
-    assert len(updates) == len(trained)  # one update per block, carrying each of its K batches' own priorities
-    for (keys, prios), (sent_keys, sent_prios) in zip(trained, updates):
+    # Every block's K batches' own priorities reach the server once, applied in the order the blocks trained
+    # (blocks trained while an update was in flight go together, concatenated in order).
+    for keys, prios in trained:
         assert keys.shape == prios.shape == (k, TINY_DQN["batch_size"])
-        np.testing.assert_array_equal(sent_keys, keys.reshape(-1))
-        np.testing.assert_array_equal(sent_prios, prios.reshape(-1))
+    np.testing.assert_array_equal(np.concatenate([u[0] for u in updates]),
+                                  np.concatenate([keys.reshape(-1) for keys, _ in trained]))
+    np.testing.assert_array_equal(np.concatenate([u[1] for u in updates]),
+                                  np.concatenate([prios.reshape(-1) for _, prios in trained]))
     assert node.publish_times.offered == 2 + steps // period  # first, every crossing, last
 
 
@@ -178,3 +182,42 @@ def test_the_prefetcher_neither_loses_nor_reuses_a_batch_and_stops_cleanly(k):
     assert len(batches) >= drawn - (2 + 2) * k
     assert feed.get(timeout=0.01) is None  # the queue was dropped
     pool.shutdown()
+
+
+class _ConcurrentReplay:
+    """A replay handle whose calls finish in any order (as on a server running calls on several threads)."""
+
+    def __init__(self):
+        self.applied: list[np.ndarray] = []
+        self.futures: list[concurrent.futures.Future] = []
+
+    def submit(self, method, keys, prios):
+        assert method == "update_priorities"
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        self.futures.append(fut)
+        fut.keys = keys  # applied when the test completes it
+        return fut
+
+    def complete(self, fut) -> None:
+        self.applied.append(fut.keys)
+        fut.set_result(len(fut.keys))
+
+
+def test_priority_updates_apply_in_training_order_with_one_in_flight():
+    replay = _ConcurrentReplay()
+    updates = PriorityUpdates(replay)
+    blocks = [np.arange(i * 4, i * 4 + 4) for i in range(5)]
+    updates.add(blocks[0], np.ones(4))
+    updates.poll()
+    assert len(replay.futures) == 1
+    for b in blocks[1:4]:  # trained while the first update is in flight: held back, not sent beside it
+        updates.add(b, np.ones(4))
+        updates.poll()
+    assert len(replay.futures) == 1
+    replay.complete(replay.futures[0])
+    updates.add(blocks[4], np.ones(4))
+    updates.poll()  # the three held blocks and the new one go as one update, in order
+    assert len(replay.futures) == 2
+    replay.complete(replay.futures[1])
+    updates.flush(timeout=1)
+    np.testing.assert_array_equal(np.concatenate(replay.applied), np.concatenate(blocks))
