@@ -359,6 +359,9 @@ def dqn_markdown(rows: Sequence[dict[str, Any]],
     return lines + ["", f"SB3 run: {sb3}." if sb3 else "", ""]
 
 
+DEFAULT_DQN_TASKS = "CartPole-v1,Acrobot-v1,MountainCar-v0"
+
+
 def merge_results(earlier: dict[str, Any], now: dict[str, Any]) -> dict[str, Any]:
     """`now` plus what `earlier` measured that `now` did not: DQN rows of other tasks (placed first, tasks in
     their order) and the D4PG part when `now` skipped it. Each sitting's command and machine stay on record."""
@@ -370,9 +373,34 @@ def merge_results(earlier: dict[str, Any], now: dict[str, Any]) -> dict[str, Any
     merged = dict(now, dqn=kept + list(now.get("dqn", [])))
     if d4pg:
         merged["d4pg"] = d4pg
-    merged["earlier_sittings"] = [*earlier.get("earlier_sittings", []),
-                                  {"command": earlier.get("command"), "machine": earlier.get("machine")}]
+    sittings = [*earlier.get("earlier_sittings", []),
+                {"command": earlier.get("command"), "machine": earlier.get("machine")}]
+    merged["earlier_sittings"] = _surviving_sittings(sittings, tasks, bool(now.get("d4pg")))
     return merged
+
+
+def _sitting_tasks(sitting: dict[str, Any]) -> set[str]:
+    """The DQN tasks a sitting measured: recorded, or read from its command's --dqn-tasks (all by default)."""
+    if "tasks" in sitting:
+        return set(sitting["tasks"])
+    words = str(sitting.get("command") or "").split()
+    given = words[words.index("--dqn-tasks") + 1] if "--dqn-tasks" in words[:-1] else DEFAULT_DQN_TASKS
+    return set(given.split(","))
+
+
+def _surviving_sittings(sittings: list[dict[str, Any]], now_tasks: set[str], now_d4pg: bool) -> list[dict[str, Any]]:
+    """The earlier sittings (oldest first) that still own a row: a later sitting's rows replace an earlier one's
+    for the same task, so a sitting whose every task was measured again since is no longer credited."""
+    claimed, kept = set(now_tasks), []
+    d4pg_claimed = now_d4pg
+    for sitting in reversed(sittings):
+        own = _sitting_tasks(sitting) - claimed
+        has_d4pg = not d4pg_claimed and "--skip-acme" not in str(sitting.get("command") or "")
+        if own or has_d4pg:
+            kept.append({**sitting, "tasks": sorted(own)})
+        claimed |= own
+        d4pg_claimed = d4pg_claimed or has_d4pg
+    return kept[::-1]
 
 
 # ------------------------------------------------------------------------------------------------ CLI
@@ -384,7 +412,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="output directory (default bench/results, or "
                                                     "runs/bench/peers-quick with --quick)")
     parser.add_argument("--seeds", default=None, help="DQN seeds (default 0,1,2; 0 with --quick)")
-    parser.add_argument("--dqn-tasks", default="CartPole-v1,Acrobot-v1,MountainCar-v0",
+    parser.add_argument("--dqn-tasks", default=DEFAULT_DQN_TASKS,
                         help="comma-separated bench.learning DQN tasks")
     parser.add_argument("--skip-acme", action="store_true", help="no D4PG comparison")
     parser.add_argument("--skip-sb3", action="store_true", help="no DQN comparison")

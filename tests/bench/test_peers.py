@@ -150,6 +150,26 @@ def test_merge_keeps_other_tasks_rows_and_records_each_sitting():
         **now, "dqn": [row("Acrobot-v1", "sb3", -80.0), row("CartPole-v1", "sb3", 500.0)]}  # all remeasured
 
 
+def test_merge_credits_only_the_sittings_whose_rows_survive():
+    """A task measured again replaces the earlier sitting's rows; a sitting with no row left is no longer named."""
+    machine = {"cpu": "test cpu", "cores": 2, "load_start": [0.1], "load_end": [0.2]}
+
+    def sitting(task: str, ret: float) -> dict:
+        return {"command": f"python -m bench.peers --skip-acme --dqn-tasks {task} --merge x{ret}", "machine": machine,
+                "dqn": [{"task": task, "system": "sb3", "seed": 0, "target": 1.0, "solved": True,
+                         "steps_to_target": 10, "wall_s_to_target": 1.0, "last3_mean": ret, "final_return": ret,
+                         "stay_fraction": 1.0, "env_steps_per_s": 5.0}]}
+
+    cart, car_old, car_new, acro = (sitting("CartPole-v1", 1.0), sitting("MountainCar-v0", 2.0),
+                                    sitting("MountainCar-v0", 3.0), sitting("Acrobot-v1", 4.0))
+    merged = peers.merge_results(peers.merge_results(peers.merge_results(cart, car_old), car_new), acro)
+    assert [s["command"] for s in merged["earlier_sittings"]] == [cart["command"], car_new["command"]]
+    assert [s["tasks"] for s in merged["earlier_sittings"]] == [["CartPole-v1"], ["MountainCar-v0"]]
+    assert sorted(r["last3_mean"] for r in merged["dqn"]) == [1.0, 3.0, 4.0]
+    text = peers.markdown({**merged, "d4pg": []})
+    assert car_old["command"] not in text and car_new["command"] in text and cart["command"] in text
+
+
 def test_dqn_stability_records_one_line_per_run_and_rejects_bad_settings(tmp_path, capsys):
     """bench.dqn_stability at a tiny size: a real (untrained) run per seed, one JSON line each with the figures
     bench.peers reports; a bad --set is a one-line error, exit 2."""
