@@ -252,16 +252,28 @@ def layer_norm_mlp_policy(
     return PolicySpec(obs_dim, tuple(layers))
 
 
-def _checked_bounds(bounds: Any, spec: "PolicySpec") -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """`PolicySpec.input_bounds` as two tuples of floats; ValueError unless a vector policy's finite low < high."""
+def parse_bounds(bounds: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-feature bounds ((lows), (highs)) as two tuples of floats (lists arrive from JSON/CLI); ValueError
+    (naming no field: callers add theirs) unless as many finite lows as highs, each low < high."""
     try:
         low, high = (tuple(float(v) for v in side) for side in bounds)
     except (TypeError, ValueError):
-        raise ValueError(f"PolicySpec.input_bounds must be (low values, high values), got {bounds!r}") from None
-    if spec.input_shape is not None or len(low) != spec.input_dim or len(high) != spec.input_dim:
-        raise ValueError(f"PolicySpec.input_bounds needs {spec.input_dim} lows and highs of a vector policy")
+        raise ValueError(f"must be (low values, high values), got {bounds!r}") from None
+    if len(low) != len(high) or not low:
+        raise ValueError(f"needs as many lows as highs, got {bounds!r}")
     if not np.all(np.isfinite(low + high)) or any(h <= lo for lo, h in zip(low, high)):
-        raise ValueError(f"PolicySpec.input_bounds must be finite with low < high, got {bounds!r}")
+        raise ValueError(f"must be finite with low < high, got {bounds!r}")
+    return low, high
+
+
+def _checked_bounds(bounds: Any, spec: "PolicySpec") -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """`PolicySpec.input_bounds` parsed (`parse_bounds`), one pair per feature of a vector policy."""
+    try:
+        low, high = parse_bounds(bounds)
+    except ValueError as e:
+        raise ValueError(f"PolicySpec.input_bounds {e}") from None
+    if spec.input_shape is not None or len(low) != spec.input_dim:
+        raise ValueError(f"PolicySpec.input_bounds needs {spec.input_dim} lows and highs of a vector policy")
     return low, high
 
 
@@ -296,7 +308,8 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
         if spec.input_scale is not None:
             x = x * spec.input_scale
         if spec.input_bounds is not None:
-            x = (x - spec.input_affine()[0]) * spec.input_affine()[1]
+            offset, scale = spec.input_affine()
+            x = (x - offset) * scale
         for layer in spec.layers:
             if isinstance(layer, Conv2D):
                 x = conv_cls(layer.out, layer.kernel, stride=layer.stride, padding="VALID", name=layer.name)(x)

@@ -6,10 +6,10 @@ replay ratio: these tasks are cheap to simulate, so sample efficiency per env st
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from agents.base import error_buffer
 from quarl.checks import ConfigError, check_bool, check_int, check_number, check_sizes, is_int
+from quarl.policy import parse_bounds
 from quarl.qat import check_qat_bits
 
 
@@ -163,14 +163,11 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
 
 
 def _checked_bounds(bounds: object) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """((lows), (highs)) as tuples (lists arrive from JSON/CLI); ConfigError unless finite, equal length, low < high."""
+    """((lows), (highs)) as tuples (`quarl.policy.parse_bounds`), as a ConfigError naming the field."""
     try:
-        low, high = (tuple(float(v) for v in side) for side in bounds)  # type: ignore[union-attr]
-    except (TypeError, ValueError):
-        raise ConfigError("observation_bounds", f"must be (lows, highs), got {bounds!r}") from None
-    if len(low) != len(high) or not low or not all(-math.inf < lo < hi < math.inf for lo, hi in zip(low, high)):
-        raise ConfigError("observation_bounds", f"needs as many finite lows as highs, each low < high, got {bounds!r}")
-    return low, high
+        return parse_bounds(bounds)
+    except ValueError as e:
+        raise ConfigError("observation_bounds", str(e)) from None
 
 
 # The shared checks (`quarl.checks`: one error type, ConfigError, naming the field), read off the config.
