@@ -95,6 +95,11 @@ class PolicySpec:
     # [-1, 1] (`input_affine`), so features of very different ranges (MountainCar's position in [-1.2, 0.6] and
     # velocity in [-0.07, 0.07]) get the first layer's int8 weight and activation ranges alike. None: as they come.
     input_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
+    # Image policies whose observations are uint8 pixels (MinAtar's 0/1 cells, ALE's 0..255 frames): every runtime
+    # takes them as uint8 (no float copy of the frame per step), and the static int8 graph uses the pixel values
+    # themselves as its first layer's uint8 codes (scale `input_scale` or 1, zero point 0): exact, and no
+    # QuantizeLinear pass over the frame.
+    pixels: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.input_dim, (int, np.integer)) or self.input_dim <= 0:
@@ -114,6 +119,11 @@ class PolicySpec:
             object.__setattr__(self, "input_scale", float(self.input_scale))
         if self.input_bounds is not None:
             object.__setattr__(self, "input_bounds", _checked_bounds(self.input_bounds, self))
+        if not isinstance(self.pixels, (bool, np.bool_)):
+            raise ValueError(f"PolicySpec.pixels must be a bool, got {self.pixels!r}")
+        object.__setattr__(self, "pixels", bool(self.pixels))
+        if self.pixels and (self.input_shape is None or self.input_bounds is not None):
+            raise ValueError("PolicySpec.pixels needs an image input_shape and no input_bounds")
         names = set()
         for layer in self.layers:
             if type(layer) not in _KIND_OF:
@@ -197,6 +207,8 @@ class PolicySpec:
             out["input_scale"] = float(self.input_scale)
         if self.input_bounds is not None:  # absent without bounds: older specs keep their digests
             out["input_bounds"] = [list(side) for side in self.input_bounds]
+        if self.pixels:  # absent for float inputs: their digests stay as they were
+            out["pixels"] = True
         return out
 
     def input_affine(self) -> tuple[np.ndarray, np.ndarray] | None:
@@ -228,7 +240,8 @@ class PolicySpec:
             shape = d.get("input_shape")
             return cls(input_dim=int(d["input_dim"]), layers=tuple(layers),
                        input_shape=None if shape is None else tuple(int(v) for v in shape),
-                       input_scale=d.get("input_scale"), input_bounds=d.get("input_bounds"))
+                       input_scale=d.get("input_scale"), input_bounds=d.get("input_bounds"),
+                       pixels=d.get("pixels", False))
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed policy spec: {e}") from None
 
@@ -303,6 +316,8 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
         linear_cls, conv_cls = qat_linear(qat_bits), qat_conv2d(qat_bits)
 
     def forward(x):
+        if not jnp.issubdtype(x.dtype, jnp.floating):  # uint8 pixels from replay or an env
+            x = x.astype(jnp.float32)
         if spec.input_shape is not None:  # flat rows or [B, H, W, C] batches alike
             x = jnp.reshape(x, (x.shape[0], *spec.input_shape))
         if spec.input_scale is not None:
@@ -399,7 +414,7 @@ def minatar_q_network(input_shape: Sequence[int], num_actions: int, channels: in
     ReLU layer, then one Q-value per action."""
     layers: tuple[Layer, ...] = (Conv2D("conv_0", channels, 3, 1), Activation("relu"), Flatten(),
                                  Linear("linear_0", hidden), Activation("relu"), Linear("linear_1", num_actions))
-    return PolicySpec(int(np.prod(input_shape)), layers, tuple(input_shape))
+    return PolicySpec(int(np.prod(input_shape)), layers, tuple(input_shape), pixels=True)
 
 
 def nature_q_network(input_shape: Sequence[int], num_actions: int, input_scale: float | None = 1 / 255) -> PolicySpec:
@@ -409,4 +424,4 @@ def nature_q_network(input_shape: Sequence[int], num_actions: int, input_scale: 
         Conv2D("conv_0", 32, 8, 4), Activation("relu"), Conv2D("conv_1", 64, 4, 2), Activation("relu"),
         Conv2D("conv_2", 64, 3, 1), Activation("relu"), Flatten(),
         Linear("linear_0", 512), Activation("relu"), Linear("linear_1", num_actions))
-    return PolicySpec(int(np.prod(input_shape)), layers, tuple(input_shape), input_scale)
+    return PolicySpec(int(np.prod(input_shape)), layers, tuple(input_shape), input_scale, pixels=True)

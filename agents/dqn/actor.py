@@ -14,6 +14,7 @@ from agents.dqn.config import linear_epsilon
 from agents.base import ExecutorActor
 from quarl.policy import PolicySpec
 from quarl.quantization import QuantizedParams
+from quarl.runtimes.base import policy_rows
 
 ExecutorFactory = Callable[..., object]
 
@@ -55,6 +56,7 @@ class DQNActor(ExecutorActor):
         self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
         self._num_actions = int(num_actions)
         self._obs_dim = spec.input_dim
+        self._spec = spec
         self._schedule = schedule
         self._eval_epsilon = float(eval_epsilon)
         self._rng = np.random.default_rng(seed)
@@ -72,8 +74,10 @@ class DQNActor(ExecutorActor):
 
     def q_values(self, observation: np.ndarray) -> np.ndarray:
         """Q-values of one observation under the current (quantized) policy."""
-        obs = np.asarray(observation, np.float32).reshape(1, self._obs_dim)
-        return np.asarray(self._executor(obs))[0]
+        obs = np.asarray(observation)
+        if obs.size != self._obs_dim:
+            raise ValueError(f"observation must have {self._obs_dim} values, got shape {obs.shape}")
+        return np.asarray(self._executor(policy_rows(obs.reshape(1, -1), self._spec)))[0]
 
     def select_action(self, observation: np.ndarray) -> np.int32:
         epsilon = self.epsilon
@@ -81,8 +85,9 @@ class DQNActor(ExecutorActor):
             self._steps += 1
         if epsilon > 0.0 and self._rng.random() < epsilon:
             obs = np.asarray(observation)
-            if obs.size != self._obs_dim or not np.all(np.isfinite(obs)):
-                raise ValueError(f"observation must be {self._obs_dim} finite values, got {observation!r}")
+            if obs.size != self._obs_dim:
+                raise ValueError(f"observation must have {self._obs_dim} values, got shape {obs.shape}")
+            policy_rows(obs.reshape(1, -1), self._spec)  # the checks a greedy step makes (NaN/inf, pixel range)
             return np.int32(self._rng.integers(self._num_actions))
         return np.int32(np.argmax(self.q_values(observation)))
 
@@ -90,11 +95,7 @@ class DQNActor(ExecutorActor):
         """`select_action` for a batch `[K, obs_dim]`: row i explores with the epsilon of this actor's step
         count + i (the schedule counts env steps, whatever K), and the policy runs once, on the whole batch,
         unless every row acts at random. With K=1 it draws the same random numbers as `select_action`."""
-        obs = np.asarray(observations, np.float32)
-        if obs.ndim > 2:  # [K, H, W, C] images: the runtimes take flat rows
-            obs = obs.reshape(obs.shape[0], -1)
-        if obs.ndim != 2 or obs.shape[1] != self._obs_dim or not np.all(np.isfinite(obs)):
-            raise ValueError(f"observations must be [K, {self._obs_dim}] finite values, got shape {obs.shape}")
+        obs = policy_rows(observations, self._spec)  # [K, H, W, C] images flattened; validated
         actions = np.empty(obs.shape[0], np.int32)
         greedy = np.ones(obs.shape[0], bool)
         for i in range(obs.shape[0]):

@@ -15,6 +15,7 @@ import numpy as np
 from agents.base import ExecutorActor
 from quarl.policy import PolicySpec
 from quarl.quantization import QuantizedParams
+from quarl.runtimes.base import policy_rows
 
 ExecutorFactory = Callable[..., Any]
 HALF_LOG_2PI = 0.5 * float(np.log(2.0 * np.pi))
@@ -34,6 +35,7 @@ class PPOActor(ExecutorActor):
             executor_factory = make_executor
         self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
         self._obs_dim = spec.input_dim
+        self._spec = spec
         self._outputs = spec.output_dim
         self.discrete = bool(discrete)
         self._log_std: np.ndarray | None = None
@@ -56,12 +58,7 @@ class PPOActor(ExecutorActor):
 
     def policy_output(self, observations: np.ndarray) -> np.ndarray:
         """The quantized policy's logits or Gaussian mean for a batch [K, obs_dim] (images are flattened)."""
-        obs = np.asarray(observations, np.float32)
-        if obs.ndim > 2:
-            obs = obs.reshape(obs.shape[0], -1)
-        if obs.ndim != 2 or obs.shape[1] != self._obs_dim or not np.all(np.isfinite(obs)):
-            raise ValueError(f"observations must be [K, {self._obs_dim}] finite values, got shape {obs.shape}")
-        out = np.asarray(self._executor(obs), np.float64)
+        out = np.asarray(self._executor(policy_rows(observations, self._spec)), np.float64)
         if not np.all(np.isfinite(out)):
             raise ValueError("the policy produced non-finite outputs")
         return out

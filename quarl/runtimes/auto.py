@@ -284,7 +284,9 @@ def _measure_and_store(key: str, spec: PolicySpec, qparams: QuantizedParams,
     """Builds and times every candidate, records the decision (in-process and in the file), returns the winner."""
     candidates = {name: make(spec, qparams, batch_size=batch_size, threads=threads)
                   for name, make in factories.items()}
-    obs = np.random.default_rng(0).standard_normal((batch_size, spec.input_dim)).astype(np.float32)
+    rng = np.random.default_rng(0)
+    obs = (rng.integers(0, 256, (batch_size, spec.input_dim), dtype=np.uint8) if spec.pixels
+           else rng.standard_normal((batch_size, spec.input_dim)).astype(np.float32))
     timings = _time_interleaved(candidates, obs)
     best = min(timings, key=timings.get)
     entry = {"backend": best, "us_per_call": {k: round(v, 2) for k, v in timings.items()},

@@ -204,20 +204,43 @@ def _activation_ranges(spec: PolicySpec, qparams: QuantizedParams,
     return out
 
 
-def check_obs(obs: Any, input_dim: int) -> np.ndarray:
-    """obs as a C-contiguous float32 [B, input_dim] array; ValueError on bad shape or NaN/inf.
+def check_obs(obs: Any, input_dim: int, pixels: bool = False) -> np.ndarray:
+    """obs as a C-contiguous float32 [B, input_dim] array (uint8 for `pixels` policies); ValueError on bad shape,
+    NaN/inf, or pixels that are not integers in [0, 255].
 
     Non-finite observations are rejected rather than propagated: an int8 kernel would silently turn a NaN
-    into garbage codes, and a NaN action sent to the environment fails far from its cause.
+    into garbage codes, and a NaN action sent to the environment fails far from its cause. uint8 (or bool)
+    pixels pass without a copy or a scan: every value they can hold is valid.
     """
-    arr = np.asarray(obs, dtype=np.float32)
+    arr = np.asarray(obs)
+    if pixels and arr.dtype in (np.uint8, np.bool_):
+        arr = arr.view(np.uint8)
+    elif pixels:
+        values = np.asarray(arr, np.float64)
+        if not np.isfinite(values).all():
+            raise ValueError("observations contain NaN or inf")
+        if ((values < 0) | (values > 255) | (values != np.rint(values))).any():
+            raise ValueError("pixel observations must be integers in [0, 255]")
+        arr = values.astype(np.uint8)
+    else:
+        arr = np.asarray(arr, dtype=np.float32)
     if arr.ndim != 2 or arr.shape[1] != input_dim:
         raise ValueError(f"observations must have shape [B, {input_dim}], got {arr.shape}")
     if arr.shape[0] == 0:
         raise ValueError("observations must have at least one row")
-    if not np.isfinite(arr).all():
+    if not pixels and not np.isfinite(arr).all():
         raise ValueError("observations contain NaN or inf")
     return np.ascontiguousarray(arr)
+
+
+def policy_rows(observations: Any, spec: PolicySpec) -> np.ndarray:
+    """A batch of observations [K, ...] (images [K, H, W, C] flattened) as `spec`'s executors take them:
+    `check_obs`'s validated [K, input_dim] float32, or uint8 for `pixels` policies (an env's frames pass uncopied).
+    What actors call before exploring, so a bad observation fails the same whether or not the policy runs."""
+    obs = np.asarray(observations)
+    if obs.ndim > 2:
+        obs = obs.reshape(obs.shape[0], -1)
+    return check_obs(obs, spec.input_dim, spec.pixels)
 
 
 def check_sizes(batch_size: int, threads: int) -> None:
@@ -263,7 +286,7 @@ class PolicyExecutor(abc.ABC):
         return self.spec.output_dim
 
     def __call__(self, obs: np.ndarray) -> np.ndarray:
-        return self._run(check_obs(obs, self.spec.input_dim))
+        return self._run(check_obs(obs, self.spec.input_dim, self.spec.pixels))
 
     def update(self, qparams: QuantizedParams, *, wait: bool = True) -> None:
         """Swap in new weights for the same spec and precision (the actor's load step).
@@ -310,7 +333,7 @@ class PolicyExecutor(abc.ABC):
     def warm_up(self) -> None:
         """One call at the expected batch size so compilation / allocation happens at load, not in the
         first environment step."""
-        self._run(np.zeros((self.batch_size, self.spec.input_dim), np.float32))
+        self._run(np.zeros((self.batch_size, self.spec.input_dim), np.uint8 if self.spec.pixels else np.float32))
 
     def __repr__(self) -> str:
         sim = ", simulated in fp32" if self.simulated else ""

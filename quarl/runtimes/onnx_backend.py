@@ -180,7 +180,8 @@ def _to_model(graph: Graph, spec: PolicySpec) -> Any:
     inits = [numpy_helper.from_array(a, name) for name, a in graph.inits.items()]
     onnx_graph = helper.make_graph(
         graph.nodes, "policy",
-        [helper.make_tensor_value_info(_INPUT, TensorProto.FLOAT, ["batch", spec.input_dim])],
+        [helper.make_tensor_value_info(_INPUT, TensorProto.UINT8 if spec.pixels else TensorProto.FLOAT,
+                                       ["batch", spec.input_dim])],
         [helper.make_tensor_value_info(_OUTPUT, TensorProto.FLOAT, ["batch", spec.output_dim])],
         initializer=inits,
     )

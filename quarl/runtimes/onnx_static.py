@@ -44,11 +44,16 @@ log = logging.getLogger(__name__)
 _MIN_SCALE = np.float32(1e-12)  # an all-zero calibrated range: codes stay 0 instead of dividing by 0
 
 
-def policy_input(graph: Graph, x: str, spec: PolicySpec) -> str:
-    """The observations as the first layer takes them: times `spec.input_scale` if any, `input_bounds` mapped onto
-    [-1, 1] (before the first layer quantizes them), and for image policies flat [B, H*W*C] -> NCHW [B, C, H, W]
-    (ONNX's Conv layout)."""
-    if spec.input_scale is not None:
+def policy_input(graph: Graph, x: str, spec: PolicySpec, codes: bool = False) -> str:
+    """The observations as the first layer takes them: uint8 pixels cast to float, times `spec.input_scale` if
+    any, `input_bounds` mapped onto [-1, 1] (before the first layer quantizes them), and for image policies flat
+    [B, H*W*C] -> NCHW [B, C, H, W] (ONNX's Conv layout). `codes`: the uint8 pixels are the first layer's input
+    codes as they are (`pixel_code_layer`): only the layout changes."""
+    if spec.pixels and not codes:
+        from onnx import TensorProto  # pylint: disable=import-outside-toplevel
+
+        (x,) = graph.op("Cast", [x], to=TensorProto.FLOAT)
+    if spec.input_scale is not None and not codes:
         (x,) = graph.op("Mul", [x, graph.const("input.scale", np.float32(spec.input_scale))])
     if spec.input_bounds is not None:
         offset, scale = spec.input_affine()
@@ -134,9 +139,28 @@ def fused_convs(spec: PolicySpec, lowered: LoweredParams) -> dict[str, str]:
     return out
 
 
+def pixel_code_layer(spec: PolicySpec, lowered: LoweredParams) -> str | None:
+    """The first layer, when it is an int layer that takes uint8 codes (a fused conv or a Linear) of a `pixels`
+    policy: its input (scale, zero point) is then (`input_scale` or 1, 0), so the pixels are its codes exactly,
+    with no QuantizeLinear over the frame and no rounding (a calibrated scale could only round them)."""
+    first = spec.layers[0] if spec.layers else None
+    if not spec.pixels or not isinstance(first, (Conv2D, Linear)) or lowered.dense[first.name].kind != "int":
+        return None
+    if isinstance(first, Conv2D) and first.name not in fused_convs(spec, lowered):
+        return None
+    return first.name
+
+
+def input_qparams(spec: PolicySpec, lowered: LoweredParams, name: str) -> tuple[np.float32, np.uint8]:
+    """uint8 (scale, zero point) of int layer `name`'s input: the pixels' own for `pixel_code_layer`, else from
+    its calibrated range."""
+    if name == pixel_code_layer(spec, lowered):
+        return np.float32(1.0 if spec.input_scale is None else spec.input_scale), np.uint8(0)
+    return activation_qparams(*(lowered.activation_ranges or {})[name])
+
+
 def static_initializers(spec: PolicySpec, lowered: LoweredParams, form: StaticForm) -> dict[str, np.ndarray]:
     """Every weight- and range-derived constant of the static graph by name (what `update()` rewrites)."""
-    ranges = lowered.activation_ranges or {}
     fused = fused_convs(spec, lowered)
     arrays: dict[str, np.ndarray] = {}
     for layer in spec.layers:
@@ -149,7 +173,7 @@ def static_initializers(spec: PolicySpec, lowered: LoweredParams, form: StaticFo
             arrays[f"{n}.w"] = np.ascontiguousarray(w.transpose(3, 2, 0, 1) if conv else w)
             arrays[f"{n}.b"] = np.ascontiguousarray(d.b, np.float32)
             continue
-        scale, zp = activation_qparams(*ranges[n])
+        scale, zp = input_qparams(spec, lowered, n)
         codes = form.codes(d.w)
         arrays[f"{n}.x_scale"] = np.asarray(scale, np.float32)
         arrays[f"{n}.x_zp"] = np.asarray(zp, np.uint8)
@@ -169,8 +193,9 @@ def emit_static(graph: Graph, spec: PolicySpec, lowered: LoweredParams, x: str) 
     """The static int8 graph of `spec` from input `x` (flat float [B, input_dim]); returns the float output.
     The initializers (`static_initializers`) must already be in `graph`."""
     fused = fused_convs(spec, lowered)
-    x = policy_input(graph, x, spec)
-    quantized_for: str | None = None  # the int layer whose input scale x's uint8 codes are in
+    # the int layer whose input scale x's uint8 codes are in (the first one when the pixels are its codes)
+    quantized_for = pixel_code_layer(spec, lowered)
+    x = policy_input(graph, x, spec, codes=quantized_for is not None)
     skip_relu = False
     for layer in spec.layers:
         if isinstance(layer, Activation):
