@@ -14,7 +14,8 @@ outputs against the float64 reference of the weights it runs (dequantized for in
 Weights are the learner's initial ones (haiku's), calibration and timing observations are uint8 pixels, as the
 envs give them: MinAtar-like 0/1 cells (MinAtar) or uniform 0..255 frames (Nature). Every variant takes them as they
 are (`PolicySpec.pixels`): the float graphs cast them in-graph, the static int8 graph uses them as its first
-codes. The machine record (CPU, flags, versions, load at start and end) goes with the results: timings taken with the 1-minute load above the core count are refused unless --allow-busy.
+codes. The machine record (CPU, flags, versions, load at start and end) goes with the results: timings taken
+with the 1-minute load above the core count are refused unless --allow-busy.
 """
 from __future__ import annotations
 
