@@ -218,7 +218,7 @@ def check_obs(obs: Any, input_dim: int, pixels: bool = False) -> np.ndarray:
     elif pixels:
         values = np.asarray(arr, np.float64)
         if not np.isfinite(values).all():
-            raise ValueError("observations contain NaN or inf")
+            raise ValueError("observations must be finite: they contain NaN or inf")
         if ((values < 0) | (values > 255) | (values != np.rint(values))).any():
             raise ValueError("pixel observations must be integers in [0, 255]")
         arr = values.astype(np.uint8)
@@ -229,7 +229,7 @@ def check_obs(obs: Any, input_dim: int, pixels: bool = False) -> np.ndarray:
     if arr.shape[0] == 0:
         raise ValueError("observations must have at least one row")
     if not pixels and not np.isfinite(arr).all():
-        raise ValueError("observations contain NaN or inf")
+        raise ValueError("observations must be finite: they contain NaN or inf")
     return np.ascontiguousarray(arr)
 
 
