@@ -11,6 +11,7 @@ from typing import Any, Mapping
 import jax
 import numpy as np
 
+from agents.learner_base import to_numpy
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
 from launch.experiments.agent_spec import AgentSpec
@@ -255,9 +256,10 @@ class LearnerNode(NodeBase):
     def save_policy(self) -> str:
         """The current fp32 policy as `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint
         LOGDIR` reads (see quarl.policy_io). Returns the file's path."""
-        with self._lock:
-            params = self._learner.policy_params()
+        with self._lock:  # a snapshot (a reference or an asynchronous device copy); the host copy after
+            snapshot = self._learner.policy_snapshot()
             steps = int(self._learner.steps)
+        params = to_numpy(snapshot)
         run = self._run_config
         extra = {"source": "launch.actorq", "seed": run.get("seed"), "actor_precision": run.get("precision"),
                  "num_actors": (run.get("distributed") or {}).get("num_actors")}
