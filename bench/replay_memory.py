@@ -24,6 +24,7 @@ import dm_env
 import numpy as np
 
 from bench.machine import finish, machine_info
+from launch.experiments.progress import StepProgress
 from quarl.adders import NStepTransitionAdder
 from quarl.replay_frames import FrameTable
 
@@ -78,7 +79,7 @@ def _rss_bytes() -> int:
     return 0
 
 
-def fill(source: str, transitions: int, capacity: int, seed: int = 0) -> dict[str, Any]:
+def fill(source: str, transitions: int, capacity: int, seed: int = 0, progress: bool = True) -> dict[str, Any]:
     """Fills a FrameTable with `transitions` n-step transitions from `source`; its memory and the plain table's."""
     rss0 = _rss_bytes()
     table = FrameTable("replay", capacity, SIGNATURE, seed=seed)
@@ -86,6 +87,8 @@ def fill(source: str, transitions: int, capacity: int, seed: int = 0) -> dict[st
     steps = (_ale_steps if source == "ale" else _synthetic_steps)(seed)
     batch: list[dict[str, np.ndarray]] = []
     inserted = env_steps = episodes = 0
+    # A bar on a terminal, a line every few seconds in a log: a 1M fill takes ~10 minutes.
+    bar = StepProgress(transitions, progress, prog="bench.replay_memory")
     for ts in steps:
         if ts.first():
             adder.add_first(ts)
@@ -97,9 +100,11 @@ def fill(source: str, transitions: int, capacity: int, seed: int = 0) -> dict[st
             batch = batch[:transitions - inserted]
             table.insert({k: np.stack([t[k] for t in batch]) for k in SIGNATURE})
             inserted += len(batch)
+            bar.update(len(batch))
             batch = []
             if inserted >= transitions:
                 break
+    bar.close()
     mem = table.memory()
     item_bytes = sum(int(np.prod(shape)) * dtype.itemsize for shape, dtype in SIGNATURE.values())
     row = {"source": source, "transitions": inserted, "capacity": capacity, "env_steps": env_steps,
