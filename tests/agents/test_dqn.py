@@ -78,9 +78,10 @@ def test_config_is_frozen_and_accepts_list_hidden_sizes():
 
 
 def test_task_overrides_build_valid_configs_and_are_copies():
-    from agents.dqn.config import TASK_OVERRIDES, task_overrides
+    from agents.dqn.config import CARTPOLE_BOUNDS, TASK_OVERRIDES, task_overrides
     from bench.learning import DQN_ROWS
-    assert task_overrides("CartPole-v1") == {"huber_loss_parameter": 5.0} and task_overrides("Acrobot-v1") == {}
+    assert task_overrides("CartPole-v1") == {"huber_loss_parameter": 5.0, "observation_bounds": CARTPOLE_BOUNDS}
+    assert task_overrides("Acrobot-v1") == {}
     for task in TASK_OVERRIDES:
         DQNConfig(**task_overrides(task))
     mountaincar = task_overrides("MountainCar-v0")
