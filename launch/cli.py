@@ -7,6 +7,7 @@ overrides, log directory) is validated here before a run creates its log directo
 from __future__ import annotations
 
 import argparse
+import ast
 import dataclasses
 import os
 import sys
@@ -257,6 +258,8 @@ def _parse_value(raw: str, annotation: Any) -> Any:
         raise ValueError(f"cannot parse {raw!r} as {annotation}")
     if origin is tuple:
         elem = args[0] if args else str
+        if typing.get_origin(elem) is tuple:  # tuples of tuples (observation_bounds): one group per inner tuple
+            return tuple(_parse_value(group, elem) for group in _groups(raw))
         parts = [p.strip() for p in raw.strip("()[] ").split(",") if p.strip()]
         return tuple(_parse_value(p, elem) for p in parts)
     if annotation is bool:
@@ -279,6 +282,20 @@ def _parse_value(raw: str, annotation: Any) -> Any:
     if annotation is str:
         return raw
     raise ValueError(f"cannot parse {raw!r} for a field of type {annotation}")
+
+
+def _groups(raw: str) -> list[str]:
+    """The comma-separated groups of a tuple of tuples, written `1,2;3,4` or `[[1, 2], [3, 4]]` (as JSON keeps
+    `observation_bounds`): one string per inner tuple."""
+    if ";" in raw:
+        return [g for g in (g.strip() for g in raw.split(";")) if g]
+    try:
+        value = ast.literal_eval(raw)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        value = None
+    if not isinstance(value, (list, tuple)) or not all(isinstance(g, (list, tuple)) for g in value):
+        raise ValueError(f"expected groups as `1,2;3,4` or [[1, 2], [3, 4]], got {raw!r}")
+    return [",".join(str(v) for v in g) for g in value]
 
 
 def check_agent_task(agent: str, task: str, overrides: dict[str, Any]) -> Any:

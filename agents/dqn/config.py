@@ -34,7 +34,16 @@ MOUNTAINCAR_OVERRIDES: dict = {"learning_rate": 4e-3, "discount": 0.98, "target_
 # no harder than an error of 1, so the drift toward the edge was unlearned between visits and the policy
 # collapsed (last 3 of the evaluations every 2,500 steps as low as 244); at 5 it stayed solved at no cost per update
 # (bench/results/dqn_collapse.md).
-CARTPOLE_OVERRIDES: dict = {"huber_loss_parameter": 5.0}
+# Its observation bounds are mapped onto [-1, 1] as MountainCar's are: raw, the features span 4.8 (cart position,
+# +-2.4 at termination), ~0.42 (pole angle, +-12 degrees at termination) and ~5-6 (the two velocities, unbounded;
+# at most 2.8 and 3.1 in 2,000 random-action episodes), so the angle the policy balances on entered the first
+# layer ~10x smaller than the rest. Position and angle take gymnasium's termination thresholds, the velocities
+# +-3.0 / +-3.5 (the random-action maxima, rounded up); values past the bounds map linearly past [-1, 1], as for
+# any bounds. With them seed 0 stayed solved at both precisions (last 3 of bench.peers' evaluations: 500 where it
+# was 440 int8 / 417 fp32) and all 6 seed x precision runs first reached 475 at 2.5k-7.5k env steps instead of
+# 10k-17.5k (bench/results/dqn_collapse.md).
+CARTPOLE_BOUNDS = ((-2.4, -3.0, -0.2095, -3.5), (2.4, 3.0, 0.2095, 3.5))
+CARTPOLE_OVERRIDES: dict = {"huber_loss_parameter": 5.0, "observation_bounds": CARTPOLE_BOUNDS}
 # Per-task settings over the defaults, for the gym tasks the defaults do not suit (Acrobot-v1 takes the
 # defaults): what bench.learning's rows and bench.peers run, `task_overrides(task)` for a config;
 # `launch.train` and `launch.actorq` start from them (`agents.task_defaults`), `--set` overrides each key.

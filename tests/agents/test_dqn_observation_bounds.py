@@ -1,7 +1,8 @@
 """Observation bounds (`DQNConfig.observation_bounds` -> `PolicySpec.input_bounds`): the Q-network maps each
 observation feature's [low, high] onto [-1, 1] before its first layer, identically in the learner (haiku), the
 fp32 actor and the int8 actor (ONNX graph, JAX), so MountainCar-v0's velocity (range 0.14) is not rounded away
-beside its position (range 1.8) by the int8 first layer."""
+beside its position (range 1.8) by the int8 first layer, and CartPole-v1's pole angle (range 0.42) enters it on the
+scale of the cart's position (range 4.8) and the velocities."""
 from __future__ import annotations
 
 import gymnasium
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 from agents.dqn import Builder, DQNConfig
-from agents.dqn.config import MOUNTAINCAR_BOUNDS, task_overrides
+from agents.dqn.config import CARTPOLE_BOUNDS, MOUNTAINCAR_BOUNDS, task_overrides
 from agents.dqn.networks import init_params, make_q_spec, q_apply_fn
 from quarl.checks import ConfigError
 from quarl.envs import environment_spec, make_environment
@@ -21,9 +22,13 @@ HIDDEN = (64, 64)
 
 
 def _mountaincar_states(n: int, seed: int = 0) -> np.ndarray:
+    return _states(MOUNTAINCAR_BOUNDS, n, seed)
+
+
+def _states(bounds: tuple, n: int, seed: int = 0) -> np.ndarray:
     rng = np.random.default_rng(seed)
-    low, high = (np.asarray(side) for side in MOUNTAINCAR_BOUNDS)
-    return rng.uniform(low, high, size=(n, 2)).astype(np.float32)
+    low, high = (np.asarray(side) for side in bounds)
+    return rng.uniform(low, high, size=(n, len(low))).astype(np.float32)
 
 
 def test_mountaincar_bounds_are_the_environments_and_its_preset_uses_them():
@@ -35,6 +40,32 @@ def test_mountaincar_bounds_are_the_environments_and_its_preset_uses_them():
     spec = Builder(config).policy_spec(environment_spec(make_environment("MountainCar-v0", seed=0)))
     assert spec.input_bounds == MOUNTAINCAR_BOUNDS
     assert DQNConfig().observation_bounds is None and "input_bounds" not in make_q_spec(2, 3, HIDDEN).to_dict()
+
+
+def test_cartpole_bounds_are_its_termination_thresholds_and_random_velocities_and_its_preset_uses_them():
+    """Position and angle: gymnasium's termination thresholds (the angle's rounded up to 4 digits). Velocities,
+    unbounded in the env: +-3.0 / +-3.5 hold every value of 200 random-action episodes (2,000 gave maxima 2.8 /
+    3.1). Both the learner's and the actors' spec carry the preset's bounds."""
+    env = gymnasium.make("CartPole-v1")
+    low, high = (np.asarray(side) for side in CARTPOLE_BOUNDS)
+    np.testing.assert_array_equal(low, -high)
+    assert high[0] == env.unwrapped.x_threshold
+    assert env.unwrapped.theta_threshold_radians <= high[2] < env.unwrapped.theta_threshold_radians + 1e-4
+    rng, seen = np.random.default_rng(0), []
+    for episode in range(200):
+        obs, _ = env.reset(seed=episode)
+        done = False
+        while not done:
+            obs, _, terminated, truncated, _ = env.step(int(rng.integers(2)))
+            seen.append(obs)
+            done = terminated or truncated
+    speeds = np.abs(np.asarray(seen)[:, [1, 3]]).max(0)
+    assert np.all(speeds < high[[1, 3]]) and np.all(speeds > high[[1, 3]] / 2), speeds
+    config = DQNConfig(**task_overrides("CartPole-v1"))
+    assert config.observation_bounds == CARTPOLE_BOUNDS and config.huber_loss_parameter == 5.0
+    spec = Builder(config).policy_spec(environment_spec(make_environment("CartPole-v1", seed=0)))
+    assert spec.input_bounds == CARTPOLE_BOUNDS
+    assert DQNConfig(**task_overrides("Acrobot-v1")).observation_bounds is None
 
 
 @pytest.mark.parametrize("bounds", [((0.0,), (1.0, 2.0)), ((1.0, 0.0), (0.0, 1.0)), ((0.0, -np.inf), (1.0, 0.0)),
@@ -59,15 +90,20 @@ def test_bounds_round_trip_through_the_spec_dict_and_change_its_digest():
 
 
 @pytest.mark.parametrize("backend", ["onnx", "jax"])
-def test_learner_fp32_and_int8_actors_apply_the_same_bounds(backend):
-    """The learner's haiku network, the float64 reference and every actor runtime compute the same function."""
-    spec = make_q_spec(2, 3, HIDDEN, observation_bounds=MOUNTAINCAR_BOUNDS)
+@pytest.mark.parametrize("bounds, num_actions", [(MOUNTAINCAR_BOUNDS, 3), (CARTPOLE_BOUNDS, 2)],
+                         ids=["mountaincar", "cartpole"])
+def test_learner_fp32_and_int8_actors_apply_the_same_bounds(backend, bounds, num_actions):
+    """The learner's haiku network, the float64 reference and every actor runtime compute the same function,
+    states past the bounds included (mapped linearly past [-1, 1], not clipped)."""
+    dim = len(bounds[0])
+    spec = make_q_spec(dim, num_actions, HIDDEN, observation_bounds=bounds)
     params = jax.tree.map(np.asarray, init_params(spec, jax.random.PRNGKey(0)))
-    obs = _mountaincar_states(256)
+    obs = _states(bounds, 256)
+    obs[:16] *= 1.5  # past the bounds
     learner = np.asarray(q_apply_fn(spec)(params, obs))
     ref = reference_apply(spec, params, obs)
     # Without the bounds the same weights give another function (the map is really applied).
-    assert np.abs(reference_apply(mlp_q_network(2, HIDDEN, 3), params, obs) - ref).max() > 1e-2
+    assert np.abs(reference_apply(mlp_q_network(dim, HIDDEN, num_actions), params, obs) - ref).max() > 1e-2
     np.testing.assert_allclose(learner, ref, rtol=1e-5, atol=1e-5)
     fp32 = make_executor_from_params(spec, params, "fp32", backend, batch_size=256)(obs)
     np.testing.assert_allclose(fp32, ref, rtol=1e-5, atol=1e-5)

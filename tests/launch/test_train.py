@@ -175,6 +175,13 @@ def test_overrides_are_parsed_by_field_type():
     assert got == {"hidden_sizes": (64, 32), "prioritized_replay": True, "learning_rate": 3e-4, "n_step": 5}
     with pytest.raises(UsageError, match="prioritized_replay"):
         parse_overrides("dqn", ["prioritized_replay=maybe"])
+    bounds = ((-2.4, -3.0), (2.4, 3.0))
+    for raw in ("-2.4,-3;2.4,3", "[[-2.4, -3], [2.4, 3]]", "((-2.4, -3), (2.4, 3))"):  # tuples of tuples
+        assert parse_overrides("dqn", [f"observation_bounds={raw}"]) == {"observation_bounds": bounds}
+    assert parse_overrides("dqn", ["observation_bounds=none"]) == {"observation_bounds": None}
+    for bad in ("-2.4,-3,2.4,3", "[-2.4, 2.4]", "1;2;3", "[[1, 2], [0, 3]]"):
+        with pytest.raises(UsageError, match="observation_bounds"):
+            parse_overrides("dqn", [f"observation_bounds={bad}"])
 
 
 @pytest.mark.parametrize("country", ["XX", "ZZZ"])
