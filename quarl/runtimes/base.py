@@ -240,6 +240,8 @@ def policy_rows(observations: Any, spec: PolicySpec) -> np.ndarray:
     obs = np.asarray(observations)
     if obs.ndim > 2:
         obs = obs.reshape(obs.shape[0], -1)
+    if obs.ndim != 2 or obs.shape[1] != spec.input_dim:
+        raise ValueError(f"observations must be [K, {spec.input_dim}] (K rows), got shape {obs.shape}")
     return check_obs(obs, spec.input_dim, spec.pixels)
 
 
