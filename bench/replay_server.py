@@ -23,7 +23,6 @@ defaults to bench/results (--quick: runs/bench/replay-server-quick). Run it alon
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.results_io import command_line, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_INSERTS_PER_S = 11_000  # 12 int8 actors on the H200 machine (issue 20)
@@ -343,10 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finish(machine)
     default = "runs/bench/replay-server-quick" if args.quick else "bench/results"
     outdir = Path(args.out) if args.out else REPO / default
-    outdir.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m bench.replay_server", *(argv if argv is not None else sys.argv[1:])])
-    (outdir / "replay_server.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    (outdir / "replay_server.md").write_text(markdown(result, command), encoding="utf-8")
+    command = command_line("bench.replay_server", argv)
+    write_results(outdir, "replay_server", result, markdown(result, command), newline=False)
     print(f"wrote {outdir}/replay_server.{{json,md}}")
     return 0
 

@@ -1,0 +1,37 @@
+"""Writing a benchmark's results: the raw `<name>.json` and its `<name>.md` page, in one place.
+
+Most benchmarks in bench/ end the same way: record the load at the end, write the result (machine record
+included) as JSON with indent 1, write the markdown page beside it, and print where they went. Tests and
+notebooks read these files, so each benchmark's format stays as it always was: the JSON is indented by one
+space, and ends in a newline or not as that benchmark wrote it before (`newline`), so that a rerun does not
+rewrite every committed result file for one byte.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+
+def command_line(module: str, argv: Sequence[str] | None) -> str:
+    """The command a report quotes: `python -m <module>` and its arguments (sys.argv's when `argv` is None)."""
+    return " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)])
+
+
+def write_json(path: Path, obj: Any, *, newline: bool = True, default: Callable[[Any], Any] | None = None) -> Path:
+    """Writes `obj` to `path` as JSON indented by one space (a trailing newline unless `newline` is False);
+    `default` as json.dumps's, for values JSON has no type for. Returns `path`."""
+    path.write_text(json.dumps(obj, indent=1, default=default) + ("\n" if newline else ""), encoding="utf-8")
+    return path
+
+
+def write_results(out: Path, name: str, result: Any, page: str, *, newline: bool = True,
+                  default: Callable[[Any], Any] | None = None) -> tuple[Path, Path]:
+    """Writes `out/<name>.json` (`write_json`'s format) and the markdown `page` to `out/<name>.md`, creating
+    `out` if needed; returns both paths, for the caller's "wrote ..." line."""
+    out.mkdir(parents=True, exist_ok=True)
+    json_path = write_json(out / f"{name}.json", result, newline=newline, default=default)
+    md_path = out / f"{name}.md"
+    md_path.write_text(page, encoding="utf-8")
+    return json_path, md_path
