@@ -20,7 +20,6 @@ with the 1-minute load above the core count are refused unless --allow-busy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import numpy as np
 
 from bench.machine import add_allow_busy, finish, refuse_if_busy
 from bench.machine import machine_info as base_machine_info
+from bench.results_io import write_json
 from bench.inference import SINGLE_THREAD_XLA
 
 TORSOS = {"minatar": (10, 10, 4), "nature": (84, 84, 4)}
@@ -148,7 +148,7 @@ def run(quick: bool, out: Path, allow_busy: bool) -> dict[str, Any]:
     result = {"machine": machine, "rows": rows, "speedups": speedups(rows)}
     out.mkdir(parents=True, exist_ok=True)
     path = out / "conv_inference.json"
-    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_json(path, result)
     for s in result["speedups"]:
         print(f"{s['torso']:>8} batch {s['batch']:>2}: fp32 {s['fp32_us']:8.1f} us ({s['fp32_variant']}), "
               f"int8 {s['int8_us']:8.1f} us "

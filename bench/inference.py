@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.machine import add_allow_busy, refuse_if_busy
+from bench.results_io import write_json
 
 # (backend, precision, forced ONNX kernel form or None); `variants()` adds one onnx int8 row per form the
 # CPU's self-check accepts. A variant's label is "backend precision[ form]".
@@ -430,7 +431,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
               "targets": target_lines(summary),
               "auto_decisions": {k.split("|", 1)[1]: v for k, v in decisions.items()}}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "inference.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_json(out / "inference.json", result)
     plot(rows, out / "inference.png", machine)
     print(f"wrote {out / 'inference.json'} and {out / 'inference.png'}")
     return result
