@@ -37,7 +37,7 @@ import numpy as np
 
 from bench.learner_throughput import machine_info, measure
 from bench.machine import add_allow_busy, refuse_if_busy
-from bench.results_io import command_line, write_results
+from bench.results_io import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "walker:stand"
@@ -190,9 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{r['node']['steps_per_s']:.1f}, no publishing {r['node_no_publish']['steps_per_s']:.1f} steps/s; "
               f"ratios {r['ratio_node_vs_learner_step']:.2f} {r['ratio_publish_on_vs_off']:.2f}", flush=True)
     result["machine"]["load_average_end"] = list(os.getloadavg())
-    command = command_line("bench.learner_in_program", argv)
-    write_results(outdir, "learner_in_program", result, markdown(result, command), newline=False)
-    print(f"wrote {outdir}/learner_in_program.{{json,md}}")
+    write_report(outdir, "bench.learner_in_program", argv, result, markdown, newline=False)
     return 0
 
 

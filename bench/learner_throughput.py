@@ -35,7 +35,7 @@ import numpy as np
 
 from bench.machine import add_allow_busy, refuse_if_busy
 from bench.machine import machine_info as base_machine_info
-from bench.results_io import command_line, write_results
+from bench.results_io import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 OBS_DIM, ACT_DIM = 24, 6  # walker:stand / walker:walk
@@ -252,9 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"policy {policy} critic {critic} batch {batch}: "
               + ", ".join(f"{k} {v['median_steps_per_s']:.1f} steps/s" for k, v in r["modes"].items()), flush=True)
     result["machine"]["load_average_end"] = list(os.getloadavg())
-    command = command_line("bench.learner_throughput", argv)
-    write_results(outdir, "learner_throughput", result, markdown(result, command), newline=False)
-    print(f"wrote {outdir}/learner_throughput.{{json,md}}")
+    write_report(outdir, "bench.learner_throughput", argv, result, markdown, newline=False)
     return 0
 
 

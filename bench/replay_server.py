@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
-from bench.results_io import command_line, write_results
+from bench.results_io import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_INSERTS_PER_S = 11_000  # 12 int8 actors on the H200 machine (issue 20)
@@ -343,9 +343,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finish(machine)
     default = "runs/bench/replay-server-quick" if args.quick else "bench/results"
     outdir = Path(args.out) if args.out else REPO / default
-    command = command_line("bench.replay_server", argv)
-    write_results(outdir, "replay_server", result, markdown(result, command), newline=False)
-    print(f"wrote {outdir}/replay_server.{{json,md}}")
+    write_report(outdir, "bench.replay_server", argv, result, markdown, newline=False)
     return 0
 
 

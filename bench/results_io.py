@@ -35,3 +35,12 @@ def write_results(out: Path, name: str, result: Any, page: str, *, newline: bool
     md_path = out / f"{name}.md"
     md_path.write_text(page, encoding="utf-8")
     return json_path, md_path
+
+
+def write_report(out: Path, module: str, argv: Sequence[str] | None, result: Any,
+                 markdown: Callable[[Any, str], str], *, newline: bool = True) -> None:
+    """The whole tail of a benchmark whose page quotes its command: writes `out/<name>.json` and
+    `out/<name>.md` (`markdown(result, command)`), `<name>` being the last part of `module`, and prints where."""
+    name = module.rsplit(".", 1)[-1]
+    write_results(out, name, result, markdown(result, command_line(module, argv)), newline=newline)
+    print(f"wrote {out}/{name}.{{json,md}}")

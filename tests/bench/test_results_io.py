@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.results_io import command_line, write_json, write_results
+from bench.results_io import command_line, write_json, write_report, write_results
 
 
 def test_write_json_keeps_each_benchmarks_trailing_newline(tmp_path: Path) -> None:
@@ -27,3 +27,10 @@ def test_write_results_creates_the_folder_and_both_files(tmp_path: Path) -> None
 def test_command_line_quotes_the_arguments_given() -> None:
     assert command_line("bench.x", ["--quick", "--out", "d"]) == "python -m bench.x --quick --out d"
     assert command_line("bench.x", []) == "python -m bench.x"
+
+
+def test_write_report_names_the_files_after_the_module_and_quotes_the_command(tmp_path: Path, capsys) -> None:
+    write_report(tmp_path, "bench.some_bench", ["--quick"], {"k": 1}, lambda r, cmd: f"`{cmd}`: {r['k']}\n")
+    assert (tmp_path / "some_bench.json").read_text(encoding="utf-8") == '{\n "k": 1\n}\n'
+    assert (tmp_path / "some_bench.md").read_text(encoding="utf-8") == "`python -m bench.some_bench --quick`: 1\n"
+    assert capsys.readouterr().out == f"wrote {tmp_path}/some_bench.{{json,md}}\n"
