@@ -290,6 +290,13 @@ def _x(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}x"
 
 
+def _worst(summary: list[dict], keys: tuple[str, ...]) -> tuple[float, int, int] | None:
+    """The lowest measured value of the `keys` ratios over the summary rows, with its width and batch; None
+    when none was measured."""
+    found = [(v, s["hidden"], s["batch"]) for s in summary for v in (s[k] for k in keys) if v is not None]
+    return min(found) if found else None
+
+
 def target_lines(summary: list[dict]) -> list[str]:
     """The speed targets, stated as measured (PASS/MISS), batch 1; a target whose rows are missing says so."""
     lines = []
@@ -301,16 +308,12 @@ def target_lines(summary: list[dict]) -> list[str]:
                 lines.append(f"best int8 vs best fp32 at H={hidden} batch 1: {_x(got, 1)} "
                              f"(target >= {need:.0f}x: {verdict})")
     # Judged on auto's choices timed in the main interleaved measurement; 5% slack for block-to-block noise.
-    choices = [(v, s["hidden"], s["batch"]) for s in summary
-               for v in (s["auto_int8_choice_vs_best_fp32"], s["auto_fp32_choice_vs_best_fp32"]) if v is not None]
-    if choices:
-        worst = min(choices)
+    worst = _worst(summary, ("auto_int8_choice_vs_best_fp32", "auto_fp32_choice_vs_best_fp32"))
+    if worst is not None:
         lines.append(f"auto's choice vs best fp32, worst case: {worst[0]:.2f}x at H={worst[1]} batch {worst[2]} "
                      f"(target: never slower: {'PASS' if worst[0] >= 0.95 else 'MISS'})")
-    raws = [(v, s["hidden"], s["batch"]) for s in summary
-            for v in (s["auto_int8_vs_best_fp32"], s["auto_fp32_vs_best_fp32"]) if v is not None]
-    if raws:
-        raw = min(raws)
+    raw = _worst(summary, ("auto_int8_vs_best_fp32", "auto_fp32_vs_best_fp32"))
+    if raw is not None:
         lines.append(f"auto executors as timed (own instances, includes instance noise), worst case vs best fp32: "
                      f"{raw[0]:.2f}x at H={raw[1]} batch {raw[2]}")
     for s in summary:
