@@ -31,7 +31,7 @@ import numpy as np
 
 from bench.machine import add_allow_busy, finish, refuse_if_busy
 from bench.machine import machine_info as base_machine_info
-from bench.results_io import write_json
+from bench.results_io import out_folder, write_json
 from bench.inference import SINGLE_THREAD_XLA
 
 TORSOS = {"minatar": (10, 10, 4), "nature": (84, 84, 4)}
@@ -168,9 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     refuse_if_busy(parser, args.allow_busy)
     os.environ.setdefault("XLA_FLAGS", SINGLE_THREAD_XLA)
-    out = args.out or Path("runs/bench/conv-quick" if args.quick else "bench/results")
-    if out.exists() and not out.is_dir():
-        parser.exit(2, f"{parser.prog}: error: --out {out} exists and is not a directory\n")
+    out = out_folder(parser, args.out, "runs/bench/conv-quick" if args.quick else "bench/results")
     run(args.quick, out, args.allow_busy)
     return 0
 

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.machine import add_allow_busy, refuse_if_busy
-from bench.results_io import write_json
+from bench.results_io import out_folder, write_json
 
 # (backend, precision, forced ONNX kernel form or None); `variants()` adds one onnx int8 row per form the
 # CPU's self-check accepts. A variant's label is "backend precision[ form]".
@@ -449,10 +449,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="redraw inference.png from the folder's inference.json (no timing)")
     add_allow_busy(parser)
     args = parser.parse_args(argv)
-    out = args.out or Path("runs/bench/inference-quick" if args.quick else "bench/results")
-    if out.exists() and not out.is_dir():
-        print(f"error: --out {out} exists and is not a directory", file=sys.stderr)
-        return 2
+    out = out_folder(parser, args.out, "runs/bench/inference-quick" if args.quick else "bench/results")
     if args.report_only:
         try:
             result = json.loads((out / "inference.json").read_text(encoding="utf-8"))

@@ -8,6 +8,7 @@ rewrite every committed result file for one byte.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -17,6 +18,15 @@ from typing import Any, Callable, Sequence
 def command_line(module: str, argv: Sequence[str] | None) -> str:
     """The command a report quotes: `python -m <module>` and its arguments (sys.argv's when `argv` is None)."""
     return " ".join([f"python -m {module}", *(sys.argv[1:] if argv is None else argv)])
+
+
+def out_folder(parser: argparse.ArgumentParser, out: Path | None, default: str) -> Path:
+    """The results folder: `--out` when given, else `default`. One that exists as a file ends the program
+    (one line on stderr, exit code 2) before anything is measured, not after."""
+    folder = out or Path(default)
+    if folder.exists() and not folder.is_dir():
+        parser.exit(2, f"{parser.prog}: error: --out {folder} exists and is not a directory\n")
+    return folder
 
 
 def write_json(path: Path, obj: Any, *, newline: bool = True, default: Callable[[Any], Any] | None = None) -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from bench.results_io import command_line, write_json, write_report, write_results
+from bench.results_io import command_line, out_folder, write_json, write_report, write_results
 
 
 def test_write_json_keeps_each_benchmarks_trailing_newline(tmp_path: Path) -> None:
@@ -34,3 +34,17 @@ def test_write_report_names_the_files_after_the_module_and_quotes_the_command(tm
     assert (tmp_path / "some_bench.json").read_text(encoding="utf-8") == '{\n "k": 1\n}\n'
     assert (tmp_path / "some_bench.md").read_text(encoding="utf-8") == "`python -m bench.some_bench --quick`: 1\n"
     assert capsys.readouterr().out == f"wrote {tmp_path}/some_bench.{{json,md}}\n"
+
+
+def test_out_folder_refuses_a_file_before_anything_runs(tmp_path: Path, capsys) -> None:
+    import argparse
+
+    import pytest
+
+    parser = argparse.ArgumentParser(prog="bench.x")
+    assert out_folder(parser, None, str(tmp_path / "d")) == tmp_path / "d"
+    assert out_folder(parser, tmp_path, "unused") == tmp_path
+    (tmp_path / "f").write_text("", encoding="utf-8")
+    with pytest.raises(SystemExit) as info:
+        out_folder(parser, tmp_path / "f", "unused")
+    assert info.value.code == 2 and "exists and is not a directory" in capsys.readouterr().err
