@@ -236,15 +236,19 @@ def _prefill(insert: Callable[..., Any], signature: dict[str, Any], items: int, 
         insert(transitions(signature, min(chunk, items - start), start), None, None, True)
 
 
-def measure_backend(backend: Any, ks: Sequence[int], samplers: int, warmup_s: float, window_s: float) -> dict:
-    """Inserts alone, then per K and sample call: samples alone and both at once."""
-    out: dict[str, Any] = {"backend": backend.name}
+def _window_inserting(backend: Any, warmup_s: float, window_s: float) -> dict:
+    """One timed window with the inserters running: started here, and stopped even when the window fails."""
     backend.start_inserts()
     try:
         wait_for(backend.info, "inserts")
-        out["inserts_alone"] = window(backend.info, warmup_s, window_s)
+        return window(backend.info, warmup_s, window_s)
     finally:
         backend.stop_inserts()
+
+
+def measure_backend(backend: Any, ks: Sequence[int], samplers: int, warmup_s: float, window_s: float) -> dict:
+    """Inserts alone, then per K and sample call: samples alone and both at once."""
+    out: dict[str, Any] = {"backend": backend.name, "inserts_alone": _window_inserting(backend, warmup_s, window_s)}
     out["per_k"] = []
     for k in ks:
         for call in CALLS:
@@ -253,12 +257,7 @@ def measure_backend(backend: Any, ks: Sequence[int], samplers: int, warmup_s: fl
             try:
                 wait_for(backend.info, "samples")
                 row["samples_alone"] = window(backend.info, warmup_s, window_s)
-                backend.start_inserts()
-                try:
-                    wait_for(backend.info, "inserts")
-                    row["both"] = window(backend.info, warmup_s, window_s)
-                finally:
-                    backend.stop_inserts()
+                row["both"] = _window_inserting(backend, warmup_s, window_s)
             finally:
                 sampler.stop()
             out["per_k"].append(row)
