@@ -78,17 +78,11 @@ def executors(spec: Any, params: dict, obs: np.ndarray, batch: int) -> dict[str,
 def time_interleaved(exs: dict[str, Any], x: np.ndarray, rounds: int, block: int) -> dict[str, list[float]]:
     """Microseconds per call of each executor, `block` calls a turn, `rounds` turns each (first call of a turn
     dropped: it runs with another variant's weights in the cache)."""
-    samples: dict[str, list[float]] = {name: [] for name in exs}
+    from quarl.runtimes.auto import interleaved_samples  # pylint: disable=import-outside-toplevel
+
     for ex in exs.values():
         ex(x)
-    for _ in range(rounds):
-        for name, ex in exs.items():
-            for i in range(block + 1):
-                t = time.perf_counter()
-                ex(x)
-                if i:
-                    samples[name].append((time.perf_counter() - t) * 1e6)
-    return samples
+    return {name: [s * 1e6 for s in seconds] for name, seconds in interleaved_samples(exs, x, rounds, block).items()}
 
 
 def bench_case(torso: str, batch: int, budget: dict[str, Any]) -> list[dict[str, Any]]:

@@ -154,16 +154,10 @@ def time_blocks(executors: dict[tuple[str, str], Any], obs: np.ndarray, budget: 
         probe[key] = time.perf_counter() - t
     calls = {k: int(np.clip(budget.seconds / max(p, 1e-7), budget.min_calls, budget.max_calls))
              for k, p in probe.items()}
-    samples: dict[tuple[str, str], list[float]] = {k: [] for k in executors}
-    for _ in range(budget.rounds):
-        for key, ex in executors.items():
-            block = max(2, calls[key] // budget.rounds)
-            for i in range(block + 1):
-                t = time.perf_counter()
-                ex(obs)
-                if i:
-                    samples[key].append(time.perf_counter() - t)
-    return samples
+    from quarl.runtimes.auto import interleaved_samples  # pylint: disable=import-outside-toplevel
+
+    return interleaved_samples(executors, obs, budget.rounds,
+                               {k: max(2, c // budget.rounds) for k, c in calls.items()})
 
 
 def bench_config(hidden: int, batch: int, budget: Budget) -> list[dict[str, Any]]:
