@@ -1,13 +1,27 @@
-"""Tiny distributed-run settings shared by the launch tests: a few hundred steps, networks of a few units."""
+"""Tiny distributed-run settings shared by the launch tests (a few hundred steps, networks of a few units), and
+the check every CLI test of a refused flag makes."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pytest
 
 from launch.experiments.config import ExperimentConfig
 
 TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
 TINY_D4PG = {"policy_layer_sizes": (32, 32), "critic_layer_sizes": (32, 32), "num_atoms": 11, "batch_size": 32,
              "min_replay_size": 200, "samples_per_insert": 4.0, "n_step": 3}
+
+
+def assert_one_line_exit_2(capsys: Any, main: Callable[[Sequence[str]], Any], argv: Sequence[str],
+                           needle: str) -> None:
+    """`main(argv)` is refused: exit code 2 and one line on stderr, naming `needle` (a CLI's usage errors are
+    one line a user can act on, not a traceback)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, (list(argv), err)
 
 
 def tiny_config(logdir: Path, **kw) -> ExperimentConfig:
