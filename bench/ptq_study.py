@@ -44,7 +44,8 @@ import agents
 from agents.ppo.config import CONTROL_OVERRIDES as PPO_CONTROL_OVERRIDES
 from bench.learning_d4pg import CARTPOLE_OVERRIDES
 from bench.machine import add_allow_busy, check_load, describe_load, finish, machine_info, run_cli
-from bench.results_io import read_json_list, write_json
+from bench.results_io import write_json
+from quarl.io import read_json_list
 from launch.cli import OneLineArgumentParser, UsageError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -36,16 +36,6 @@ def write_json(path: Path, obj: Any, *, newline: bool = True, default: Callable[
     return path
 
 
-def read_json_list(path: Path) -> list[dict[str, Any]]:
-    """The objects of a JSON list file (a study's run sessions); [] where the file is missing, unreadable or not
-    a list, so a first run and a damaged record both start a fresh list."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
-
-
 def write_results(out: Path, name: str, result: Any, page: str, *, newline: bool = True,
                   default: Callable[[Any], Any] | None = None) -> tuple[Path, Path]:
     """Writes `out/<name>.json` (`write_json`'s format) and the markdown `page` to `out/<name>.md`, creating
