@@ -1,5 +1,5 @@
-"""Tiny distributed-run settings shared by the launch tests (a few hundred steps, networks of a few units), and
-the check every CLI test of a refused flag makes."""
+"""Tiny distributed-run settings shared by the launch tests (a few hundred steps, networks of a few units), the
+check every CLI test of a refused flag makes, and the hook fault tests put in a learner's training blocks."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,6 +22,21 @@ def assert_one_line_exit_2(capsys: Any, main: Callable[[Sequence[str]], Any], ar
         main(argv)
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, (list(argv), err)
+
+
+class BlockHook:
+    """A learner that runs `before(learner, block)` ahead of each training block (to fail or slow it) and is
+    otherwise the learner it wraps: a LearnerNode subclass sets `self._learner = BlockHook(self._learner, f)`."""
+
+    def __init__(self, inner: Any, before: Callable[[Any, Any], None]):
+        self._inner, self._before = inner, before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def run_block(self, block: Any) -> Any:
+        self._before(self._inner, block)
+        return self._inner.run_block(block)
 
 
 def tiny_config(logdir: Path, **kw) -> ExperimentConfig:
