@@ -4,7 +4,8 @@ Most benchmarks in bench/ end the same way: record the load at the end, write th
 included) as JSON with indent 1, write the markdown page beside it, and print where they went. Tests and
 notebooks read these files, so each benchmark's format stays as it always was: the JSON is indented by one
 space, and ends in a newline or not as that benchmark wrote it before (`newline`), so that a rerun does not
-rewrite every committed result file for one byte.
+rewrite every committed result file for one byte. Also here: the command line a page quotes
+(`command_line`) and the `--out` folder check made before anything is measured (`out_folder`).
 """
 from __future__ import annotations
 
