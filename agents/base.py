@@ -8,7 +8,7 @@ The runners in `launch/` depend only on `BuilderBase` (an ABC: the one builder t
 from __future__ import annotations
 
 import abc
-from typing import Any, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
+from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -63,11 +63,28 @@ class Actor(Protocol):
     def update(self, qparams: QuantizedParams) -> None: ...
 
 
+# What makes an actor's executor: `quarl.runtimes.make_executor`'s signature (tests pass fakes).
+ExecutorFactory = Callable[..., Any]
+
+
 class ExecutorActor:
-    """What every agent's actor shares: the quantized policy executor it acts through (`self._executor`, set by
-    the subclass), what runs it (backend, precision, integer kernel form) and the weight swap."""
+    """What every agent's actor shares: the quantized policy executor it acts through (`self._executor`, made
+    by the subclass with `_make_executor`), what runs it (backend, precision, integer kernel form) and the
+    weight swap."""
 
     _executor: Any
+    _obs_dim: int
+
+    def _make_executor(self, spec: PolicySpec, qparams: QuantizedParams, backend: str, batch_size: int,
+                       executor_factory: ExecutorFactory | None) -> None:
+        """Sets `self._executor` (from `executor_factory`, default `quarl.runtimes.make_executor`) and
+        `self._obs_dim`. batch_size: how many observations one call carries (K environments per actor); `auto`
+        measures the runtimes at that batch."""
+        if executor_factory is None:
+            from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
+            executor_factory = make_executor
+        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
+        self._obs_dim = spec.input_dim
 
     @property
     def backend(self) -> str:

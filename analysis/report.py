@@ -4,13 +4,13 @@ and a number in a notebook and in report.md always come from the same code."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
+from quarl.io import read_json_object
 from quarl.machine import machine_info
 
 from analysis.plots import (BAND_MEANING, machine_label, plot_figure, plot_ptq, plot_runtime_breakdown,
@@ -61,7 +61,7 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
 
     if machine is None:
         mfile = out / "machine.json"
-        machine = read_summary_like(mfile) or {**machine_info(), "note": "machine that drew the report "
+        machine = read_json_object(mfile) or {**machine_info(), "note": "machine that drew the report "
                                                                           "(the runs left no machine.json)"}
     cores = machine.get("logical_cpus", machine.get("cores"))
     plt = pyplot()
@@ -141,15 +141,6 @@ def _relative(path: Any, base: Path) -> Any:
         return os.path.relpath(Path(path).resolve(), base.resolve())
     except ValueError:  # another drive
         return path
-
-
-def read_summary_like(path: Path) -> dict[str, Any] | None:
-    """A small JSON object file (machine.json) or None."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
 
 
 def grid_table(runs: pd.DataFrame, plan: pd.DataFrame | None = None) -> pd.DataFrame:

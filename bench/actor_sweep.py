@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import statistics
 import sys
@@ -254,6 +253,7 @@ def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int
 def main(argv: list[str] | None = None) -> int:
     from bench.machine import (  # pylint: disable=import-outside-toplevel
         add_allow_busy, finish, machine_info, refuse_if_busy)
+    from bench.results_io import write_results  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser(prog="bench.actor_sweep", description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="a minute or two; writes to runs/bench/actor-sweep-quick")
@@ -279,14 +279,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         ray.shutdown()
     finish(result["machine"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "actor_sweep.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     m = result["machine"]
     page = ["# Vectorized actors (`python -m bench.actor_sweep`)", "",
             f"Machine: {m['cpu']}, {m['cores']} logical cores; load average {m['load_start'][0]:.1f} at start, "
             f"{m['load_end'][0]:.1f} at end.", "", *markdown(result["sweep"])]
-    (out / "actor_sweep.md").write_text("\n".join(page), encoding="utf-8")
-    print(f"wrote {out / 'actor_sweep.json'} and {out / 'actor_sweep.md'}")
+    json_path, md_path = write_results(out, "actor_sweep", result, "\n".join(page))
+    print(f"wrote {json_path} and {md_path}")
     return 0
 
 

@@ -46,6 +46,7 @@ import numpy as np
 from bench import actor_sweep
 from bench.machine import (add_allow_busy, finish, machine_info, measuring_actor_env, pin_to_one_core,
                            refuse_if_busy)
+from bench.results_io import write_json
 from quarl.vector_env import env_implementation
 from quarl.io import jsonable
 
@@ -551,7 +552,7 @@ def run(quick: bool, out: Path, seeds: list[int], e2e: bool, allow_busy: bool = 
     finally:
         ray.shutdown()
     finish(result["machine"])
-    (out / "actorq.json").write_text(json.dumps(jsonable(result), indent=1) + "\n", encoding="utf-8")
+    write_json(out / "actorq.json", jsonable(result))
     plot(result, out / "actorq.png")
     (out / "actorq.md").write_text(markdown(result), encoding="utf-8")
     print(f"wrote {out / 'actorq.json'}, {out / 'actorq.png'} and {out / 'actorq.md'}")

@@ -20,7 +20,6 @@ runs/bench/ale-dqn-tiny). The time depends on the machine and its load: run it a
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from typing import Any, Sequence
 
 from bench.learning import LearningRow, run_one
 from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.results_io import command_line, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"Pong": -15.0, "Breakout": 10.0}
@@ -87,15 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     out = Path(args.out or (REPO / "runs" / "bench" / "ale-dqn-tiny" if args.tiny else REPO / "bench" / "results"))
-    out.mkdir(parents=True, exist_ok=True)
     record = {"game": args.game, "seed": args.seed, "target": target, "learner_device": args.learner_device,
-              "settings": settings, "command": "python -m bench.ale_dqn " + " ".join(
-                  sys.argv[1:] if argv is None else argv),
+              "settings": settings, "command": command_line("bench.ale_dqn", argv),
               **{k: result[k] for k in ("steps_to_target", "train_s_to_target", "actor_steps", "learner_steps",
                                         "train_s", "best_return", "final_return")},
               "curve": curve, "machine": finish(machine)}
-    (out / "ale_dqn.json").write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    (out / "ale_dqn.md").write_text(report(record), encoding="utf-8")
+    write_results(out, "ale_dqn", record, report(record))
     print(report(record))
     return 0
 

@@ -20,7 +20,6 @@ with the 1-minute load above the core count are refused unless --allow-busy.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -32,6 +31,7 @@ import numpy as np
 
 from bench.machine import add_allow_busy, finish, refuse_if_busy
 from bench.machine import machine_info as base_machine_info
+from bench.results_io import out_folder, write_json
 from bench.inference import SINGLE_THREAD_XLA
 
 TORSOS = {"minatar": (10, 10, 4), "nature": (84, 84, 4)}
@@ -78,17 +78,11 @@ def executors(spec: Any, params: dict, obs: np.ndarray, batch: int) -> dict[str,
 def time_interleaved(exs: dict[str, Any], x: np.ndarray, rounds: int, block: int) -> dict[str, list[float]]:
     """Microseconds per call of each executor, `block` calls a turn, `rounds` turns each (first call of a turn
     dropped: it runs with another variant's weights in the cache)."""
-    samples: dict[str, list[float]] = {name: [] for name in exs}
+    from quarl.runtimes.auto import interleaved_samples  # pylint: disable=import-outside-toplevel
+
     for ex in exs.values():
         ex(x)
-    for _ in range(rounds):
-        for name, ex in exs.items():
-            for i in range(block + 1):
-                t = time.perf_counter()
-                ex(x)
-                if i:
-                    samples[name].append((time.perf_counter() - t) * 1e6)
-    return samples
+    return {name: [s * 1e6 for s in seconds] for name, seconds in interleaved_samples(exs, x, rounds, block).items()}
 
 
 def bench_case(torso: str, batch: int, budget: dict[str, Any]) -> list[dict[str, Any]]:
@@ -148,7 +142,7 @@ def run(quick: bool, out: Path, allow_busy: bool) -> dict[str, Any]:
     result = {"machine": machine, "rows": rows, "speedups": speedups(rows)}
     out.mkdir(parents=True, exist_ok=True)
     path = out / "conv_inference.json"
-    path.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_json(path, result)
     for s in result["speedups"]:
         print(f"{s['torso']:>8} batch {s['batch']:>2}: fp32 {s['fp32_us']:8.1f} us ({s['fp32_variant']}), "
               f"int8 {s['int8_us']:8.1f} us "
@@ -168,9 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     refuse_if_busy(parser, args.allow_busy)
     os.environ.setdefault("XLA_FLAGS", SINGLE_THREAD_XLA)
-    out = args.out or Path("runs/bench/conv-quick" if args.quick else "bench/results")
-    if out.exists() and not out.is_dir():
-        parser.exit(2, f"{parser.prog}: error: --out {out} exists and is not a directory\n")
+    out = out_folder(parser, args.out, "runs/bench/conv-quick" if args.quick else "bench/results")
     run(args.quick, out, args.allow_busy)
     return 0
 

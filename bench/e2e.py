@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -41,6 +40,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.results_io import write_results
 
 PRECISIONS = ("fp32", "int8")  # fp32 is the baseline every ratio divides by
 # --tiny: seconds per arm, for tests (a D4PG that learns nothing in that time; only the plumbing is checked).
@@ -284,10 +284,8 @@ def markdown(result: dict[str, Any]) -> str:
 def write(result: dict[str, Any], out: Path) -> None:
     from quarl.io import jsonable  # pylint: disable=import-outside-toplevel
 
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "e2e.json").write_text(json.dumps(jsonable(result), indent=1) + "\n", encoding="utf-8")
-    (out / "e2e.md").write_text(markdown(result), encoding="utf-8")
-    print(f"wrote {out / 'e2e.json'} and {out / 'e2e.md'}")
+    json_path, md_path = write_results(out, "e2e", jsonable(result), markdown(result))
+    print(f"wrote {json_path} and {md_path}")
 
 
 # --------------------------------------------------------------------------------------------- CLI

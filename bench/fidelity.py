@@ -39,9 +39,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.machine import BusyMachineError, add_allow_busy, check_load, describe_load, finish, machine_info
+from bench.machine import add_allow_busy, check_load, describe_load, finish, machine_info, run_cli
 from bench.peers import run_subprocess
-from launch.cli import OneLineArgumentParser
+from bench.results_io import command_line, write_json
+from quarl.io import read_json_list
+from launch.cli import OneLineArgumentParser, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
 ACME_SCRIPT = REPO / "bench" / "acme_d4pg.py"
@@ -50,10 +52,6 @@ OUR_ARMS = ("fp32", "int8")
 ARMS = OUR_ARMS + ("acme",)
 PROTOCOLS = {"return": "mean of the evaluation episodes", "return_first": "first episode (Acme's protocol)"}
 SMALL_NETS = {"policy": (32, 32), "critic": (64, 64)}
-
-
-class UsageError(ValueError):
-    """A bad command-line value (printed as one line, exit code 2)."""
 
 
 def _steps(text: str, tasks: Sequence[str]) -> dict[str, int]:
@@ -164,9 +162,9 @@ def run_all(args: argparse.Namespace) -> None:
         (logdir / MACHINE_FILE).write_text(json.dumps(finish(run_machine)), encoding="utf-8")
         print(f"    done in {seconds:.0f} s", flush=True)
     sessions_file = runs / MACHINE_FILE
-    sessions = _read_sessions(sessions_file)
+    sessions = read_json_list(sessions_file)
     sessions.append(finish(machine))
-    sessions_file.write_text(json.dumps(sessions, indent=1), encoding="utf-8")
+    write_json(sessions_file, sessions, newline=False)
 
 
 MACHINE_FILE = "machine.json"  # in a run folder: the CPU and load the run had
@@ -218,7 +216,7 @@ def load_curves(runs: Path, previous: Path | None = None) -> list[dict[str, Any]
     fidelity_curves.csv) for runs that are not under `runs`."""
     if not runs.is_dir():
         raise UsageError(f"no finished runs under {str(runs)!r} (not a directory)")
-    sessions = _read_sessions(runs / MACHINE_FILE)
+    sessions = read_json_list(runs / MACHINE_FILE)
     # Runs from before per-run machine records: the CPU of their run session (one machine per runs folder).
     fallback = str(sessions[-1].get("cpu", "")) if sessions else ""
     rows = []
@@ -238,14 +236,6 @@ def load_curves(runs: Path, previous: Path | None = None) -> list[dict[str, Any]
     have = {(r["task"], r["arm"], r["seed"]) for r in rows}
     rows += [r for r in read_curves_csv(previous) if (r["task"], r["arm"], r["seed"]) not in have] if previous else []
     return sorted(rows, key=lambda r: (r["task"], r["arm"], r["seed"], r["actor_steps"]))
-
-
-def _read_sessions(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
 
 
 def sign_flip_p(diffs: Sequence[float]) -> float:
@@ -451,34 +441,30 @@ def report(runs: Path, out: Path, command_line: str) -> str:
     if tests:
         _write_csv(out / "fidelity_tests.csv", tests)
     # Run sessions (machine, load at start and end) of this runs folder and of earlier parts, each once.
-    sessions = _read_sessions(out / "fidelity_sessions.json")
-    sessions += [m for m in _read_sessions(runs / MACHINE_FILE) if m not in sessions]
-    (out / "fidelity_sessions.json").write_text(json.dumps(sessions, indent=1), encoding="utf-8")
+    sessions = read_json_list(out / "fidelity_sessions.json")
+    sessions += [m for m in read_json_list(runs / MACHINE_FILE) if m not in sessions]
+    write_json(out / "fidelity_sessions.json", sessions, newline=False)
     text = markdown(curves, tests, aucs, command_line, sessions)
     (out / "fidelity.md").write_text(text, encoding="utf-8")
     plot(curves, out / "fidelity.png")
     return text
 
 
+def _main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    if args.command == "plot":
+        plot(read_curves_csv(Path(args.out) / "fidelity_curves.csv"), Path(args.out) / "fidelity.png")
+        print(f"bench.fidelity: redrew {Path(args.out) / 'fidelity.png'}")
+        return
+    if args.command == "run":
+        check_load(args.allow_busy)
+        run_all(args)
+    print(report(Path(args.runs), Path(args.out), command_line("bench.fidelity", argv)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = parse_args(argv)
-        if args.command == "plot":
-            plot(read_curves_csv(Path(args.out) / "fidelity_curves.csv"), Path(args.out) / "fidelity.png")
-            print(f"bench.fidelity: redrew {Path(args.out) / 'fidelity.png'}")
-            return 0
-        if args.command == "run":
-            check_load(args.allow_busy)
-            run_all(args)
-        print(report(Path(args.runs), Path(args.out), "python -m bench.fidelity " + " ".join(argv)))
-    except (UsageError, BusyMachineError) as e:
-        print(f"bench.fidelity: error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        print(f"bench.fidelity: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_cli("bench.fidelity", lambda: _main(argv))
 
 
 if __name__ == "__main__":

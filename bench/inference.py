@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from bench.machine import add_allow_busy, refuse_if_busy
+from bench.results_io import out_folder, write_json
 
 # (backend, precision, forced ONNX kernel form or None); `variants()` adds one onnx int8 row per form the
 # CPU's self-check accepts. A variant's label is "backend precision[ form]".
@@ -153,16 +154,10 @@ def time_blocks(executors: dict[tuple[str, str], Any], obs: np.ndarray, budget: 
         probe[key] = time.perf_counter() - t
     calls = {k: int(np.clip(budget.seconds / max(p, 1e-7), budget.min_calls, budget.max_calls))
              for k, p in probe.items()}
-    samples: dict[tuple[str, str], list[float]] = {k: [] for k in executors}
-    for _ in range(budget.rounds):
-        for key, ex in executors.items():
-            block = max(2, calls[key] // budget.rounds)
-            for i in range(block + 1):
-                t = time.perf_counter()
-                ex(obs)
-                if i:
-                    samples[key].append(time.perf_counter() - t)
-    return samples
+    from quarl.runtimes.auto import interleaved_samples  # pylint: disable=import-outside-toplevel
+
+    return interleaved_samples(executors, obs, budget.rounds,
+                               {k: max(2, c // budget.rounds) for k, c in calls.items()})
 
 
 def bench_config(hidden: int, batch: int, budget: Budget) -> list[dict[str, Any]]:
@@ -289,6 +284,13 @@ def _x(value: float | None, digits: int = 2) -> str:
     return "-" if value is None else f"{value:.{digits}f}x"
 
 
+def _worst(summary: list[dict], keys: tuple[str, ...]) -> tuple[float, int, int] | None:
+    """The lowest measured value of the `keys` ratios over the summary rows, with its width and batch; None
+    when none was measured."""
+    found = [(v, s["hidden"], s["batch"]) for s in summary for v in (s[k] for k in keys) if v is not None]
+    return min(found) if found else None
+
+
 def target_lines(summary: list[dict]) -> list[str]:
     """The speed targets, stated as measured (PASS/MISS), batch 1; a target whose rows are missing says so."""
     lines = []
@@ -300,16 +302,12 @@ def target_lines(summary: list[dict]) -> list[str]:
                 lines.append(f"best int8 vs best fp32 at H={hidden} batch 1: {_x(got, 1)} "
                              f"(target >= {need:.0f}x: {verdict})")
     # Judged on auto's choices timed in the main interleaved measurement; 5% slack for block-to-block noise.
-    choices = [(v, s["hidden"], s["batch"]) for s in summary
-               for v in (s["auto_int8_choice_vs_best_fp32"], s["auto_fp32_choice_vs_best_fp32"]) if v is not None]
-    if choices:
-        worst = min(choices)
+    worst = _worst(summary, ("auto_int8_choice_vs_best_fp32", "auto_fp32_choice_vs_best_fp32"))
+    if worst is not None:
         lines.append(f"auto's choice vs best fp32, worst case: {worst[0]:.2f}x at H={worst[1]} batch {worst[2]} "
                      f"(target: never slower: {'PASS' if worst[0] >= 0.95 else 'MISS'})")
-    raws = [(v, s["hidden"], s["batch"]) for s in summary
-            for v in (s["auto_int8_vs_best_fp32"], s["auto_fp32_vs_best_fp32"]) if v is not None]
-    if raws:
-        raw = min(raws)
+    raw = _worst(summary, ("auto_int8_vs_best_fp32", "auto_fp32_vs_best_fp32"))
+    if raw is not None:
         lines.append(f"auto executors as timed (own instances, includes instance noise), worst case vs best fp32: "
                      f"{raw[0]:.2f}x at H={raw[1]} batch {raw[2]}")
     for s in summary:
@@ -430,7 +428,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
               "targets": target_lines(summary),
               "auto_decisions": {k.split("|", 1)[1]: v for k, v in decisions.items()}}
     out.mkdir(parents=True, exist_ok=True)
-    (out / "inference.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    write_json(out / "inference.json", result)
     plot(rows, out / "inference.png", machine)
     print(f"wrote {out / 'inference.json'} and {out / 'inference.png'}")
     return result
@@ -445,10 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="redraw inference.png from the folder's inference.json (no timing)")
     add_allow_busy(parser)
     args = parser.parse_args(argv)
-    out = args.out or Path("runs/bench/inference-quick" if args.quick else "bench/results")
-    if out.exists() and not out.is_dir():
-        print(f"error: --out {out} exists and is not a directory", file=sys.stderr)
-        return 2
+    out = out_folder(parser, args.out, "runs/bench/inference-quick" if args.quick else "bench/results")
     if args.report_only:
         try:
             result = json.loads((out / "inference.json").read_text(encoding="utf-8"))

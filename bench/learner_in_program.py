@@ -25,7 +25,6 @@ Writes DIR/learner_in_program.{json,md} with the machine record (bench.machine);
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -38,6 +37,7 @@ import numpy as np
 
 from bench.learner_throughput import machine_info, measure
 from bench.machine import add_allow_busy, refuse_if_busy
+from bench.results_io import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 TASK = "walker:stand"
@@ -190,11 +190,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{r['node']['steps_per_s']:.1f}, no publishing {r['node_no_publish']['steps_per_s']:.1f} steps/s; "
               f"ratios {r['ratio_node_vs_learner_step']:.2f} {r['ratio_publish_on_vs_off']:.2f}", flush=True)
     result["machine"]["load_average_end"] = list(os.getloadavg())
-    outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "learner_in_program.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    command = " ".join(["python -m bench.learner_in_program", *(argv if argv is not None else sys.argv[1:])])
-    (outdir / "learner_in_program.md").write_text(markdown(result, command), encoding="utf-8")
-    print(f"wrote {outdir}/learner_in_program.{{json,md}}")
+    write_report(outdir, "bench.learner_in_program", argv, result, markdown, newline=False)
     return 0
 
 

@@ -24,7 +24,6 @@ XLA keeps its default CPU threading (all cores), as the learner process has it.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -36,6 +35,7 @@ import numpy as np
 
 from bench.machine import add_allow_busy, refuse_if_busy
 from bench.machine import machine_info as base_machine_info
+from bench.results_io import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 OBS_DIM, ACT_DIM = 24, 6  # walker:stand / walker:walk
@@ -252,11 +252,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"policy {policy} critic {critic} batch {batch}: "
               + ", ".join(f"{k} {v['median_steps_per_s']:.1f} steps/s" for k, v in r["modes"].items()), flush=True)
     result["machine"]["load_average_end"] = list(os.getloadavg())
-    outdir.mkdir(parents=True, exist_ok=True)
-    (outdir / "learner_throughput.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    command = " ".join(["python -m bench.learner_throughput", *(argv if argv is not None else sys.argv[1:])])
-    (outdir / "learner_throughput.md").write_text(markdown(result, command), encoding="utf-8")
-    print(f"wrote {outdir}/learner_throughput.{{json,md}}")
+    write_report(outdir, "bench.learner_throughput", argv, result, markdown, newline=False)
     return 0
 
 

@@ -12,7 +12,8 @@ import os
 import platform
 import shutil
 import tempfile
-from typing import Any, Iterator, NoReturn, Sequence
+import sys
+from typing import Any, Callable, Iterator, NoReturn, Sequence
 
 from quarl.machine import cpu_model_name, load_average
 
@@ -59,6 +60,23 @@ def refuse_if_busy(parser: argparse.ArgumentParser, allow_busy: bool) -> list[fl
 
 def _exit(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+
+def run_cli(prog: str, body: Callable[[], object]) -> int:
+    """Runs a study CLI's `body` and gives its exit code, so the studies end the same way: a bad command-line
+    value (`launch.cli.UsageError`) or a busy machine prints `prog: error: ...` on stderr and gives 2; any
+    other RuntimeError (a run that failed) prints `prog: ...` and gives 1; otherwise 0."""
+    from launch.cli import UsageError  # pylint: disable=import-outside-toplevel  # it imports the agents
+
+    try:
+        body()
+    except (UsageError, BusyMachineError) as e:
+        print(f"{prog}: error: {e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return 1
+    return 0
 
 
 def machine_info(allow_busy: bool = False) -> dict[str, Any]:

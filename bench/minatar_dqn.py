@@ -33,6 +33,7 @@ from typing import Any, Sequence
 
 from bench.learning import LearningRow, run_one
 from bench.machine import add_allow_busy, describe_load, finish, machine_info
+from bench.results_io import command_line, write_results
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -167,13 +168,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _write(out: Path, results: list[dict[str, Any]], machine: dict[str, Any], overrides: dict[str, Any],
            argv: Sequence[str] | None, episodes: int) -> int:
     finish(machine)
-    out.mkdir(parents=True, exist_ok=True)
-    command = "python -m bench.minatar_dqn " + " ".join(sys.argv[1:] if argv is None else argv)
-    (out / "minatar_dqn.json").write_text(json.dumps({"machine": machine, "settings": overrides,
-                                                      "authors_dqn": AUTHORS_DQN, "results": results}, indent=1),
-                                          encoding="utf-8")
-    text = markdown(results, machine, command.strip(), episodes)
-    (out / "minatar_dqn.md").write_text(text, encoding="utf-8")
+    text = markdown(results, machine, command_line("bench.minatar_dqn", argv), episodes)
+    write_results(out, "minatar_dqn", {"machine": machine, "settings": overrides, "authors_dqn": AUTHORS_DQN,
+                                       "results": results}, text, newline=False)
     return 0
 
 

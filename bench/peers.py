@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.results_io import write_results
 
 REPO = Path(__file__).resolve().parents[1]
 D4PG_TASK = "cartpole:balance"
@@ -461,9 +462,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finish(result["machine"])
     if args.merge and (out / "peers.json").is_file():
         result = merge_results(json.loads((out / "peers.json").read_text(encoding="utf-8")), result)
-    (out / "peers.json").write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
-    (out / "peers.md").write_text(markdown(result), encoding="utf-8")
-    print(f"[bench.peers] wrote {out / 'peers.json'} and {out / 'peers.md'}", flush=True)
+    json_path, md_path = write_results(out, "peers", result, markdown(result), default=str)
+    print(f"[bench.peers] wrote {json_path} and {md_path}", flush=True)
     return 0
 
 

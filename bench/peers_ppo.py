@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.machine import add_allow_busy, finish, machine_info, refuse_if_busy
+from bench.results_io import write_results
 from bench.peers import REPO, dqn_markdown, eval_metrics, read_our_evals, run_subprocess
 
 RUN_TIMEOUT_S = 3600.0
@@ -175,9 +176,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         solved = [r["wall_s_to_target"] for r in result["rows"] if r["system"] == system and r["solved"]]
         medians[system] = statistics.median(solved) if solved else None
     result["median_wall_s_to_target"] = medians
-    (out / "peers_ppo.json").write_text(json.dumps(result, indent=1, default=str) + "\n", encoding="utf-8")
-    (out / "peers_ppo.md").write_text(markdown(result), encoding="utf-8")
-    print(f"[bench.peers_ppo] wrote {out / 'peers_ppo.json'} and {out / 'peers_ppo.md'}", flush=True)
+    json_path, md_path = write_results(out, "peers_ppo", result, markdown(result), default=str)
+    print(f"[bench.peers_ppo] wrote {json_path} and {md_path}", flush=True)
     return 0
 
 

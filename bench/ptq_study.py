@@ -43,7 +43,9 @@ from typing import Any, Mapping, Sequence
 import agents
 from agents.ppo.config import CONTROL_OVERRIDES as PPO_CONTROL_OVERRIDES
 from bench.learning_d4pg import CARTPOLE_OVERRIDES
-from bench.machine import BusyMachineError, add_allow_busy, check_load, describe_load, finish, machine_info
+from bench.machine import add_allow_busy, check_load, describe_load, finish, machine_info, run_cli
+from bench.results_io import write_json
+from quarl.io import read_json_list
 from launch.cli import OneLineArgumentParser, UsageError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -312,33 +314,25 @@ def run_grid(args: argparse.Namespace) -> None:
         print(f"{tag}: evaluating {', '.join(missing)} ...", flush=True)
         rows += sweep_cell(logdir, seed, missing, args.episodes, args.backend, machine["cpu"])
         write_rows(csv_path, rows)
-    sessions = _read_json_list(args.out / SESSIONS_FILE)
+    sessions = read_json_list(args.out / SESSIONS_FILE)
     sessions.append(finish(machine))
-    (args.out / SESSIONS_FILE).write_text(json.dumps(sessions, indent=1) + "\n", encoding="utf-8")
+    write_json(args.out / SESSIONS_FILE, sessions)
 
 
 def merge_folders(out: Path, folders: Sequence[str]) -> None:
     """Adds each folder's cells that OUT does not hold yet (a cell is taken whole from one folder) and its
     sessions to OUT: parts of the grid run in separate sessions or on separate machines become one table."""
     rows = read_rows(out / CSV_FILE)
-    sessions = _read_json_list(out / SESSIONS_FILE)
+    sessions = read_json_list(out / SESSIONS_FILE)
     for folder in map(Path, folders):
         if not (folder / CSV_FILE).is_file():
             raise UsageError(f"{folder} holds no {CSV_FILE}")
         have = {(r["algo"], r["task"], r["seed"]) for r in rows}
         rows += [r for r in read_rows(folder / CSV_FILE) if (r["algo"], r["task"], r["seed"]) not in have]
-        sessions += [m for m in _read_json_list(folder / SESSIONS_FILE) if m not in sessions]
+        sessions += [m for m in read_json_list(folder / SESSIONS_FILE) if m not in sessions]
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / CSV_FILE, rows)
-    (out / SESSIONS_FILE).write_text(json.dumps(sessions, indent=1) + "\n", encoding="utf-8")
-
-
-def _read_json_list(path: Path) -> list[dict[str, Any]]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return []
-    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
+    write_json(out / SESSIONS_FILE, sessions)
 
 
 # ------------------------------------------------------------------------------------------------ report
@@ -485,31 +479,27 @@ def report(out: Path) -> str:
     rows = read_rows(out / CSV_FILE)
     if not rows:
         raise UsageError(f"no study rows in {out / CSV_FILE}")
-    text = markdown(rows, _read_json_list(out / SESSIONS_FILE))
+    text = markdown(rows, read_json_list(out / SESSIONS_FILE))
     (out / MD_FILE).write_text(text, encoding="utf-8")
     plot(rows, out / PNG_FILE)
     return text
 
 
+def _main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    if args.command == "run":
+        check_load(args.allow_busy)
+        for note in args.notes:
+            print(f"bench.ptq_study: {note}", flush=True)
+        run_grid(args)
+    if args.command == "merge":
+        merge_folders(Path(args.out), args.folders)
+    print(report(Path(args.out)))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args = parse_args(argv)
-        if args.command == "run":
-            check_load(args.allow_busy)
-            for note in args.notes:
-                print(f"bench.ptq_study: {note}", flush=True)
-            run_grid(args)
-        if args.command == "merge":
-            merge_folders(Path(args.out), args.folders)
-        print(report(Path(args.out)))
-    except (UsageError, BusyMachineError) as e:
-        print(f"bench.ptq_study: error: {e}", file=sys.stderr)
-        return 2
-    except RuntimeError as e:
-        print(f"bench.ptq_study: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return run_cli("bench.ptq_study", lambda: _main(argv))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,6 @@ runs, and the bytes that cross a process boundary for N actors. Results: publish
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.results_io import command_line, write_results
 from launch.program.ray_runner import init_ray
 from launch.nodes.shared_blob import Blob
 from quarl.payload import encode_payload
@@ -153,10 +153,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ray.shutdown()
     finish(machine)
     outdir = Path(args.out) if args.out else REPO / ("runs/bench/publish-quick" if args.quick else "bench/results")
-    outdir.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m bench.publish", *(argv if argv is not None else sys.argv[1:])])
-    (outdir / "publish.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    (outdir / "publish.md").write_text(markdown(result, command), encoding="utf-8")
+    command = command_line("bench.publish", argv)
+    write_results(outdir, "publish", result, markdown(result, command), newline=False)
     print(markdown(result, command))
     return 0
 

@@ -24,6 +24,7 @@ import dm_env
 import numpy as np
 
 from bench.machine import finish, machine_info
+from bench.results_io import write_json
 from launch.experiments.progress import StepProgress
 from quarl.adders import NStepTransitionAdder
 from quarl.replay_frames import FrameTable
@@ -142,7 +143,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     path = out / "replay_memory.json"
     rows = json.loads(path.read_text(encoding="utf-8")) if path.exists() else []
     rows = [r for r in rows if (r["source"], r["transitions"]) != (row["source"], row["transitions"])] + [row]
-    path.write_text(json.dumps(rows, indent=1), encoding="utf-8")
+    write_json(path, rows, newline=False)
     mem = row["memory"]
     print(f"{row['source']}: {row['size']:,} items, {mem['frames_live']:,} frames ({row['frames_per_item']:.3f} an "
           f"item): frame store {mem['frame_store'] / GIB:.2f} GiB, total {mem['total'] / GIB:.2f} GiB, RSS growth "

@@ -23,7 +23,6 @@ defaults to bench/results (--quick: runs/bench/replay-server-quick). Run it alon
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -33,6 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.results_io import write_report
 
 REPO = Path(__file__).resolve().parents[1]
 REQUIRED_INSERTS_PER_S = 11_000  # 12 int8 actors on the H200 machine (issue 20)
@@ -236,15 +236,19 @@ def _prefill(insert: Callable[..., Any], signature: dict[str, Any], items: int, 
         insert(transitions(signature, min(chunk, items - start), start), None, None, True)
 
 
-def measure_backend(backend: Any, ks: Sequence[int], samplers: int, warmup_s: float, window_s: float) -> dict:
-    """Inserts alone, then per K and sample call: samples alone and both at once."""
-    out: dict[str, Any] = {"backend": backend.name}
+def _window_inserting(backend: Any, warmup_s: float, window_s: float) -> dict:
+    """One timed window with the inserters running: started here, and stopped even when the window fails."""
     backend.start_inserts()
     try:
         wait_for(backend.info, "inserts")
-        out["inserts_alone"] = window(backend.info, warmup_s, window_s)
+        return window(backend.info, warmup_s, window_s)
     finally:
         backend.stop_inserts()
+
+
+def measure_backend(backend: Any, ks: Sequence[int], samplers: int, warmup_s: float, window_s: float) -> dict:
+    """Inserts alone, then per K and sample call: samples alone and both at once."""
+    out: dict[str, Any] = {"backend": backend.name, "inserts_alone": _window_inserting(backend, warmup_s, window_s)}
     out["per_k"] = []
     for k in ks:
         for call in CALLS:
@@ -253,12 +257,7 @@ def measure_backend(backend: Any, ks: Sequence[int], samplers: int, warmup_s: fl
             try:
                 wait_for(backend.info, "samples")
                 row["samples_alone"] = window(backend.info, warmup_s, window_s)
-                backend.start_inserts()
-                try:
-                    wait_for(backend.info, "inserts")
-                    row["both"] = window(backend.info, warmup_s, window_s)
-                finally:
-                    backend.stop_inserts()
+                row["both"] = _window_inserting(backend, warmup_s, window_s)
             finally:
                 sampler.stop()
             out["per_k"].append(row)
@@ -343,11 +342,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finish(machine)
     default = "runs/bench/replay-server-quick" if args.quick else "bench/results"
     outdir = Path(args.out) if args.out else REPO / default
-    outdir.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m bench.replay_server", *(argv if argv is not None else sys.argv[1:])])
-    (outdir / "replay_server.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
-    (outdir / "replay_server.md").write_text(markdown(result, command), encoding="utf-8")
-    print(f"wrote {outdir}/replay_server.{{json,md}}")
+    write_report(outdir, "bench.replay_server", argv, result, markdown, newline=False)
     return 0
 
 

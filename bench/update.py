@@ -27,6 +27,7 @@ import numpy as np
 
 from bench.inference import OBS_DIM, make_params
 from bench.machine import add_allow_busy, refuse_if_busy
+from bench.results_io import write_json
 
 
 def _call_us(fn: Callable[[], Any], n: int = 200) -> float:
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{key:34s} {value}")
     print(json.dumps(result))
     if args.out:
-        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+        write_json(args.out, result)
     return 0
 
 

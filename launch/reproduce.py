@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import re
 import shutil
@@ -40,7 +39,7 @@ from analysis.upgrade_summaries import is_old_single_process
 from launch.grid.runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, PlannedRun, run_actorq, run_single
 from launch.report_guard import describe, finished_on_disk, finished_in_report, lost_runs, subset_dir
 from launch.grid.runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
-from quarl.io import jsonable
+from quarl.io import jsonable, read_json_object
 
 PROG = "launch.reproduce"
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -218,7 +217,7 @@ def _check_writable(root: Path) -> None:
 def _check_same_grid(root: Path, budget: str, runner: str) -> None:
     """A results folder holds one budget and one runner: resuming it with another would put runs of other
     lengths, or wall clocks of another runner, into one figure."""
-    meta = _read_json(root / "grid.json")
+    meta = read_json_object(root / "grid.json")
     if meta is None:
         return
     for flag, have, want in (("--budget", meta.get("budget"), budget), ("--runner", meta.get("runner"), runner)):
@@ -227,19 +226,11 @@ def _check_same_grid(root: Path, budget: str, runner: str) -> None:
                              "it or choose another --name")
 
 
-def _read_json(path: Path) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data if isinstance(data, dict) else None
-
-
 def _check_current_summaries(root: Path) -> None:
     """Refuses a results folder holding summaries of the earlier single-process layout: they would count as
     unfinished, and the grid would clear and redo those runs."""
     old = next((p for p in sorted((root / "runs").rglob("summary.json"))
-                if is_old_single_process(_read_json(p) or {})), None) if (root / "runs").is_dir() else None
+                if is_old_single_process(read_json_object(p) or {})), None) if (root / "runs").is_dir() else None
     if old is not None:
         raise UsageError(f"{str(old)!r} has the earlier summary.json layout; run `python -m "
                          f"analysis.upgrade_summaries {str(root)}` first")
@@ -263,7 +254,7 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     plan = inv.plan()
     inv.root.mkdir(parents=True, exist_ok=True)
     todo = [r for r in plan if not is_finished(read_summary(r.run_dir(inv.root)))]
-    meta = _read_json(inv.root / "grid.json")
+    meta = read_json_object(inv.root / "grid.json")
     if todo or meta is None:  # a grid that runs nothing leaves its record as it is
         budgets = dict((meta or {}).get("budgets") or {})  # panels that do not run now keep their entry
         budgets.update({r.panel: jsonable(dataclasses.asdict(r.budget)) for r in todo or plan})
@@ -331,7 +322,7 @@ def draw(inv: Invocation) -> Any:
     import pandas as pd  # pylint: disable=import-outside-toplevel
     from analysis import report  # pylint: disable=import-outside-toplevel
 
-    meta = _read_json(inv.root / "grid.json") or {}
+    meta = read_json_object(inv.root / "grid.json") or {}
     notes = [f"Budget `{meta.get('budget', inv.budget)}`, runner `{meta.get('runner', inv.runner)}`, "
              f"backend `{meta.get('backend', inv.backend)}`. Redraw with "
              f"`python -m launch.reproduce --out {inv.root.parent} --name {inv.root.name} --report-only`."]
@@ -343,7 +334,7 @@ def draw(inv: Invocation) -> Any:
 
     budget, runner = meta.get("budget", inv.budget), meta.get("runner", inv.runner)
     return report.write_report(inv.report_root, runs_dir=inv.root / "runs", fraction=inv.fraction, plan=plan,
-                                notes=notes, figure_title=f"budget {budget}, runner {runner}", machine=_read_json(inv.root / "machine.json"),
+                                notes=notes, figure_title=f"budget {budget}, runner {runner}", machine=read_json_object(inv.root / "machine.json"),
                                 run_filter=keep if inv.narrowed else None)
 
 

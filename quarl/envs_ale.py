@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any
 
 import dm_env
 import numpy as np
@@ -95,20 +94,15 @@ class AtariEnvironment(PixelEnvironment):
     def _observation(self) -> np.ndarray:
         return np.stack(self._stack, axis=-1)
 
-    def reset(self) -> dm_env.TimeStep:
+    def _new_episode(self) -> None:
         self._ale.reset_game()
         self._ale.getScreenGrayscale(self._screens[1])
         self._screens[0] = self._screens[1]
         frame = self._frame()
         for _ in range(FRAME_STACK):
             self._stack.append(frame)
-        self._reset_next_step = False
-        return dm_env.restart(self._observation())
 
-    def step(self, action: Any) -> dm_env.TimeStep:
-        if self._reset_next_step:
-            return self.reset()
-        index = self._check_action(action)
+    def _act(self, index: int) -> dm_env.TimeStep:
         reward = 0.0
         for i in range(FRAME_SKIP):
             reward += self._ale.act(self._actions[index])

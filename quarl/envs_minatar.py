@@ -70,16 +70,11 @@ class MinAtarEnvironment(PixelEnvironment):
     def _observation(self) -> np.ndarray:
         return self._game.state().astype(np.uint8)
 
-    def reset(self) -> dm_env.TimeStep:
+    def _new_episode(self) -> None:
         self._game.reset()
         self._steps = 0
-        self._reset_next_step = False
-        return dm_env.restart(self._observation())
 
-    def step(self, action: Any) -> dm_env.TimeStep:
-        if self._reset_next_step:
-            return self.reset()
-        index = self._check_action(action)
+    def _act(self, index: int) -> dm_env.TimeStep:
         reward, terminal = self._game.act(index)
         self._steps += 1
         return self._end_step(reward, self._observation(), terminal=bool(terminal),

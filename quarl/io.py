@@ -1,4 +1,5 @@
-"""Atomic file writes and JSON conversion shared by the library, the launchers and the benchmarks.
+"""Atomic file writes, JSON conversion and forgiving JSON reads shared by the library, the launchers, the
+analysis and the benchmarks.
 
 Every results file, policy, checkpoint manifest and cache is written through `write_bytes_atomic` so a
 reader (another process, a resumed run, an analysis notebook) sees the old file or the new one, never half
@@ -47,6 +48,26 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, *, mode: int | None
 def write_text_atomic(path: str | os.PathLike, text: str, *, mode: int | None = None) -> None:
     """`write_bytes_atomic` for UTF-8 text."""
     write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
+
+
+def read_json_object(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The JSON object in `path` (a run's machine.json, a grid's grid.json); None where the file is missing,
+    unreadable or holds something else, for callers that fall back to a default."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_json_list(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The objects of a JSON list file (a study's run sessions); [] where the file is missing, unreadable or
+    not a list, so a first run and a damaged record both start a fresh list."""
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
 
 
 def _json_default(obj: Any) -> Any:

@@ -1,7 +1,9 @@
 """What the MinAtar and ALE environments share: a dm_env over uint8 images with a discrete action set.
 
-Subclasses set `_obs_spec` and `_num_actions` and call `_check_action` / `_end_step`; the episode-end rule is
-written once: a game over is a termination (discount 0), a time limit a truncation (discount 1, bootstrapped).
+Subclasses set `_obs_spec` and `_num_actions` and fill in `_new_episode`, `_observation` and `_act` (one step
+of a checked action index, ending in `_end_step`); `reset` and `step` keep dm_env's contract (a step after an
+episode's end resets) in one place, and the episode-end rule is written once: a game over is a termination
+(discount 0), a time limit a truncation (discount 1, bootstrapped).
 """
 from __future__ import annotations
 
@@ -26,6 +28,27 @@ class PixelEnvironment(dm_env.Environment):
     _obs_spec: specs.BoundedArray
     _num_actions: int
     _reset_next_step: bool = True
+
+    def _new_episode(self) -> None:
+        """Starts the game's next episode (the observation is read afterwards)."""
+        raise NotImplementedError
+
+    def _observation(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def _act(self, index: int) -> dm_env.TimeStep:
+        """One environment step of action `index` (already checked), its TimeStep from `_end_step`."""
+        raise NotImplementedError
+
+    def reset(self) -> dm_env.TimeStep:
+        self._new_episode()
+        self._reset_next_step = False
+        return dm_env.restart(self._observation())
+
+    def step(self, action: Any) -> dm_env.TimeStep:
+        if self._reset_next_step:
+            return self.reset()
+        return self._act(self._check_action(action))
 
     def _check_action(self, action: Any) -> int:
         """The action as an index in [0, num_actions); ValueError for anything else."""

@@ -7,15 +7,14 @@ started from one run seed explores independently and reproducibly.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from agents.base import ExecutorActor
+from agents.base import ExecutorActor, ExecutorFactory
 from quarl.policy import PolicySpec
 from quarl.quantization import QuantizedParams
 
-ExecutorFactory = Callable[..., Any]
 
 
 class D4PGActor(ExecutorActor):
@@ -36,13 +35,7 @@ class D4PGActor(ExecutorActor):
         for name, value in (("seed", seed), ("actor_id", actor_id)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 0:
                 raise ValueError(f"{name} must be a non-negative int, got {value!r}")
-        if executor_factory is None:
-            from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
-            executor_factory = make_executor
-        # batch_size: how many observations one call carries (K environments per actor); `auto` measures the
-        # runtimes at that batch.
-        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
-        self._obs_dim = spec.input_dim
+        self._make_executor(spec, qparams, backend, batch_size, executor_factory)
         self._low, self._high = lo, hi
         self._sigma = float(sigma)
         self._rng = np.random.default_rng([int(seed), int(actor_id)])

@@ -6,17 +6,14 @@ deployed int8 policy would do. Random actions skip inference altogether (most st
 """
 from __future__ import annotations
 
-from typing import Callable
-
 import numpy as np
 
 from agents.dqn.config import linear_epsilon
-from agents.base import ExecutorActor
+from agents.base import ExecutorActor, ExecutorFactory
 from quarl.policy import PolicySpec
 from quarl.quantization import QuantizedParams
 from quarl.runtimes.base import policy_rows
 
-ExecutorFactory = Callable[..., object]
 
 
 class EpsilonSchedule:
@@ -48,14 +45,8 @@ class DQNActor(ExecutorActor):
             raise ValueError(f"num_actions ({num_actions}) does not match the Q-network output ({spec.output_dim})")
         if not 0.0 <= eval_epsilon <= 1.0:
             raise ValueError(f"eval_epsilon must be in [0, 1], got {eval_epsilon!r}")
-        if executor_factory is None:
-            from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
-            executor_factory = make_executor
-        # batch_size: how many observations one call carries (K environments per actor); `auto` measures the
-        # runtimes at that batch.
-        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
+        self._make_executor(spec, qparams, backend, batch_size, executor_factory)
         self._num_actions = int(num_actions)
-        self._obs_dim = spec.input_dim
         self._spec = spec
         self._schedule = schedule
         self._eval_epsilon = float(eval_epsilon)

@@ -8,16 +8,13 @@ to the canonical action bounds [-1, 1].
 """
 from __future__ import annotations
 
-from typing import Any, Callable
-
 import numpy as np
 
-from agents.base import ExecutorActor
+from agents.base import ExecutorActor, ExecutorFactory
 from quarl.policy import PolicySpec
 from quarl.quantization import QuantizedParams
 from quarl.runtimes.base import policy_rows
 
-ExecutorFactory = Callable[..., Any]
 HALF_LOG_2PI = 0.5 * float(np.log(2.0 * np.pi))
 
 
@@ -30,11 +27,7 @@ class PPOActor(ExecutorActor):
                  executor_factory: ExecutorFactory | None = None, batch_size: int = 1):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
-        if executor_factory is None:
-            from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
-            executor_factory = make_executor
-        self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
-        self._obs_dim = spec.input_dim
+        self._make_executor(spec, qparams, backend, batch_size, executor_factory)
         self._spec = spec
         self._outputs = spec.output_dim
         self.discrete = bool(discrete)

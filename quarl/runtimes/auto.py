@@ -27,7 +27,7 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Hashable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
@@ -192,12 +192,32 @@ def _machine_lock() -> Iterator[bool]:
         os.close(fd)
 
 
+_Key = TypeVar("_Key", bound=Hashable)
+
+
+def interleaved_samples(executors: Mapping[_Key, Callable[[np.ndarray], Any]], obs: np.ndarray, rounds: int,
+                        block: int | Mapping[_Key, int]) -> dict[_Key, list[float]]:
+    """Seconds per call of each executor, timed in turns: `rounds` rounds of a block of `block` (or
+    `block[key]`) calls per executor, so load drift from other processes hits all alike. Each block's first
+    call is dropped: it runs with another executor's weights in the cache (an actor calls the same policy back
+    to back, so warm-cache time is the relevant one). Warm-up is the caller's. What auto decides on; the
+    inference benchmarks time the same way."""
+    samples: dict[_Key, list[float]] = {key: [] for key in executors}
+    for _ in range(rounds):
+        for key, ex in executors.items():
+            for i in range((block if isinstance(block, int) else block[key]) + 1):
+                t = time.perf_counter()
+                ex(obs)
+                if i:
+                    samples[key].append(time.perf_counter() - t)
+    return samples
+
+
 def _time_interleaved(executors: dict[str, PolicyExecutor], obs: np.ndarray) -> dict[str, float]:
     """Microseconds per call (25th percentile) for each executor.
 
-    Candidates take turns in short blocks, several rounds each, so load drift from other processes hits
-    all alike; the first call of each block is dropped because it runs with another candidate's weights in
-    the cache (an actor calls the same policy back to back, so warm-cache time is the relevant one).
+    Candidates take turns in short blocks, several rounds each (`interleaved_samples`), sized from one probe
+    call each to fit the measurement budget.
     """
     for ex in executors.values():
         for _ in range(_WARMUP_CALLS):
@@ -209,15 +229,7 @@ def _time_interleaved(executors: dict[str, PolicyExecutor], obs: np.ndarray) -> 
         probe[name] = time.perf_counter() - t
     per_call = max(sum(probe.values()), 1e-6)
     calls = int(min(_MAX_CALLS, max(_MIN_CALLS, _MEASURE_BUDGET_S / per_call)))
-    block = max(2, calls // _ROUNDS)
-    samples: dict[str, list[float]] = {name: [] for name in executors}
-    for _ in range(_ROUNDS):
-        for name, ex in executors.items():
-            for i in range(block + 1):
-                t = time.perf_counter()
-                ex(obs)
-                if i:
-                    samples[name].append(time.perf_counter() - t)
+    samples = interleaved_samples(executors, obs, _ROUNDS, max(2, calls // _ROUNDS))
     # The 25th percentile, not the median: a short window on a shared machine is often preempted, and a
     # low percentile tracks each candidate's unloaded speed (what decides the ranking) more stably.
     return {name: float(np.percentile(s, 25) * 1e6) for name, s in samples.items()}

@@ -401,6 +401,15 @@ def check_refusal(name: str, error: BaseException) -> dict[str, Any]:
             "error": f"{type(error).__name__}: {first}"}
 
 
+def run_check(name: str, measure: Callable[[], float]) -> dict[str, Any]:
+    """The record of form `name`'s self-check: `check_result` of the worst relative error `measure()` returns,
+    or `check_refusal` when it raises (a form ORT cannot build or run on this CPU is refused, not fatal)."""
+    try:
+        return check_result(name, measure())
+    except Exception as e:  # pylint: disable=broad-except  # a form ORT cannot run here is refused, not fatal
+        return check_refusal(name, e)
+
+
 def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int = 0) -> dict[str, Any]:
     """Run form `name` on random int`bits` layers of these [in, out] shapes (each width capped at 512) through
     ORT and compare with the form's exact reference on uniform inputs at batch 1 and 8, its batch-1 graph
@@ -422,8 +431,9 @@ def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int
     so = ort.SessionOptions()
     so.intra_op_num_threads = 1
     so.log_severity_level = 3
-    # (per_row, floor) -> the graph; a batch-1 graph identical to the per-row one is not run twice.
-    try:
+
+    def measure() -> float:
+        # (per_row, floor) -> the graph; a batch-1 graph identical to the per-row one is not run twice.
         variants = {(True, None): _check_graph(form, layers, True).SerializeToString()}
         one = _check_graph(form, layers, False).SerializeToString()
         if one != variants[(True, None)]:
@@ -442,9 +452,9 @@ def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int
                     x = feeds[f"x{i}"]
                     ref = form.reference(x, d) if floor is None else lifted_int_reference(x, d, floor)
                     worst = max(worst, relative_error(outs[i], ref))
-        result = check_result(name, worst)
-    except Exception as e:  # pylint: disable=broad-except  # a form ORT cannot run here is refused, not fatal
-        result = check_refusal(name, e)
+        return worst
+
+    result = run_check(name, measure)
     with _lock:
         _checks[key] = result
     return dict(result)

@@ -36,8 +36,7 @@ import numpy as np
 from quarl.policy import Activation, Conv2D, Flatten, Linear, PolicySpec, image_patches
 from quarl.runtimes.base import DenseWeights, LoweredParams
 from quarl.runtimes.cpu import VNNI_FLAGS, cpu_class, cpu_info
-from quarl.runtimes.kernel_forms import (CHECK_TOLERANCE, FALLBACK_FORM, Graph, check_refusal, check_result,
-                                         relative_error)
+from quarl.runtimes.kernel_forms import CHECK_TOLERANCE, FALLBACK_FORM, Graph, relative_error, run_check
 
 log = logging.getLogger(__name__)
 
@@ -337,7 +336,8 @@ def check_static_form(name: str, bits: int, seed: int = 0) -> dict[str, Any]:
             return dict(_checks[key])
     rng = np.random.default_rng(seed)
     x, conv, stride, linear, ranges = _check_case(bits, rng)
-    try:
+
+    def measure() -> float:
         so = ort.SessionOptions()
         so.intra_op_num_threads = 1
         so.log_severity_level = 3
@@ -348,9 +348,9 @@ def check_static_form(name: str, bits: int, seed: int = 0) -> dict[str, Any]:
             out = session.run(None, {"x": x[:rows]})[0]
             ref = static_reference(x[:rows], conv, stride, linear, ranges, _CHECK_SHAPE)
             worst = max(worst, relative_error(out, ref))
-        result = check_result(name, worst)
-    except Exception as e:  # pylint: disable=broad-except  # a form ORT cannot run here is refused, not fatal
-        result = check_refusal(name, e)
+        return worst
+
+    result = run_check(name, measure)
     with _lock:
         _checks[key] = result
     return dict(result)

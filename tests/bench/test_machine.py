@@ -100,3 +100,20 @@ def test_measuring_actor_env_gives_one_thread_and_a_fresh_auto_cache_then_remove
         assert all(env[k] == v for k, v in SINGLE_THREAD_ENV.items())
         (cache / "auto_backend.json").write_text("{}")
     assert not cache.exists()
+
+
+def test_run_cli_turns_usage_busy_and_run_errors_into_exit_codes(capsys):
+    from launch.cli import UsageError
+
+    def fail(err: Exception):
+        def body() -> None:
+            raise err
+        return body
+
+    assert machine.run_cli("bench.x", lambda: None) == 0
+    assert machine.run_cli("bench.x", fail(UsageError("bad --seeds"))) == 2
+    assert capsys.readouterr().err == "bench.x: error: bad --seeds\n"
+    assert machine.run_cli("bench.x", fail(machine.BusyMachineError("busy"))) == 2
+    assert capsys.readouterr().err == "bench.x: error: busy\n"
+    assert machine.run_cli("bench.x", fail(RuntimeError("run 3 failed"))) == 1
+    assert capsys.readouterr().err == "bench.x: run 3 failed\n"

@@ -24,7 +24,7 @@ from launch.nodes.learner import LearnerNode
 from launch.experiments.supervisor import run_program
 from launch.program.ray_runner import RayRunner
 from quarl.policy_io import load_policy
-from tests.launch.tiny import TINY_D4PG, tiny_config
+from tests.launch.tiny import TINY_D4PG, BlockHook, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -119,18 +119,12 @@ class FailingLearner(LearnerNode):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        inner = self._learner
 
-        class Failing:
-            def __getattr__(self, name):
-                return getattr(inner, name)
+        def fail_after_20_steps(learner, block):
+            if learner.steps >= 20:
+                raise RuntimeError("injected learner failure")
 
-            def run_block(self, block):
-                if inner.steps >= 20:
-                    raise RuntimeError("injected learner failure")
-                return inner.run_block(block)
-
-        self._learner = Failing()
+        self._learner = BlockHook(self._learner, fail_after_20_steps)
 
 
 def test_learner_failure_stops_the_run_with_an_error(ray_session, tmp_path):

@@ -10,7 +10,7 @@ import pytest
 
 from launch import actorq, train
 from launch.experiments.config import DISTRIBUTED_FIELDS, ConfigError, DistributedConfig, ExperimentConfig
-from tests.launch.tiny import TINY_DQN, tiny_config
+from tests.launch.tiny import TINY_DQN, assert_one_line_exit_2, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -95,18 +95,13 @@ def test_from_dict_refuses_unknown_and_missing_fields(tmp_path: Path) -> None:
 ])
 def test_actorq_flags_are_checked_by_the_config_one_line_exit_2(tmp_path, capsys, argv, needle) -> None:
     logdir = tmp_path / "run"
-    with pytest.raises(SystemExit) as info:
-        actorq.main(["--agent", "dqn", "--logdir", str(logdir), *argv])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, err
+    assert_one_line_exit_2(capsys, actorq.main, ["--agent", "dqn", "--logdir", str(logdir), *argv], needle)
     assert not logdir.exists()
 
 
 def test_train_steps_flag_is_named_in_the_config_error(tmp_path, capsys) -> None:
-    with pytest.raises(SystemExit) as info:
-        train.main(["--agent", "dqn", "--task", "CartPole-v1", "--steps", "0", "--logdir", str(tmp_path / "r")])
-    err = capsys.readouterr().err
-    assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and "--steps must be" in err, err
+    assert_one_line_exit_2(capsys, train.main, ["--agent", "dqn", "--task", "CartPole-v1", "--steps", "0",
+                                                "--logdir", str(tmp_path / "r")], "--steps must be")
 
 
 def test_actorq_config_file_is_run_as_written_and_bad_files_exit_2(tmp_path, capsys) -> None:
@@ -127,10 +122,7 @@ def test_actorq_config_file_is_run_as_written_and_bad_files_exit_2(tmp_path, cap
              (["--config", str(tmp_path / "missing.json")], "--config"),
              (["--config", str(good), "--num-actors", "4"], "drop --num-actors")]
     for argv, needle in cases:
-        with pytest.raises(SystemExit) as info:
-            actorq.main(argv)
-        err = capsys.readouterr().err
-        assert info.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, (argv, err)
+        assert_one_line_exit_2(capsys, actorq.main, argv, needle)
     assert not (tmp_path / "run").exists()
 
 

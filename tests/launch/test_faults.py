@@ -40,7 +40,7 @@ from launch.nodes.shared_blob import Blob
 from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC, encode_payload
 from quarl.quantization import quantize_params
 from agents import make_config, task_defaults
-from tests.launch.tiny import TINY_DQN, tiny_config
+from tests.launch.tiny import TINY_DQN, BlockHook, tiny_config
 
 
 
@@ -460,17 +460,7 @@ class SlowActor(ActorNode):
 class SlowLearner(LearnerNode):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        inner = self._learner
-
-        class Slow:
-            def __getattr__(self, name):
-                return getattr(inner, name)
-
-            def run_block(self, block):
-                time.sleep(0.02 * block.size)
-                return inner.run_block(block)
-
-        self._learner = Slow()
+        self._learner = BlockHook(self._learner, lambda learner, block: time.sleep(0.02 * block.size))
 
 
 def _node_classes(**replace):

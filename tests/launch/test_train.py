@@ -13,6 +13,7 @@ import pytest
 
 from launch import train
 from launch.cli import parse_overrides, UsageError
+from tests.launch.tiny import assert_one_line_exit_2
 
 REPO = Path(__file__).resolve().parents[2]
 TINY = ["--set", "min_replay_size=300", "--set", "hidden_sizes=32,32", "--set", "epsilon_decay_steps=500"]
@@ -118,12 +119,7 @@ def _argv(logdir: Path, flags: list[str]) -> list[str]:
 ])
 def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, flags, needle):
     logdir = tmp_path / "run"
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(_argv(logdir, flags))
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1, err
-    assert needle in err
+    assert_one_line_exit_2(capsys, train.main, _argv(logdir, flags), needle)
     assert not logdir.exists()
 
 
@@ -135,11 +131,9 @@ def test_unusable_logdirs_are_refused_before_anything_is_written(tmp_path, capsy
     (existing / "summary.json").write_text("{}")
     for logdir, needle in ((blocker / "run", "cannot be created"), (blocker, "not a directory"),
                            (existing, "already holds a run")):
-        with pytest.raises(SystemExit) as exit_info:
-            train.main(["--agent", "dqn", "--task", "CartPole-v1", "--steps", "10", "--logdir", str(logdir)])
-        assert exit_info.value.code == 2
-        err = capsys.readouterr().err
-        assert len(err.strip().splitlines()) == 1 and needle in err, err
+        assert_one_line_exit_2(capsys, train.main,
+                               ["--agent", "dqn", "--task", "CartPole-v1", "--steps", "10", "--logdir", str(logdir)],
+                               needle)
     assert sorted(p.name for p in existing.iterdir()) == ["summary.json"]
 
 
@@ -188,11 +182,7 @@ def test_overrides_are_parsed_by_field_type():
 def test_unknown_carbon_country_is_one_line_exit_2(tmp_path, capsys, monkeypatch, country):
     monkeypatch.setenv("QUARL_CARBON_COUNTRY", country)
     logdir = tmp_path / "run"
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(_argv(logdir, []))
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "QUARL_CARBON_COUNTRY" in err, err
+    assert_one_line_exit_2(capsys, train.main, _argv(logdir, []), "QUARL_CARBON_COUNTRY")
     assert not logdir.exists()
 
 

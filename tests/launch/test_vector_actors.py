@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from launch import train
+from tests.launch.tiny import assert_one_line_exit_2
 
 TINY = ["--set", "min_replay_size=300", "--set", "hidden_sizes=32,32", "--set", "epsilon_decay_steps=500"]
 
@@ -15,12 +16,8 @@ TINY = ["--set", "min_replay_size=300", "--set", "hidden_sizes=32,32", "--set", 
 @pytest.mark.parametrize("value", ["0", "-2", "four"])
 def test_bad_envs_per_actor_is_one_line_exit_2_and_writes_nothing(tmp_path, capsys, value):
     logdir = tmp_path / "run"
-    with pytest.raises(SystemExit) as exit_info:
-        train.main(["--agent", "dqn", "--task", "CartPole-v1", "--steps", "100", "--logdir", str(logdir),
-                    "--envs-per-actor", value])
-    assert exit_info.value.code == 2
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1 and "--envs-per-actor" in err, err
+    assert_one_line_exit_2(capsys, train.main, ["--agent", "dqn", "--task", "CartPole-v1", "--steps", "100",
+                                                "--logdir", str(logdir), "--envs-per-actor", value], "--envs-per-actor")
     assert not logdir.exists()
 
 

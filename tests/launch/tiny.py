@@ -1,13 +1,42 @@
-"""Tiny distributed-run settings shared by the launch tests: a few hundred steps, networks of a few units."""
+"""Tiny distributed-run settings shared by the launch tests (a few hundred steps, networks of a few units), the
+check every CLI test of a refused flag makes, and the hook fault tests put in a learner's training blocks."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import pytest
 
 from launch.experiments.config import ExperimentConfig
 
 TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
 TINY_D4PG = {"policy_layer_sizes": (32, 32), "critic_layer_sizes": (32, 32), "num_atoms": 11, "batch_size": 32,
              "min_replay_size": 200, "samples_per_insert": 4.0, "n_step": 3}
+
+
+def assert_one_line_exit_2(capsys: Any, main: Callable[[Sequence[str]], Any], argv: Sequence[str],
+                           needle: str) -> None:
+    """`main(argv)` is refused: exit code 2 and one line on stderr, naming `needle` (a CLI's usage errors are
+    one line a user can act on, not a traceback)."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(err.strip().splitlines()) == 1 and needle in err, (list(argv), err)
+
+
+class BlockHook:
+    """A learner that runs `before(learner, block)` ahead of each training block (to fail or slow it) and is
+    otherwise the learner it wraps: a LearnerNode subclass sets `self._learner = BlockHook(self._learner, f)`."""
+
+    def __init__(self, inner: Any, before: Callable[[Any, Any], None]):
+        self._inner, self._before = inner, before
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def run_block(self, block: Any) -> Any:
+        self._before(self._inner, block)
+        return self._inner.run_block(block)
 
 
 def tiny_config(logdir: Path, **kw) -> ExperimentConfig:

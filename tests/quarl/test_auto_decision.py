@@ -113,3 +113,16 @@ def test_an_unwritable_cache_directory_decides_alone_with_a_warning(tmp_path, mo
     with pytest.warns(UserWarning, match="decides alone"):
         with auto._machine_lock() as locked:  # pylint: disable=protected-access
             assert locked is False
+
+
+def test_interleaved_samples_takes_turns_and_drops_each_blocks_first_call():
+    import numpy as np
+
+    from quarl.runtimes import auto
+
+    calls = []
+    executors = {name: (lambda obs, name=name: calls.append(name)) for name in ("a", "b")}
+    samples = auto.interleaved_samples(executors, np.zeros(1), rounds=2, block={"a": 2, "b": 3})
+    assert calls == ["a"] * 3 + ["b"] * 4 + ["a"] * 3 + ["b"] * 4
+    assert [len(samples["a"]), len(samples["b"])] == [4, 6] and min(samples["a"] + samples["b"]) >= 0.0
+    assert {k: len(v) for k, v in auto.interleaved_samples(executors, np.zeros(1), 1, 2).items()} == {"a": 2, "b": 2}

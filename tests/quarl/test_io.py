@@ -71,3 +71,15 @@ def test_atomic_output_streams_a_writer_and_cleans_up_when_it_fails(tmp_path):
             raise RuntimeError("writer failed")
     assert np.load(path)["a"].tolist() == [0, 1, 2, 3]  # the old file, whole
     assert [p.name for p in tmp_path.iterdir()] == ["replay.npz"]
+
+
+def test_json_readers_fall_back_on_missing_damaged_or_other_shaped_files(tmp_path):
+    from quarl.io import read_json_list, read_json_object
+
+    files = {"obj": '{"a": 1}', "lst": '[{"a": 1}, 2, {"b": 3}]', "bad": "{nope", "num": "3"}
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    assert read_json_object(tmp_path / "obj") == {"a": 1}
+    assert [read_json_object(tmp_path / n) for n in ("lst", "bad", "num", "missing")] == [None] * 4
+    assert read_json_list(tmp_path / "lst") == [{"a": 1}, {"b": 3}]
+    assert [read_json_list(tmp_path / n) for n in ("obj", "bad", "num", "missing")] == [[]] * 4

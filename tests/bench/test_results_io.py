@@ -1,0 +1,50 @@
+"""bench.results_io: the shared tail that writes a benchmark's `<name>.json` and `<name>.md`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from bench.results_io import command_line, out_folder, write_json, write_report, write_results
+
+
+def test_write_json_keeps_each_benchmarks_trailing_newline(tmp_path: Path) -> None:
+    obj = {"a": [1, 2], "b": {"c": 0.5}}
+    assert write_json(tmp_path / "x.json", obj).read_text(encoding="utf-8") == json.dumps(obj, indent=1) + "\n"
+    bare = write_json(tmp_path / "y.json", obj, newline=False).read_text(encoding="utf-8")
+    assert bare == json.dumps(obj, indent=1)
+    odd = write_json(tmp_path / "z.json", {"p": tmp_path}, default=str)
+    assert json.loads(odd.read_text(encoding="utf-8")) == {"p": str(tmp_path)}
+
+
+def test_write_results_creates_the_folder_and_both_files(tmp_path: Path) -> None:
+    out = tmp_path / "new" / "folder"
+    json_path, md_path = write_results(out, "bench_x", {"k": 1}, "# page\n", newline=False)
+    assert (json_path, md_path) == (out / "bench_x.json", out / "bench_x.md")
+    assert json_path.read_text(encoding="utf-8") == '{\n "k": 1\n}'
+    assert md_path.read_text(encoding="utf-8") == "# page\n"
+
+
+def test_command_line_quotes_the_arguments_given() -> None:
+    assert command_line("bench.x", ["--quick", "--out", "d"]) == "python -m bench.x --quick --out d"
+    assert command_line("bench.x", []) == "python -m bench.x"
+
+
+def test_write_report_names_the_files_after_the_module_and_quotes_the_command(tmp_path: Path, capsys) -> None:
+    write_report(tmp_path, "bench.some_bench", ["--quick"], {"k": 1}, lambda r, cmd: f"`{cmd}`: {r['k']}\n")
+    assert (tmp_path / "some_bench.json").read_text(encoding="utf-8") == '{\n "k": 1\n}\n'
+    assert (tmp_path / "some_bench.md").read_text(encoding="utf-8") == "`python -m bench.some_bench --quick`: 1\n"
+    assert capsys.readouterr().out == f"wrote {tmp_path}/some_bench.{{json,md}}\n"
+
+
+def test_out_folder_refuses_a_file_before_anything_runs(tmp_path: Path, capsys) -> None:
+    import argparse
+
+    import pytest
+
+    parser = argparse.ArgumentParser(prog="bench.x")
+    assert out_folder(parser, None, str(tmp_path / "d")) == tmp_path / "d"
+    assert out_folder(parser, tmp_path, "unused") == tmp_path
+    (tmp_path / "f").write_text("", encoding="utf-8")
+    with pytest.raises(SystemExit) as info:
+        out_folder(parser, tmp_path / "f", "unused")
+    assert info.value.code == 2 and "exists and is not a directory" in capsys.readouterr().err
