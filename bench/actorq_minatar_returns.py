@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 from bench.learning import _relative, paired_test
 from bench.machine import add_allow_busy, describe_load, finish, machine_info
+from quarl.machine import load_average
 from launch.cli import OneLineArgumentParser
 from bench.minatar_dqn import AUTHORS_DQN, AUTHORS_SETTINGS, results_from_runs
 
@@ -61,16 +62,48 @@ def actorq_argv(game: str, precision: str, seed: int, frames: int, eval_every: i
             *(a for s in sets for a in ("--set", s))]
 
 
-def run_one(argv: list[str], logdir: Path) -> dict[str, Any]:
-    """Runs one `launch.actorq` process to its end (its output to <logdir>.log); its summary.json's key figures."""
-    log = logdir.with_suffix(".log")
+def run_one(argv: list[str], logdir: Path) -> None:
+    """Runs one `launch.actorq` process to its end (its output to <logdir>.log) and records its command line and
+    the load average before and after it in <logdir>/bench_run.json (what `run_info` reads back)."""
+    log, load_start = logdir.with_suffix(".log"), load_average()
     with open(log, "w", encoding="utf-8") as f:
         code = subprocess.run(argv, cwd=REPO, stdout=f, stderr=subprocess.STDOUT, check=False).returncode
     if code != 0:
         raise RuntimeError(f"launch.actorq exited {code}; see {log}")
+    info = {"argv": ["python", *argv[1:]], "load_start": load_start, "load_end": load_average()}
+    (logdir / "bench_run.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+
+
+def run_info(logdir: Path) -> dict[str, Any]:
+    """One run's key figures from its summary.json, with bench_run.json's command line and load where present."""
     s = json.loads((logdir / "summary.json").read_text(encoding="utf-8"))
-    return {k: s.get(k) for k in ("status", "actor_steps", "learner_steps", "executed", "run_wall_clock_s",
+    info = {k: s.get(k) for k in ("status", "actor_steps", "learner_steps", "executed", "run_wall_clock_s",
                                   "payload_bytes", "payload_bytes_fp32")}
+    extra = logdir / "bench_run.json"
+    if extra.exists():
+        info.update(json.loads(extra.read_text(encoding="utf-8")))
+    return info
+
+
+def shared_config(dirs: Sequence[Path]) -> dict[str, Any]:
+    """The experiment every run shares (its summary.json's `experiment` less precision, seed and logdir), as the
+    report shows it; a ValueError when two runs differ in anything else (they would not be side by side)."""
+    shared = None
+    for d in dirs:
+        exp = json.loads((d / "summary.json").read_text(encoding="utf-8"))["experiment"]
+        exp = {k: v for k, v in exp.items() if k not in ("precision", "seed", "logdir")}
+        if shared is not None and exp != shared:
+            diff = sorted(k for k in exp.keys() | shared.keys() if exp.get(k) != shared.get(k))
+            raise ValueError(f"{d} was run with other settings than the runs before it ({', '.join(diff)})")
+        shared = exp
+    if shared is None:
+        raise ValueError("no run directories")
+    argv = run_info(dirs[0]).get("argv", [])
+    return {"game": shared["task"].split("/", 1)[1], "frames": shared["max_actor_steps"],
+            "eval_every": shared["eval_every"], "eval_episodes": shared["eval_episodes"],
+            "runner": argv[argv.index("--runner") + 1] if "--runner" in argv else "not recorded",
+            "num_actors": shared["distributed"]["num_actors"],
+            "publish_period": shared["distributed"]["publish_period"], "settings": shared["overrides"]}
 
 
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -79,6 +112,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         tail = [c["return"] for c in r["curve"][-LAST_K:]]
         r["last_k_mean"] = statistics.mean(tail)
     by = {(r["seed"], r["precision"]): r["last_k_mean"] for r in results}
+    if len(by) < len(results):
+        raise ValueError("two runs share a seed and precision; give one run per seed and precision")
     seeds = sorted({s for s, p in by if (s, "fp32") in by and (s, "int8") in by})
     diffs = [by[(s, "int8")] - by[(s, "fp32")] for s in seeds]
     out: dict[str, Any] = {"last_k": LAST_K, "paired_seeds": seeds, "int8_minus_fp32": dict(zip(seeds, diffs))}
@@ -110,11 +145,12 @@ def markdown(result: dict[str, Any]) -> str:
              f"{s['last_k']} evaluations (the last is the end-of-run one). ActorQ is asynchronous: the same seed "
              "does not replay bit-identically, so each figure is one draw of the run.", "",
              "| seed | precision | frames | last eval | final (mean of last "
-             f"{s['last_k']}) | every evaluation (frames: return) |", "|---:|---|---:|---:|---:|---|"]
+             f"{s['last_k']}) | every evaluation (frames: return) | load at start / end |",
+             "|---:|---|---:|---:|---:|---|---|"]
     for r in sorted(result["results"], key=lambda r: (r["seed"], PRECISIONS.index(r["precision"]))):
         curve = ", ".join(f"{c['actor_steps']:,}: {c['return']:.1f}" for c in r["curve"])
         lines.append(f"| {r['seed']} | {r['precision']} | {r['frames']:,} | {r['final_return']:.1f} | "
-                     f"{r['last_k_mean']:.2f} | {curve} |")
+                     f"{r['last_k_mean']:.2f} | {curve} | {_load(r['run'])} |")
     lines += ["", "| | fp32 | int8 |", "|---|---:|---:|"]
     for key in ("mean", "range", "stdev"):
         cells = ["—" if s[p][key] is None else f"{s[p][key]:.2f}" for p in PRECISIONS]
@@ -129,6 +165,13 @@ def markdown(result: dict[str, Any]) -> str:
                       f"{'—' if s['fp32']['range'] is None else format(s['fp32']['range'], '.2f')}: "
                       f"the int8 - fp32 gap is **{verdict}** seed noise (|mean gap| <= fp32's range over seeds)."]
     return "\n".join(lines) + "\n"
+
+
+def _load(run: dict[str, Any]) -> str:
+    """A run's 1-minute load average before / after it, as bench_run.json recorded it."""
+    if not run.get("load_start") or not run.get("load_end"):
+        return "not recorded"
+    return f"{run['load_start'][0]:.1f} / {run['load_end'][0]:.1f}"
 
 
 def _parse(argv: Sequence[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace, list[int]]:
@@ -162,10 +205,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser, args, seeds = _parse(argv)
     machine = machine_info(allow_busy=True)
     eval_every = max(1, args.frames // args.evals)
-    config = {"game": args.game, "frames": args.frames, "eval_every": eval_every, "eval_episodes": args.eval_episodes,
-              "runner": args.runner, "num_actors": args.num_actors, "publish_period": PUBLISH_PERIOD,
-              "settings": AUTHORS_SETTINGS}
-    runs: dict[str, Any] = {}
     if args.from_runs:
         machine["from_runs"] = True  # the load recorded is the report's, not the training runs'
         dirs = [Path(r) for r in args.from_runs]
@@ -178,20 +217,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                 argv_run = actorq_argv(args.game, precision, seed, args.frames, eval_every, args.eval_episodes,
                                        args.runner, args.num_actors, logdir)
                 try:
-                    runs[logdir.name] = run_one(argv_run, logdir)
+                    run_one(argv_run, logdir)
                 except (RuntimeError, OSError, ValueError) as err:  # a failed run, not a usage error: exit 1
                     sys.stderr.write(f"{parser.prog}: {err}\n")
                     return 1
                 dirs.append(logdir)
-                print(f"{logdir.name}: {runs[logdir.name]['actor_steps']} frames, done", flush=True)
+                print(f"{logdir.name}: done", flush=True)
     try:
         results = results_from_runs(dirs)
+        for r, d in zip(results, dirs):
+            r.update(run=run_info(d), logdir=_relative(d))
+        config, summary = shared_config(dirs), summarize(results)
     except (OSError, ValueError, KeyError) as err:
         parser.error(str(err))
-    for r, d in zip(results, dirs):
-        r.update(run=runs.get(d.name), logdir=_relative(d))
     result = {"command": "python -m bench.actorq_minatar returns " + " ".join(sys.argv[1:] if argv is None else argv),
-              "config": config, "machine": finish(machine), "results": results, "summary": summarize(results)}
+              "config": config, "machine": finish(machine), "results": results, "summary": summary}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "actorq_minatar_returns.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")

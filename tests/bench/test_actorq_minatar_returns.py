@@ -9,7 +9,7 @@ import pytest
 from bench import actorq_minatar, actorq_minatar_returns
 
 
-def test_tiny_run_reports_every_evaluation_per_seed_and_precision(tmp_path, monkeypatch):
+def test_tiny_run_reports_every_evaluation_per_seed_and_precision(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(actorq_minatar_returns, "RUNS", tmp_path / "runs")
     argv = ["returns", "--seeds", "0", "--frames", "192", "--evals", "1", "--eval-episodes", "1",
             "--out", str(tmp_path / "out")]
@@ -28,6 +28,17 @@ def test_tiny_run_reports_every_evaluation_per_seed_and_precision(tmp_path, monk
     assert s["paired_seeds"] == [0] and s["within_seed_noise"] is None  # one seed: fp32 has no spread to judge by
     text = (tmp_path / "out" / "actorq_minatar_returns.md").read_text()
     assert "| 0 | int8 |" in text and "not judged" in text and "asynchronous" in text
+    assert all(r["run"]["load_start"] and "--runner" in r["run"]["argv"] for r in result["results"])
+    # The report again from the run directories: the same rows; one run given twice is refused in one line.
+    dirs = [r["logdir"] for r in result["results"]]  # outside the repository: absolute paths
+    assert actorq_minatar.main(["returns", "--from-runs", *dirs, "--out", str(tmp_path / "again")]) == 0
+    again = json.loads((tmp_path / "again" / "actorq_minatar_returns.json").read_text())
+    assert again["machine"]["from_runs"] and again["summary"] == s and again["config"] == result["config"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_info:
+        actorq_minatar.main(["returns", "--from-runs", dirs[0], dirs[0], "--out", str(tmp_path / "twice")])
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "share a seed and precision" in err and err.count("\n") == 1
 
 
 def test_summary_judges_the_gap_against_fp32s_seed_range():
