@@ -128,6 +128,9 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         out["paired_t_p"] = paired_test(diffs)
         spread = out["fp32"]["range"]
         out["within_seed_noise"] = None if spread is None else abs(gap) <= spread
+        out["not_below_fp32_noise"] = None if spread is None else gap >= -spread  # the one-sided question
+    steps = [abs(r["curve"][-1]["return"] - r["curve"][-2]["return"]) for r in results if len(r["curve"]) > 1]
+    out["last_two_evals_abs_change"] = statistics.mean(steps) if steps else None  # evaluation noise, for scale
     return out
 
 
@@ -163,7 +166,13 @@ def markdown(result: dict[str, Any]) -> str:
         lines += ["", f"int8 - fp32 final return: {per_seed}; mean {s['mean_difference']:+.2f} (paired t-test p = "
                       f"{p_text}). fp32's seed-to-seed range is "
                       f"{'—' if s['fp32']['range'] is None else format(s['fp32']['range'], '.2f')}: "
-                      f"the int8 - fp32 gap is **{verdict}** seed noise (|mean gap| <= fp32's range over seeds)."]
+                      f"the int8 - fp32 gap is **{verdict}** seed noise (|mean gap| <= fp32's range over seeds)"
+                      + ("" if s["not_below_fp32_noise"] is None else
+                         f"; int8 is {'not ' if s['not_below_fp32_noise'] else ''}below fp32 by more than that range")
+                      + "."]
+        if s.get("last_two_evals_abs_change") is not None:
+            lines.append(f"\nFor scale, a run's last two evaluations differ by {s['last_two_evals_abs_change']:.2f} "
+                         "on average (mean |last - second to last| over the runs above).")
     return "\n".join(lines) + "\n"
 
 

@@ -48,7 +48,12 @@ def test_summary_judges_the_gap_against_fp32s_seed_range():
     s = actorq_minatar_returns.summarize([run(0, "fp32", [1, 4, 5, 6]), run(0, "int8", [1, 5, 5, 5]),
                                           run(1, "fp32", [1, 6, 7, 8]), run(1, "int8", [1, 6, 8, 7])])
     assert s["fp32"]["range"] == pytest.approx(2.0) and s["mean_difference"] == pytest.approx(0.0)
-    assert s["within_seed_noise"] is True
+    assert s["within_seed_noise"] is True and s["not_below_fp32_noise"] is True
+    assert s["last_two_evals_abs_change"] == pytest.approx(0.75)
+    worse = actorq_minatar_returns.summarize([run(0, "fp32", [5, 5]), run(0, "int8", [1, 1]),
+                                              run(1, "fp32", [6, 6]), run(1, "int8", [2, 2])])
+    assert worse["mean_difference"] == pytest.approx(-4.0) and worse["within_seed_noise"] is False
+    assert worse["not_below_fp32_noise"] is False
 
 
 @pytest.mark.parametrize("argv", [["--game", "Pong"], ["--frames", "0"], ["--seeds", "a"], ["--evals", "-1"],
