@@ -2,6 +2,7 @@
 
     python -m bench.actorq_minatar [--task MinAtar/Breakout] [--precisions fp32,int8] [--rounds 40]
                                    [--block 50] [--quick] [--out DIR] [--allow-busy]
+    python -m bench.actorq_minatar returns ...   (final returns of int8 vs fp32 runs: bench.actorq_minatar_returns)
 
 One actor as ActorQ runs it (`agents.dqn` actor, `backend="auto"`, one compute thread), pinned to one core
 (`bench.machine.pin_to_one_core`, so no runtime gets a second core), greedy: the policy runs on every observation.
@@ -120,6 +121,11 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["returns"]:  # the returns mode: whole training runs, its own flags
+        from bench import actorq_minatar_returns  # pylint: disable=import-outside-toplevel
+
+        return actorq_minatar_returns.main(argv[1:])
     parser = argparse.ArgumentParser(prog="bench.actorq_minatar", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="MinAtar/Breakout")
     parser.add_argument("--precisions", default="fp32,int8")
