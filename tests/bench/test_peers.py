@@ -123,6 +123,9 @@ def test_dqn_comparison_reports_time_to_solve_and_final_returns_at_tiny_size(tmp
     table = "\n".join(peers.dqn_markdown(rows))
     assert "| CartPole-v1 | sb3 | 1/1 | 500 | 3.0 | 60.0 / 60.0 | 80.0 / 80.0 | 1.00 |" in table
     assert table.count("| CartPole-v1 | ours ") == 2 and "SB3 run: sb3 2.9.2 fake" in table
+    # A second sitting into the same folder reads only its own runs (run logs append: the old run is removed first).
+    for ours in peers.bench_dqn(args, tmp_path / "out", [0], rows=[row])[1:]:
+        assert len(ours["eval_returns"]) == 4
 
 
 def test_merge_keeps_other_tasks_rows_and_records_each_sitting():
