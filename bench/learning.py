@@ -88,6 +88,17 @@ def row_set(name: str) -> tuple[LearningRow, ...]:
     return _ROW_SETS[name]
 
 
+def empty_run_dir(logdir: Path) -> Path:
+    """Removes a benchmark run's folder left by an earlier sitting, so its run starts empty: run logs are
+    append-only (a resumed run continues them), and a rerun into the old folder would read the old run's
+    evaluations ahead of its own."""
+    import shutil  # pylint: disable=import-outside-toplevel
+
+    if Path(logdir).exists():
+        shutil.rmtree(logdir)
+    return Path(logdir)
+
+
 def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_at_target: bool = True,
             backend: str = "auto", learner_device: str = "auto") -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """One training run; returns its result line and its evaluation curve.
@@ -95,8 +106,6 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
     The run starts in an empty `logdir`: a benchmark's earlier run there is removed first. Its logs are append-only
     (a resumed run continues them), so a rerun into the same folder would otherwise read the old run's evaluations
     ahead of its own (first solve from one run, last evaluations from the other)."""
-    import shutil  # pylint: disable=import-outside-toplevel
-
     from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
     from launch.experiments.config import ExperimentConfig  # pylint: disable=import-outside-toplevel
 
@@ -107,8 +116,7 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
             reached.update(ev)
         return stop_at_target and bool(reached)
 
-    if Path(logdir).exists():
-        shutil.rmtree(logdir)
+    empty_run_dir(logdir)
     config = ExperimentConfig(agent=row.agent, task=row.task, precision=precision, backend=backend,
                               max_actor_steps=row.max_actor_steps, seed=seed, logdir=str(logdir),
                               eval_every=row.eval_every, eval_episodes=row.eval_episodes,

@@ -30,6 +30,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.learning import empty_run_dir
 from bench.machine import add_allow_busy, finish, machine_info, refuse_if_busy
 from bench.results_io import write_results
 from bench.peers import REPO, dqn_markdown, eval_metrics, read_our_evals, run_subprocess
@@ -81,7 +82,7 @@ def run_pair(args: argparse.Namespace, work: Path, seed: int, index: int) -> lis
             code, text, wall = run_subprocess(sb3_command(args, seed), log, RUN_TIMEOUT_S + 120, work)
             res = {"system": f"sb3 {args.algo}", **parse_sb3_ppo_log(text, args.target)}
         else:
-            logdir = work / "runs" / f"{args.algo}-{args.task}-{system}-s{seed}"
+            logdir = empty_run_dir(work / "runs" / f"{args.algo}-{args.task}-{system}-s{seed}")
             log = work / "logs" / f"ours-{args.algo}-{args.task}-{system}-s{seed}.log"
             code, _, wall = run_subprocess(our_command(args, system, seed, logdir), log, RUN_TIMEOUT_S, REPO)
             evals = read_our_evals(logdir / "evaluator.csv") if (logdir / "evaluator.csv").is_file() else []
