@@ -15,6 +15,7 @@ import numpy as np
 from quarl.adders import NStepTransitionAdder
 from quarl.envs import EnvSpec
 from quarl.policy import PolicySpec
+from quarl.runtimes.base import policy_rows
 from quarl.quantization import QuantizedParams
 from quarl.replay import Sample, Table, table_from_config
 
@@ -69,10 +70,11 @@ ExecutorFactory = Callable[..., Any]
 
 class ExecutorActor:
     """What every agent's actor shares: the quantized policy executor it acts through (`self._executor`, made
-    by the subclass with `_make_executor`), what runs it (backend, precision, integer kernel form) and the
+    by the subclass with `_make_executor`, which also keeps its spec), what runs it (backend, precision, integer kernel form) and the
     weight swap."""
 
     _executor: Any
+    _spec: PolicySpec
     _obs_dim: int
 
     def _make_executor(self, spec: PolicySpec, qparams: QuantizedParams, backend: str, batch_size: int,
@@ -84,7 +86,16 @@ class ExecutorActor:
             from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
             executor_factory = make_executor
         self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
+        self._spec = spec
         self._obs_dim = spec.input_dim
+
+    def _one_row(self, observation: Any) -> np.ndarray:
+        """One observation as the [1, input_dim] batch the executor takes (`quarl.runtimes.base.policy_rows`:
+        validated; uint8 for pixel policies); ValueError naming the size when it has the wrong number of values."""
+        obs = np.asarray(observation)
+        if obs.size != self._obs_dim:
+            raise ValueError(f"observation must have {self._obs_dim} values, got shape {obs.shape}")
+        return policy_rows(obs.reshape(1, -1), self._spec)
 
     @property
     def backend(self) -> str:

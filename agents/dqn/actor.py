@@ -47,7 +47,6 @@ class DQNActor(ExecutorActor):
             raise ValueError(f"eval_epsilon must be in [0, 1], got {eval_epsilon!r}")
         self._make_executor(spec, qparams, backend, batch_size, executor_factory)
         self._num_actions = int(num_actions)
-        self._spec = spec
         self._schedule = schedule
         self._eval_epsilon = float(eval_epsilon)
         self._rng = np.random.default_rng(seed)
@@ -65,20 +64,14 @@ class DQNActor(ExecutorActor):
 
     def q_values(self, observation: np.ndarray) -> np.ndarray:
         """Q-values of one observation under the current (quantized) policy."""
-        obs = np.asarray(observation)
-        if obs.size != self._obs_dim:
-            raise ValueError(f"observation must have {self._obs_dim} values, got shape {obs.shape}")
-        return np.asarray(self._executor(policy_rows(obs.reshape(1, -1), self._spec)))[0]
+        return np.asarray(self._executor(self._one_row(observation)))[0]
 
     def select_action(self, observation: np.ndarray) -> np.int32:
         epsilon = self.epsilon
         if not self.evaluation:
             self._steps += 1
         if epsilon > 0.0 and self._rng.random() < epsilon:
-            obs = np.asarray(observation)
-            if obs.size != self._obs_dim:
-                raise ValueError(f"observation must have {self._obs_dim} values, got shape {obs.shape}")
-            policy_rows(obs.reshape(1, -1), self._spec)  # the checks a greedy step makes (NaN/inf, pixel range)
+            self._one_row(observation)  # the checks a greedy step makes (size, NaN/inf, pixel range)
             return np.int32(self._rng.integers(self._num_actions))
         return np.int32(np.argmax(self.q_values(observation)))
 

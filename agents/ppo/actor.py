@@ -28,7 +28,6 @@ class PPOActor(ExecutorActor):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ValueError(f"seed must be a non-negative int, got {seed!r}")
         self._make_executor(spec, qparams, backend, batch_size, executor_factory)
-        self._spec = spec
         self._outputs = spec.output_dim
         self.discrete = bool(discrete)
         self._log_std: np.ndarray | None = None

@@ -150,17 +150,10 @@ def pixel_code_layer(spec: PolicySpec, lowered: LoweredParams) -> str | None:
     return first.name
 
 
-def input_qparams(spec: PolicySpec, lowered: LoweredParams, name: str) -> tuple[np.float32, np.uint8]:
-    """uint8 (scale, zero point) of int layer `name`'s input: the pixels' own for `pixel_code_layer`, else from
-    its calibrated range."""
-    if name == pixel_code_layer(spec, lowered):
-        return np.float32(1.0 if spec.input_scale is None else spec.input_scale), np.uint8(0)
-    return activation_qparams(*(lowered.activation_ranges or {})[name])
-
-
 def static_initializers(spec: PolicySpec, lowered: LoweredParams, form: StaticForm) -> dict[str, np.ndarray]:
     """Every weight- and range-derived constant of the static graph by name (what `update()` rewrites)."""
     fused = fused_convs(spec, lowered)
+    pixel_layer = pixel_code_layer(spec, lowered)  # its codes are the pixels: scale `input_scale` (or 1), zp 0
     arrays: dict[str, np.ndarray] = {}
     for layer in spec.layers:
         if not isinstance(layer, (Conv2D, Linear)):
@@ -172,7 +165,10 @@ def static_initializers(spec: PolicySpec, lowered: LoweredParams, form: StaticFo
             arrays[f"{n}.w"] = np.ascontiguousarray(w.transpose(3, 2, 0, 1) if conv else w)
             arrays[f"{n}.b"] = np.ascontiguousarray(d.b, np.float32)
             continue
-        scale, zp = input_qparams(spec, lowered, n)
+        if n == pixel_layer:
+            scale, zp = np.float32(1.0 if spec.input_scale is None else spec.input_scale), np.uint8(0)
+        else:
+            scale, zp = activation_qparams(*(lowered.activation_ranges or {})[n])
         codes = form.codes(d.w)
         arrays[f"{n}.x_scale"] = np.asarray(scale, np.float32)
         arrays[f"{n}.x_zp"] = np.asarray(zp, np.uint8)
