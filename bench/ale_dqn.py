@@ -1,19 +1,21 @@
 """DQN on one ALE game (Pong or Breakout) with int8 actors: env steps and wall-clock time to a return a random policy
 cannot reach.
 
-    python -m bench.ale_dqn [--game Pong] [--steps 1000000] [--eval-every 50000] [--seed 0] [--target -15]
-                            [--learner-device cpu|gpu] [--tiny] [--out DIR] [--allow-busy]
+    python -m bench.ale_dqn [--game Pong] [--steps 1000000] [--eval-every 25000] [--seed 0] [--target -15]
+                            [--max-minutes M] [--learner-device cpu|gpu] [--tiny] [--out DIR] [--allow-busy]
 
 The Nature torso (convs 32-8-4 / 64-4-2 / 64-3-1, fc 512) on the standard preprocessing (`quarl.envs_ale`: v5
 sticky actions, frame skip 4 with max-pool, 84x84 grey, stack 4; rewards clipped for training only, so evaluations
-report the game score). Settings (`ALE_SETTINGS`) follow the usual DQN-on-Atari recipe scaled to one machine:
-replay 200k transitions (each frame stored once: `quarl.replay_frames`, ~1.3 GiB), batch 32, one update per 4 env
-steps, Adam 1e-4, target copy every 2,000 updates, epsilon 1 -> 0.01 over 250k env steps, learning from 20k,
-3-step double-DQN targets. Steps are agent steps (4 emulator frames each).
+report the game score). Settings (`ALE_SETTINGS`) follow the usual DQN-on-Atari recipe scaled to one CPU
+machine, where the Nature update (~54 ms at batch 32 on the 2-core EPYC) and not acting sets the time: replay 200k
+transitions (each frame stored once: `quarl.replay_frames`, ~1.3 GiB), batch 32, one update per 4 env steps, Adam
+1e-4, 3-step double-DQN targets, and a shorter start than the 250k-step epsilon decay and 8k-step target period of
+the 200M-frame recipes: learning from 10k, epsilon 1 -> 0.01 over 100k env steps, target copy every 1,000 updates.
+Steps are agent steps (4 emulator frames each).
 
 A random policy scores about -20.7 on Pong and 1.7 on Breakout (Mnih et al., 2015, Extended Data Table 2); the
 default targets (-15 and 10) are beyond it. The run stops at its first greedy evaluation (10 episodes, int8 actors)
-reaching the target, or at --steps. Writes DIR/ale_dqn.json and .md with the machine, seed, the time and env steps
+reaching the target, or at --steps, or at the first evaluation past --max-minutes of training. Writes DIR/ale_dqn.json and .md with the machine, seed, the time and env steps
 to target and every evaluation (default DIR bench/results; --tiny: a seconds-long smoke run of the whole path, to
 runs/bench/ale-dqn-tiny). The time depends on the machine and its load: run it alone.
 """
@@ -33,8 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 TARGETS = {"Pong": -15.0, "Breakout": 10.0}
 RANDOM_RETURN = {"Pong": -20.7, "Breakout": 1.7}  # Mnih et al. (2015), Extended Data Table 2
 ALE_SETTINGS: dict[str, Any] = {
-    "batch_size": 32, "max_replay_size": 200_000, "min_replay_size": 20_000, "samples_per_insert": 8.0,
-    "target_update_period": 2_000, "epsilon_start": 1.0, "epsilon_end": 0.01, "epsilon_decay_steps": 250_000,
+    "batch_size": 32, "max_replay_size": 200_000, "min_replay_size": 10_000, "samples_per_insert": 8.0,
+    "target_update_period": 1_000, "epsilon_start": 1.0, "epsilon_end": 0.01, "epsilon_decay_steps": 100_000,
     "learning_rate": 1e-4, "learning_rate_end": None, "n_step": 3, "discount": 0.99,
 }
 TINY_SETTINGS: dict[str, Any] = {**ALE_SETTINGS, "batch_size": 8, "samples_per_insert": 1.0, "max_replay_size": 1_000,
@@ -63,17 +65,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.ale_dqn", description=__doc__.split("\n\n")[0])
     parser.add_argument("--game", choices=sorted(TARGETS), default="Pong")
     parser.add_argument("--steps", type=int, default=1_000_000, help="agent steps at most (4 frames each)")
-    parser.add_argument("--eval-every", type=int, default=50_000)
+    parser.add_argument("--eval-every", type=int, default=25_000)
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--target", type=float, default=None, help="default: -15 (Pong) or 10 (Breakout)")
+    parser.add_argument("--max-minutes", type=float, default=None,
+                        help="end at the first evaluation past this many minutes of training (default: no limit)")
     parser.add_argument("--learner-device", default="auto", help="where the learner runs (auto: a GPU if any)")
     parser.add_argument("--tiny", action="store_true", help="a smoke run of the whole path (seconds), not a figure")
     parser.add_argument("--out", default=None)
     add_allow_busy(parser)
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.eval_every < 1 or args.eval_episodes < 1 or args.seed < 0:
-        parser.exit(2, f"{parser.prog}: error: --steps, --eval-every, --eval-episodes must be positive, --seed >= 0\n")
+    if args.steps < 1 or args.eval_every < 1 or args.eval_episodes < 1 or args.seed < 0 or (
+            args.max_minutes is not None and not args.max_minutes > 0):
+        parser.exit(2, f"{parser.prog}: error: --steps, --eval-every, --eval-episodes, --max-minutes must be "
+                       "positive, --seed >= 0\n")
     if not args.tiny:
         refuse_if_busy(parser, args.allow_busy)
     machine = machine_info(args.allow_busy or args.tiny)
@@ -83,11 +89,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs = REPO / "runs" / "bench" / "ale_dqn" / time.strftime("%Y%m%d-%H%M%S")
     try:
         result, curve = run_one(row, "int8", args.seed, logdir=runs / f"{args.game}_s{args.seed}",
-                                learner_device=args.learner_device)
+                                learner_device=args.learner_device,
+                                max_train_s=None if args.max_minutes is None else args.max_minutes * 60)
     except ValueError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     out = Path(args.out or (REPO / "runs" / "bench" / "ale-dqn-tiny" if args.tiny else REPO / "bench" / "results"))
     record = {"game": args.game, "seed": args.seed, "target": target, "learner_device": args.learner_device,
+              "max_minutes": args.max_minutes,
               "settings": settings, "command": command_line("bench.ale_dqn", argv),
               **{k: result[k] for k in ("steps_to_target", "train_s_to_target", "actor_steps", "learner_steps",
                                         "train_s", "best_return", "final_return")},

@@ -100,8 +100,11 @@ def empty_run_dir(logdir: Path) -> Path:
 
 
 def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_at_target: bool = True,
-            backend: str = "auto", learner_device: str = "auto") -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One training run; returns its result line and its evaluation curve.
+            backend: str = "auto", learner_device: str = "auto",
+            max_train_s: float | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One training run; returns its result line and its evaluation curve. With `max_train_s` the run also ends at
+    its first evaluation at or past that many training seconds (a wall-clock budget that still ends on an
+    evaluation, so the result has its last return).
 
     The run starts in an empty `logdir`: a benchmark's earlier run there is removed first. Its logs are append-only
     (a resumed run continues them), so a rerun into the same folder would otherwise read the old run's evaluations
@@ -114,7 +117,8 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
     def on_eval(ev: dict[str, Any]) -> bool:
         if not reached and ev["return"] >= row.target:
             reached.update(ev)
-        return stop_at_target and bool(reached)
+        over_budget = max_train_s is not None and ev["train_clock_s"] >= max_train_s
+        return (stop_at_target and bool(reached)) or over_budget
 
     empty_run_dir(logdir)
     config = ExperimentConfig(agent=row.agent, task=row.task, precision=precision, backend=backend,

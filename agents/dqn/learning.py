@@ -60,13 +60,13 @@ def make_loss(spec: PolicySpec, huber_loss_parameter: float, qat_bits: int | Non
 
     def loss_fn(params, target_params, batch, weights):
         obs, next_obs = batch["observation"], batch["next_observation"]
-        batch_size = obs.shape[0]
-        # One forward pass of the online net over s and s' (half the dispatches of two passes).
-        q_online = online_apply(params, jnp.concatenate([obs, next_obs], axis=0))
-        q_tm1, q_t_selector = q_online[:batch_size], q_online[batch_size:]
+        q_tm1 = online_apply(params, obs)
+        # s' goes through the online net as a constant: with the params stopped, autodiff builds no backward pass
+        # for it. (One pass over [s; s'] instead runs the backward over both halves, s' rows with zero cotangent:
+        # 1.6x the update time on the Nature torso and 1.2x at 2048x3 on the 2-core EPYC.)
+        q_t_selector = online_apply(jax.lax.stop_gradient(params), next_obs)
         q_t_value = apply(target_params, next_obs)
-        target = double_q_targets(q_t_value, jax.lax.stop_gradient(q_t_selector), batch["reward"],
-                                  batch["discount"])
+        target = double_q_targets(q_t_value, q_t_selector, batch["reward"], batch["discount"])
         q_taken = jnp.take_along_axis(q_tm1, batch["action"][:, None], axis=-1)[:, 0]
         td_error = jax.lax.stop_gradient(target) - q_taken
         loss = jnp.mean(weights * rlax.huber_loss(td_error, huber_loss_parameter))

@@ -77,3 +77,14 @@ def test_paired_steps_states_direction_per_seed_and_a_paired_test():
     assert "| 3 | 3 / 0 / 0 | +10,833 | 0.04 |" in line and "seed 0: +15,000" in line
     assert "1 seed(s) unsolved at a precision, left out" in line
     assert learning.paired_test([5.0, 5.0]) is None and learning.paired_test([1.0]) is None
+
+
+def test_a_training_budget_ends_the_run_at_its_first_evaluation_past_it(tmp_path):
+    """`run_one(max_train_s=...)`: a run whose target is out of reach still ends, on an evaluation, once the budget
+    is spent, long before its step limit (bench.ale_dqn --max-minutes relies on it)."""
+    from bench import learning
+
+    row = learning.LearningRow("dqn", "CartPole-v1", 1e9, 1_000_000, 500, 1, overrides={"min_replay_size": 200})
+    result, curve = learning.run_one(row, "fp32", 0, logdir=tmp_path / "run", max_train_s=1e-3)
+    assert not result["solved"] and result["actor_steps"] < 1_000_000
+    assert len(curve) == 1 and curve[0]["train_clock_s"] >= 1e-3 and curve[0]["actor_steps"] == 500
