@@ -7,7 +7,7 @@ cannot reach.
 The Nature torso (convs 32-8-4 / 64-4-2 / 64-3-1, fc 512) on the standard preprocessing (`quarl.envs_ale`: v5
 sticky actions, frame skip 4 with max-pool, 84x84 grey, stack 4; rewards clipped for training only, so evaluations
 report the game score). Settings (`ALE_SETTINGS`) follow the usual DQN-on-Atari recipe scaled to one CPU
-machine, where the Nature update (~54 ms at batch 32 on the 2-core EPYC) and not acting sets the time: replay 200k
+machine, where the Nature update (~40 ms at batch 32 on the 2-core EPYC) and not acting sets the time: replay 200k
 transitions (each frame stored once: `quarl.replay_frames`, ~1.3 GiB), batch 32, one update per 4 env steps, Adam
 1e-4, 3-step double-DQN targets, and a shorter start than the 250k-step epsilon decay and 8k-step target period of
 the 200M-frame recipes: learning from 10k, epsilon 1 -> 0.01 over 100k env steps, target copy every 1,000 updates.
@@ -15,9 +15,10 @@ Steps are agent steps (4 emulator frames each).
 
 A random policy scores about -20.7 on Pong and 1.7 on Breakout (Mnih et al., 2015, Extended Data Table 2); the
 default targets (-15 and 10) are beyond it. The run stops at its first greedy evaluation (10 episodes, int8 actors)
-reaching the target, or at --steps, or at the first evaluation past --max-minutes of training. Writes DIR/ale_dqn.json and .md with the machine, seed, the time and env steps
-to target and every evaluation (default DIR bench/results; --tiny: a seconds-long smoke run of the whole path, to
-runs/bench/ale-dqn-tiny). The time depends on the machine and its load: run it alone.
+reaching the target, or at --steps, or at the first evaluation past --max-minutes of training. Writes
+DIR/ale_dqn_<game>_s<seed>.json and .md (one file pair per game and seed) with the machine, seed, the time and env
+steps to target and every evaluation (default DIR bench/results; --tiny: a seconds-long smoke run of the whole
+path, to runs/bench/ale-dqn-tiny). The time depends on the machine and its load: run it alone.
 """
 from __future__ import annotations
 
@@ -100,7 +101,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               **{k: result[k] for k in ("steps_to_target", "train_s_to_target", "actor_steps", "learner_steps",
                                         "train_s", "best_return", "final_return")},
               "curve": curve, "machine": finish(machine)}
-    write_results(out, "ale_dqn", record, report(record))
+    write_results(out, f"ale_dqn_{args.game}_s{args.seed}", record, report(record))
     print(report(record))
     return 0
 

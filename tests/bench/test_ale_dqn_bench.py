@@ -14,11 +14,11 @@ def test_tiny_pong_run_writes_time_return_and_machine(tmp_path):
     """~150 s on the loaded 2-core machine (one full Pong evaluation of an untrained policy, as test_dqn_ale)."""
     assert ale_dqn.main(["--tiny", "--steps", "300", "--eval-every", "300", "--eval-episodes", "1",
                          "--out", str(tmp_path)]) == 0
-    record = json.loads((tmp_path / "ale_dqn.json").read_text())
+    record = json.loads((tmp_path / "ale_dqn_Pong_s0.json").read_text())
     assert record["game"] == "Pong" and record["seed"] == 0 and record["actor_steps"] == 300
     assert record["machine"]["cpu"] and record["machine"]["load_end"]
     assert record["train_s"] > 0 and record["curve"] and -21 <= record["final_return"] <= 21
-    assert record["target"] == -15.0 and "Pong" in (tmp_path / "ale_dqn.md").read_text()
+    assert record["target"] == -15.0 and "Pong" in (tmp_path / "ale_dqn_Pong_s0.md").read_text()
 
 
 def test_bad_arguments_exit_2(capsys):
