@@ -49,7 +49,8 @@ def report(result: dict[str, Any]) -> str:
     reached = result["steps_to_target"] is not None
     lines = [f"# DQN on ALE/{result['game']}, int8 actors", "",
              f"Command: `{result['command']}`", "",
-             f"Machine: {m['cpu']}, {m['cores']} logical cores; learner device {result['learner_device']}; "
+             f"Machine: {m['cpu']} ({m.get('cpu_flags') or 'flags not recorded'}), {m['cores']} logical cores; "
+             f"learner device {result['learner_device']}; "
              f"{describe_load(m)}.", "",
              f"Seed {result['seed']}; target {result['target']} (a random policy: {RANDOM_RETURN[result['game']]}).",
              "", "| reached | env steps to target | train s to target | env steps run | train s | best | last |",
@@ -95,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as err:
         parser.exit(2, f"{parser.prog}: error: {err}\n")
     out = Path(args.out or (REPO / "runs" / "bench" / "ale-dqn-tiny" if args.tiny else REPO / "bench" / "results"))
-    record = {"game": args.game, "seed": args.seed, "target": target, "learner_device": args.learner_device,
+    record = {"game": args.game, "seed": args.seed, "target": target, "learner_device": result["learner_device"],
               "max_minutes": args.max_minutes,
               "settings": settings, "command": command_line("bench.ale_dqn", argv),
               **{k: result[k] for k in ("steps_to_target", "train_s_to_target", "actor_steps", "learner_steps",

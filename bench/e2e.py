@@ -214,11 +214,10 @@ def machine_dir(arms: Sequence[dict[str, Any]]) -> str:
 
 
 def record(allow_busy: bool) -> dict[str, Any]:
-    """The machine record every result carries: bench.machine's (CPU, cores, load), CPU flags, packages."""
+    """The machine record every result carries: bench.machine's (CPU, its flags, cores, load), packages."""
     from quarl.machine import package_versions  # pylint: disable=import-outside-toplevel
-    from quarl.runtimes.cpu import cpu_info  # pylint: disable=import-outside-toplevel
 
-    return {**machine_info(allow_busy), "cpu_flags": " ".join(cpu_info()["flags"]),
+    return {**machine_info(allow_busy),
             "packages": package_versions(["jax", "jaxlib", "onnxruntime", "ray", "numpy", "mujoco", "dm-control"])}
 
 

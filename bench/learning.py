@@ -135,6 +135,7 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
         "final_return": s["final_eval_return"], "best_return": s["best_eval_return"],
         "actor_steps": s["actor_steps"], "learner_steps": s["learner_steps"], "train_s": s["train_clock_s"],
         "env_steps_per_s": round(s["actor_steps"] / max(s["train_clock_s"], 1e-9), 1),
+        "learner_device": (s.get("learner_device") or {}).get("platform"),  # where it ran, read in its process
         "payload_bytes": s["payload_bytes"], "payload_bytes_fp32": s["payload_bytes_fp32"],
         # Column names kept from earlier results files: "pull" here is the learner's quantize + encode.
         "pull_ms_per_update": rt["per_update"]["quantize_encode_ms"],

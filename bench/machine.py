@@ -80,11 +80,15 @@ def run_cli(prog: str, body: Callable[[], object]) -> int:
 
 
 def machine_info(allow_busy: bool = False) -> dict[str, Any]:
-    """CPU, core count, Python, platform, the load average (1, 5, 15 min) now and whether --allow-busy was given.
+    """CPU, its class and SIMD flags (`quarl.runtimes.cpu`: what decides int8 against fp32 speed), core count,
+    Python, platform, the load average (1, 5, 15 min) now and whether --allow-busy was given.
 
     Pair with `finish` at the end, which adds `load_end`."""
-    return {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "platform": platform.platform(), "load_start": load_average(), "allow_busy": bool(allow_busy)}
+    from quarl.runtimes.cpu import cpu_class, cpu_info  # pylint: disable=import-outside-toplevel
+
+    return {"cpu": cpu_model(), "cpu_class": cpu_class(), "cpu_flags": " ".join(cpu_info()["flags"]),
+            "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
+            "load_start": load_average(), "allow_busy": bool(allow_busy)}
 
 
 def finish(machine: dict[str, Any]) -> dict[str, Any]:

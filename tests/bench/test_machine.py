@@ -40,6 +40,16 @@ def test_machine_record_has_the_load_at_start_and_end(monkeypatch):
     assert "--allow-busy" in machine.describe_load(info)
 
 
+def test_machine_record_names_the_cpu_class_and_its_simd_flags(monkeypatch):
+    """Every benchmark's machine record carries what decides int8 against fp32 speed on this CPU."""
+    from quarl.runtimes import cpu
+
+    monkeypatch.setattr(cpu, "cpu_info", lambda: {"cpu_model": "x", "cores": 2, "arch": "x86_64",
+                                                   "flags": ["avx2", "avx512f", "avx512_vnni", "fma"]})
+    info = machine.machine_info(allow_busy=True)
+    assert info["cpu_flags"] == "avx2 avx512f avx512_vnni fma" and info["cpu_class"] == "x86-vnni"
+
+
 @pytest.mark.parametrize("module, extra", [("bench.actorq", []), ("bench.inference", []),
                                            ("bench.learner_throughput", []), ("bench.learning", []),
                                            ("bench.qat", []), ("bench.peers", ["--skip-acme", "--skip-sb3"]),
