@@ -11,7 +11,7 @@ from bench import ale_dqn
 
 @pytest.mark.slow
 def test_tiny_pong_run_writes_time_return_and_machine(tmp_path):
-    """~150 s on the loaded 2-core machine (one full Pong evaluation of an untrained policy, as test_dqn_ale)."""
+    """One full Pong evaluation of an untrained policy, as test_dqn_ale (~10 s alone on the 2-core EPYC)."""
     assert ale_dqn.main(["--tiny", "--steps", "300", "--eval-every", "300", "--eval-episodes", "1",
                          "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "ale_dqn_Pong_s0.json").read_text())
