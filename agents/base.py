@@ -70,8 +70,8 @@ ExecutorFactory = Callable[..., Any]
 
 class ExecutorActor:
     """What every agent's actor shares: the quantized policy executor it acts through (`self._executor`, made
-    by the subclass with `_make_executor`, which also keeps its spec), what runs it (backend, precision, integer kernel form) and the
-    weight swap."""
+    by the subclass with `_make_executor`, which also keeps its spec), what runs it (backend, precision, integer
+    kernel form) and the weight swap."""
 
     _executor: Any
     _spec: PolicySpec

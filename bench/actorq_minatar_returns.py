@@ -39,6 +39,7 @@ from typing import Any, Sequence
 
 from bench.learning import _relative, paired_test
 from bench.machine import add_allow_busy, describe_load, finish, machine_info
+from bench.results_io import command_line, write_json, write_results
 from quarl.machine import load_average
 from launch.cli import OneLineArgumentParser
 from bench.minatar_dqn import AUTHORS_DQN, AUTHORS_SETTINGS, results_from_runs
@@ -71,7 +72,7 @@ def run_one(argv: list[str], logdir: Path) -> None:
     if code != 0:
         raise RuntimeError(f"launch.actorq exited {code}; see {log}")
     info = {"argv": ["python", *argv[1:]], "load_start": load_start, "load_end": load_average()}
-    (logdir / "bench_run.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
+    write_json(logdir / "bench_run.json", info)
 
 
 def run_info(logdir: Path) -> dict[str, Any]:
@@ -239,13 +240,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         config, summary = shared_config(dirs), summarize(results)
     except (OSError, ValueError, KeyError) as err:
         parser.error(str(err))
-    result = {"command": "python -m bench.actorq_minatar returns " + " ".join(sys.argv[1:] if argv is None else argv),
+    result = {"command": command_line("bench.actorq_minatar returns", argv),
               "config": config, "machine": finish(machine), "results": results, "summary": summary}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "actorq_minatar_returns.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     text = markdown(result)
-    (out / "actorq_minatar_returns.md").write_text(text, encoding="utf-8")
+    write_results(Path(args.out), "actorq_minatar_returns", result, text)
     print(text)
     return 0
 

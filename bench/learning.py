@@ -23,6 +23,7 @@ import csv
 import dataclasses
 import importlib
 import os
+import shutil
 import statistics
 import sys
 import time
