@@ -63,7 +63,7 @@ def make_loss(spec: PolicySpec, huber_loss_parameter: float, qat_bits: int | Non
         q_tm1 = online_apply(params, obs)
         # s' goes through the online net as a constant: with the params stopped, autodiff builds no backward pass
         # for it. One pass over [s; s'] instead ran the backward over both halves (s' rows with zero cotangent):
-        # 1.42x the update time on the Nature torso at batch 32, 1.2-1.3x for MLPs (2-core EPYC, alone).
+        # 1.48x the update time on the Nature torso at batch 32, 1.13-1.31x for MLPs (`bench.dqn_update`).
         q_t_selector = online_apply(jax.lax.stop_gradient(params), next_obs)
         q_t_value = apply(target_params, next_obs)
         target = double_q_targets(q_t_value, q_t_selector, batch["reward"], batch["discount"])
