@@ -12,12 +12,13 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime
 
 import numpy as np
 
-from quarl.adders import NStepTransitionAdder
-from quarl.envs import EnvSpec
-from quarl.policy import PolicySpec
+from quarl.envs.factory import EnvSpec
+from quarl.policy.spec import PolicySpec
+from quarl.quant.quantization import QuantizedParams
+from quarl.replay import table_from_config
+from quarl.replay.adders import NStepTransitionAdder
+from quarl.replay.table import Sample, Table
 from quarl.runtimes.base import policy_rows
-from quarl.quantization import QuantizedParams
-from quarl.replay import Sample, Table, table_from_config
 
 Signature = dict[str, tuple[tuple[int, ...], np.dtype]]
 

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from quarl.replay import StackedSample
+from quarl.replay.table import StackedSample
 
 # column -> (dtype, shape of one item); None = any shape (checked only for a common batch size). Items of shape
 # () may arrive as [B, 1] and are flattened to [B].
@@ -114,7 +114,7 @@ class JaxLearner:
         return self._steps
 
     def step(self, sample: Any) -> dict[str, Any]:
-        """One SGD step on a `quarl.replay.Sample` (or a plain mapping of columns)."""
+        """One SGD step on a `quarl.replay.table.Sample` (or a plain mapping of columns)."""
         batch = self._coerce(sample)
         self._state, metrics = self._update(*self._split(), batch)
         self._steps += 1
@@ -127,7 +127,7 @@ class JaxLearner:
     def prepare(self, samples: Sequence[Any] | StackedSample) -> Block:
         """K samples checked, stacked and copied to the device (thread-safe: touches no learner state).
 
-        A `quarl.replay.StackedSample` (the replay's `sample_stacked`) is already stacked, and its float columns
+        A `quarl.replay.table.StackedSample` (the replay's `sample_stacked`) is already stacked, and its float columns
         were checked finite by the table at insert: only dtypes and shapes are checked, no pass over the data."""
         if isinstance(samples, StackedSample):
             columns = self._coerce(samples, lead=2, check_finite=False)
@@ -187,7 +187,7 @@ class JaxLearner:
     # ------------------------------------------------------------------ weights
 
     def policy_params(self) -> dict:
-        """The fp32 haiku tree of the policy actors run (NumPy copies), for `quarl.quantization.quantize_params`."""
+        """The fp32 haiku tree of the policy actors run (NumPy copies), for `quarl.quant.quantization.quantize_params`."""
         return to_numpy(self._policy_tree())
 
     def policy_snapshot(self) -> Any:

@@ -10,10 +10,11 @@ from __future__ import annotations
 import re
 from typing import Any, Iterable, Mapping
 
+from quarl.quant.precision import MAX_KERNEL_BITS
+
 DEQUANTIZED = "dequantized"  # int weights expanded to fp32 in the graph, fp32 matmuls
 UNKNOWN = "unknown"
 _INT = re.compile(r"^int(\d+)$")
-_MAX_KERNEL_BITS = 8  # int2..int8 have integer kernels (quarl.runtimes.base.MAX_KERNEL_BITS)
 _NATIVE_FLOATS = {"jax": ("fp16", "bf16")}  # backends that compute fp16/bf16 natively; others simulate in fp32
 
 
@@ -31,7 +32,7 @@ def describe(precision: str, backend: str | None, form: str | None) -> str:
     or when the run did not record it)."""
     bits = _int_bits(precision)
     if bits is not None:
-        if bits > _MAX_KERNEL_BITS:
+        if bits > MAX_KERNEL_BITS:
             return f"{precision} weights, fp32 compute (simulated)"
         if form in (None, UNKNOWN) or backend is None:
             return f"{precision} weights, kernel {UNKNOWN}"

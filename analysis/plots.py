@@ -12,6 +12,7 @@ import pandas as pd
 
 from analysis.runs import STAGES, STAGE_LABELS, curves, panel_order, precision_color, precision_order
 from analysis.tables import panel_targets
+from quarl.quant.precision import MAX_KERNEL_BITS
 
 
 # ------------------------------------------------------------------------------------------------ plots
@@ -31,7 +32,7 @@ BAND_MEANING = {"sem": "band: ± standard error of the mean over seeds",
 
 
 def machine_label(machine: Mapping[str, Any] | None) -> str:
-    """'AMD EPYC, 2 logical CPUs' from a machine.json (`quarl.machine.machine_info`), for figure titles."""
+    """'AMD EPYC, 2 logical CPUs' from a machine.json (`quarl.ops.machine.machine_info`), for figure titles."""
     if not machine:
         return "machine not recorded"
     cpu = machine.get("cpu_model") or machine.get("machine") or "unknown CPU"
@@ -227,7 +228,6 @@ def plot_ptq_returns(rows: Sequence[Mapping[str, Any]], title: str, *,
     """`launch.ptq`'s rows: return vs bits per granularity with error bars of ± the std of the return over the
     episodes (the title says how many, and the machine), float precisions as reference lines, and the bit widths
     above the integer kernels' (simulated in fp32) shaded. Returns the Figure."""
-    from quarl.runtimes.base import MAX_KERNEL_BITS  # pylint: disable=import-outside-toplevel - JAX-free reports
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -263,7 +263,7 @@ def plot_weight_histograms(params: Mapping, stats: Sequence[Mapping[str, Any]], 
                            path: str | os.PathLike | None = None) -> Any:
     """One histogram per weight matrix named in `stats` (`launch.ptq.weight_stats`), its min and max marked
     (wide ranges are what low bit widths lose). Returns the Figure."""
-    from quarl.quantization import path_str, tree_items  # pylint: disable=import-outside-toplevel
+    from quarl.quant.quantization import path_str, tree_items  # pylint: disable=import-outside-toplevel
 
     plt = pyplot()
     leaves = {path_str(p): leaf for p, leaf in tree_items(params)}

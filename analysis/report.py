@@ -10,15 +10,20 @@ from typing import Any, Callable, Iterable, Mapping
 
 import pandas as pd
 
-from quarl.io import read_json_object
-from quarl.machine import machine_info
+from quarl.ops.io import read_json_object
+from quarl.ops.machine import machine_info
 
-from analysis.plots import (BAND_MEANING, machine_label, plot_figure, plot_ptq, plot_runtime_breakdown,
-                            plot_weight_stats, pyplot, load_ptq)
-from analysis.runs import (BASELINE, PANELS, RUN_COLUMNS, STAGES, Panel, curves, describe_method, find_run_dirs,
-                           finished, is_finished, load_runs, precision_order, read_evaluator, read_summary, sort_runs)
-from analysis.tables import (carbon_ratio_table, carbon_table, markdown_table, panel_targets, runtime_breakdown_table,
-                             speedup_table, target_return, time_to_target, with_time_to_target)
+from analysis.plots import (
+    BAND_MEANING, load_ptq, machine_label, plot_figure, plot_ptq, plot_runtime_breakdown, plot_weight_stats, pyplot,
+)
+from analysis.runs import (
+    BASELINE, PANELS, RUN_COLUMNS, STAGES, Panel, curves, describe_method, find_run_dirs, finished, is_finished,
+    load_runs, precision_order, read_evaluator, read_summary, sort_runs,
+)
+from analysis.tables import (
+    carbon_ratio_table, carbon_table, markdown_table, panel_targets, runtime_breakdown_table, speedup_table,
+    target_return, time_to_target, with_time_to_target,
+)
 
 
 # ------------------------------------------------------------------------------------------------ report

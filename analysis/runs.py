@@ -175,7 +175,7 @@ def _ram_kwh(summary: Mapping[str, Any]) -> float:
 def describe_method(method: Any, cores: Any = None) -> Any:
     """A recorded energy method, with codecarbon's default TDP named a default.
 
-    Runs recorded before quarl.carbon said so wrote "CPU TDP power model (X W)"; when X is codecarbon's default
+    Runs recorded before quarl.ops.carbon said so wrote "CPU TDP power model (X W)"; when X is codecarbon's default
     for a CPU it does not know (4 W per thread), say that it is this default, not the CPU's TDP."""
     if not isinstance(method, str):
         return method

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from analysis.execution import UNKNOWN, run_execution
 from launch.experiments.summary import ACTOR_KEYS, LEARNER_KEYS, PAYLOAD_KEYS, PUBLISH_KEYS, SUMMARY_KEYS
-from quarl.io import write_json_atomic
+from quarl.ops.io import write_json_atomic
 
 
 def is_old_single_process(summary: Mapping[str, Any]) -> bool:

@@ -4,7 +4,7 @@
 
 (`python -m bench.actorq` runs the same sweep as its part 4.) One D4PG actor on cartpole:balance, in a Ray
 actor pinned to one core (`bench.machine.pin_to_one_core`: no runtime gets a second core), steps K
-environments and calls its policy once per step on the K observations (`quarl.env_loop`), for policies of 3
+environments and calls its policy once per step on the K observations (`quarl.acting.loop`), for policies of 3
 hidden layers of each size, K in `--envs`, at fp32 and int8. Batching amortises fp32's cost too, so
 vectorized fp32 is the fair modern baseline: the result reports each precision at its best K.
 
@@ -60,10 +60,10 @@ class SweepProbe:
 
         core = pin_to_one_core() if pin else None
         import agents  # pylint: disable=import-outside-toplevel
-        from quarl.env_loop import VectorEnvLoop  # pylint: disable=import-outside-toplevel
-        from quarl.envs import environment_spec  # pylint: disable=import-outside-toplevel
-        from quarl.quantization import quantize_params  # pylint: disable=import-outside-toplevel
-        from quarl.vector_env import make_vector_environment  # pylint: disable=import-outside-toplevel
+        from quarl.acting.loop import VectorEnvLoop  # pylint: disable=import-outside-toplevel
+        from quarl.envs.factory import environment_spec  # pylint: disable=import-outside-toplevel
+        from quarl.quant.quantization import quantize_params  # pylint: disable=import-outside-toplevel
+        from quarl.envs.vector import make_vector_environment  # pylint: disable=import-outside-toplevel
 
         b = SweepBudget(**budget)
         builder = agents.get_builder("d4pg", policy_layer_sizes=(hidden,) * 3)
@@ -182,7 +182,7 @@ def best_k(cells: list[dict[str, Any]]) -> dict[str, Any]:
 def bench_sweep(budget: SweepBudget, sizes: list[int], envs: list[int], seed: int = 0) -> dict[str, Any]:
     """Every (size, K) cell in a fresh pinned Ray actor (so one cell's memory and caches do not carry over)."""
     from bench.machine import measuring_actor_env  # pylint: disable=import-outside-toplevel
-    from quarl.vector_env import env_implementation  # pylint: disable=import-outside-toplevel
+    from quarl.envs.vector import env_implementation  # pylint: disable=import-outside-toplevel
 
     with measuring_actor_env("quarl-sweep-auto-") as env_vars:
         cells = [_measure_cell(hidden, k, budget, seed, env_vars) for hidden in sizes for k in envs]

@@ -44,11 +44,10 @@ from typing import Any
 import numpy as np
 
 from bench import actor_sweep
-from bench.machine import (add_allow_busy, finish, machine_info, measuring_actor_env, pin_to_one_core,
-                           refuse_if_busy)
+from bench.machine import add_allow_busy, finish, machine_info, measuring_actor_env, pin_to_one_core, refuse_if_busy
 from bench.results_io import write_json
-from quarl.vector_env import env_implementation
-from quarl.io import jsonable
+from quarl.envs.vector import env_implementation
+from quarl.ops.io import jsonable
 
 TASK = "cartpole:balance"
 PAPER_POLICY = (2048, 2048, 2048)
@@ -127,10 +126,10 @@ class ActorProbe:
         load from other processes hits both alike); env and policy time accumulated separately.
 
         Both precisions step the same environment state sequence: their environments (the ones a real actor
-        runs, `quarl.vector_env`) are seeded alike and take the same recorded random actions, while each
+        runs, `quarl.envs.vector`) are seeded alike and take the same recorded random actions, while each
         policy runs on every observation. So env time differs only by noise, and precision alone moves the
         policy time."""
-        from quarl.vector_env import make_vector_environment  # pylint: disable=import-outside-toplevel
+        from quarl.envs.vector import make_vector_environment  # pylint: disable=import-outside-toplevel
 
         if not self._envs:
             self._envs = {p: make_vector_environment(TASK, self._seed, 1) for p in precisions}
@@ -189,8 +188,8 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
     import agents  # pylint: disable=import-outside-toplevel
     from launch.nodes.services import WeightServer  # pylint: disable=import-outside-toplevel
     from launch.nodes.shared_blob import Blob  # pylint: disable=import-outside-toplevel
-    from quarl.payload import encode_payload  # pylint: disable=import-outside-toplevel
-    from quarl.quantization import quantize_params  # pylint: disable=import-outside-toplevel
+    from quarl.quant.payload import encode_payload  # pylint: disable=import-outside-toplevel
+    from quarl.quant.quantization import quantize_params  # pylint: disable=import-outside-toplevel
     from launch.experiments.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
     from launch.program.ray_runner import RayNodeHandle  # pylint: disable=import-outside-toplevel
 

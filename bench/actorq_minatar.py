@@ -39,7 +39,7 @@ QUICK = {"rounds": 3, "block": 10}
 
 
 def _actor(builder: Any, env_spec: Any, spec: Any, params: Any, precision: str, calib: np.ndarray) -> Any:
-    from quarl.calibration import quantize_for_actors  # pylint: disable=import-outside-toplevel
+    from quarl.quant.calibration import quantize_for_actors  # pylint: disable=import-outside-toplevel
 
     qparams = quantize_for_actors(spec, params, precision, calib)
     return builder.make_actor(env_spec, qparams, seed=0, evaluation=True, backend="auto")
@@ -51,7 +51,7 @@ def measure(task: str, precisions: Sequence[str], rounds: int, block: int, seed:
 
     from agents.dqn import Builder, DQNConfig  # pylint: disable=import-outside-toplevel
     from agents.dqn.networks import init_params  # pylint: disable=import-outside-toplevel
-    from quarl.envs import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.envs.factory import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
 
     core = pin_to_one_core()
     builder = Builder(DQNConfig())

@@ -39,10 +39,10 @@ from typing import Any, Sequence
 
 from bench.learning import _relative, paired_test
 from bench.machine import add_allow_busy, describe_load, finish, machine_info
-from bench.results_io import command_line, write_json, write_results
-from quarl.machine import load_average
-from launch.cli import OneLineArgumentParser
 from bench.minatar_dqn import AUTHORS_DQN, AUTHORS_SETTINGS, results_from_runs
+from bench.results_io import command_line, write_json, write_results
+from launch.cli import OneLineArgumentParser
+from quarl.ops.machine import load_average
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"

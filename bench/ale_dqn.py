@@ -4,11 +4,11 @@ cannot reach.
     python -m bench.ale_dqn [--game Pong] [--steps 1000000] [--eval-every 25000] [--seed 0] [--target -15]
                             [--max-minutes M] [--learner-device cpu|gpu] [--tiny] [--out DIR] [--allow-busy]
 
-The Nature torso (convs 32-8-4 / 64-4-2 / 64-3-1, fc 512) on the standard preprocessing (`quarl.envs_ale`: v5
+The Nature torso (convs 32-8-4 / 64-4-2 / 64-3-1, fc 512) on the standard preprocessing (`quarl.envs.ale`: v5
 sticky actions, frame skip 4 with max-pool, 84x84 grey, stack 4; rewards clipped for training only, so evaluations
 report the game score). Settings (`ALE_SETTINGS`) follow the usual DQN-on-Atari recipe scaled to one CPU
 machine, where the Nature update (~40 ms at batch 32 on the 2-core EPYC) and not acting sets the time: replay 200k
-transitions (each frame stored once: `quarl.replay_frames`, ~1.3 GiB), batch 32, one update per 4 env steps, Adam
+transitions (each frame stored once: `quarl.replay.frames`, ~1.3 GiB), batch 32, one update per 4 env steps, Adam
 1e-4, 3-step double-DQN targets, and a shorter start than the 250k-step epsilon decay and 8k-step target period of
 the 200M-frame recipes: learning from 10k, epsilon 1 -> 0.01 over 100k env steps, target copy every 1,000 updates.
 Steps are agent steps (4 emulator frames each).

@@ -29,10 +29,9 @@ from typing import Any
 
 import numpy as np
 
-from bench.machine import add_allow_busy, finish, refuse_if_busy
-from bench.machine import machine_info as base_machine_info
-from bench.results_io import out_folder, write_json
 from bench.inference import SINGLE_THREAD_XLA
+from bench.machine import add_allow_busy, finish, machine_info as base_machine_info, refuse_if_busy
+from bench.results_io import out_folder, write_json
 
 TORSOS = {"minatar": (10, 10, 4), "nature": (84, 84, 4)}
 NUM_ACTIONS = 6
@@ -45,7 +44,7 @@ def make_case(torso: str, seed: int = 0) -> tuple[Any, dict, np.ndarray]:
     import jax
 
     from agents.dqn.networks import init_params
-    from quarl.policy import minatar_q_network, nature_q_network
+    from quarl.policy.spec import minatar_q_network, nature_q_network
 
     shape = TORSOS[torso]
     spec = (minatar_q_network if torso == "minatar" else nature_q_network)(shape, NUM_ACTIONS)
@@ -56,8 +55,8 @@ def make_case(torso: str, seed: int = 0) -> tuple[Any, dict, np.ndarray]:
 
 
 def executors(spec: Any, params: dict, obs: np.ndarray, batch: int) -> dict[str, Any]:
-    from quarl.calibration import quantize_for_actors
-    from quarl.quantization import quantize_params
+    from quarl.quant.calibration import quantize_for_actors
+    from quarl.quant.quantization import quantize_params
     from quarl.runtimes import make_executor
 
     fp32, int8 = quantize_params(params, "fp32"), quantize_for_actors(spec, params, "int8", obs[:128])
@@ -86,8 +85,8 @@ def time_interleaved(exs: dict[str, Any], x: np.ndarray, rounds: int, block: int
 
 
 def bench_case(torso: str, batch: int, budget: dict[str, Any]) -> list[dict[str, Any]]:
-    from quarl.policy import reference_apply
-    from quarl.quantization import dequantize_params
+    from quarl.policy.reference import reference_apply
+    from quarl.quant.quantization import dequantize_params
     from quarl.runtimes import kernel_summary
 
     spec, params, obs = make_case(torso)

@@ -35,7 +35,6 @@ import shutil
 import signal
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -215,7 +214,7 @@ def machine_dir(arms: Sequence[dict[str, Any]]) -> str:
 
 def record(allow_busy: bool) -> dict[str, Any]:
     """The machine record every result carries: bench.machine's (CPU, its flags, cores, load), packages."""
-    from quarl.machine import package_versions  # pylint: disable=import-outside-toplevel
+    from quarl.ops.machine import package_versions  # pylint: disable=import-outside-toplevel
 
     return {**machine_info(allow_busy),
             "packages": package_versions(["jax", "jaxlib", "onnxruntime", "ray", "numpy", "mujoco", "dm-control"])}
@@ -281,7 +280,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def write(result: dict[str, Any], out: Path) -> None:
-    from quarl.io import jsonable  # pylint: disable=import-outside-toplevel
+    from quarl.ops.io import jsonable  # pylint: disable=import-outside-toplevel
 
     json_path, md_path = write_results(out, "e2e", jsonable(result), markdown(result))
     print(f"wrote {json_path} and {md_path}")

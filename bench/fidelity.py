@@ -42,8 +42,8 @@ from typing import Any, Sequence
 from bench.machine import add_allow_busy, check_load, describe_load, finish, machine_info, run_cli
 from bench.peers import run_subprocess
 from bench.results_io import command_line, write_json
-from quarl.io import read_json_list
 from launch.cli import OneLineArgumentParser, UsageError
+from quarl.ops.io import read_json_list
 
 REPO = Path(__file__).resolve().parents[1]
 ACME_SCRIPT = REPO / "bench" / "acme_d4pg.py"

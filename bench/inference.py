@@ -106,7 +106,7 @@ def machine_info(quick: bool) -> dict[str, Any]:
     from quarl.runtimes.cpu import cpu_class, cpu_info
 
     info = {**cpu_info(), "cpu_class": cpu_class()}
-    from quarl.machine import package_versions
+    from quarl.ops.machine import package_versions
 
     aqt_version = package_versions(["aqtp"]).get("aqtp", "unknown")
     return {
@@ -126,7 +126,7 @@ def machine_info(quick: bool) -> dict[str, Any]:
 def make_params(hidden: int, seed: int = 0) -> tuple[Any, dict]:
     """The D4PG policy spec at width `hidden` and LeCun-normal-like random weights (speed does not
     depend on the values, but realistic magnitudes keep int8 scales and activations typical)."""
-    from quarl.policy import LayerNorm, Linear, layer_norm_mlp_policy
+    from quarl.policy.spec import LayerNorm, Linear, layer_norm_mlp_policy
 
     spec = layer_norm_mlp_policy(OBS_DIM, [hidden] * 3, [-1.0] * ACT_DIM, [1.0] * ACT_DIM)
     rng = np.random.default_rng(seed)
@@ -161,7 +161,7 @@ def time_blocks(executors: dict[tuple[str, str], Any], obs: np.ndarray, budget: 
 
 
 def bench_config(hidden: int, batch: int, budget: Budget) -> list[dict[str, Any]]:
-    from quarl.quantization import quantize_params
+    from quarl.quant.quantization import quantize_params
     from quarl.runtimes import make_executor
     from quarl.runtimes.cpu import cpu_class, cpu_info
 

@@ -33,8 +33,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench.machine import add_allow_busy, refuse_if_busy
-from bench.machine import machine_info as base_machine_info
+from bench.machine import add_allow_busy, machine_info as base_machine_info, refuse_if_busy
 from bench.results_io import write_report
 
 REPO = Path(__file__).resolve().parents[1]

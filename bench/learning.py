@@ -93,7 +93,6 @@ def empty_run_dir(logdir: Path) -> Path:
     """Removes a benchmark run's folder left by an earlier sitting, so its run starts empty: run logs are
     append-only (a resumed run continues them), and a rerun into the old folder would read the old run's
     evaluations ahead of its own."""
-    import shutil  # pylint: disable=import-outside-toplevel
 
     if Path(logdir).exists():
         shutil.rmtree(logdir)

@@ -15,7 +15,7 @@ import tempfile
 import sys
 from typing import Any, Callable, Iterator, NoReturn, Sequence
 
-from quarl.machine import cpu_model_name, load_average
+from quarl.ops.machine import cpu_model_name, load_average
 
 ALLOW_BUSY_HELP = ("start even when the 1-minute load average exceeds the number of cores (the load at start "
                    "and end is recorded with the results either way)")
@@ -111,11 +111,11 @@ def pin_to_one_core(core: int | None = None) -> int | None:
     """Pin the calling thread to one CPU (default: the highest-numbered one it may run on) and return it; None
     where CPU affinity is unavailable (not Linux).
 
-    What an actor benchmark means by "one actor at the limit of one core" (`quarl.affinity` says why): threads
+    What an actor benchmark means by "one actor at the limit of one core" (`quarl.ops.affinity` says why): threads
     created afterwards by this thread inherit the mask, so the policy runtime's threads and envpool's worker
     all share that core, and no backend gets a second core for free. Only the calling thread is pinned, so a
     benchmark calls this inside the Ray actor that measures, before it builds anything."""
-    from quarl.affinity import pin_thread  # pylint: disable=import-outside-toplevel
+    from quarl.ops.affinity import pin_thread  # pylint: disable=import-outside-toplevel
 
     if not hasattr(os, "sched_setaffinity"):
         return None

@@ -32,8 +32,8 @@ from typing import Any, Sequence
 
 from bench.learning import empty_run_dir
 from bench.machine import add_allow_busy, finish, machine_info, refuse_if_busy
-from bench.results_io import write_results
 from bench.peers import REPO, dqn_markdown, eval_metrics, read_our_evals, run_subprocess
+from bench.results_io import write_results
 
 RUN_TIMEOUT_S = 3600.0
 

@@ -35,7 +35,7 @@ def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500)
     from dm_env import specs  # pylint: disable=import-outside-toplevel
     from launch.ptq_policy import (GridPoint, calibration_observations,  # pylint: disable=import-outside-toplevel
                                    load_trained_policy, make_row_policy)
-    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
 
     policy = load_trained_policy(logdir)
     env = make_environment(policy.task, EVAL_SEED_BASE + 1000 * seed)

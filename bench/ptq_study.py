@@ -12,7 +12,7 @@ overrides, a subprocess of this checkout) followed by a greedy evaluation of its
 precision, `--episodes` episodes per precision on the same environment seeds (so each precision's change from fp32
 is paired within a seed). Integer rows quantize the weights per channel, as actors do, and run the integer kernel
 (W<b>A8); fp16/bf16 run natively (`launch.ptq_policy.make_row_policy`). Policy size is the payload an actor pulls
-at that precision (`quarl.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header).
+at that precision (`quarl.quant.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header).
 
 It resumes like bench.fidelity: each finished cell's rows go into OUT/ptq_study.csv as soon as it is done, and a
 cell whose precisions are all there is not run again (its data are kept, also when its run folder is on another
@@ -45,8 +45,8 @@ from agents.ppo.config import CONTROL_OVERRIDES as PPO_CONTROL_OVERRIDES
 from bench.learning_d4pg import CARTPOLE_OVERRIDES
 from bench.machine import add_allow_busy, check_load, describe_load, finish, machine_info, run_cli
 from bench.results_io import write_json
-from quarl.io import read_json_list
 from launch.cli import OneLineArgumentParser, UsageError
+from quarl.ops.io import read_json_list
 
 REPO = Path(__file__).resolve().parents[1]
 CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE = "ptq_study.csv", "ptq_study.md", "ptq_study.png", "ptq_study_sessions.json"
@@ -219,8 +219,8 @@ def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool) -> None:
 
 def policy_bytes(policy: Any, precision: str, observations: Any) -> int:
     """Bytes of the payload an actor pulls for this policy at `precision` (per-channel int scales)."""
-    from quarl.calibration import quantize_for_actors  # pylint: disable=import-outside-toplevel
-    from quarl.payload import encode_payload  # pylint: disable=import-outside-toplevel
+    from quarl.quant.calibration import quantize_for_actors  # pylint: disable=import-outside-toplevel
+    from quarl.quant.payload import encode_payload  # pylint: disable=import-outside-toplevel
 
     qparams = quantize_for_actors(policy.spec, policy.params, precision, observations, True)
     return len(encode_payload(qparams, version=policy.steps, spec_hash=policy.spec.digest()))
@@ -232,8 +232,8 @@ def sweep_cell(logdir: Path, seed: int, precisions: Sequence[str], episodes: int
     seeds EVAL_SEED_BASE + 1000 * seed + i (the same for every precision)."""
     from launch.ptq_policy import (GridPoint, calibration_observations,  # pylint: disable=import-outside-toplevel
                                    load_trained_policy, make_row_policy)
-    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
-    from quarl.evaluation import evaluate_seeds  # pylint: disable=import-outside-toplevel
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.acting.evaluation import evaluate_seeds  # pylint: disable=import-outside-toplevel
 
     policy = load_trained_policy(logdir)
     summary = json.loads((logdir / "summary.json").read_text(encoding="utf-8"))

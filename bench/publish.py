@@ -27,11 +27,11 @@ import numpy as np
 
 from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.results_io import command_line, write_results
-from launch.program.ray_runner import init_ray
 from launch.nodes.shared_blob import Blob
-from quarl.payload import encode_payload
-from quarl.policy import layer_norm_mlp_policy
-from quarl.quantization import quantize_params
+from launch.program.ray_runner import init_ray
+from quarl.policy.spec import layer_norm_mlp_policy
+from quarl.quant.payload import encode_payload
+from quarl.quant.quantization import quantize_params
 
 REPO = Path(__file__).resolve().parents[1]
 OBS_DIM = 5  # cartpole:balance

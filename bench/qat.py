@@ -17,7 +17,7 @@ deployed precision over `SELECT_EPISODES` greedy episodes on fixed selection see
 Why checkpoint selection: DQN on CartPole is famously unstable late in training (the final network of a run
 can be far worse than its best), which would make the comparison mostly noise. Reported returns come from
 other, disjoint test seeds (`TEST_SEED_BASE`), the same episodes for every arm and bit width
-(`quarl.evaluation.evaluate_seeds`), so the selection does not bias them. Every deployed evaluation runs the
+(`quarl.acting.evaluation.evaluate_seeds`), so the selection does not bias them. Every deployed evaluation runs the
 jax runtime (AQT W<B>A8, the numerics QAT trains with).
 
 Verdict per bit width, against each PTQ arm: "QAT better" / "PTQ better" when the difference of mean returns
@@ -29,7 +29,6 @@ Defaults: the full run (5 seeds, 30k env steps per run, bits 2,3,4; ~20 min on 2
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -40,9 +39,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench.machine import describe_load, finish
-from bench.machine import machine_info as base_machine_info
-from quarl.machine import package_versions
+from bench.machine import describe_load, finish, machine_info as base_machine_info
+from quarl.ops.machine import package_versions
 
 TASK = "CartPole-v1"
 HIDDEN = (64, 64)
@@ -148,9 +146,9 @@ _POLICIES: dict[tuple[Any, str], Any] = {}  # one compiled greedy policy per (sp
 
 def _returns(spec: Any, params: dict, precision: str, seeds: Sequence[int]) -> np.ndarray:
     """Greedy undiscounted returns of `params` deployed at `precision` (jax runtime), one episode per seed."""
-    from quarl.envs import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
-    from quarl.evaluation import evaluate_seeds, make_greedy_policy  # pylint: disable=import-outside-toplevel
-    from quarl.quantization import quantize_params  # pylint: disable=import-outside-toplevel
+    from quarl.envs.factory import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.acting.evaluation import evaluate_seeds, make_greedy_policy  # pylint: disable=import-outside-toplevel
+    from quarl.quant.quantization import quantize_params  # pylint: disable=import-outside-toplevel
 
     qparams = quantize_params(params, precision)
     policy = _POLICIES.get((spec, precision))
@@ -212,7 +210,6 @@ def verdict(qat: dict[str, Any], ptq: dict[str, Any]) -> dict[str, Any]:
 def run(plan: Plan) -> dict[str, Any]:
     tests = eval_seeds(plan.test_episodes)
     int_precisions = [f"int{b}" for b in plan.bits]
-    fp32_rows: list[dict[str, Any]] = []
     ptq: dict[str, list[np.ndarray]] = {p: [] for p in int_precisions}
     ptq_best: dict[str, list[np.ndarray]] = {p: [] for p in int_precisions}
     qat: dict[str, list[np.ndarray]] = {p: [] for p in int_precisions}
@@ -370,7 +367,7 @@ def plot(path: Path, result: dict[str, Any]) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from quarl.io import write_json_atomic  # pylint: disable=import-outside-toplevel
+    from quarl.ops.io import write_json_atomic  # pylint: disable=import-outside-toplevel
 
     args = list(sys.argv[1:] if argv is None else argv)
     if "--report-only" in args:  # redraw qat.png from OUT/qat.json (default bench/results): no training

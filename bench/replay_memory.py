@@ -2,9 +2,9 @@
 
     python -m bench.replay_memory [--source ale|synthetic] [--transitions N] [--capacity C] [--out DIR]
 
-Fills a `quarl.replay_frames.FrameTable` (what `table_from_config` builds for ALE) with N n-step transitions and
+Fills a `quarl.replay.frames.FrameTable` (what `table_from_config` builds for ALE) with N n-step transitions and
 reports the bytes it holds (`FrameTable.memory()`: the allocated frame store, frame references, other columns,
-the digest index) and the process's resident memory growth, next to what a plain `quarl.replay.Table` allocates
+the digest index) and the process's resident memory growth, next to what a plain `quarl.replay.table.Table` allocates
 for the same capacity (two [84, 84, 4] uint8 stacks an item). `--source ale` plays ALE/Pong with random actions
 (real frames, episode ends, sticky actions); `--source synthetic` makes one distinct frame per env step without
 an emulator, so a real 1M-transition table can be filled in minutes. A figure at N < 1M is also extrapolated to
@@ -26,8 +26,8 @@ import numpy as np
 from bench.machine import finish, machine_info
 from bench.results_io import write_json
 from launch.experiments.progress import StepProgress
-from quarl.adders import NStepTransitionAdder
-from quarl.replay_frames import FrameTable
+from quarl.replay.adders import NStepTransitionAdder
+from quarl.replay.frames import FrameTable
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
@@ -39,7 +39,7 @@ GIB = 1 << 30
 
 
 def _ale_steps(seed: int) -> Iterator[dm_env.TimeStep]:
-    from quarl.envs_ale import AtariEnvironment  # pylint: disable=import-outside-toplevel
+    from quarl.envs.ale import AtariEnvironment  # pylint: disable=import-outside-toplevel
 
     env = AtariEnvironment("ALE/Pong", seed, clip_rewards=True)
     rng = np.random.default_rng(seed)

@@ -9,7 +9,7 @@ batches of `--insert-batch` transitions (the actors' default 64); a learner at ~
 samples ~358,400 transitions/s, K batches per call. D4PG walker:stand transitions (obs 24, action 6, reward,
 discount, next obs), the agent's own table (capacity, uniform sampler), pre-filled to `--prefill` items.
 
-Per backend (`table`: one `quarl.replay.Table` shared by threads; `ray`: `launch.nodes.services.ReplayServer` as a Ray
+Per backend (`table`: one `quarl.replay.table.Table` shared by threads; `ray`: `launch.nodes.services.ReplayServer` as a Ray
 actor with the program's concurrency, inserted into by `--inserters` Ray actor processes and sampled by
 `--samplers` threads of this process, as the learner's prefetch threads do) and per K, with the rate limiter
 opened wide so that each side runs as fast as it can:

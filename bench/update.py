@@ -56,7 +56,7 @@ def _rewrite_update(ex: Any, model: Any, qparams: Any) -> Any:
 
 
 def measure(hidden: int, precision: str, repeats: int) -> dict[str, Any]:
-    from quarl.quantization import quantize_params
+    from quarl.quant.quantization import quantize_params
     from quarl.runtimes import make_executor
 
     spec, params_a = make_params(hidden)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         p.exit(2, f"{p.prog}: error: --hidden and --repeats must be positive\n")
     refuse_if_busy(p, args.allow_busy)
     try:
-        from quarl.quantization import parse_precision
+        from quarl.quant.precision import parse_precision
         parse_precision(args.precision)
     except ValueError as e:
         p.exit(2, f"{p.prog}: error: {e}\n")

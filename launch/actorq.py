@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import sys
 from pathlib import Path
@@ -32,14 +31,15 @@ from typing import Any, NoReturn, Sequence
 
 from launch.experiments import checkpoint as ckpt
 import agents
-from launch.cli import (DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, OneLineArgumentParser, UsageError,
-                        add_qat_argument, build_config, check_agent, check_agent_task, check_carbon_country,
-                        check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
-                        parse_resources, qat_overrides)
+from launch.cli import (
+    DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, OneLineArgumentParser, UsageError, add_qat_argument,
+    build_config, check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, check_precision,
+    fail, flag_names, parse_overrides, parse_resources, qat_overrides,
+)
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
-from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
 from launch.experiments.config import SERVICE_SHARE, ExperimentConfig
 from launch.experiments.progress import print_summary
+from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
 
 # The default job (`make run`; DEFAULT_TASKS and DEFAULT_STEPS are launch.cli's, shared with launch.train):
 # about two minutes on 2 cores, and it ends solved. D4PG: small networks, a value

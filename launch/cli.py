@@ -19,7 +19,7 @@ from typing import Any, Mapping, NoReturn, Sequence
 
 import agents
 from launch.experiments.config import DISTRIBUTED_FIELDS, ExperimentConfig
-from quarl.checks import ConfigError, check_int
+from quarl.ops.checks import ConfigError, check_int
 
 EXIT_USAGE = 2
 # Files a run writes; a logdir already holding any of them belongs to another run.
@@ -146,7 +146,7 @@ def check_positive(flag: str, value: int | None, *, optional: bool = False) -> i
 
 
 def _flag_int(flag: str, value: Any, *, minimum: int) -> int:
-    """`quarl.checks.check_int` on a flag's value, its ConfigError as the CLI's one-line UsageError."""
+    """`quarl.ops.checks.check_int` on a flag's value, its ConfigError as the CLI's one-line UsageError."""
     try:
         return check_int(flag, value, minimum=minimum)
     except ConfigError as e:
@@ -300,7 +300,7 @@ def _groups(raw: str) -> list[str]:
 
 def check_agent_task(agent: str, task: str, overrides: dict[str, Any]) -> Any:
     """Builds the env once to check the task exists and suits the agent; returns the ready builder."""
-    from quarl.envs import environment_spec, list_tasks, make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.envs.factory import environment_spec, list_tasks, make_environment  # pylint: disable=import-outside-toplevel
     if task not in list_tasks():
         raise UsageError(f"unknown task {task!r}; valid tasks: {', '.join(list_tasks())}")
     builder = agents.get_builder(agent, **overrides)
@@ -316,7 +316,7 @@ def check_agent_task(agent: str, task: str, overrides: dict[str, Any]) -> Any:
 
 def check_carbon_country() -> str:
     """The energy trackers' grid country ($QUARL_CARBON_COUNTRY), checked before anything starts."""
-    from quarl.carbon import default_country  # pylint: disable=import-outside-toplevel
+    from quarl.ops.carbon import default_country  # pylint: disable=import-outside-toplevel
     try:
         return default_country()
     except ValueError as e:
@@ -327,7 +327,7 @@ def qat_overrides(qat_bits: int | None, precision: str) -> dict[str, Any]:
     """`--qat-bits B` as a config override; QAT trains for int-B actors, so an intK --precision must match."""
     if qat_bits is None:
         return {}
-    from quarl.qat import check_qat_bits  # pylint: disable=import-outside-toplevel
+    from quarl.nets.qat import check_qat_bits  # pylint: disable=import-outside-toplevel
     try:
         bits = check_qat_bits(qat_bits, "--qat-bits")
     except ValueError as e:

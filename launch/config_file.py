@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from launch.cli import RUN_FILES, UsageError, check_seed
 from launch.experiments.config import ExperimentConfig
-from quarl.checks import ConfigError
+from quarl.ops.checks import ConfigError
 
 
 def default_logdir(runner: str, agent: str, task: str, precision: str) -> str:

@@ -3,7 +3,7 @@ r"""Post-training quantization (PTQ) sweep of a trained policy: how much return 
     python -m launch.ptq --checkpoint RUN_DIR [--bits 2,3,4,5,6,7,8,16] [--include fp16,bf16] [--episodes 10]
         [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress] [--force]
 
-The fp32 policy a run saved (`quarl.policy_io.save_policy`; any agent this build knows, read by
+The fp32 policy a run saved (`quarl.runtimes.policy_io.save_policy`; any agent this build knows, read by
 `launch.ptq_policy.load_trained_policy`) is evaluated greedily at fp32, at each --include float
 precision and at each integer bit width, per-tensor and per-channel, for --episodes episodes each. Episode i
 uses environment seed `seed + i` at every precision, so the comparison with fp32 is paired. The error is the
@@ -33,14 +33,7 @@ import numpy as np
 
 from analysis.plots import plot_ptq_returns, plot_weight_histograms, redraw_ptq_returns
 from launch.cli import (
-    OneLineArgumentParser,
-    UsageError,
-    check_backend,
-    check_logdir,
-    check_positive,
-    check_precision,
-    check_seed,
-    fail,
+    OneLineArgumentParser, UsageError, check_backend, check_logdir, check_positive, check_precision, check_seed, fail,
 )
 from launch.ptq_policy import (  # re-exported: tests and notebooks reach them as launch.ptq.<name>
     GRANULARITIES,
@@ -51,20 +44,13 @@ from launch.ptq_policy import (  # re-exported: tests and notebooks reach them a
     make_row_policy,
     sweep_grid,
 )
-from quarl.evaluation import evaluate_seeds
-from quarl.io import write_json_atomic
-from quarl.machine import machine_info
-from quarl.metrics import layer_errors, sqnr_db
-from quarl.policy_io import LoadedPolicy, policy_paths
-from quarl.quantization import (
-    MAX_BITS,
-    MIN_BITS,
-    dequantize_params,
-    is_quantized_leaf,
-    path_str,
-    quantize_params,
-    tree_items,
-)
+from quarl.acting.evaluation import evaluate_seeds
+from quarl.ops.io import write_json_atomic
+from quarl.ops.machine import machine_info
+from quarl.quant.metrics import layer_errors, sqnr_db
+from quarl.quant.precision import MAX_BITS, MIN_BITS
+from quarl.quant.quantization import dequantize_params, is_quantized_leaf, path_str, quantize_params, tree_items
+from quarl.runtimes.policy_io import LoadedPolicy, policy_paths
 
 PROG = "launch.ptq"
 DEFAULT_BITS = "2,3,4,5,6,7,8,16"
@@ -199,7 +185,7 @@ def paired_error(fp32_returns: np.ndarray, returns: np.ndarray) -> tuple[float, 
 def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Evaluates every grid point; returns (ptq.csv rows, ptq_episodes.csv rows)."""
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
-    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
 
     env = make_environment(run.policy.task, 0)
     action_spec = env.action_spec()

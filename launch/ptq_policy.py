@@ -1,7 +1,7 @@
 """Which trained policy a PTQ sweep reads, and how each row of the sweep acts: shared by `launch.ptq` and
 `bench.ptq_study`.
 
-Any agent's policy loads the same way. Every runner saves the final fp32 policy with `quarl.policy_io.save_policy`
+Any agent's policy loads the same way. Every runner saves the final fp32 policy with `quarl.runtimes.policy_io.save_policy`
 (a spec plus its weights, and a sidecar naming the agent and task), and a greedy policy needs nothing from the
 agent's code: a discrete task acts on the argmax of the outputs (DQN's Q-values, PPO/A2C's logits), a continuous
 task on the outputs themselves (D4PG's tanh-bounded action, PPO/A2C's Gaussian mean, which the environment clips
@@ -20,11 +20,11 @@ from typing import Any, Sequence
 import numpy as np
 
 import agents
-from quarl.calibration import quantize_for_actors, rollout_observations
-from quarl.evaluation import check_compatible, make_greedy_policy
-from quarl.policy_io import LoadedPolicy, load_policy, policy_paths
-from quarl.quantization import fake_quantize_params, parse_precision, quantize_params
-from quarl.runtimes.base import MAX_KERNEL_BITS
+from quarl.acting.evaluation import check_compatible, make_greedy_policy
+from quarl.quant.calibration import quantize_for_actors, rollout_observations
+from quarl.quant.precision import MAX_KERNEL_BITS, parse_precision
+from quarl.quant.quantization import fake_quantize_params, quantize_params
+from quarl.runtimes.policy_io import LoadedPolicy, load_policy, policy_paths
 
 NO_GRANULARITY = "n/a"  # float casts have no scale, so per-tensor vs per-channel does not apply
 GRANULARITIES = (("per-tensor", False), ("per-channel", True))
@@ -61,7 +61,7 @@ def _check_summary(summary_path: Path, policy: LoadedPolicy) -> None:
 
 
 def _check_task(policy: LoadedPolicy) -> None:
-    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
     try:
         env = make_environment(policy.task, 0)
     except ValueError as e:
@@ -118,8 +118,8 @@ def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: Any, ba
 
 def calibration_observations(policy: LoadedPolicy, seed: int = CALIBRATION_SEED) -> np.ndarray | None:
     """For conv policies: observations the fp32 greedy policy meets in an environment seeded apart from the
-    evaluation seeds (`quarl.calibration.rollout_observations`); None for the others (nothing to calibrate)."""
-    from quarl.envs import make_environment  # pylint: disable=import-outside-toplevel
+    evaluation seeds (`quarl.quant.calibration.rollout_observations`); None for the others (nothing to calibrate)."""
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
 
     if not policy.spec.conv_layers:
         return None

@@ -33,13 +33,13 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_precision, fail
 from analysis.runs import PANELS, is_finished, read_summary
 from analysis.upgrade_summaries import is_old_single_process
+from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_precision, fail
 from launch.grid.runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, PlannedRun, run_actorq, run_single
-from launch.report_guard import describe, finished_on_disk, finished_in_report, lost_runs, subset_dir
+from launch.report_guard import describe, finished_in_report, finished_on_disk, lost_runs, subset_dir
 from launch.grid.runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
-from quarl.io import jsonable, read_json_object
+from quarl.ops.io import jsonable, read_json_object
 
 PROG = "launch.reproduce"
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -249,7 +249,7 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     """Runs every planned run that is not finished yet; returns (runs started, failure lines)."""
     from tqdm import tqdm  # pylint: disable=import-outside-toplevel
     from analysis.report import machine_info  # pylint: disable=import-outside-toplevel
-    from quarl.io import write_json_atomic  # pylint: disable=import-outside-toplevel
+    from quarl.ops.io import write_json_atomic  # pylint: disable=import-outside-toplevel
 
     plan = inv.plan()
     inv.root.mkdir(parents=True, exist_ok=True)

@@ -21,13 +21,14 @@ import sys
 from typing import Sequence
 
 import agents
-from launch.program.devices import LEARNER_DEVICES
-from launch.cli import (DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError,
-                        add_common_arguments, build_config, check_agent, check_agent_task, check_carbon_country,
-                        check_logdir, check_positive, check_precision, fail, flag_names, parse_overrides,
-                        qat_overrides)
+from launch.cli import (
+    DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError, add_common_arguments, build_config,
+    check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, check_precision, fail,
+    flag_names, parse_overrides, qat_overrides,
+)
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
 from launch.experiments.config import ExperimentConfig
+from launch.program.devices import LEARNER_DEVICES
 
 PROG = "launch.train"
 TRAIN_FLAGS = flag_names(max_actor_steps="--steps")

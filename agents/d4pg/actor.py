@@ -12,8 +12,8 @@ from typing import Sequence
 import numpy as np
 
 from agents.base import ExecutorActor, ExecutorFactory
-from quarl.policy import PolicySpec
-from quarl.quantization import QuantizedParams
+from quarl.policy.spec import PolicySpec
+from quarl.quant.quantization import QuantizedParams
 
 
 
@@ -58,7 +58,7 @@ class D4PGActor(ExecutorActor):
         """pi(obs) + N(0, sigma^2) while exploring, *not* clipped; pi(obs) clipped to the bounds in evaluation.
 
         As in Acme (`rlax.add_gaussian_noise`, then the environment's `CanonicalSpecWrapper(clip=True)`), the
-        environment clips what it executes (`quarl.envs`) while replay stores the noisy action itself, so the
+        environment clips what it executes (`quarl.envs.factory`) while replay stores the noisy action itself, so the
         critic sees how far past a bound the policy was pushed. Evaluation actions are clipped because a
         low-precision tanh head may overshoot its bounds by a rounding step."""
         action = self.policy_action(observation)

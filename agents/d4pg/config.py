@@ -12,8 +12,8 @@ import dataclasses
 from typing import Any
 
 from agents.base import error_buffer
-from quarl.checks import ConfigError, check_int, check_number, check_sizes
-from quarl.qat import check_qat_bits
+from quarl.nets.qat import check_qat_bits
+from quarl.ops.checks import ConfigError, check_int, check_number, check_sizes
 
 
 def _field(name: str) -> str:
@@ -54,7 +54,7 @@ class D4PGConfig:
     # policy to actors), or "online".
     actor_policy: str = "target"
     # Quantization-aware training: None trains the policy in fp32; B in [2, 8] trains it through the int-B
-    # arithmetic its actors deploy (quarl.qat). Critic and target networks always stay fp32.
+    # arithmetic its actors deploy (quarl.nets.qat). Critic and target networks always stay fp32.
     qat_bits: int | None = None
 
     def __post_init__(self) -> None:

@@ -2,7 +2,7 @@
 
 One `jax.jit`-compiled function does a whole SGD step (both losses, both Adam updates, the periodic target
 copy) on device-resident state; the host only feeds the sampled batch in and reads a handful of scalar
-metrics back. Batches carry n-step transitions from `quarl.adders.NStepTransitionAdder`: `reward` is the
+metrics back. Batches carry n-step transitions from `quarl.replay.adders.NStepTransitionAdder`: `reward` is the
 discounted n-step sum and `discount` already includes gamma^n (0 at termination), so the target is
 `reward + discount * Z'(s', pi'(s'))` with no further discounting here.
 """

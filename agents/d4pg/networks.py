@@ -1,6 +1,6 @@
-"""D4PG networks (haiku): the policy from a `quarl.policy.PolicySpec`, and Acme's distributional critic.
+"""D4PG networks (haiku): the policy from a `quarl.policy.spec.PolicySpec`, and Acme's distributional critic.
 
-The policy is built with `quarl.policy.haiku_forward`, so the tree the learner trains is exactly the tree the
+The policy is built with `quarl.nets.haiku.haiku_forward`, so the tree the learner trains is exactly the tree the
 quantizer and every actor runtime consume (same layer names, same computation). The critic never leaves the
 learner, so it is plain haiku: concat(obs, action) -> Linear -> LayerNorm -> tanh -> ELU MLP -> Linear to
 `num_atoms` logits over the fixed support `linspace(vmin, vmax, num_atoms)` (Acme's DiscreteValuedHead).
@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from quarl import policy as qpolicy
+from quarl.nets.haiku import haiku_forward
+from quarl.policy import spec as qpolicy
 
 from agents.d4pg.config import D4PGConfig
 
@@ -31,7 +32,7 @@ class D4PGNetworks:
     obs_dim: int
     action_dim: int
     # The policy as the learner's DPG loss runs it: with `D4PGConfig.qat_bits` set, the same parameters
-    # through the deployed int-B arithmetic (quarl.qat); None = `policy` (fp32).
+    # through the deployed int-B arithmetic (quarl.nets.qat); None = `policy` (fp32).
     qat_policy: hk.Transformed | None = None
 
     @property
@@ -78,10 +79,10 @@ def make_networks(config: D4PGConfig, obs_dim: int, action_min: Sequence[float],
     if not (np.isfinite(lo).all() and np.isfinite(hi).all()):
         raise ValueError("D4PG needs finite action bounds")
     spec = policy_spec(obs_dim, config.policy_layer_sizes, lo.tolist(), hi.tolist())
-    policy = hk.without_apply_rng(hk.transform(qpolicy.haiku_forward(spec)))
+    policy = hk.without_apply_rng(hk.transform(haiku_forward(spec)))
     qat_policy = None
     if config.qat_bits is not None:
-        qat_policy = hk.without_apply_rng(hk.transform(qpolicy.haiku_forward(spec, qat_bits=config.qat_bits)))
+        qat_policy = hk.without_apply_rng(hk.transform(haiku_forward(spec, qat_bits=config.qat_bits)))
     critic = hk.without_apply_rng(hk.transform(critic_forward(config.critic_layer_sizes, config.num_atoms)))
     atoms = jnp.linspace(config.vmin, config.vmax, config.num_atoms, dtype=jnp.float32)
     return D4PGNetworks(spec, policy, critic, atoms, int(obs_dim), int(lo.size), qat_policy)

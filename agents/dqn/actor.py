@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.dqn.config import linear_epsilon
 from agents.base import ExecutorActor, ExecutorFactory
-from quarl.policy import PolicySpec
-from quarl.quantization import QuantizedParams
+from agents.dqn.config import linear_epsilon
+from quarl.policy.spec import PolicySpec
+from quarl.quant.quantization import QuantizedParams
 from quarl.runtimes.base import policy_rows
 
 

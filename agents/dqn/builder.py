@@ -10,9 +10,9 @@ from agents.dqn.actor import DQNActor, EpsilonSchedule, ExecutorFactory
 from agents.dqn.config import DQNConfig, apex_epsilon
 from agents.dqn.learning import DQNLearner
 from agents.dqn.networks import make_q_spec
-from quarl.envs import EnvSpec
-from quarl.policy import PolicySpec
-from quarl.quantization import QuantizedParams
+from quarl.envs.factory import EnvSpec
+from quarl.policy.spec import PolicySpec
+from quarl.quant.quantization import QuantizedParams
 
 
 class Builder(BuilderBase):

@@ -8,9 +8,9 @@ from __future__ import annotations
 import dataclasses
 
 from agents.base import error_buffer
-from quarl.checks import ConfigError, check_bool, check_int, check_number, check_sizes, is_int
-from quarl.policy import parse_bounds
-from quarl.qat import check_qat_bits
+from quarl.nets.qat import check_qat_bits
+from quarl.ops.checks import ConfigError, check_bool, check_int, check_number, check_sizes, is_int
+from quarl.policy.spec import parse_bounds
 
 
 # MountainCar-v0's reward is sparse (-1 per step until the goal): with the defaults one seed in three never
@@ -63,7 +63,7 @@ class DQNConfig:
     # Network.
     hidden_sizes: tuple[int, ...] = (256, 256)
     # ((lows), (highs)) of vector observations, mapped onto [-1, 1] before the first layer by the learner and every
-    # actor (`quarl.policy.PolicySpec.input_bounds`); None feeds them as they come.
+    # actor (`quarl.policy.spec.PolicySpec.input_bounds`); None feeds them as they come.
     observation_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
     # Optimiser (Adam with global-norm clipping).
     learning_rate: float = 1e-3
@@ -106,7 +106,7 @@ class DQNConfig:
     # Actor steps between weight pulls from the learner.
     actor_update_period: int = 100
     # Quantization-aware training: None trains the Q-network in fp32; B in [2, 8] trains the online network
-    # (the one actors deploy) through the int-B arithmetic of the actors (quarl.qat). The target stays fp32.
+    # (the one actors deploy) through the int-B arithmetic of the actors (quarl.nets.qat). The target stays fp32.
     qat_bits: int | None = None
 
     def __post_init__(self) -> None:
@@ -172,14 +172,14 @@ def linear_epsilon(step: int, start: float, end: float, decay_steps: int) -> flo
 
 
 def _checked_bounds(bounds: object) -> tuple[tuple[float, ...], tuple[float, ...]]:
-    """((lows), (highs)) as tuples (`quarl.policy.parse_bounds`), as a ConfigError naming the field."""
+    """((lows), (highs)) as tuples (`quarl.policy.spec.parse_bounds`), as a ConfigError naming the field."""
     try:
         return parse_bounds(bounds)
     except ValueError as e:
         raise ConfigError("observation_bounds", str(e)) from None
 
 
-# The shared checks (`quarl.checks`: one error type, ConfigError, naming the field), read off the config.
+# The shared checks (`quarl.ops.checks`: one error type, ConfigError, naming the field), read off the config.
 def _positive_int(cfg: DQNConfig, name: str) -> None:
     check_int(name, getattr(cfg, name), minimum=1)
 

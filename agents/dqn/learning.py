@@ -22,9 +22,9 @@ import rlax
 from agents.dqn.config import DQNConfig
 from agents.dqn.networks import init_params, q_apply_fn
 from agents.learner_base import JaxLearner
-from quarl.policy import PolicySpec
+from quarl.policy.spec import PolicySpec
 
-CALIBRATION_BATCHES = 4  # sampled batches whose observations calibrate int conv actors (quarl.calibration)
+CALIBRATION_BATCHES = 4  # sampled batches whose observations calibrate int conv actors (quarl.quant.calibration)
 
 
 class TrainingState(NamedTuple):
@@ -53,7 +53,7 @@ def importance_weights(probabilities: jax.Array, exponent: float) -> jax.Array:
 
 def make_loss(spec: PolicySpec, huber_loss_parameter: float, qat_bits: int | None = None):
     """Double-DQN Huber loss. With `qat_bits` the online network (what actors deploy) runs through the
-    int-B actor arithmetic (quarl.qat: fake-quantized weights, straight-through gradients); the target
+    int-B actor arithmetic (quarl.nets.qat: fake-quantized weights, straight-through gradients); the target
     network only ever serves the learner, so it stays fp32."""
     online_apply = q_apply_fn(spec, qat_bits)
     apply = q_apply_fn(spec)
@@ -86,7 +86,7 @@ class DQNLearner(JaxLearner):
         self._spec = spec
         self._config = config
         # The observations of the last few prepared batches: int conv actors' activation ranges are calibrated on
-        # them at each publish (quarl.calibration). References only, no copies; deque appends are thread-safe, so
+        # them at each publish (quarl.quant.calibration). References only, no copies; deque appends are thread-safe, so
         # the prefetch thread may record them.
         self._recent_obs: collections.deque = collections.deque(maxlen=CALIBRATION_BATCHES)
         # Observations keep whatever item shape the network takes (vectors here, frames for a conv torso).

@@ -1,4 +1,4 @@
-"""DQN's Q-network, described as a `quarl.policy.PolicySpec` so the learner (haiku, fp32) and the actors
+"""DQN's Q-network, described as a `quarl.policy.spec.PolicySpec` so the learner (haiku, fp32) and the actors
 (any quarl runtime, quantized) build the very same computation from plain data.
 
 The task's observation shape picks the network: vectors get the ReLU MLP of `hidden_sizes`; small images
@@ -12,7 +12,8 @@ import haiku as hk
 import jax
 import numpy as np
 
-from quarl.policy import PolicySpec, haiku_forward, minatar_q_network, mlp_q_network, nature_q_network
+from quarl.nets.haiku import haiku_forward
+from quarl.policy.spec import PolicySpec, minatar_q_network, mlp_q_network, nature_q_network
 
 # Images at least this high and wide get the Nature torso (its three convs need 36x36); smaller ones MinAtar's.
 NATURE_MIN_SIZE = 36

@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 
 from agents.base import ExecutorActor, ExecutorFactory
-from quarl.policy import PolicySpec
-from quarl.quantization import QuantizedParams
+from quarl.policy.spec import PolicySpec
+from quarl.quant.quantization import QuantizedParams
 from quarl.runtimes.base import policy_rows
 
 HALF_LOG_2PI = 0.5 * float(np.log(2.0 * np.pi))

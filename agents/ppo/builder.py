@@ -15,9 +15,9 @@ from agents.ppo.actor import ExecutorFactory, PPOActor
 from agents.ppo.config import PPOConfig
 from agents.ppo.learning import PPOLearner
 from agents.ppo.networks import PPONetworks, make_networks
-from quarl.envs import EnvSpec
-from quarl.policy import PolicySpec
-from quarl.quantization import QuantizedParams
+from quarl.envs.factory import EnvSpec
+from quarl.policy.spec import PolicySpec
+from quarl.quant.quantization import QuantizedParams
 
 
 class Builder(BuilderBase):
@@ -34,7 +34,7 @@ class Builder(BuilderBase):
             return make_networks(self.config, env_spec.obs_dim, env_spec.num_actions, env_spec.observation_shape)
         low = np.asarray(env_spec.action_spec.minimum, np.float64)
         high = np.asarray(env_spec.action_spec.maximum, np.float64)
-        if not (np.allclose(low, -1.0) and np.allclose(high, 1.0)):  # quarl.envs maps every task onto [-1, 1]
+        if not (np.allclose(low, -1.0) and np.allclose(high, 1.0)):  # quarl.envs.factory maps every task onto [-1, 1]
             raise ValueError(f"PPO expects canonical [-1, 1] continuous actions, got [{low}, {high}]")
         return make_networks(self.config, env_spec.obs_dim, env_spec.action_dim, env_spec.observation_shape,
                              discrete=False)

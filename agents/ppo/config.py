@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from quarl.qat import check_qat_bits
+from quarl.nets.qat import check_qat_bits
 
 ACTIVATIONS = ("tanh", "relu")
 # DM Control tasks (1000-step episodes, dense rewards in [0, 1], continuous actions): a longer horizon (gamma 0.99,

@@ -25,7 +25,7 @@ from agents.learner_base import JaxLearner
 from agents.ppo.config import PPOConfig
 from agents.ppo.networks import PPONetworks, entropy, log_prob
 
-CALIBRATION_ROLLOUTS = 1  # rollouts whose observations calibrate int conv actors (quarl.calibration)
+CALIBRATION_ROLLOUTS = 1  # rollouts whose observations calibrate int conv actors (quarl.quant.calibration)
 
 
 class TrainingState(NamedTuple):

@@ -1,4 +1,4 @@
-"""PPO's networks: a policy that actors run (a `quarl.policy.PolicySpec`, so every quantized runtime executes it)
+"""PPO's networks: a policy that actors run (a `quarl.policy.spec.PolicySpec`, so every quantized runtime executes it)
 and a separate value network that only the learner runs (fp32, never quantized).
 
 The policy's output is what a quantized actor acts on: logits for discrete tasks (sampled while training,
@@ -20,7 +20,8 @@ import numpy as np
 
 from agents.dqn.networks import NATURE_MIN_SIZE, make_q_spec
 from agents.ppo.config import PPOConfig
-from quarl.policy import Activation, Linear, PolicySpec, haiku_forward, minatar_q_network, nature_q_network
+from quarl.nets.haiku import haiku_forward
+from quarl.policy.spec import Activation, Linear, PolicySpec, minatar_q_network, nature_q_network
 
 # A near-zero policy head starts with near-uniform logits / a near-zero mean (cleanRL's 0.01 orthogonal head);
 # a unit-scale value head, as cleanRL's.

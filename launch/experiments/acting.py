@@ -19,8 +19,8 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from launch.experiments.stages import StageTimes
-from quarl.env_loop import VectorEnvLoop, VectorStep
-from quarl.evaluation import run_episode
+from quarl.acting.evaluation import run_episode
+from quarl.acting.loop import VectorEnvLoop, VectorStep
 
 # evaluator.csv, both runners. train_clock_s: the run's clock without evaluation time (the distributed evaluator
 # works on the side, so there it is the wall clock); return_first: the first, noiseless episode (Acme's usual
@@ -110,7 +110,7 @@ class ActingLoop:
 def evaluation_returns(actor: Any, env: Any, episodes: int,
                        should_stop: Callable[[], bool] | None = None) -> list[float]:
     """Undiscounted returns of `episodes` full episodes with the (evaluation-mode) actor; `should_stop` abandons
-    the evaluation (`quarl.evaluation.EpisodeInterrupted`)."""
+    the evaluation (`quarl.acting.evaluation.EpisodeInterrupted`)."""
     return [run_episode(env, actor.select_action, should_stop=should_stop)[0] for _ in range(int(episodes))]
 
 

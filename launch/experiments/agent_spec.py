@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 import agents
-from quarl.envs import EnvSpec, environment_spec, make_environment
+from quarl.envs.factory import EnvSpec, environment_spec, make_environment
 
 if TYPE_CHECKING:  # agents.base imports JAX; the CLIs check their flags with this module before JAX loads
     from agents.base import BuilderBase
@@ -41,7 +41,7 @@ def derive_seed(seed: int, *path: int) -> int:
 
 def table_spec(builder: "BuilderBase", env_spec: EnvSpec) -> dict[str, Any]:
     """The replay table as plain data (rate limiter settings + column signature), so the replay server
-    builds a `quarl.replay.Table` without importing the agent (and JAX) in its process."""
+    builds a `quarl.replay.table.Table` without importing the agent (and JAX) in its process."""
     signature = builder.transition_signature(env_spec)
     return {"config": dict(builder.table_config()),
             "signature": {k: [list(shape), str(dtype)] for k, (shape, dtype) in signature.items()}}

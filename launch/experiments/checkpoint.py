@@ -35,7 +35,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from quarl.io import atomic_output, jsonable, write_text_atomic
+from quarl.ops.io import atomic_output, jsonable, write_text_atomic
 
 FORMAT_VERSION = 2  # 2: per-file learner checksums and a manifest checksum
 CHECKPOINT_DIR = "checkpoints"

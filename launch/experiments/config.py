@@ -12,7 +12,7 @@ import dataclasses
 import os
 from typing import Any, Mapping
 
-from quarl.checks import ConfigError, check_bool, check_int, check_number, is_finite
+from quarl.ops.checks import ConfigError, check_bool, check_int, check_number, is_finite
 
 SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every service and the evaluator
 
@@ -33,7 +33,7 @@ class DistributedConfig:
     checkpoint_every: int = 0  # learner steps; 0 = only at shutdown
     resume: str | None = None  # checkpoint directory to continue from
     log_every_s: float = 1.0  # learner.csv cadence (seconds)
-    # Each actor pins its acting thread to a core of its machine that no other actor holds (`quarl.affinity`);
+    # Each actor pins its acting thread to a core of its machine that no other actor holds (`quarl.ops.affinity`);
     # the learner is never pinned.
     pin_actors: bool = False
     actor_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)  # Ray custom resources
@@ -246,14 +246,14 @@ def executor_factory(kernel_form: str | None) -> Any:
 
 
 # What actors may run: int2..int8 have integer kernels and int16 is the paper's wide baseline; int9..int15 (which
-# quarl.quantization keeps for PTQ sweeps) send 2 bytes per weight and run no integer kernel, so on a command
+# quarl.quant.quantization keeps for PTQ sweeps) send 2 bytes per weight and run no integer kernel, so on a command
 # line they are almost surely a typo for int8 and are refused.
 ACTOR_PRECISIONS = ("fp32", "bf16", "fp16", *(f"int{b}" for b in range(8, 1, -1)), "int16")
 
 
 def actor_precision(name: Any) -> str:
     """The canonical name of an actor precision (shorthands 32, 16, 8 ... 2 accepted); ValueError otherwise."""
-    from quarl.quantization import parse_precision  # pylint: disable=import-outside-toplevel
+    from quarl.quant.precision import parse_precision  # pylint: disable=import-outside-toplevel
 
     canonical = parse_precision(str(name)).name
     if canonical not in ACTOR_PRECISIONS:

@@ -2,7 +2,7 @@
 once and publishes the bytes), N quantized actors and an evaluator (see `launch.program.graph` for what a program is).
 
     Counter       run-wide counters (actor/learner steps, episodes, actor starts) and the wall clock
-    ReplayServer  the replay table (quarl.replay.Table, Reverb semantics); blocking insert/sample calls, so
+    ReplayServer  the replay table (quarl.replay.table.Table, Reverb semantics); blocking insert/sample calls, so
                   it must be served by several threads (Node.max_concurrency) or one blocked call stalls all
     WeightServer  hands out the latest published payload (a reference: on Ray an object-store object the
                   learner put once), or "not modified"
@@ -17,7 +17,7 @@ once and publishes the bytes), N quantized actors and an evaluator (see `launch.
     Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
 
 Nodes talk only through `NodeHandle.call/submit` (see `launch.program.graph`) with plain values: NumPy arrays,
-dicts, and `launch.nodes.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.payload`): no fp32
+dicts, and `launch.nodes.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.quant.payload`): no fp32
 tree crosses a process boundary for acting. What went wrong, and what was done about it (an actor restarted,
 a payload rejected, the final policy saved, a node lost) is appended to `<logdir>/events.log`, one line per
 event, by whichever process saw it."""
@@ -27,14 +27,14 @@ import dataclasses
 import os
 from typing import Sequence
 
+from launch.experiments.agent_spec import AgentSpec, derive_seed, table_spec
+from launch.experiments.config import ExperimentConfig
 from launch.nodes.actor import ActorNode
 from launch.nodes.evaluator import Evaluator
 from launch.nodes.learner import LearnerNode
 from launch.nodes.services import Counter, ReplayServer, WeightServer
-from launch.experiments.agent_spec import AgentSpec, derive_seed, table_spec
 from launch.program.devices import ACCELERATOR_BY_DEVICE, CPU_ONLY_ENV, learner_env
 from launch.program.graph import SINGLE_THREAD_ENV, Node, Program
-from launch.experiments.config import ExperimentConfig
 
 
 LEARNER_STREAM, ACTOR_STREAM, EVAL_STREAM, REPLAY_STREAM = 0, 1, 2, 3

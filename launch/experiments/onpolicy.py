@@ -22,15 +22,14 @@ import numpy as np
 
 from launch.experiments.acting import EPISODE_FIELDS, EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
 from launch.experiments.config import ExperimentConfig
-from launch.experiments.run_experiment import (EVAL_SEED_OFFSET, WeightChannel, _progress, finish_run,
-                                               save_best_policy)
+from launch.experiments.run_experiment import EVAL_SEED_OFFSET, WeightChannel, _progress, finish_run, save_best_policy
 from launch.experiments.stages import StageTimes
 from launch.experiments.summary import solved_at
 from launch.program.devices import use_learner_device
-from quarl.carbon import start_tracking, stop_tracking
-from quarl.envs import environment_spec, make_environment
-from quarl.logs import CSVLogger
-from quarl.vector_env import make_vector_environment
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.vector import make_vector_environment
+from quarl.ops.carbon import start_tracking, stop_tracking
+from quarl.ops.logs import CSVLogger
 
 
 class RolloutCollector:

@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
-from quarl.logs import CSVLogger
+from quarl.ops.logs import CSVLogger
 
 REPLAY_LOG_FIELDS = ["wall_clock_s", "actor_steps", "learner_steps", "size", "inserts", "samples",
                      "samples_per_insert", "rate_limiter_diff", "insert_blocked_calls", "sample_blocked_calls"]

@@ -18,21 +18,21 @@ from typing import Any, Callable, Iterator, Mapping
 import jax
 import numpy as np
 
-from launch.experiments.acting import (EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns,
-                                       evaluation_row)
+from launch.experiments.acting import (
+    EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns, evaluation_row,
+)
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.stages import StageTimes, runtime_section
-from launch.program.devices import device_report, use_learner_device
 from launch.experiments.summary import build_summary, solved_at, sum_energy
-from quarl.envs import environment_spec, make_environment
-from quarl.vector_env import make_vector_environment
-from quarl.carbon import start_tracking, stop_tracking
-from quarl.io import write_json_atomic
-from quarl.logs import CSVLogger
-from quarl.policy_io import save_policy
-from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
-from quarl.calibration import learner_observations, quantize_for_actors
-from quarl.io import jsonable
+from launch.program.devices import device_report, use_learner_device
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.vector import make_vector_environment
+from quarl.ops.carbon import start_tracking, stop_tracking
+from quarl.ops.io import jsonable, write_json_atomic
+from quarl.ops.logs import CSVLogger
+from quarl.quant.calibration import learner_observations, quantize_for_actors
+from quarl.quant.payload import decode_payload, encode_payload, fp32_payload_nbytes
+from quarl.runtimes.policy_io import save_policy
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes come from their own env instance and seed
 LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows
@@ -97,10 +97,10 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     on the device (usually `quantize_encode_s`); `sync_learner=True` waits for every update so each stage's
     time is its own, at some cost in throughput.
     `envs_per_actor` K > 1 makes the actor step K environments and run its policy once per step on the batch
-    of K observations (`quarl.env_loop`); every count (steps, evaluation and update periods) is in env steps,
+    of K observations (`quarl.acting.loop`); every count (steps, evaluation and update periods) is in env steps,
     so one loop iteration advances them by K.
     Writes evaluator.csv, learner.csv, actor.csv, summary.json and the final fp32 policy
-    (policy_fp32.qrlp + .json, see `quarl.policy_io`) under `config.logdir`.
+    (policy_fp32.qrlp + .json, see `quarl.runtimes.policy_io`) under `config.logdir`.
     """
     use_learner_device(config.learner_device)  # one process: the learner's device is the process's
     builder = config.builder()

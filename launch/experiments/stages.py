@@ -9,7 +9,7 @@ through its `launch.nodes.weights_client.PolicyClient`) add to one `StageTimes` 
 - insert_s: the adders and the replay insert (including time the rate limiter held the actor back);
 - pull_s: fetching the published bytes (a round trip to the weight server on Ray; nothing to fetch in one
   process, so 0 there by construction);
-- deserialize_s: decoding and validating a payload (`quarl.payload.decode_payload`);
+- deserialize_s: decoding and validating a payload (`quarl.quant.payload.decode_payload`);
 - load_s: swapping the new weights into the executor;
 - quantize_encode_s: the learner's side of a weight version (policy_params + quantize + encode).
 

@@ -10,11 +10,11 @@ from typing import Any, Mapping, Sequence
 
 from analysis.execution import run_execution
 from launch.experiments.stages import runtime_section
-from quarl.carbon import EnergyReport, combine
+from quarl.ops.carbon import EnergyReport, combine
 
 
 def sum_energy(parts: Mapping[str, Any]) -> dict[str, Any]:
-    """Per-node energy reports (quarl.carbon) and their totals via `quarl.carbon.combine` (attributed parts
+    """Per-node energy reports (quarl.ops.carbon) and their totals via `quarl.ops.carbon.combine` (attributed parts
     add up; a RAPL package reading is counted once per host, never per node). Totals are None when nothing was
     measured; emissions are None when any node's grid intensity was unavailable."""
     nodes = {k: dict(v) for k, v in parts.items() if isinstance(v, Mapping)}

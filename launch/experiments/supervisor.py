@@ -11,17 +11,17 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Mapping, Sequence
 
-from launch.program.devices import learner_device_error, pin_driver_to_cpu
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.distributed import NodeClasses, actor_names, build_actorq_program, node_role
-from launch.program.local_runner import LocalRunner
-from launch.nodes.base import log_event
-from launch.program.graph import CallFuture, Launch, NodeLost, Runner
 from launch.experiments.progress import ProgressView, Snapshot
 from launch.experiments.replay_log import ReplayLog
-from launch.program.ray_runner import RayRunner
 from launch.experiments.summary import make_summary, solved_at
-from quarl.io import jsonable, write_json_atomic
+from launch.nodes.base import log_event
+from launch.program.devices import learner_device_error, pin_driver_to_cpu
+from launch.program.graph import CallFuture, Launch, NodeLost, Runner
+from launch.program.local_runner import LocalRunner
+from launch.program.ray_runner import RayRunner
+from quarl.ops.io import jsonable, write_json_atomic
 
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
 POLL_S = 0.5

@@ -15,7 +15,7 @@ from typing import Any, Mapping
 from agents.dqn.config import MOUNTAINCAR_OVERRIDES
 from analysis.runs import PANELS, is_finished, read_summary
 from launch.experiments.config import ExperimentConfig
-from quarl.io import write_json_atomic
+from quarl.ops.io import write_json_atomic
 
 
 # ------------------------------------------------------------------------------------------------ budgets

@@ -12,14 +12,14 @@ import numpy as np
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
-from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.program.graph import NodeHandle
 from launch.experiments.stages import StageTimes
+from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
 from launch.nodes.weights_client import PolicyClient, precision_name
-from quarl.adders import TransitionBuffer
-from quarl.affinity import claim_core
-from quarl.carbon import stop_tracking
-from quarl.vector_env import make_vector_environment
+from launch.program.graph import NodeHandle
+from quarl.envs.vector import make_vector_environment
+from quarl.ops.affinity import claim_core
+from quarl.ops.carbon import stop_tracking
+from quarl.replay.adders import TransitionBuffer
 
 ACTOR_ENV_STREAM = 10
 
@@ -65,7 +65,7 @@ class ActorNode(NodeBase):
         self._max_steps = int(max_actor_steps)
         self._insert_batch = int(insert_batch)
         self._num_envs = int(envs_per_actor)
-        self._pin = bool(pin)  # claim a core of this machine for the acting thread (quarl.affinity)
+        self._pin = bool(pin)  # claim a core of this machine for the acting thread (quarl.ops.affinity)
         self.core: int | None = None
         self._stop = threading.Event()
         self._builder = spec.builder()

@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Any
 
-from quarl.carbon import start_tracking, stop_tracking
-from quarl.logs import Logger
+from quarl.ops.carbon import start_tracking, stop_tracking
+from quarl.ops.logs import Logger
 
 POLL_S = 0.25  # how long a blocked wait lasts before a node re-checks its stop flag
 ACTOR_ENV_STREAM, EVAL_ENV_STREAM = 10, 11

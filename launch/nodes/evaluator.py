@@ -7,13 +7,13 @@ from typing import Any, Mapping
 from launch.experiments.acting import EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
-from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
-from launch.program.graph import NodeHandle
 from launch.experiments.stages import StageTimes
+from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
 from launch.nodes.weights_client import PolicyClient, precision_name
-from quarl.carbon import stop_tracking
-from quarl.envs import make_environment
-from quarl.evaluation import EpisodeInterrupted
+from launch.program.graph import NodeHandle
+from quarl.acting.evaluation import EpisodeInterrupted
+from quarl.envs.factory import make_environment
+from quarl.ops.carbon import stop_tracking
 
 EVAL_ENV_STREAM = 11
 

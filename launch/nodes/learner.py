@@ -15,17 +15,18 @@ from agents.learner_base import to_numpy
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
 from launch.experiments.agent_spec import AgentSpec
-from launch.nodes.learner_feed import BlockFeed, PriorityUpdates
 from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.program.graph import NodeHandle
-from launch.nodes.publisher import Publisher, PublishTimes
+from launch.nodes.learner_feed import BlockFeed, PriorityUpdates
+from launch.nodes.publisher import PublishTimes, Publisher
 from launch.nodes.shared_blob import Blob
-from quarl.carbon import stop_tracking
-from quarl.device_quantization import quantize_params_on_device
-from quarl.payload import encode_payload, fp32_payload_nbytes
-from quarl.calibration import needs_calibration, with_activation_ranges
-from quarl.quantization import parse_precision, quantize_params
-from quarl import policy_io
+from launch.program.graph import NodeHandle
+from quarl.ops.carbon import stop_tracking
+from quarl.quant.calibration import needs_calibration, with_activation_ranges
+from quarl.quant.device import quantize_params_on_device
+from quarl.quant.payload import encode_payload, fp32_payload_nbytes
+from quarl.quant.precision import parse_precision
+from quarl.quant.quantization import quantize_params
+from quarl.runtimes import policy_io
 
 FINAL_PUBLISH_TIMEOUT_S = 60.0
 
@@ -255,7 +256,7 @@ class LearnerNode(NodeBase):
 
     def save_policy(self) -> str:
         """The current fp32 policy as `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint
-        LOGDIR` reads (see quarl.policy_io). Returns the file's path."""
+        LOGDIR` reads (see quarl.runtimes.policy_io). Returns the file's path."""
         with self._lock:  # a snapshot (a reference or an asynchronous device copy); the host copy after
             snapshot = self._learner.policy_snapshot()
             steps = int(self._learner.steps)
@@ -281,7 +282,7 @@ class LearnerNode(NodeBase):
             params = self._learner.policy_snapshot()
             version = int(self._learner.steps)
             # int conv actors' calibration: references to the last sampled observations, concatenated by the
-            # publisher thread (quarl.calibration); empty for every other policy.
+            # publisher thread (quarl.quant.calibration); empty for every other policy.
             observations = self._calibration_batches()
         self._publisher.offer(version, (params, observations))
         self.publish_times.offered += 1

@@ -17,7 +17,7 @@ import numpy as np
 
 from launch.nodes.base import POLL_S, wait_or_stop
 from launch.program.graph import NodeHandle
-from quarl.replay import TableClosed
+from quarl.replay.table import TableClosed
 
 
 class BlockFeed:

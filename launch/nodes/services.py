@@ -11,8 +11,9 @@ import numpy as np
 from launch.experiments import checkpoint as ckpt
 from launch.nodes.base import NodeBase
 from launch.nodes.shared_blob import Blob
-from quarl.quantization import parse_precision
-from quarl.replay import RateLimiterTimeout, table_from_config
+from quarl.quant.precision import parse_precision
+from quarl.replay import table_from_config
+from quarl.replay.limiter import RateLimiterTimeout
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -64,7 +65,7 @@ class Counter(NodeBase):
 class ReplayServer(NodeBase):
     """The agent's replay table behind blocking calls (Reverb semantics, incl. the samples-per-insert limiter:
     `insert` waits while actors are too far ahead, `sample` while the learner is). Calls block until done or
-    until `close()`, which makes every waiting and later call raise `quarl.replay.TableClosed`."""
+    until `close()`, which makes every waiting and later call raise `quarl.replay.table.TableClosed`."""
 
     def __init__(self, table: Mapping[str, Any], seed: int | None = None, resume: str | None = None,
                  logdir: str | None = None):
@@ -94,7 +95,7 @@ class ReplayServer(NodeBase):
         return self._table.sample_batches(batch_size, num_batches)
 
     def sample_stacked(self, batch_size: int, num_batches: int) -> Any:
-        """The same, as one `quarl.replay.StackedSample` ([K, B, ...] arrays): 2 + columns arrays cross the
+        """The same, as one `quarl.replay.table.StackedSample` ([K, B, ...] arrays): 2 + columns arrays cross the
         process boundary instead of K samples' worth, and the learner's feed stacks nothing."""
         return self._table.sample_stacked(batch_size, num_batches)
 

@@ -8,11 +8,11 @@ import threading
 import time
 from typing import Any, Callable
 
+from launch.experiments.stages import StageTimes
 from launch.nodes.base import log_event
 from launch.program.graph import NodeHandle
-from launch.experiments.stages import StageTimes
-from quarl.payload import decode_payload
-from quarl.quantization import parse_precision
+from quarl.quant.payload import decode_payload
+from quarl.quant.precision import parse_precision
 
 
 class PolicyClient:
@@ -20,7 +20,7 @@ class PolicyClient:
     refuse anything that is not a usable policy.
 
     A payload is accepted only if it decodes (checksum, format version, structure, finite values: see
-    `quarl.payload`), is newer than the current version, has the expected precision and policy spec, and
+    `quarl.quant.payload`), is newer than the current version, has the expected precision and policy spec, and
     `apply` (building or updating the policy executor) accepts its tree. Anything else is rejected: counted,
     logged (once per distinct payload: the weight server hands out the same bytes again at every pull until a
     newer version exists), and the caller keeps acting with its last good policy. This is the one place a

@@ -18,13 +18,15 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable, Mapping
 
-from quarl.policy import PolicySpec
-from quarl.quantization import Precision, QuantizedParams, parse_precision, quantize_params
+from quarl.policy.spec import PolicySpec
+from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
+from quarl.quant.quantization import QuantizedParams, quantize_params
 from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
-from quarl.runtimes.base import MAX_KERNEL_BITS, PolicyExecutor, check_sizes, layer_widths
+from quarl.runtimes.base import PolicyExecutor, check_sizes, layer_widths
 from quarl.runtimes.jax_backend import JaxExecutor
-from quarl.runtimes.kernel_forms import (FALLBACK_FORM, KernelForm, candidates, forms, kernel_summary, register_form,
-                                         select_form)
+from quarl.runtimes.kernel_forms import (
+    FALLBACK_FORM, KernelForm, candidates, forms, kernel_summary, register_form, select_form,
+)
 from quarl.runtimes.onnx_backend import OnnxExecutor, OnnxNBitsExecutor
 from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 
@@ -74,9 +76,9 @@ def make_executor(spec: PolicySpec, qparams: QuantizedParams, backend: str = "au
     NaN/inf weights.
     """
     if not isinstance(spec, PolicySpec):
-        raise ValueError(f"spec must be a quarl.policy.PolicySpec, got {type(spec).__name__}")
+        raise ValueError(f"spec must be a quarl.policy.spec.PolicySpec, got {type(spec).__name__}")
     if not isinstance(qparams, QuantizedParams):
-        raise ValueError(f"qparams must be quarl.quantization.QuantizedParams, got {type(qparams).__name__}")
+        raise ValueError(f"qparams must be quarl.quant.quantization.QuantizedParams, got {type(qparams).__name__}")
     check_sizes(batch_size, threads)
     layer_widths(spec)
     name = str(backend).lower()

@@ -31,12 +31,11 @@ from typing import Any, Callable, Hashable, Iterator, Mapping, TypeVar
 
 import numpy as np
 
-from quarl.io import write_text_atomic
-from quarl.policy import PolicySpec
-from quarl.quantization import QuantizedParams
-from quarl.policy import Linear
-from quarl.quantization import parse_precision
-from quarl.runtimes.base import MAX_KERNEL_BITS, PolicyExecutor, layer_widths
+from quarl.ops.io import write_text_atomic
+from quarl.policy.spec import Linear, PolicySpec
+from quarl.quant.precision import MAX_KERNEL_BITS, parse_precision
+from quarl.quant.quantization import QuantizedParams
+from quarl.runtimes.base import PolicyExecutor, layer_widths
 from quarl.runtimes.cpu import cpu_info
 from quarl.runtimes.kernel_forms import select_form
 from quarl.runtimes.onnx_static import select_static_form

@@ -15,15 +15,11 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from quarl.policy import Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
-from quarl.quantization import Precision, QTensor, QuantizedParams, dequantize, parse_precision
+from quarl.policy.spec import Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
+from quarl.quant.quantization import QTensor, QuantizedParams, dequantize
 
 log = logging.getLogger(__name__)
-
-# The widest integer code an int8 kernel (AQT s8 dot, ORT MatMulInteger) can take. Wider integer
-# precisions (int9..int16) have no fast kernel on CPU, so runtimes simulate them (see `DenseWeights`).
-MAX_KERNEL_BITS = 8
-
 
 @dataclasses.dataclass(frozen=True)
 class DenseWeights:
@@ -51,7 +47,7 @@ class LoweredParams:
     precision: Precision
     # True when the weights were rounded to `precision` but the arithmetic runs in fp32 (no native kernel).
     simulated: bool
-    # Calibrated input ranges (lo, hi) of the int layers by name (`quarl.calibration`), for backends that
+    # Calibrated input ranges (lo, hi) of the int layers by name (`quarl.quant.calibration`), for backends that
     # quantize activations with static scales; None when the params carry none.
     activation_ranges: dict[str, tuple[float, float]] | None = None
 
@@ -127,7 +123,7 @@ def lower_params(spec: PolicySpec, qparams: QuantizedParams, native_floats: tupl
     fp32 (simulated) because no CPU kernel multiplies int16 matrices faster than fp32.
     """
     if not isinstance(qparams, QuantizedParams):
-        raise ValueError(f"expected quarl.quantization.QuantizedParams, got {type(qparams).__name__}")
+        raise ValueError(f"expected quarl.quant.quantization.QuantizedParams, got {type(qparams).__name__}")
     prec = parse_precision(qparams.precision)
     tree = qparams.tree
     if not isinstance(tree, Mapping):
@@ -188,7 +184,7 @@ def _activation_ranges(spec: PolicySpec, qparams: QuantizedParams,
     int_layers = [n for n, d in dense.items() if d.kind == "int"]
     if ranges is None:
         if spec.conv_layers and int_layers:
-            raise ValueError("int conv policies need calibrated activation ranges (quarl.calibration, payload "
+            raise ValueError("int conv policies need calibrated activation ranges (quarl.quant.calibration, payload "
                              "format >= 4); these params carry none")
         return None
     if not isinstance(ranges, Mapping):

@@ -31,7 +31,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from quarl.policy import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.policy.im2col import conv_windows
+from quarl.policy.spec import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
 
 _DN = (((1,), (0,)), ((), ()))  # [B, in] x [in, out] -> [B, out]
@@ -52,15 +53,6 @@ def _aqt_dense(bits: int) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Arr
         return out
 
     return dense
-
-
-def conv_windows(x: jax.Array, kernel: int, stride: int) -> jax.Array:
-    """x [B, H, W, C] -> its VALID conv windows [B, H', W', k * k * C], ordered (i, j, c) as `w.reshape(-1, O)`."""
-    h_out = (x.shape[1] - kernel) // stride + 1
-    w_out = (x.shape[2] - kernel) // stride + 1
-    cols = [x[:, i:i + stride * (h_out - 1) + 1:stride, j:j + stride * (w_out - 1) + 1:stride, :]
-            for i in range(kernel) for j in range(kernel)]
-    return jnp.concatenate(cols, axis=-1)
 
 
 def _conv(x: jax.Array, p: Any, layer: Conv2D, int_dense: Callable | None, compute: Any) -> jax.Array:

@@ -37,14 +37,16 @@ from typing import Any
 
 import numpy as np
 
-from quarl.policy import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.policy.spec import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
-from quarl.runtimes.kernel_forms import (ACTIVATION_FLOORS, Graph, KernelForm, get_form, lifted_bias_name,
-                                         opset_imports, select_form)
-from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM
-from quarl.runtimes.onnx_static import (STATIC_FORMS, StaticForm, dequantized, emit_static, flatten_nchw, policy_input,
-                                        select_static_form, static_initializers)
-from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
+from quarl.runtimes.kernel_forms import (
+    ACTIVATION_FLOORS, Graph, KernelForm, get_form, lifted_bias_name, opset_imports, select_form,
+)
+from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM, MAX_NBITS_PRECISION
+from quarl.runtimes.onnx_static import (
+    STATIC_FORMS, StaticForm, dequantized, emit_static, flatten_nchw, policy_input, select_static_form,
+    static_initializers,
+)
 
 _OPSET = 17  # LayerNormalization
 _IR_VERSION = 8

@@ -5,7 +5,7 @@ measures against the others for int2..int4.
 
 Contract (onnxruntime docs/ContribOperators.md): `Y = A @ dequant(B) (+ bias)` with A float [M, K];
 B uint8 [N, k_blocks, blob] holding the codes of each output column along K, block-wise, packed two a byte
-low nibble first (`quarl.bitpack` order), k_blocks = ceil(K / block_size), blob = block_size * bits / 8;
+low nibble first (`quarl.quant.bitpack` order), k_blocks = ceil(K / block_size), blob = block_size * bits / 8;
 scales float [N, k_blocks]; zero points optional (default 2^(bits-1) = 8); bias float [N];
 attributes K, N, bits, block_size (a power of two >= 16) and accuracy_level.
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from quarl.bitpack import signed_offset
+from quarl.quant.bitpack import signed_offset
 from quarl.runtimes.base import DenseWeights
 from quarl.runtimes.kernel_forms import Graph, KernelForm, register_form
 

@@ -3,7 +3,7 @@
 Why static: an int8 conv only pays on CPU when the activations stay quantized from one layer to the next.
 ORT's QLinearConv takes uint8 codes in and gives uint8 codes out (requantized to the next layer's scale);
 quantizing each activation tensor per call instead (DynamicQuantizeLinear + ConvInteger) measured 2x *slower*
-than fp32 on the Nature torso. The scales come from `quarl.calibration` (the learner's replay observations),
+than fp32 on the Nature torso. The scales come from `quarl.quant.calibration` (the learner's replay observations),
 in `LoweredParams.activation_ranges`.
 
 The graph, for the DQN torsos (conv -> ReLU -> ... -> Flatten -> Linear -> ReLU -> Linear):
@@ -33,7 +33,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from quarl.policy import Activation, Conv2D, Flatten, Linear, PolicySpec, image_patches
+from quarl.policy.im2col import image_patches
+from quarl.policy.spec import Activation, Conv2D, Flatten, Linear, PolicySpec
 from quarl.runtimes.base import DenseWeights, LoweredParams
 from quarl.runtimes.cpu import VNNI_FLAGS, cpu_class, cpu_info
 from quarl.runtimes.kernel_forms import CHECK_TOLERANCE, FALLBACK_FORM, Graph, relative_error, run_check

@@ -6,8 +6,8 @@ import pytest
 
 import agents
 from agents.base import Actor, BuilderBase, Learner, error_buffer
-from quarl.envs import environment_spec, make_environment
-from quarl.quantization import quantize_params
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.quant.quantization import quantize_params
 
 TINY = {"dqn": ("CartPole-v1", {"hidden_sizes": (8,)}),
         "d4pg": ("cartpole:balance", {"policy_layer_sizes": (8,), "critic_layer_sizes": (8,), "num_atoms": 5})}

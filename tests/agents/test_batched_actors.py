@@ -11,9 +11,9 @@ import pytest
 from agents.d4pg import Builder as D4PGBuilder, D4PGConfig
 from agents.dqn.actor import DQNActor, EpsilonSchedule
 from agents.dqn.networks import make_q_spec
-from quarl import policy as qpolicy
-from quarl.envs import environment_spec, make_environment
-from quarl.quantization import quantize_params
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.nets.haiku import haiku_forward
+from quarl.quant.quantization import quantize_params
 
 OBS_DIM, NUM_ACTIONS = 4, 3
 
@@ -82,7 +82,7 @@ def d4pg_parts():
     builder = D4PGBuilder(D4PGConfig(policy_layer_sizes=(32, 32), critic_layer_sizes=(32, 32), num_atoms=11,
                                      sigma=0.3))
     spec = builder.policy_spec(env_spec)
-    params = hk.transform(qpolicy.haiku_forward(spec)).init(jax.random.PRNGKey(0), jnp.zeros((1, spec.input_dim)))
+    params = hk.transform(haiku_forward(spec)).init(jax.random.PRNGKey(0), jnp.zeros((1, spec.input_dim)))
     return builder, env_spec, jax.device_get(params)
 
 

@@ -12,12 +12,12 @@ import optax
 import pytest
 
 from agents.d4pg import Builder, D4PGConfig, sigma_for_actor
-from agents.d4pg.actor import D4PGActor
 from agents.d4pg.learning import categorical_target, critic_loss, policy_loss
 from agents.d4pg.networks import critic_mean, make_networks
-from quarl import policy as qpolicy
-from quarl.envs import environment_spec, make_environment
-from quarl.quantization import quantize_params
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.nets.haiku import haiku_forward
+from quarl.policy.reference import reference_apply
+from quarl.quant.quantization import quantize_params
 from quarl.runtimes import make_executor
 
 SMALL = dict(policy_layer_sizes=(32, 32), critic_layer_sizes=(64, 64), num_atoms=21, vmin=-10.0, vmax=10.0,
@@ -168,7 +168,7 @@ def test_policy_gradient_moves_actions_toward_higher_q():
 
 def _spec(obs_dim: int, act_dim: int = 1):
     from dm_env import specs
-    from quarl.envs import EnvironmentSpec
+    from quarl.envs.factory import EnvironmentSpec
     return EnvironmentSpec(specs.Array((obs_dim,), np.float32), specs.BoundedArray((act_dim,), np.float32, -1, 1),
                            obs_dim, act_dim, False, 0)
 
@@ -256,7 +256,7 @@ class _ConstantExecutor:
 
 
 def _qparams(spec):
-    params = hk.transform(qpolicy.haiku_forward(spec)).init(jax.random.PRNGKey(0), jnp.zeros((1, spec.input_dim)))
+    params = hk.transform(haiku_forward(spec)).init(jax.random.PRNGKey(0), jnp.zeros((1, spec.input_dim)))
     return quantize_params(jax.device_get(params), "int8")
 
 
@@ -331,7 +331,7 @@ def test_actor_runs_the_learners_policy_through_an_int8_runtime(env_spec, backen
         assert form is None or check["form"] == form or not check["checks"][0]["ok"]
     obs = rng.normal(size=(16, 5)).astype(np.float32)
     got = np.array([actor.select_action(o) for o in obs])
-    want = qpolicy.reference_apply(builder.policy_spec(env_spec), params, obs)
+    want = reference_apply(builder.policy_spec(env_spec), params, obs)
     assert np.abs(want).max() > 1e-3
     np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max() + 1e-4)
     assert np.all(np.abs(got) <= 1.0)
@@ -340,7 +340,7 @@ def test_actor_runs_the_learners_policy_through_an_int8_runtime(env_spec, backen
         learner.step(_batch(rng, 32))
     new = learner.policy_params()
     actor.update(quantize_params(new, "int8"))
-    want = qpolicy.reference_apply(builder.policy_spec(env_spec), new, obs)
+    want = reference_apply(builder.policy_spec(env_spec), new, obs)
     np.testing.assert_allclose([actor.select_action(o) for o in obs], want, atol=0.05 * np.abs(want).max() + 1e-4)
 
 
@@ -354,13 +354,13 @@ def test_builder_contract(env_spec):
     learner = builder.make_learner(env_spec, seed=0)
     params = learner.policy_params()
     # The learner's tree is exactly the spec's tree, in NumPy fp32, and computes the spec's function.
-    expected = hk.transform(qpolicy.haiku_forward(spec)).init(jax.random.PRNGKey(1), jnp.zeros((1, 5)))
+    expected = hk.transform(haiku_forward(spec)).init(jax.random.PRNGKey(1), jnp.zeros((1, 5)))
     assert jax.tree_util.tree_structure(params) == jax.tree_util.tree_structure(expected)
     for leaf in jax.tree_util.tree_leaves(params):
         assert isinstance(leaf, np.ndarray) and leaf.dtype == np.float32
     obs = np.random.default_rng(0).normal(size=(4, 5)).astype(np.float32)
     np.testing.assert_allclose(builder.networks(env_spec).policy.apply(params, obs),
-                               qpolicy.reference_apply(spec, params, obs), atol=1e-5)
+                               reference_apply(spec, params, obs), atol=1e-5)
     sig = builder.transition_signature(env_spec)
     assert sig["action"] == ((1,), np.dtype(np.float32)) and sig["observation"] == ((5,), np.dtype(np.float32))
     assert set(sig) == {"observation", "action", "reward", "discount", "next_observation"}

@@ -20,7 +20,7 @@ import pytest
 from agents.d4pg import Builder, D4PGConfig
 from agents.d4pg.learning import TrainingState, make_optimizer, make_update_fn, policy_loss
 from agents.d4pg.networks import make_networks
-from quarl import adders
+from quarl.replay import adders
 
 SMALL = dict(policy_layer_sizes=(32, 32), critic_layer_sizes=(64, 32), num_atoms=21, vmin=-10.0, vmax=10.0,
              batch_size=16, min_replay_size=32, max_replay_size=1000, samples_per_insert=8.0)

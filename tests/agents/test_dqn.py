@@ -41,7 +41,7 @@ def _learner(**overrides) -> DQNLearner:
 
 
 def _q(learner: DQNLearner, params: dict, obs: np.ndarray) -> np.ndarray:
-    from quarl.policy import reference_apply
+    from quarl.policy.reference import reference_apply
     return reference_apply(learner.spec, params, obs).astype(np.float64)
 
 
@@ -331,7 +331,7 @@ def test_fleet_epsilons_follow_the_apex_ladder():
 
 
 def _cartpole_spec():
-    from quarl.envs import environment_spec, make_environment
+    from quarl.envs.factory import environment_spec, make_environment
     return environment_spec(make_environment("CartPole-v1", 0))
 
 
@@ -368,8 +368,8 @@ def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
     depend on the machine). Stops at the first evaluation averaging >= 150 (a random policy scores ~20)."""
     from launch.experiments.acting import evaluation_returns as evaluate
     from launch.experiments.run_experiment import run_experiment
-    from quarl.envs import make_environment
-    from quarl.quantization import quantize_params
+    from quarl.envs.factory import make_environment
+    from quarl.quant.quantization import quantize_params
 
     builder = Builder(DQNConfig())
     env_spec = _cartpole_spec()
@@ -447,7 +447,7 @@ def _episode_transitions(builder: Builder, max_episode_steps: int, actions: list
     """One CartPole episode through the gym wrapper and the builder's n-step adder; every emitted transition."""
     import gymnasium
 
-    from quarl.envs import GymWrapper, SinglePrecisionWrapper
+    from quarl.envs.factory import GymWrapper, SinglePrecisionWrapper
     env = SinglePrecisionWrapper(GymWrapper(gymnasium.make("CartPole-v1", max_episode_steps=max_episode_steps),
                                             seed=0))
     adder = builder.make_adder()

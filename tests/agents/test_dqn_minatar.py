@@ -6,8 +6,8 @@ import pytest
 
 from agents.dqn import Builder, DQNConfig
 from launch.experiments.config import ExperimentConfig
-from quarl.envs import environment_spec, make_environment
-from quarl.policy import Conv2D, Linear
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.policy.spec import Conv2D, Linear
 
 # The reduced-size MinAtar settings of the learning tests: one update per 4 env steps on batches of 32 (the
 # MinAtar authors update every step; a quarter of the updates learns Breakout as fast per env step here and

@@ -13,9 +13,10 @@ import pytest
 from agents.dqn import Builder, DQNConfig
 from agents.dqn.config import CARTPOLE_BOUNDS, MOUNTAINCAR_BOUNDS, task_overrides
 from agents.dqn.networks import init_params, make_q_spec, q_apply_fn
-from quarl.checks import ConfigError
-from quarl.envs import environment_spec, make_environment
-from quarl.policy import PolicySpec, mlp_q_network, reference_apply
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.ops.checks import ConfigError
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import PolicySpec, mlp_q_network
 from quarl.runtimes import make_executor_from_params
 
 HIDDEN = (64, 64)

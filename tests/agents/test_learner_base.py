@@ -12,7 +12,7 @@ from agents.d4pg.networks import make_networks
 from agents.dqn.config import DQNConfig
 from agents.dqn.learning import DQNLearner
 from agents.dqn.networks import make_q_spec
-from quarl.replay import Table
+from quarl.replay.table import Table
 
 K, B, OBS, ACT, NUM_ACTIONS = 5, 16, 4, 2, 3
 

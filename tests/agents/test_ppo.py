@@ -16,9 +16,10 @@ import agents
 from agents.ppo import A2CConfig, Builder, PPOConfig
 from agents.ppo.learning import gae_advantages, ppo_loss
 from agents.ppo.networks import log_prob
-from quarl.envs import EnvironmentSpec
-from quarl.policy import PolicySpec, reference_apply
-from quarl.quantization import quantize_params
+from quarl.envs.factory import EnvironmentSpec
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import PolicySpec
+from quarl.quant.quantization import quantize_params
 
 OBS, N_ACTIONS, ACT_DIM, T, N = 4, 3, 2, 6, 4
 SMALL = dict(policy_hidden_sizes=(16,), value_hidden_sizes=(16,), num_envs=N, num_steps=T)
@@ -174,7 +175,7 @@ def test_minatar_policy_reuses_dqns_conv_torso():
 
 
 def test_policy_spec_round_trips_and_runs_in_the_runtimes(tmp_path):
-    from quarl.policy_io import load_policy, save_policy
+    from quarl.runtimes.policy_io import load_policy, save_policy
     from quarl.runtimes import make_executor
     env_spec = _continuous_spec()
     builder, learner, _ = _parts(PPOConfig(**SMALL), env_spec)

@@ -15,8 +15,8 @@ from agents.ppo.config import CONTROL_OVERRIDES
 from launch.experiments.acting import evaluation_returns as evaluate
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.onpolicy import run_single_process
-from quarl.envs import environment_spec, make_environment
-from quarl.quantization import quantize_params
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.quant.quantization import quantize_params
 
 RUN_FILES = ("summary.json", "evaluator.csv", "learner.csv", "actor.csv", "policy_fp32.qrlp", "policy_fp32.json")
 
@@ -61,8 +61,8 @@ def test_ppo_solves_cartpole_with_int8_actors(tmp_path):
     assert summary["weight_updates"] == summary["learner_steps"]  # fresh weights after every update
     assert summary["actor_steps"] == summary["learner_steps"] * 8 * 32
     # The saved best policy, read back and run greedily by an int8 ONNX evaluator (what launch.ptq does with it).
-    from quarl.evaluation import evaluate_policy
-    from quarl.policy_io import load_policy
+    from quarl.acting.evaluation import evaluate_policy
+    from quarl.runtimes.policy_io import load_policy
     policy = load_policy(tmp_path / "policy_best_int8.qrlp")
     assert policy.agent == "ppo" and policy.spec == Builder(PPOConfig()).policy_spec(_env_spec("CartPole-v1"))
     stats = evaluate_policy(make_environment("CartPole-v1", 77), policy.spec, quantize_params(policy.params, "int8"),
@@ -90,7 +90,7 @@ def test_qat_policy_deploys_exactly_and_learns_cartpole(tmp_path):
     summary = _run(tmp_path, "ppo", "CartPole-v1", 50_000, 300.0, precision="int4", backend="jax",
                    overrides={"qat_bits": 4})
     assert summary["best_eval_return"] >= 300.0, _returns(tmp_path)
-    from quarl.policy_io import load_policy
+    from quarl.runtimes.policy_io import load_policy
     from quarl.runtimes import make_executor
     policy = load_policy(tmp_path / "policy_fp32.qrlp")
     builder = Builder(PPOConfig(qat_bits=4))

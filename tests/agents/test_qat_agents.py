@@ -13,16 +13,15 @@ import pytest
 from dm_env import specs
 
 import agents
-from agents.d4pg import Builder as D4PGBuilder
-from agents.d4pg import D4PGConfig
+from agents.d4pg import Builder as D4PGBuilder, D4PGConfig
 from agents.d4pg.learning import policy_loss
 from agents.d4pg.networks import make_networks
 from agents.dqn import DQNConfig
 from agents.dqn.learning import DQNLearner, make_loss
 from agents.dqn.networks import make_q_spec, q_apply_fn
 from launch.cli import UsageError, parse_overrides
-from quarl.envs import EnvironmentSpec
-from quarl.quantization import quantize_params
+from quarl.envs.factory import EnvironmentSpec
+from quarl.quant.quantization import quantize_params
 from quarl.runtimes import make_executor
 
 D4PG_SMALL = dict(policy_layer_sizes=(32, 32), critic_layer_sizes=(64, 64), num_atoms=21, vmin=-10.0,

@@ -7,7 +7,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import plots, report
-from tests.launch.test_reproduce import make_synthetic_results, write_run
+from tests.launch.test_reproduce import make_synthetic_results
 
 MACHINE = {"cpu_model": "AMD EPYC", "logical_cpus": 2}
 

@@ -9,7 +9,7 @@ import pytest
 
 from analysis.runs import read_evaluator
 from launch.experiments.acting import EVAL_FIELDS, evaluation_row
-from quarl.logs import CSVLogger
+from quarl.ops.logs import CSVLogger
 
 REPO = Path(__file__).resolve().parents[2]
 OLD_SINGLE = REPO / "results" / "small" / "runs" / "Acrobot" / "fp32" / "seed0"

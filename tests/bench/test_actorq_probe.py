@@ -22,8 +22,8 @@ def test_update_cost_reports_each_stage_of_one_fetch(monkeypatch, tmp_path):
     from launch.experiments.agent_spec import AgentSpec
     from launch.nodes.services import WeightServer
     from launch.nodes.shared_blob import Blob
-    from quarl.payload import encode_payload
-    from quarl.quantization import quantize_params
+    from quarl.quant.payload import encode_payload
+    from quarl.quant.quantization import quantize_params
     from quarl.runtimes import auto
 
     monkeypatch.setenv(auto.CACHE_ENV, str(tmp_path))
@@ -58,8 +58,8 @@ def test_throughput_steps_every_precision_on_its_auto_backend(monkeypatch, tmp_p
     from launch.experiments.agent_spec import AgentSpec
     from launch.nodes.services import WeightServer
     from launch.nodes.shared_blob import Blob
-    from quarl.payload import encode_payload
-    from quarl.quantization import quantize_params
+    from quarl.quant.payload import encode_payload
+    from quarl.quant.quantization import quantize_params
     from quarl.runtimes import auto
 
     monkeypatch.setenv(auto.CACHE_ENV, str(tmp_path))

@@ -7,8 +7,8 @@ import pytest
 
 import agents
 from bench import ptq_margins
-from quarl.envs import environment_spec, make_environment
-from quarl.policy_io import save_policy
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.runtimes.policy_io import save_policy
 from tests.quarl.helpers import random_params
 from tests.quarl.test_evaluation import cartpole_q_network
 

@@ -10,8 +10,8 @@ import pytest
 
 import agents
 from bench import ptq_study
-from quarl.envs import environment_spec, make_environment
-from quarl.policy_io import save_policy
+from quarl.envs.factory import environment_spec, make_environment
+from quarl.runtimes.policy_io import save_policy
 from tests.quarl.helpers import random_params
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -20,10 +20,10 @@ import numpy as np
 import pytest
 
 from launch.experiments.distributed import NodeClasses
-from launch.nodes.learner import LearnerNode
 from launch.experiments.supervisor import run_program
+from launch.nodes.learner import LearnerNode
 from launch.program.ray_runner import RayRunner
-from quarl.policy_io import load_policy
+from quarl.runtimes.policy_io import load_policy
 from tests.launch.tiny import TINY_D4PG, BlockHook, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -195,7 +195,7 @@ def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path):
 
 def test_summary_energy_counts_a_rapl_package_once_and_keeps_unavailable_emissions_unavailable():
     from launch.experiments.summary import sum_energy
-    from quarl.carbon import EnergyReport
+    from quarl.ops.carbon import EnergyReport
 
     def node(name, cpu, package, intensity=400.0):
         kwh = cpu + 0.002

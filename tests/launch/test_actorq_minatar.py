@@ -2,8 +2,8 @@
 with int8 conv actors on MinAtar; the summary reports the static kernel form and both payload sizes."""
 from __future__ import annotations
 
-from launch.program.local_runner import LocalRunner
 from launch.experiments.supervisor import run_program
+from launch.program.local_runner import LocalRunner
 from tests.launch.tiny import tiny_config
 
 TINY_MINATAR = {"min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}

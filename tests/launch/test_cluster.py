@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.program.loopback_cluster import LoopbackCluster
 from analysis.runs import is_finished
+from launch.program.loopback_cluster import LoopbackCluster
 
 REPO = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 240

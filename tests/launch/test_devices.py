@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from launch.program import devices
-from quarl.checks import ConfigError
 from launch.experiments.distributed import build_actorq_program
 from launch.nodes.base import NodeBase
+from launch.program import devices
 from launch.program.graph import Program
+from quarl.ops.checks import ConfigError
 from tests.launch.tiny import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]

@@ -10,7 +10,7 @@ import pytest
 
 from analysis import execution
 from launch.experiments.run_experiment import run_experiment
-from quarl.checks import ConfigError
+from quarl.ops.checks import ConfigError
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from launch import actorq, train
@@ -165,7 +164,7 @@ def test_actor_precisions_are_int2_to_int8_int16_and_the_floats(tmp_path: Path, 
 
 @pytest.mark.parametrize("name", ["int9", "int12", "int15", "9", "15", "int1", "int17", "fp8", "int"])
 def test_other_precisions_are_refused_by_the_config_and_every_cli(tmp_path, capsys, name: str) -> None:
-    """int9..int15 parse in quarl.quantization (PTQ sweeps use them) but no actor runs them: a typo for int8."""
+    """int9..int15 parse in quarl.quant.quantization (PTQ sweeps use them) but no actor runs them: a typo for int8."""
     with pytest.raises(ConfigError, match="precision"):
         tiny_config(tmp_path / "run").replace(precision=name)
     from launch import reproduce

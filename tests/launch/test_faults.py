@@ -25,21 +25,21 @@ import msgpack
 import numpy as np
 import pytest
 
+from agents import make_config, task_defaults
 from launch.experiments import checkpoint as ckpt
-from launch.nodes.actor import ActorNode
-from launch.experiments.distributed import NodeClasses
-from launch.nodes.learner import LearnerNode
-from launch.nodes.base import NodeBase
-from launch.nodes.services import Counter
-from launch.experiments.stages import StageTimes
-from launch.nodes.weights_client import PolicyClient
-from launch.program.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ExperimentConfig
+from launch.experiments.distributed import NodeClasses
+from launch.experiments.stages import StageTimes
+from launch.nodes.actor import ActorNode
+from launch.nodes.base import NodeBase
+from launch.nodes.learner import LearnerNode
+from launch.nodes.services import Counter
 from launch.nodes.shared_blob import Blob
-from quarl.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC, encode_payload
-from quarl.quantization import quantize_params
-from agents import make_config, task_defaults
+from launch.nodes.weights_client import PolicyClient
+from launch.program.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
+from quarl.quant.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC, encode_payload
+from quarl.quant.quantization import quantize_params
 from tests.launch.tiny import TINY_DQN, BlockHook, tiny_config
 
 
@@ -187,7 +187,7 @@ def test_non_finite_observation_reaching_an_int8_actor_is_a_clear_error(backend,
     """What an actor node's policy call does with a NaN/inf observation from a broken environment: a
     ValueError saying so (the check lives in quarl.runtimes' executor base class), never an action computed
     from garbage int8 codes."""
-    from quarl.payload import decode_payload
+    from quarl.quant.payload import decode_payload
 
     agent = AgentSpec("dqn", "CartPole-v1", TINY_DQN)
     builder, env_spec = agent.builder(), agent.env_spec()

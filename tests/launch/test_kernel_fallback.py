@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from launch.program.local_runner import LocalRunner
 from launch.experiments.supervisor import run_program
+from launch.program.local_runner import LocalRunner
 from quarl.runtimes.kernel_forms import KernelForm, exact_int_reference, register_form, unregister_form
 from tests.launch.tiny import tiny_config
 from tests.quarl.test_kernel_forms import _emit_saturating, _pair_codes

@@ -15,20 +15,20 @@ import numpy as np
 import pytest
 
 from launch.experiments import checkpoint as ckpt
-from launch.nodes.learner import LearnerNode
-from launch.nodes.services import Counter, ReplayServer, WeightServer
-from launch.experiments.stages import StageTimes
-from launch.nodes.weights_client import PolicyClient
-from launch.experiments.supervisor import run_program
-from launch.program.local_runner import DaemonPool, LocalLaunch, LocalNodeHandle, LocalRunner
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.distributed import build_actorq_program
-from launch.program.graph import SINGLE_THREAD_ENV, Handle, Node, Program
+from launch.experiments.stages import StageTimes
+from launch.experiments.supervisor import run_program
+from launch.nodes.learner import LearnerNode
+from launch.nodes.services import Counter, ReplayServer, WeightServer
 from launch.nodes.shared_blob import Blob
-from quarl.payload import decode_payload, encode_payload, fp32_payload_nbytes
-from quarl.policy import layer_norm_mlp_policy
-from quarl.policy_io import load_policy
-from quarl.quantization import quantize_params
+from launch.nodes.weights_client import PolicyClient
+from launch.program.graph import SINGLE_THREAD_ENV, Handle, Node, Program
+from launch.program.local_runner import DaemonPool, LocalLaunch, LocalNodeHandle, LocalRunner
+from quarl.policy.spec import layer_norm_mlp_policy
+from quarl.quant.payload import decode_payload, encode_payload, fp32_payload_nbytes
+from quarl.quant.quantization import quantize_params
+from quarl.runtimes.policy_io import load_policy
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]

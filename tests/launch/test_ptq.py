@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 from launch import ptq
-from quarl.envs import make_environment
-from quarl.policy import reference_apply
-from quarl.policy_io import load_policy, save_policy
-from quarl.quantization import fake_quantize_params
+from quarl.envs.factory import make_environment
+from quarl.policy.reference import reference_apply
+from quarl.quant.quantization import fake_quantize_params
+from quarl.runtimes.policy_io import load_policy, save_policy
 from tests.quarl.test_evaluation import cartpole_q_network
 
 REPO = Path(__file__).resolve().parents[2]

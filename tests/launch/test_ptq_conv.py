@@ -7,10 +7,10 @@ import csv
 import numpy as np
 
 from launch import ptq
-from quarl.calibration import rollout_observations
-from quarl.envs import make_environment
-from quarl.policy import minatar_q_network
-from quarl.policy_io import load_policy, save_policy
+from quarl.envs.factory import make_environment
+from quarl.policy.spec import minatar_q_network
+from quarl.quant.calibration import rollout_observations
+from quarl.runtimes.policy_io import load_policy, save_policy
 from tests.quarl.helpers import random_params
 
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from launch import train
-from launch.cli import parse_overrides, UsageError
+from launch.cli import UsageError, parse_overrides
 from tests.launch.tiny import assert_one_line_exit_2
 
 REPO = Path(__file__).resolve().parents[2]
@@ -73,7 +73,7 @@ def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
     assert {r["exploration"] for r in episodes} and float(episodes[-1]["exploration"]) < 1.0  # epsilon decayed
 
     # The final fp32 policy is saved for offline analysis and reads back as the learner's last weights.
-    from quarl.policy_io import load_policy
+    from quarl.runtimes.policy_io import load_policy
     assert summary["policy_file"] == "policy_fp32.qrlp"
     policy = load_policy(logdir)
     assert policy.task == "CartPole-v1" and policy.agent == "dqn" and policy.steps == summary["learner_steps"]

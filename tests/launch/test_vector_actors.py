@@ -90,14 +90,14 @@ def test_distributed_actors_step_k_envs_each(tmp_path, agent):
 
 
 def test_pinned_actors_each_claim_a_core_of_their_own(tmp_path, monkeypatch):
-    """--pin-actors: each actor's acting thread claims a distinct core (quarl.affinity) and the summary says
+    """--pin-actors: each actor's acting thread claims a distinct core (quarl.ops.affinity) and the summary says
     which; the run is otherwise the same program. `launch.actorq --pin-actors` sets it."""
     import os
 
     from launch.actorq import build_parser, validate
     from launch.program.local_runner import LocalRunner
     from launch.experiments.supervisor import run_program
-    from quarl import affinity
+    from quarl.ops import affinity
     from tests.launch.tiny import tiny_config
 
     if not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2:

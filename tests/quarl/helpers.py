@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from bench.emulation import X86_UNAVAILABLE, run_under_x86, stderr_tail, x86_unavailable
-from quarl.policy import Conv2D, LayerNorm, PolicySpec
+from quarl.policy.spec import Conv2D, LayerNorm, PolicySpec
 from quarl.runtimes.base import layer_widths, weight_shape
 
 QEMU_SKIP_REASON = X86_UNAVAILABLE

@@ -1,11 +1,15 @@
-"""Tests for quarl.adders: hand-computed n-step windows, episode ends, batching into a replay table."""
+"""Tests for quarl.replay.adders: hand-computed n-step windows, episode ends, batching into a replay table."""
 from __future__ import annotations
 
 import dm_env
 import numpy as np
 import pytest
 
-from quarl import adders, envs, replay
+from quarl.replay import adders
+
+from quarl.envs import factory as envs
+
+from quarl import replay
 
 
 def _obs(i: int) -> np.ndarray:

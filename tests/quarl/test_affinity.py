@@ -1,4 +1,4 @@
-"""quarl.affinity: actors claim distinct cores, a claim pins only the claiming thread (and what it starts), and a
+"""quarl.ops.affinity: actors claim distinct cores, a claim pins only the claiming thread (and what it starts), and a
 claim ends with its process."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from quarl import affinity
+from quarl.ops import affinity
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity on this platform")
 
@@ -48,7 +48,7 @@ def test_claims_are_distinct_cores_and_pin_only_the_claiming_threads(tmp_path):
 
 
 def test_a_claim_ends_with_its_process(tmp_path):
-    code = ("import sys; from quarl import affinity; "
+    code = ("import sys; from quarl.ops import affinity; "
             f"print(affinity.claim_core({str(tmp_path)!r}))")
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)

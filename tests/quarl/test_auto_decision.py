@@ -22,7 +22,7 @@ CHILD = r"""
 import json, os, random, sys, time
 from pathlib import Path
 import numpy as np
-from quarl.policy import LayerNorm, Linear, layer_norm_mlp_policy
+from quarl.policy.spec import LayerNorm, Linear, layer_norm_mlp_policy
 from quarl.runtimes import auto, make_executor_from_params
 
 def noisy(executors, obs):

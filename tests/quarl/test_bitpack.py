@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from quarl.bitpack import pack_bits, packed_nbytes, signed_offset, unpack_bits
+from quarl.quant.bitpack import pack_bits, packed_nbytes, signed_offset, unpack_bits
 
 
 @pytest.mark.parametrize("bits", range(1, 8))

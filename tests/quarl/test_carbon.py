@@ -1,4 +1,4 @@
-"""Tests for quarl.carbon: energy/emissions reports from codecarbon and from the fallback estimate."""
+"""Tests for quarl.ops.carbon: energy/emissions reports from codecarbon and from the fallback estimate."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from quarl import carbon
+from quarl.ops import carbon
 
 
 @pytest.fixture(autouse=True)

@@ -1,4 +1,4 @@
-"""quarl.checks: one error type for every config check (agent configs, ExperimentConfig, the CLIs' flags), one
+"""quarl.ops.checks: one error type for every config check (agent configs, ExperimentConfig, the CLIs' flags), one
 line naming the field."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from quarl.checks import ConfigError, check_bool, check_int, check_number, check_sizes
+from quarl.ops.checks import ConfigError, check_bool, check_int, check_number, check_sizes
 
 
 @pytest.mark.parametrize("call, text", [

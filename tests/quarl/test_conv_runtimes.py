@@ -7,14 +7,17 @@ import dataclasses
 import numpy as np
 import pytest
 
-from quarl.calibration import activation_ranges, needs_calibration, quantize_for_actors
-from quarl.payload import decode_payload, encode_payload
-from quarl.policy import (Activation, Conv2D, Flatten, Linear, PolicySpec, minatar_q_network, mlp_q_network,
-                          nature_q_network, reference_apply)
-from quarl.quantization import dequantize_params, quantize_params
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import (
+    Activation, Conv2D, Flatten, Linear, PolicySpec, minatar_q_network, mlp_q_network, nature_q_network,
+)
+from quarl.quant.calibration import activation_ranges, needs_calibration, quantize_for_actors
+from quarl.quant.payload import decode_payload, encode_payload
+from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes import make_executor
-from quarl.runtimes.onnx_static import (STATIC_FORMS, activation_qparams, check_static_form, fused_convs,
-                                        select_static_form)
+from quarl.runtimes.onnx_static import (
+    STATIC_FORMS, activation_qparams, check_static_form, fused_convs, select_static_form,
+)
 from tests.quarl.helpers import random_params
 
 TOLERANCE = {"fp32": 1e-5, "int8": 3e-2}  # as tests/quarl/test_runtimes.py

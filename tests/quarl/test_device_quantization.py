@@ -5,9 +5,9 @@ import jax
 import numpy as np
 import pytest
 
-from quarl.device_quantization import quantize_params_on_device
-from quarl.payload import encode_payload
-from quarl.quantization import QTensor, quantize_params
+from quarl.quant.device import quantize_params_on_device
+from quarl.quant.payload import encode_payload
+from quarl.quant.quantization import QTensor, quantize_params
 
 
 def _params(rng: np.random.Generator) -> dict:

@@ -1,4 +1,4 @@
-"""quarl.vector_env + quarl.env_loop: K environments, one batched policy call, one n-step adder per environment."""
+"""quarl.envs.vector + quarl.acting.loop: K environments, one batched policy call, one n-step adder per environment."""
 from __future__ import annotations
 
 import dm_env
@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 from dm_env import specs
 
-from quarl.adders import NStepTransitionAdder
-from quarl.env_loop import VectorEnvLoop
-from quarl.envs import make_environment
-from quarl.vector_env import VectorEnvironment, env_seeds, make_vector_environment
+from quarl.acting.loop import VectorEnvLoop
+from quarl.envs.factory import make_environment
+from quarl.envs.vector import VectorEnvironment, env_seeds, make_vector_environment
+from quarl.replay.adders import NStepTransitionAdder
 
 N_STEP, GAMMA = 3, 0.9
 

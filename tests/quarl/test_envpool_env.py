@@ -1,4 +1,4 @@
-"""envpool against dm_control, per task in `quarl.envpool_env.ENVPOOL_TASKS`: the evidence that lets a vectorized
+"""envpool against dm_control, per task in `quarl.envs.envpool.ENVPOOL_TASKS`: the evidence that lets a vectorized
 actor step envpool's C++ version of a task instead of dm_control's (same specs after our flattening, same
 trajectory from the same physics state under the same actions, same initial-state distribution)."""
 from __future__ import annotations
@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from quarl.adders import NStepTransitionAdder
-from quarl.env_loop import VectorEnvLoop
-from quarl.envpool_env import ENVPOOL_TASKS
-from quarl.envs import make_environment
-from quarl.vector_env import VectorEnvironment, env_implementation, make_vector_environment
+from quarl.acting.loop import VectorEnvLoop
+from quarl.envs.envpool import ENVPOOL_TASKS
+from quarl.envs.factory import make_environment
+from quarl.envs.vector import VectorEnvironment, env_implementation, make_vector_environment
+from quarl.replay.adders import NStepTransitionAdder
 
 pytest.importorskip("envpool")
-from quarl.envpool_env import EnvpoolVectorEnvironment  # noqa: E402  (needs envpool)
+from quarl.envs.envpool import EnvpoolVectorEnvironment  # noqa: E402  (needs envpool)
 
 
 def _cartpole_state(obs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -167,7 +167,7 @@ def test_direct_stepping_gives_exactly_the_public_api_trajectory(num_envs):
 
 
 def test_an_unknown_envpool_layout_steps_through_the_public_api():
-    from quarl.envpool_env import _direct_layout
+    from quarl.envs.envpool import _direct_layout
 
     pool = EnvpoolVectorEnvironment("cartpole:balance", [0])._pool
     keys = ["position", "velocity"]

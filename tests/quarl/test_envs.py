@@ -1,4 +1,4 @@
-"""Tests for quarl.envs: specs, action canonicalisation, episode boundaries, seeding, input checks."""
+"""Tests for quarl.envs.factory: specs, action canonicalisation, episode boundaries, seeding, input checks."""
 from __future__ import annotations
 
 import dm_env
@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from dm_env import specs
 
-from quarl import envs
+from quarl.envs import factory as envs
 
 
 def _rollout(env: dm_env.Environment, actions: list) -> list[dm_env.TimeStep]:

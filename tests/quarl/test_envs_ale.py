@@ -1,12 +1,12 @@
-"""Tests for quarl.envs_ale: specs, the DQN preprocessing, determinism under a seed, training-only reward clipping."""
+"""Tests for quarl.envs.ale: specs, the DQN preprocessing, determinism under a seed, training-only reward clipping."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from quarl import envs
-from quarl.envs_ale import ALE_TASKS, AtariEnvironment, area_weights, resize_area
-from quarl.vector_env import make_vector_environment
+from quarl.envs import factory as envs
+from quarl.envs.ale import ALE_TASKS, AtariEnvironment, area_weights, resize_area
+from quarl.envs.vector import make_vector_environment
 
 
 def _rollout(env, actions):

@@ -1,12 +1,12 @@
-"""Tests for quarl.envs_minatar: specs, determinism under a seed, episode boundaries, input checks."""
+"""Tests for quarl.envs.minatar: specs, determinism under a seed, episode boundaries, input checks."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 from dm_env import specs
 
-from quarl import envs
-from quarl.envs_minatar import MINATAR_TASKS, MinAtarEnvironment
+from quarl.envs import factory as envs
+from quarl.envs.minatar import MINATAR_TASKS, MinAtarEnvironment
 
 
 def _rollout(env, actions):
@@ -79,7 +79,7 @@ def test_bad_inputs_raise():
 
 
 def test_adder_keeps_uint8_observations():
-    from quarl.adders import NStepTransitionAdder
+    from quarl.replay.adders import NStepTransitionAdder
 
     env = envs.make_environment("MinAtar/Breakout", seed=0)
     adder = NStepTransitionAdder(1, 0.99)

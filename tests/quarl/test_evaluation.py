@@ -5,17 +5,12 @@ import numpy as np
 import pytest
 from dm_env import specs
 
-from quarl.envs import make_environment
-from quarl.evaluation import (
-    GreedyPolicy,
-    check_compatible,
-    evaluate_policy,
-    evaluate_seeds,
-    make_greedy_policy,
-    run_episodes,
+from quarl.acting.evaluation import (
+    GreedyPolicy, check_compatible, evaluate_policy, evaluate_seeds, make_greedy_policy, run_episodes,
 )
-from quarl.policy import layer_norm_mlp_policy, mlp_q_network
-from quarl.quantization import quantize_params
+from quarl.envs.factory import make_environment
+from quarl.policy.spec import layer_norm_mlp_policy, mlp_q_network
+from quarl.quant.quantization import quantize_params
 
 # CartPole obs = [x, x_dot, theta, theta_dot]: pushing towards the side the pole falls to balances it.
 BALANCING_GAINS = np.array([0.1, 0.5, 10.0, 2.0], np.float32)
@@ -132,7 +127,7 @@ def test_non_finite_outputs_never_become_actions():
 
 
 def test_run_episode_stops_when_asked_and_counts_every_step():
-    from quarl.evaluation import EpisodeInterrupted, run_episode
+    from quarl.acting.evaluation import EpisodeInterrupted, run_episode
 
     env = make_environment("CartPole-v1", 0)
     total, steps = run_episode(env, lambda obs: 0)  # always push left: the pole falls within ~10 steps

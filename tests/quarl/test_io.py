@@ -1,11 +1,11 @@
-"""quarl.io: atomic writes never leave a partial or temporary file; jsonable converts as the old copies did."""
+"""quarl.ops.io: atomic writes never leave a partial or temporary file; jsonable converts as the old copies did."""
 import json
 import math
 
 import numpy as np
 import pytest
 
-from quarl import io
+from quarl.ops import io
 
 
 def test_write_bytes_atomic_replaces_and_sets_mode(tmp_path):
@@ -74,7 +74,7 @@ def test_atomic_output_streams_a_writer_and_cleans_up_when_it_fails(tmp_path):
 
 
 def test_json_readers_fall_back_on_missing_damaged_or_other_shaped_files(tmp_path):
-    from quarl.io import read_json_list, read_json_object
+    from quarl.ops.io import read_json_list, read_json_object
 
     files = {"obj": '{"a": 1}', "lst": '[{"a": 1}, 2, {"b": 3}]', "bad": "{nope", "num": "3"}
     for name, text in files.items():

@@ -8,24 +8,14 @@ import logging
 import numpy as np
 import pytest
 
-from quarl.policy import layer_norm_mlp_policy, reference_apply
-from quarl.quantization import quantize_params
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import layer_norm_mlp_policy
+from quarl.quant.quantization import quantize_params
 from quarl.runtimes import make_executor
 from quarl.runtimes.base import DenseWeights
 from quarl.runtimes.kernel_forms import (
-    FALLBACK_FORM,
-    Graph,
-    KernelForm,
-    candidates,
-    check_form,
-    dynamic_quantize,
-    emit_row_quantize,
-    exact_int_reference,
-    forms,
-    register_form,
-    rowwise_quantize,
-    select_form,
-    unregister_form,
+    FALLBACK_FORM, Graph, KernelForm, candidates, check_form, dynamic_quantize, emit_row_quantize, exact_int_reference,
+    forms, register_form, rowwise_quantize, select_form, unregister_form,
 )
 from tests.quarl.helpers import random_params
 
@@ -200,7 +190,7 @@ def test_the_self_check_covers_the_lifted_path():
 def test_batched_graphs_quantize_every_layer_after_an_activation_without_a_row_minimum(policy):
     """D4PG (tanh, ELU) and DQN (ReLU): only the first layer, fed raw observations, needs the row minimum and
     the zero-point correction; the batch-1 graph keeps DynamicQuantizeLinear for every layer."""
-    from quarl.policy import mlp_q_network
+    from quarl.policy.spec import mlp_q_network
 
     spec = (layer_norm_mlp_policy(12, [64, 64, 64], [-1.0] * 2, [1.0] * 2) if policy == "d4pg"
             else mlp_q_network(12, [64, 64, 64], 3))

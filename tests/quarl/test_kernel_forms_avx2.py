@@ -12,8 +12,8 @@ pytestmark = pytest.mark.skipif(not qemu_available(), reason=QEMU_SKIP_REASON)
 
 SCRIPT = """
 import json, numpy as np
-from quarl.policy import mlp_q_network, reference_apply
-from quarl.quantization import quantize_params
+from quarl.policy.spec import mlp_q_network, reference_apply
+from quarl.quant.quantization import quantize_params
 from quarl.runtimes import make_executor
 from tests.quarl.helpers import random_params
 spec = mlp_q_network(8, [256, 256], 5)

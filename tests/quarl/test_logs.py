@@ -1,4 +1,4 @@
-"""Tests for quarl.logs: CSV append/flush semantics, fan-out, TensorBoard events, atomic JSON."""
+"""Tests for quarl.ops.logs: CSV append/flush semantics, fan-out, TensorBoard events, atomic JSON."""
 from __future__ import annotations
 
 import csv
@@ -9,7 +9,7 @@ import os
 import numpy as np
 import pytest
 
-from quarl import logs
+from quarl.ops import logs
 
 
 def _rows(path):

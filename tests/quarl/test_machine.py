@@ -1,7 +1,7 @@
-"""quarl.machine: the one machine record the reports and benchmarks share."""
+"""quarl.ops.machine: the one machine record the reports and benchmarks share."""
 import os
 
-from quarl import machine
+from quarl.ops import machine
 
 
 def test_machine_info_reports_this_host_and_installed_versions():

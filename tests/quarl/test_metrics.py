@@ -6,8 +6,8 @@ import math
 import numpy as np
 import pytest
 
-from quarl.metrics import layer_errors, sqnr_db, tensor_errors
-from quarl.quantization import dequantize, quantize, quantize_params
+from quarl.quant.metrics import layer_errors, sqnr_db, tensor_errors
+from quarl.quant.quantization import dequantize, quantize, quantize_params
 
 
 def test_sqnr_exact_is_inf_and_matches_definition():

@@ -14,8 +14,8 @@ pytestmark = [
 
 SCRIPT = """
 import json, numpy as np
-from quarl.policy import mlp_q_network, reference_apply
-from quarl.quantization import dequantize_params, quantize_params
+from quarl.policy.spec import mlp_q_network, reference_apply
+from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes import make_executor
 from tests.quarl.helpers import random_params
 spec = mlp_q_network(24, [256, 256], 5)

@@ -16,18 +16,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from quarl.payload import (
-    FORMAT_VERSION,
-    HEADER_SIZE,
-    MAGIC,
-    Payload,
-    PayloadError,
-    decode_payload,
-    encode_payload,
-    fp32_payload_nbytes,
+from quarl.nets.haiku import haiku_forward
+from quarl.policy.spec import layer_norm_mlp_policy, mlp_q_network
+from quarl.quant.payload import (
+    FORMAT_VERSION, HEADER_SIZE, MAGIC, Payload, PayloadError, decode_payload, encode_payload, fp32_payload_nbytes,
 )
-from quarl.policy import haiku_forward, layer_norm_mlp_policy, mlp_q_network
-from quarl.quantization import QTensor, QuantizedParams, quantize, quantize_params, tree_items
+from quarl.quant.quantization import QTensor, QuantizedParams, quantize, quantize_params, tree_items
 
 PRECISIONS = ["fp32", "fp16", "bf16", "int8", "int4"]
 
@@ -500,8 +494,8 @@ def test_fuzz_structured_bodies_only_raise_payload_error(small_payload, obj, lea
 
 
 def test_fp32_size_is_computed_exactly_without_encoding():
-    from quarl.payload import fp32_payload_nbytes
-    from quarl.quantization import quantize_params as qp_
+    from quarl.quant.payload import fp32_payload_nbytes
+    from quarl.quant.quantization import quantize_params as qp_
 
     rng = np.random.default_rng(0)
     for widths in ((3, 5), (40, 300), (300, 70000)):  # bin 8, bin 16 and bin 32 leaf sizes
@@ -514,7 +508,7 @@ def test_fp32_size_is_computed_exactly_without_encoding():
 
 
 def test_actor_payload_carries_the_spec_digest_not_the_spec():
-    from quarl.policy import layer_norm_mlp_policy
+    from quarl.policy.spec import layer_norm_mlp_policy
 
     spec = layer_norm_mlp_policy(3, (8, 8), [-1.0], [1.0])
     other = layer_norm_mlp_policy(3, (8, 4), [-1.0], [1.0])

@@ -10,9 +10,10 @@ import pytest
 from onnx import TensorProto, numpy_helper
 
 from agents.dqn.actor import DQNActor, EpsilonSchedule
-from quarl.calibration import quantize_for_actors
-from quarl.policy import PolicySpec, minatar_q_network, mlp_q_network, nature_q_network, reference_apply
-from quarl.quantization import dequantize_params, quantize_params
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import PolicySpec, minatar_q_network, mlp_q_network, nature_q_network
+from quarl.quant.calibration import quantize_for_actors
+from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes import make_executor
 from tests.quarl.helpers import random_params
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from agents.dqn.networks import init_params
-from quarl.payload import MAGIC
-from quarl.policy import mlp_q_network
-from quarl.policy_io import META_FILE, POLICY_FILE, load_policy, save_policy
+from quarl.policy.spec import mlp_q_network
+from quarl.quant.payload import MAGIC
+from quarl.runtimes.policy_io import META_FILE, POLICY_FILE, load_policy, save_policy
 
 
 @pytest.fixture()

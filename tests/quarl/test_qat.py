@@ -1,4 +1,4 @@
-"""quarl.qat: the training-time forward must be the deployed int-B forward, and its gradients must flow."""
+"""quarl.nets.qat: the training-time forward must be the deployed int-B forward, and its gradients must flow."""
 from __future__ import annotations
 
 import haiku as hk
@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from quarl.policy import Linear, PolicySpec, haiku_forward, layer_norm_mlp_policy, mlp_q_network
-from quarl.qat import check_qat_bits, fake_quantize_weight, make_qat_dense, weight_codes
-from quarl.quantization import fake_quantize, quantize, quantize_params
+from quarl.nets.haiku import haiku_forward
+from quarl.nets.qat import check_qat_bits, fake_quantize_weight, make_qat_dense, weight_codes
+from quarl.policy.spec import Linear, PolicySpec, layer_norm_mlp_policy, mlp_q_network
+from quarl.quant.quantization import fake_quantize, quantize, quantize_params
 from quarl.runtimes import make_executor
 
 _codes_jit = jax.jit(weight_codes, static_argnums=1)

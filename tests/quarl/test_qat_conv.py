@@ -1,4 +1,4 @@
-"""QAT for conv policies (`quarl.qat.qat_conv2d` through `haiku_forward(spec, qat_bits)`): the training forward is
+"""QAT for conv policies (`quarl.nets.qat.qat_conv2d` through `haiku_forward(spec, qat_bits)`): the training forward is
 the deployed int-B JAX conv actor's arithmetic, close to the ONNX static int8 graph, shares the fp32 parameter tree,
 and its straight-through gradients reach the conv weights."""
 from __future__ import annotations
@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from quarl.calibration import quantize_for_actors
-from quarl.policy import Activation, Conv2D, Flatten, Linear, PolicySpec, haiku_forward, minatar_q_network
+from quarl.nets.haiku import haiku_forward
+from quarl.policy.spec import Activation, Conv2D, Flatten, Linear, PolicySpec, minatar_q_network
+from quarl.quant.calibration import quantize_for_actors
 from quarl.runtimes import make_executor
 
 SPECS = {

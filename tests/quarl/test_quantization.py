@@ -11,19 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from quarl.policy import haiku_forward, layer_norm_mlp_policy, mlp_q_network
-from quarl.quantization import (
-    ALL_PRECISIONS,
-    Precision,
-    QTensor,
-    QuantizedParams,
-    dequantize,
-    dequantize_params,
-    fake_quantize_params,
-    parse_precision,
-    qrange,
-    quantize,
-    quantize_params,
+from quarl.nets.haiku import haiku_forward
+from quarl.policy.spec import layer_norm_mlp_policy, mlp_q_network
+from quarl.quant.precision import ALL_PRECISIONS, Precision, parse_precision
+from quarl.quant.quantization import (
+    QTensor, QuantizedParams, dequantize, dequantize_params, fake_quantize_params, qrange, quantize, quantize_params,
 )
 
 SETTINGS = settings(max_examples=100, deadline=None)

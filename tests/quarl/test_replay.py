@@ -1,4 +1,4 @@
-"""Tests for quarl.replay: FIFO storage, samplers, priorities, Reverb rate limiting, validation, state."""
+"""Tests for quarl.replay.table: FIFO storage, samplers, priorities, Reverb rate limiting, validation, state."""
 from __future__ import annotations
 
 import threading

@@ -1,4 +1,4 @@
-"""quarl.replay_frames.FrameTable: each frame stored once, sampled stacks identical to a plain table's, through
+"""quarl.replay.frames.FrameTable: each frame stored once, sampled stacks identical to a plain table's, through
 episode boundaries, n-step windows, eviction, checkpoints and the replay server."""
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ import pytest
 
 from launch.experiments import checkpoint as ckpt
 from launch.nodes.services import ReplayServer
-from quarl import replay, replay_frames
-from quarl.adders import NStepTransitionAdder
-from quarl.replay_frames import FrameTable, frame_columns
+from quarl import replay
+from quarl.replay import frames as replay_frames
+from quarl.replay.adders import NStepTransitionAdder
+from quarl.replay.frames import FrameTable, frame_columns
 
 H = W = 32  # 1,024 pixels: the smallest frame FrameTable takes
 K = 4
@@ -180,7 +181,7 @@ def test_replay_server_stores_ale_frames_once_and_samples_the_inserted_stacks(tm
     assert isinstance(server._table, FrameTable)  # pylint: disable=protected-access
     env = spec.env_spec()
     assert tuple(env.observation_shape) == (84, 84, 4)
-    from quarl.envs import make_environment
+    from quarl.envs.factory import make_environment
 
     game = make_environment("ALE/Pong", 0)
     adder = NStepTransitionAdder(3, 0.99)

@@ -8,16 +8,12 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from quarl.policy import layer_norm_mlp_policy, mlp_q_network, reference_apply
-from quarl.quantization import dequantize_params, quantize_params
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import layer_norm_mlp_policy, mlp_q_network
+from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes import make_executor
 from quarl.runtimes.kernel_forms import (
-    _check_graph,
-    _random_dense,
-    exact_int_reference,
-    get_form,
-    lifted_int_reference,
-    lifted_row_quantize,
+    _check_graph, _random_dense, exact_int_reference, get_form, lifted_int_reference, lifted_row_quantize,
     rowwise_quantize,
 )
 from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM

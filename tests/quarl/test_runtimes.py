@@ -11,15 +11,12 @@ import jax
 import numpy as np
 import pytest
 
-from quarl.policy import PolicySpec, haiku_forward, layer_norm_mlp_policy, mlp_q_network, reference_apply
-from quarl.quantization import dequantize_params, quantize, quantize_params
+from quarl.nets.haiku import haiku_forward
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import PolicySpec, layer_norm_mlp_policy, mlp_q_network
+from quarl.quant.quantization import dequantize_params, quantize, quantize_params
 from quarl.runtimes import (
-    DEQUANTIZED_CANDIDATE,
-    auto_decisions,
-    cache_path,
-    clear_auto_decisions,
-    make_executor,
-    make_executor_from_params,
+    DEQUANTIZED_CANDIDATE, auto_decisions, cache_path, clear_auto_decisions, make_executor, make_executor_from_params,
     select_form,
 )
 from tests.quarl.helpers import random_params

@@ -20,9 +20,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from quarl.policy import PolicySpec, reference_apply
-from quarl.quantization import QuantizedParams, dequantize_params, parse_precision, quantize_params
-from quarl.runtimes.base import MAX_KERNEL_BITS
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import PolicySpec
+from quarl.quant.precision import MAX_KERNEL_BITS, parse_precision
+from quarl.quant.quantization import QuantizedParams, dequantize_params, quantize_params
 
 # Observations a calibration uses at most (the most recent ones): enough for stable min/max on MinAtar and ALE
 # frames, few enough that a float32 host forward of the Nature torso stays a few tens of milliseconds.

@@ -5,12 +5,12 @@ The paper's actor steps one environment and calls its policy at batch 1; a vecto
 interface that needs: `reset()` gives K FIRST timesteps, `step(actions[K])` K next timesteps, and
 `reset_one(i)` restarts environment i after its LAST step (auto-reset is left to the caller, who must
 close the episode in its n-step adder first). Every environment keeps the single-environment contract of
-`quarl.envs` (flat float32 observations, canonical actions, finite values).
+`quarl.envs.factory` (flat float32 observations, canonical actions, finite values).
 
-`make_vector_environment(task, seed, K)` builds K `quarl.envs.make_environment(training=True)` instances (ALE
+`make_vector_environment(task, seed, K)` builds K `quarl.envs.factory.make_environment(training=True)` instances (ALE
 rewards clipped for training; the evaluator's environment is not), the first seeded
 with `seed` itself (so K=1 is exactly the single-environment actor) and the others with independent seeds;
-for the DM Control tasks verified against envpool's C++ versions (`quarl.envpool_env.ENVPOOL_TASKS`) it runs
+for the DM Control tasks verified against envpool's C++ versions (`quarl.envs.envpool.ENVPOOL_TASKS`) it runs
 envpool instead when it is installed (several times cheaper per env step), same seeds, same contract.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import dm_env
 import numpy as np
 
-from quarl.envs import make_environment
+from quarl.envs.factory import make_environment
 
 
 def env_seeds(seed: int, num_envs: int) -> list[int]:
@@ -86,10 +86,10 @@ ENV_IMPLEMENTATIONS = ("auto", "dm_control", "envpool")
 
 
 def env_implementation(task: str, requested: str = "auto") -> str:
-    """Which implementation runs `task`: "envpool" for the tasks `quarl.envpool_env` verified against
+    """Which implementation runs `task`: "envpool" for the tasks `quarl.envs.envpool` verified against
     dm_control (when envpool is installed), else "dm_control" (DM Control tasks) or "gymnasium"."""
-    from quarl import envpool_env  # pylint: disable=import-outside-toplevel
-    from quarl.envs import GYM_TASKS  # pylint: disable=import-outside-toplevel
+    from quarl.envs import envpool as envpool_env  # pylint: disable=import-outside-toplevel
+    from quarl.envs.factory import GYM_TASKS  # pylint: disable=import-outside-toplevel
 
     if requested not in ENV_IMPLEMENTATIONS:
         raise ValueError(f"unknown environment implementation {requested!r}: valid are "
@@ -112,7 +112,7 @@ def make_vector_environment(task: str, seed: int, num_envs: int, implementation:
     picks; raises ValueError on a bad task, K or implementation."""
     seeds = env_seeds(seed, num_envs)
     if env_implementation(task, implementation) == "envpool":
-        from quarl.envpool_env import EnvpoolVectorEnvironment  # pylint: disable=import-outside-toplevel
+        from quarl.envs.envpool import EnvpoolVectorEnvironment  # pylint: disable=import-outside-toplevel
 
         return EnvpoolVectorEnvironment(task, seeds)
     return VectorEnvironment([make_environment(task, s, training=True) for s in seeds])

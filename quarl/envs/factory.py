@@ -4,7 +4,7 @@ Every environment an agent sees has the same shape, whatever it came from, so th
 replay never special-case a task:
 - observations are one flat float32 vector (DM Control's observation dict is concatenated in sorted key
   order, which is the order Acme's `ConcatObservationWrapper` produces through `tree.flatten`); MinAtar's
-  games (`quarl.envs_minatar`) are the exception: uint8 [H, W, C] images, kept as bytes in replay;
+  games (`quarl.envs.minatar`) are the exception: uint8 [H, W, C] images, kept as bytes in replay;
 - continuous actions live in [-1, 1] and are mapped affinely onto the task's bounds (then clipped), so a
   tanh policy head never needs to know the task's action range;
 - rewards and discounts are float32; non-finite observations raise instead of poisoning replay.
@@ -22,8 +22,8 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from quarl.envs_ale import ALE_TASKS, AtariEnvironment
-from quarl.envs_minatar import MINATAR_TASKS, make_minatar
+from quarl.envs.ale import ALE_TASKS, AtariEnvironment
+from quarl.envs.minatar import MINATAR_TASKS, make_minatar
 
 GYM_TASKS = ("CartPole-v1", "MountainCar-v0", "Acrobot-v1", "Pendulum-v1")
 
@@ -43,7 +43,7 @@ def _suite() -> Any:
 @functools.lru_cache(maxsize=1)
 def list_tasks() -> tuple[str, ...]:
     """All task names `make_environment` accepts: DM Control benchmarking tasks, Gymnasium ids, then MinAtar
-    and ALE games (image observations, `quarl.envs_minatar`, `quarl.envs_ale`)."""
+    and ALE games (image observations, `quarl.envs.minatar`, `quarl.envs.ale`)."""
     control = tuple(f"{domain}:{task}" for domain, task in _suite().BENCHMARKING)
     return control + GYM_TASKS + MINATAR_TASKS + ALE_TASKS
 
@@ -271,7 +271,7 @@ def make_environment(task: str, seed: int = 0, *, training: bool = False) -> dm_
     """Builds the environment for `task` ("domain:task" for DM Control, or a Gymnasium id), seeded.
 
     The same (task, seed) pair yields the same sequence of episodes given the same actions. `training=True`
-    (the actors' environments, `quarl.vector_env`) clips ALE rewards to [-1, 1], DQN's training signal; the
+    (the actors' environments, `quarl.envs.vector`) clips ALE rewards to [-1, 1], DQN's training signal; the
     evaluator's environments report the game score. Other tasks are the same either way.
     """
     if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:

@@ -42,8 +42,8 @@ from typing import Any, Callable, Iterable
 
 import psutil
 
-from quarl.io import write_json_atomic
-from quarl.machine import cpu_model_name
+from quarl.ops.io import write_json_atomic
+from quarl.ops.machine import cpu_model_name
 
 # Watts per busy CPU thread for the fallback model: codecarbon's own default for CPUs it cannot match
 # (codecarbon.core.cpu.DEFAULT_POWER_PER_CORE, 4 W per thread). A default, not any CPU's TDP.

@@ -2,7 +2,7 @@
 
 A run directory holds two files:
 
-    policy_fp32.qrlp   a `quarl.payload` payload of the fp32 weights and the `PolicySpec`
+    policy_fp32.qrlp   a `quarl.quant.payload` payload of the fp32 weights and the `PolicySpec`
                        (version = learner steps; SHA-256 and format version in its header)
     policy_fp32.json   sidecar: format, task, agent, steps, SHA-256 of the payload file, free-form `extra`
 
@@ -22,10 +22,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from quarl.io import write_bytes_atomic
-from quarl.payload import decode_payload, encode_payload
-from quarl.policy import PolicySpec
-from quarl.quantization import dequantize_params, quantize_params
+from quarl.ops.io import write_bytes_atomic
+from quarl.policy.spec import PolicySpec
+from quarl.quant.payload import decode_payload, encode_payload
+from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes.base import lower_params
 
 POLICY_FILE = "policy_fp32.qrlp"
@@ -80,7 +80,7 @@ def save_policy(path: str | os.PathLike, spec: PolicySpec, params: Mapping, *, t
     not when someone analyses it later. Raises ValueError on bad arguments; existing files are replaced.
     """
     if not isinstance(spec, PolicySpec):
-        raise ValueError(f"spec must be a quarl.policy.PolicySpec, got {type(spec).__name__}")
+        raise ValueError(f"spec must be a quarl.policy.spec.PolicySpec, got {type(spec).__name__}")
     _check_name("task", task)
     _check_name("agent", agent)
     if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 0:

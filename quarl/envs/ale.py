@@ -11,7 +11,7 @@ The standard DQN preprocessing (Mnih et al., 2015; Machado et al., 2018 for the 
   repeats its frame 4 times);
 - the minimal action set of the game; an episode ends at game over (a termination) or after 108,000 emulator
   frames (a truncation, v5's limit);
-- rewards are the game score, unclipped: `clip_rewards=True` (what `quarl.vector_env` builds for actors, that
+- rewards are the game score, unclipped: `clip_rewards=True` (what `quarl.envs.vector` builds for actors, that
   is for training only) clips each step's reward to [-1, 1]; evaluation environments report the score.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from quarl.pixel_env import PixelEnvironment, check_task_and_seed
+from quarl.envs.pixel import PixelEnvironment, check_task_and_seed
 
 ALE_PREFIX = "ALE/"
 # Task name -> ale-py ROM id (a subset of its 100+ ROMs: the games the DQN literature reports most).

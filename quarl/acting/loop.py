@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from quarl.vector_env import VectorEnvironment
+from quarl.envs.vector import VectorEnvironment
 
 
 @dataclasses.dataclass(frozen=True)

@@ -16,99 +16,19 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-import time
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Mapping, NamedTuple
 
 import numpy as np
+
+from quarl.replay.limiter import MinSize, RateLimiter, RateLimiterTimeout, WaitClock, deadline_after, largest_allowed
+from quarl.replay.sumtree import SumTree
 
 STATE_FORMAT_VERSION = 1
 SAMPLERS = ("uniform", "prioritized")
 
 
-class RateLimiterTimeout(TimeoutError):
-    """The rate limiter did not allow the insert/sample before the timeout expired."""
-
-    inserted: int = 0  # for an insert: how many leading items of the batch went in before the timeout
-
-
 class TableClosed(RuntimeError):
     """The table was closed; blocked and later callers get this instead of waiting forever."""
-
-
-class RateLimiter:
-    """Reverb's rate limiter: a bound on `inserts * samples_per_insert - samples` once `min_size` is reached.
-
-    With diff = inserts * spi - samples (counters over the table's life):
-    - one more insert is allowed if size + 1 <= min_size_to_sample, or (inserts + 1) * spi - samples <= max_diff;
-    - one more sample is allowed if size >= min_size_to_sample and diff - 1 >= min_diff.
-    """
-
-    def __init__(self, samples_per_insert: float, min_size_to_sample: int, min_diff: float, max_diff: float):
-        if not (isinstance(samples_per_insert, numbers.Real) and math.isfinite(samples_per_insert)
-                and samples_per_insert > 0):
-            raise ValueError(f"samples_per_insert must be a positive finite number, got {samples_per_insert!r}")
-        if not isinstance(min_size_to_sample, (int, np.integer)) or min_size_to_sample < 1:
-            raise ValueError(f"min_size_to_sample must be a positive int, got {min_size_to_sample!r}")
-        if math.isnan(min_diff) or math.isnan(max_diff) or min_diff > max_diff:
-            raise ValueError(f"need min_diff <= max_diff, got {min_diff!r} > {max_diff!r}")
-        self._spi = float(samples_per_insert)
-        self._min_size = int(min_size_to_sample)
-        self._min_diff = float(min_diff)
-        self._max_diff = float(max_diff)
-
-    samples_per_insert = property(lambda self: self._spi)
-    min_size_to_sample = property(lambda self: self._min_size)
-    min_diff = property(lambda self: self._min_diff)
-    max_diff = property(lambda self: self._max_diff)
-
-    def can_insert(self, size: int, inserts: int, samples: int, n: int = 1) -> bool:
-        """Whether the n-th next insert (n >= 1) may proceed, counting the n - 1 before it."""
-        if size + n <= self._min_size:
-            return True
-        return (inserts + n) * self._spi - samples <= self._max_diff
-
-    def can_sample(self, size: int, inserts: int, samples: int, n: int = 1) -> bool:
-        """Whether the n-th next sampled item (n >= 1) may proceed, counting the n - 1 before it."""
-        if size < self._min_size:
-            return False
-        return inserts * self._spi - samples - n >= self._min_diff
-
-    def __repr__(self) -> str:
-        return (f"{type(self).__name__}(samples_per_insert={self._spi}, min_size_to_sample={self._min_size}, "
-                f"min_diff={self._min_diff}, max_diff={self._max_diff})")
-
-
-class MinSize(RateLimiter):
-    """Blocks sampling until the table holds `min_size_to_sample` items; never limits otherwise."""
-
-    def __init__(self, min_size_to_sample: int):
-        super().__init__(1.0, min_size_to_sample, -math.inf, math.inf)
-
-
-class SampleToInsertRatio(RateLimiter):
-    """Keeps samples/inserts near `samples_per_insert` after `min_size_to_sample` items.
-
-    A number `error_buffer` gives min_diff/max_diff = spi * min_size -/+ error_buffer (so only operations
-    after the warm-up count); a (min_diff, max_diff) pair is used as is. As in Reverb, a range narrower than
-    2 * max(1, spi) is refused because it could block both sides forever.
-    """
-
-    def __init__(self, samples_per_insert: float, min_size_to_sample: int,
-                 error_buffer: float | tuple[float, float]):
-        if isinstance(error_buffer, numbers.Real) and not isinstance(error_buffer, bool):
-            offset = float(samples_per_insert) * float(min_size_to_sample)
-            min_diff, max_diff = offset - error_buffer, offset + error_buffer
-        elif isinstance(error_buffer, (tuple, list)) and len(error_buffer) == 2:
-            min_diff, max_diff = (float(v) for v in error_buffer)
-        else:
-            raise ValueError(f"error_buffer must be a number or a (min_diff, max_diff) pair, got {error_buffer!r}")
-        if max_diff - min_diff < 2 * max(1.0, float(samples_per_insert)):
-            raise ValueError("error_buffer range must be >= 2 * max(1, samples_per_insert); "
-                             "a smaller one can block inserts and samples forever")
-        if min_diff > float(samples_per_insert) * float(min_size_to_sample):
-            raise ValueError("error_buffer range lies above samples_per_insert * min_size_to_sample; "
-                             "sampling would deadlock once min_size_to_sample items are inserted")
-        super().__init__(samples_per_insert, min_size_to_sample, min_diff, max_diff)
 
 
 class Sample(NamedTuple):
@@ -131,65 +51,6 @@ class StackedSample(NamedTuple):
     data: dict[str, np.ndarray]  # each [K, B, ...], C-contiguous
 
 
-def importance_weights(probabilities: np.ndarray, size: int, beta: float) -> np.ndarray:
-    """PER importance weights (size * P(i))^-beta, normalised by the batch maximum (as Acme's DQN does)."""
-    p = np.asarray(probabilities, dtype=np.float64)
-    if size < 1:
-        raise ValueError(f"size must be >= 1, got {size}")
-    if not (math.isfinite(beta) and beta >= 0):
-        raise ValueError(f"beta must be a non-negative finite number, got {beta!r}")
-    if p.ndim != 1 or p.size == 0 or not np.all(np.isfinite(p)) or np.any(p <= 0) or np.any(p > 1):
-        raise ValueError("probabilities must be a non-empty 1-D array in (0, 1]")
-    w = (size * p) ** (-beta)
-    return (w / w.max()).astype(np.float32)
-
-
-class SumTree:
-    """Binary sum tree over `capacity` leaves, updated and searched for whole batches at once.
-
-    Each internal node is recomputed as the exact float sum of its two children (never by adding deltas),
-    so the tree cannot drift and a positive node always has a positive child to descend into.
-    """
-
-    def __init__(self, capacity: int):
-        self._leaves = 1 << max(0, (int(capacity) - 1).bit_length())
-        self._depth = self._leaves.bit_length() - 1
-        self._tree = np.zeros(2 * self._leaves, dtype=np.float64)
-
-    @property
-    def total(self) -> float:
-        return float(self._tree[1])
-
-    def get(self, index: np.ndarray) -> np.ndarray:
-        return self._tree[np.asarray(index, dtype=np.int64) + self._leaves]
-
-    def set(self, index: np.ndarray, values: np.ndarray) -> None:
-        """Sets leaves (indices must be unique) and recomputes their ancestors, one level per NumPy op."""
-        pos = np.asarray(index, dtype=np.int64) + self._leaves
-        self._tree[pos] = values
-        pos = np.sort(pos)  # sorted once: each level's parents are then sorted, and deduplicated by a neighbour test
-        for _ in range(self._depth):
-            pos >>= 1
-            if pos.size > 1:
-                pos = pos[np.concatenate(([True], pos[1:] != pos[:-1]))]
-            self._tree[pos] = self._tree[2 * pos] + self._tree[2 * pos + 1]
-
-    def clear(self) -> None:
-        self._tree[:] = 0.0
-
-    def find(self, mass: np.ndarray) -> np.ndarray:
-        """Leaf index whose prefix-sum interval contains each value of `mass` (values in [0, total))."""
-        u = np.asarray(mass, dtype=np.float64).copy()
-        idx = np.ones(u.shape, dtype=np.int64)
-        for _ in range(self._depth):
-            left = self._tree[2 * idx]
-            right = self._tree[2 * idx + 1]
-            go_right = ((u >= left) & (right > 0)) | (left <= 0)
-            u = np.where(go_right, u - left, u)
-            idx = 2 * idx + go_right
-        return idx - self._leaves
-
-
 Signature = Mapping[str, tuple[tuple[int, ...], Any]]
 
 
@@ -210,7 +71,7 @@ class Table:
             raise ValueError(f"priority_exponent must be a non-negative finite number, got {priority_exponent!r}")
         rate_limiter = MinSize(1) if rate_limiter is None else rate_limiter
         if not isinstance(rate_limiter, RateLimiter):
-            raise ValueError(f"rate_limiter must be a quarl.replay.RateLimiter, got {rate_limiter!r}")
+            raise ValueError(f"rate_limiter must be a quarl.replay.limiter.RateLimiter, got {rate_limiter!r}")
         if rate_limiter.min_size_to_sample > capacity:
             raise ValueError(f"min_size_to_sample ({rate_limiter.min_size_to_sample}) exceeds capacity "
                              f"({capacity}): sampling could never start")
@@ -262,14 +123,14 @@ class Table:
         """
         columns, n = self._check_batch(batch)
         prios = _check_priorities(np.ones(n) if priorities is None else priorities, n, "priorities")
-        deadline = _deadline(timeout)
+        deadline = deadline_after(timeout)
         with self._cond:
             done = 0
-            waited = _WaitClock(self._blocked["insert"])
+            waited = WaitClock(self._blocked["insert"])
             try:
                 while done < n:
                     self._check_open()
-                    k = n - done if force else _largest_allowed(
+                    k = n - done if force else largest_allowed(
                         n - done, lambda j: self.rate_limiter.can_insert(self._size, self._inserts, self._samples, j))
                     if k == 0:
                         try:
@@ -295,15 +156,15 @@ class Table:
         """
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
-        deadline = _deadline(timeout)
+        deadline = deadline_after(timeout)
         parts: list[tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]] = []
         with self._cond:
             got = 0
-            waited = _WaitClock(self._blocked["sample"])
+            waited = WaitClock(self._blocked["sample"])
             try:
                 while got < batch_size:
                     self._check_open()
-                    k = _largest_allowed(batch_size - got, lambda j: self.rate_limiter.can_sample(
+                    k = largest_allowed(batch_size - got, lambda j: self.rate_limiter.can_sample(
                         self._size, self._inserts, self._samples, j))
                     if k == 0:
                         waited.wait(self._cond, deadline, f"sample from table {self.name!r} "
@@ -533,72 +394,11 @@ class Table:
         return self._keys[slots], probs, self._gather(slots)
 
 
-def table_from_config(signature: Signature, table_config: Mapping[str, Any], *, name: str = "replay",
-                      seed: int | None = None) -> "Table":
-    """A `Table` with a samples-per-insert limiter from an agent builder's `table_config()` dict (keys capacity,
-    sampler, priority_exponent, samples_per_insert, min_size_to_sample, error_buffer): the one place that turns an
-    agent's replay settings into a table, for the single-process runner and the replay server alike. Image
-    observations of stacked frames get a `quarl.replay_frames.FrameTable` (each frame stored once)."""
-    limiter = SampleToInsertRatio(table_config["samples_per_insert"], table_config["min_size_to_sample"],
-                                  table_config["error_buffer"])
-    from quarl.replay_frames import FrameTable, frame_columns  # pylint: disable=import-outside-toplevel
-    cls = FrameTable if frame_columns(signature) else Table  # stacked frames (ALE): each frame stored once
-    return cls(name, table_config["capacity"], signature, sampler=table_config["sampler"],
-               priority_exponent=table_config["priority_exponent"], rate_limiter=limiter, seed=seed)
-
-
-class _WaitClock:
-    """Accumulates the time one insert/sample call spends blocked into the table's counters."""
-
-    def __init__(self, counters: list):
-        self._counters = counters
-        self._start: float | None = None
-
-    def wait(self, cond: threading.Condition, deadline: float | None, what: str) -> None:
-        now = time.monotonic()
-        if self._start is None:
-            self._start = now
-            self._counters[0] += 1
-        if deadline is None:
-            cond.wait()
-            return
-        if now >= deadline:
-            raise RateLimiterTimeout(f"rate limiter timeout: could not {what}")
-        cond.wait(deadline - now)
-
-    def stop(self) -> None:
-        if self._start is not None:
-            self._counters[1] += time.monotonic() - self._start
-            self._start = None
-
-
 def _check_counts(batch_size: Any, num_batches: Any) -> tuple[int, int]:
     for name, value in (("num_batches", num_batches), ("batch_size", batch_size)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     return int(batch_size), int(num_batches)
-
-
-def _deadline(timeout: float | None) -> float | None:
-    if timeout is None:
-        return None
-    if not (isinstance(timeout, numbers.Real) and timeout >= 0):
-        raise ValueError(f"timeout must be None or a non-negative number of seconds, got {timeout!r}")
-    return time.monotonic() + float(timeout)
-
-
-def _largest_allowed(limit: int, allowed: Callable[[int], bool]) -> int:
-    """Largest j in [0, limit] with allowed(1..j) all true, for a predicate that is monotone in j."""
-    if allowed(limit):
-        return limit
-    lo, hi = 0, limit  # allowed(lo) holds (vacuously for 0), allowed(hi) fails
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if allowed(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _check_priorities(priorities: Any, n: int, what: str) -> np.ndarray:

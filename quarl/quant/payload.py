@@ -11,9 +11,9 @@ a list of `{"path": [keys...], "array": A}` or `{"path": [...], "qtensor": {"val
 "zero_point": A or nil (symmetric), "bits", "axis", "symmetric"}}` where
 `A = {"dtype": name, "shape": [...], "data": bytes}`; format 4 adds `activation_ranges`: nil, or a map
 {layer name: A float32 [lo, hi]} of the calibrated input ranges int conv actors quantize activations with
-(`quarl.calibration`). A conv policy's int weights without them are refused by every runtime ("int conv
+(`quarl.quant.calibration`). A conv policy's int weights without them are refused by every runtime ("int conv
 policies need calibrated activation ranges"), so a format-3 payload cannot drive an int conv actor.
-QTensor `values` of fewer than 8 bits are bit-packed (format version 2): `data` holds the codes in C order, `bits` bits each, low-bit first (`quarl.bitpack`),
+QTensor `values` of fewer than 8 bits are bit-packed (format version 2): `data` holds the codes in C order, `bits` bits each, low-bit first (`quarl.quant.bitpack`),
 signed codes offset by 2^(bits-1); `dtype` names the decoded dtype (int8 / uint8). An int4 policy thus costs
 half a byte per weight, not a byte. Version-1 payloads (one byte per code), version-2 payloads (no
 `spec_hash`) and version-3 payloads (no `activation_ranges`), otherwise identical, still decode.
@@ -36,18 +36,11 @@ import ml_dtypes
 import msgpack
 import numpy as np
 
-from quarl.bitpack import MAX_PACKED_BITS, pack_bits, packed_nbytes, signed_offset, unpack_bits
-from quarl.policy import PolicySpec
-from quarl.quantization import (
-    QTensor,
-    QuantizedParams,
-    is_quantized_leaf,
-    parse_precision,
-    path_str,
-    qrange,
-    quantize_params,
-    storage_dtype,
-    tree_items,
+from quarl.policy.spec import PolicySpec
+from quarl.quant.bitpack import MAX_PACKED_BITS, pack_bits, packed_nbytes, signed_offset, unpack_bits
+from quarl.quant.precision import parse_precision
+from quarl.quant.quantization import (
+    QTensor, QuantizedParams, is_quantized_leaf, path_str, qrange, storage_dtype, tree_items,
 )
 
 MAGIC = b"QRLP"

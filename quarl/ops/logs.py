@@ -16,7 +16,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from quarl.io import write_json_atomic  # noqa: F401 - re-exported: the logging API's JSON writer
+from quarl.ops.io import write_json_atomic  # noqa: F401 - re-exported: the logging API's JSON writer
 
 
 def _scalar(value: Any) -> bool | int | float | str | None:

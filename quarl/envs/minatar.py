@@ -5,7 +5,7 @@ channel per object kind (Breakout: paddle, ball, trail, brick). It is the CI-sca
 same conv-policy code path (image observations, uint8 in replay, a conv Q-network, int8 conv actors) at a
 few microseconds per env step.
 
-Contract (as `quarl.envs` for the vector tasks, except the observation):
+Contract (as `quarl.envs.factory` for the vector tasks, except the observation):
 - observations are uint8 [10, 10, C] (0/1), kept as integers so replay stores one byte per cell; the
   networks cast them to float;
 - the action spec is `DiscreteArray(6)`: MinAtar's full action set, as the authors' DQN baseline uses;
@@ -24,7 +24,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from quarl.pixel_env import PixelEnvironment, check_task_and_seed
+from quarl.envs.pixel import PixelEnvironment, check_task_and_seed
 
 MINATAR_PREFIX = "MinAtar/"
 # Task name -> MinAtar's module name.

@@ -1,12 +1,12 @@
 """`quantize_params` for integer precisions as one jitted XLA computation on the device the weights live on.
 
-Why: the learner publishes a weight version every few steps. The host quantizer (`quarl.quantization`) first
+Why: the learner publishes a weight version every few steps. The host quantizer (`quarl.quant.quantization`) first
 copies the fp32 tree to the host and then makes several float64 passes over it in NumPy: 162 ms per 2048x3
 version on the H200 machine's CPU. Here the whole tree is quantized where it lives (the GPU, or XLA's
 multi-threaded CPU backend), and only the integer codes and per-channel scales come back to the host (a quarter
 of the fp32 bytes).
 
-The codes and scales are bit-identical to `quarl.quantization.quantize` (symmetric; per output channel or per
+The codes and scales are bit-identical to `quarl.quant.quantization.quantize` (symmetric; per output channel or per
 tensor): the same float64 arithmetic (`jax.enable_x64` for this computation only; float64 division, `rint`
 and `nextafter` are IEEE on every XLA backend), the same round-up of the scale to float32 and the same floors.
 One documented difference: XLA flushes float32 subnormals (|w| < 1.2e-38) to zero, which the NumPy path keeps;
@@ -21,22 +21,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from quarl.quantization import (
-    QTensor,
-    QuantizedParams,
-    is_quantized_leaf,
-    parse_precision,
-    path_str,
-    qrange,
-    storage_dtype,
-    tree_items,
+from quarl.quant.precision import parse_precision
+from quarl.quant.quantization import (
+    QTensor, QuantizedParams, is_quantized_leaf, path_str, qrange, storage_dtype, tree_items,
 )
 
 _F32_TINY = float(np.finfo(np.float32).tiny)
 
 
 def _quantize_leaf(w: jax.Array, bits: int, per_channel: bool) -> tuple[jax.Array, jax.Array]:
-    """(codes, float32 scale) of one weight matrix: `quarl.quantization.quantize(w, bits, axis=-1 or None)`."""
+    """(codes, float32 scale) of one weight matrix: `quarl.quant.quantization.quantize(w, bits, axis=-1 or None)`."""
     _, hi = qrange(bits, True)
     x = w.astype(jnp.float64)
     axes = tuple(range(w.ndim - 1)) if per_channel else tuple(range(w.ndim))
@@ -63,7 +57,7 @@ def _jitted(bits: int, per_channel: bool) -> Any:
 
 
 def quantize_params_on_device(params: Mapping, precision: str) -> QuantizedParams:
-    """`quarl.quantization.quantize_params(params, precision)` (per channel) for an integer precision, computed
+    """`quarl.quant.quantization.quantize_params(params, precision)` (per channel) for an integer precision, computed
     on the device holding `params` (a haiku tree of jax or NumPy float32 arrays). ValueError names a non-finite
     leaf, as the host quantizer does. Blocks until the codes are on the host."""
     prec = parse_precision(precision)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Callable, Sequence, Union
+from typing import Any, Sequence, Union
 
 import numpy as np
 
@@ -298,114 +298,6 @@ def mlp_q_network(obs_dim: int, hidden: Sequence[int], num_actions: int,
         layers += [Linear(f"linear_{i}", h), Activation("relu")]
     layers.append(Linear(f"linear_{len(hidden)}", num_actions))
     return PolicySpec(obs_dim, tuple(layers), input_bounds=input_bounds)
-
-
-def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
-    """The spec as a haiku function; call it inside `hk.transform` (top level, so names are unprefixed).
-
-    `qat_bits` (2..8) makes every Linear and Conv2D compute as an int-`qat_bits` actor does (fake-quantized weights,
-    8-bit activations, straight-through gradients; see `quarl.qat`) for quantization-aware training. The
-    parameter tree and its initialisation are the same either way."""
-    import haiku as hk
-    import jax
-    import jax.numpy as jnp
-
-    linear_cls, conv_cls = hk.Linear, hk.Conv2D
-    if qat_bits is not None:
-        from quarl.qat import qat_conv2d, qat_linear  # pylint: disable=import-outside-toplevel  (AQT only when used)
-        linear_cls, conv_cls = qat_linear(qat_bits), qat_conv2d(qat_bits)
-
-    def forward(x):
-        if not jnp.issubdtype(x.dtype, jnp.floating):  # uint8 pixels from replay or an env
-            x = x.astype(jnp.float32)
-        if spec.input_shape is not None:  # flat rows or [B, H, W, C] batches alike
-            x = jnp.reshape(x, (x.shape[0], *spec.input_shape))
-        if spec.input_scale is not None:
-            x = x * spec.input_scale
-        if spec.input_bounds is not None:
-            offset, scale = spec.input_affine()
-            x = (x - offset) * scale
-        for layer in spec.layers:
-            if isinstance(layer, Conv2D):
-                x = conv_cls(layer.out, layer.kernel, stride=layer.stride, padding="VALID", name=layer.name)(x)
-            elif isinstance(layer, Flatten):
-                x = jnp.reshape(x, (x.shape[0], -1))
-            elif isinstance(layer, Linear):
-                w_init = None
-                if layer.init_scale is not None and layer.init == "uniform_scaling":
-                    w_init = hk.initializers.UniformScaling(layer.init_scale)
-                elif layer.init_scale is not None:
-                    w_init = hk.initializers.VarianceScaling(layer.init_scale, "fan_in", "truncated_normal")
-                x = linear_cls(layer.out, w_init=w_init, name=layer.name)(x)
-            elif isinstance(layer, LayerNorm):
-                x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True, eps=LAYER_NORM_EPS,
-                                 name=layer.name)(x)
-            elif isinstance(layer, Activation):
-                x = {"relu": jax.nn.relu, "elu": jax.nn.elu, "tanh": jnp.tanh}[layer.fn](x)
-            elif isinstance(layer, TanhToSpec):
-                lo = jnp.asarray(layer.minimum, x.dtype)
-                hi = jnp.asarray(layer.maximum, x.dtype)
-                x = lo + (jnp.tanh(x) + 1.0) * 0.5 * (hi - lo)
-        return x
-
-    return forward
-
-
-def reference_apply(spec: PolicySpec, params: dict, obs: np.ndarray, *, dtype: Any = np.float64,
-                    on_input: Callable[[str, np.ndarray], None] | None = None) -> np.ndarray:
-    """Float64 NumPy evaluation of the spec: the ground truth the runtimes are tested against.
-
-    `dtype` float32 makes it a fast host forward (calibration); `on_input(name, x)` sees the input of every
-    Linear and Conv2D layer (what `quarl.calibration` records ranges of)."""
-    x = np.asarray(obs, dtype)
-    if spec.input_shape is not None:
-        x = x.reshape((x.shape[0], *spec.input_shape))
-    if spec.input_scale is not None:
-        x = x * dtype(spec.input_scale)
-    if spec.input_bounds is not None:
-        offset, scale = spec.input_affine()
-        x = (x - offset.astype(dtype)) * scale.astype(dtype)
-    for layer in spec.layers:
-        if on_input is not None and isinstance(layer, (Conv2D, Linear)):
-            on_input(layer.name, x)
-        if isinstance(layer, Conv2D):
-            p = params[layer.name]
-            x = conv2d_nhwc(x, np.asarray(p["w"], dtype), layer.stride) + np.asarray(p["b"], dtype)
-        elif isinstance(layer, Flatten):
-            x = x.reshape(x.shape[0], -1)
-        elif isinstance(layer, Linear):
-            p = params[layer.name]
-            x = x @ np.asarray(p["w"], dtype) + np.asarray(p["b"], dtype)
-        elif isinstance(layer, LayerNorm):
-            p = params[layer.name]
-            mean = x.mean(-1, keepdims=True)
-            var = x.var(-1, keepdims=True)
-            x = (x - mean) / np.sqrt(var + LAYER_NORM_EPS)
-            x = x * np.asarray(p["scale"], dtype) + np.asarray(p["offset"], dtype)
-        elif isinstance(layer, Activation):
-            if layer.fn == "relu":
-                x = np.maximum(x, 0.0)
-            elif layer.fn == "elu":
-                x = np.where(x > 0, x, np.expm1(np.minimum(x, 0.0)))
-            else:
-                x = np.tanh(x)
-        elif isinstance(layer, TanhToSpec):
-            lo, hi = np.asarray(layer.minimum), np.asarray(layer.maximum)
-            x = lo + (np.tanh(x) + 1.0) * 0.5 * (hi - lo)
-    return x.astype(np.float32)
-
-
-def image_patches(x: np.ndarray, kernel: int, stride: int) -> np.ndarray:
-    """[B, H, W, C] -> the VALID conv windows [B, H', W', kernel, kernel, C] (a strided view, no copy)."""
-    from numpy.lib.stride_tricks import sliding_window_view  # pylint: disable=import-outside-toplevel
-
-    windows = sliding_window_view(x, (kernel, kernel), axis=(1, 2))[:, ::stride, ::stride]  # [B, H', W', C, k, k]
-    return windows.transpose(0, 1, 2, 4, 5, 3)
-
-
-def conv2d_nhwc(x: np.ndarray, w: np.ndarray, stride: int) -> np.ndarray:
-    """VALID 2-D convolution of x [B, H, W, C] with w [k, k, C, O] (haiku layout), in x's and w's dtype."""
-    return np.einsum("bhwijc,ijco->bhwo", image_patches(x, w.shape[0], stride), w, optimize=True)
 
 
 def minatar_q_network(input_shape: Sequence[int], num_actions: int, channels: int = 16,

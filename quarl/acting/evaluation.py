@@ -16,9 +16,9 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from quarl.envs import make_environment
-from quarl.policy import PolicySpec
-from quarl.quantization import QuantizedParams
+from quarl.envs.factory import make_environment
+from quarl.policy.spec import PolicySpec
+from quarl.quant.quantization import QuantizedParams
 from quarl.runtimes import PolicyExecutor, make_executor
 
 

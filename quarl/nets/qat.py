@@ -7,7 +7,7 @@ gradients pass the rounding with a straight-through estimator (STE): d(round(w))
 
 What "the arithmetic its actors run" means here, exactly (see `quarl.runtimes.jax_backend`):
 
-* weights: `quarl.quantization.quantize_params(params, "int<B>")`, i.e. symmetric, one scale per output
+* weights: `quarl.quant.quantization.quantize_params(params, "int<B>")`, i.e. symmetric, one scale per output
   channel, `scale = max|w| / (2^(B-1) - 1)` rounded *up* to float32, codes `rint(w / scale)` (ties to
   even) clipped to +-(2^(B-1) - 1);
 * activations: AQT v2's dynamic 8-bit quantization of each input row, an s8 x s8 -> s32 `dot_general`,
@@ -22,7 +22,7 @@ How it is built, and why:
   quantized activations and dx = g W_q^T from the quantized weights.
 * The weight codes and scales are NOT AQT's calibration: AQT's `AbsMaxCalibration` with its default
   `IntSymmetric(preserve_max_val=False)` maps max|w| to 2^(B-1) - 0.5 (not 2^(B-1) - 1) and rounds the
-  scale to nearest in float32, while the deployed grid (`quarl.quantization.quantize`) divides by
+  scale to nearest in float32, while the deployed grid (`quarl.quant.quantization.quantize`) divides by
   2^(B-1) - 1 in float64 and rounds the scale up. A training grid that differs from the deployed one by
   even one code would make "fake-quant == deploy" false. So `weight_codes` computes quarl's codes and
   scales bit-exactly in float32 jnp (the two float64 steps are reproduced with an exact product split,
@@ -46,7 +46,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from quarl.checks import ConfigError
+from quarl.ops.checks import ConfigError
+from quarl.policy.im2col import conv_windows
 
 QAT_MIN_BITS, QAT_MAX_BITS = 2, 8  # the int kernels the runtimes deploy (wider ints are simulated in fp32)
 ACTIVATION_BITS = 8  # as `quarl.runtimes.jax_backend`: an int4 actor is W4A8
@@ -89,7 +90,7 @@ def _sign_of_residual(a: Any, h: Any, s: Any) -> Any:
 
 
 def weight_codes(w: Any, bits: int) -> tuple[Any, Any]:
-    """`quarl.quantization.quantize(w, bits, symmetric=True, axis=-1)` in jnp: (int8 codes [in, out],
+    """`quarl.quant.quantization.quantize(w, bits, symmetric=True, axis=-1)` in jnp: (int8 codes [in, out],
     float32 scale [1, out]), bit-identical to the NumPy reference. No gradient (codes are integers)."""
     import jax
     import jax.numpy as jnp
@@ -136,7 +137,6 @@ def make_qat_dense(bits: int) -> Callable:
     bits = check_qat_bits(bits, "bits")
     if bits is None:
         raise ValueError("make_qat_dense needs bits in [2, 8], got None")
-    import jax
     import jax.numpy as jnp
     from aqt.jax.v2 import aqt_tensor
     from aqt.jax.v2 import config as aqt_config
@@ -194,15 +194,13 @@ def qat_linear(bits: int) -> type:
 
 def qat_conv2d(bits: int) -> type:
     """A haiku `Conv2D` (VALID padding, NHWC, the only form `PolicySpec` has) computed as the int-`bits` JAX
-    actor computes it: the k x k x C_in windows (`quarl.runtimes.jax_backend.conv_windows`, the same im2col)
+    actor computes it: the k x k x C_in windows (`quarl.policy.im2col.conv_windows`, the im2col the JAX runtime runs)
     times the [k*k*C_in, out] weights through `make_qat_dense(bits)`, so each window is quantized to int8 on its
     own and the weights per output channel, with straight-through gradients. Parameter names, shapes and
     initialisers are `hk.Conv2D`'s, so QAT and fp32 networks share one parameter tree. (ONNX actors quantize conv
     inputs with the calibrated static scales instead: they differ from this by activation rounding only.)"""
     import haiku as hk
     import jax.numpy as jnp
-
-    from quarl.runtimes.jax_backend import conv_windows  # pylint: disable=import-outside-toplevel
 
     dense = make_qat_dense(bits)
 

@@ -9,7 +9,7 @@ that decides how an fp32 haiku parameter tree becomes the tree an actor receives
 * everything else (biases, LayerNorm scale/offset) stays fp32.
 
 Everything here is plain NumPy on purpose: quantization runs once per broadcast on the learner's host, the
-result is serialised (`quarl.payload`), and the runtimes consume the integers directly.
+result is serialised (`quarl.quant.payload`), and the runtimes consume the integers directly.
 """
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ import jax
 import ml_dtypes
 import numpy as np
 
-MIN_BITS, MAX_BITS = 2, 16
+from quarl.quant.precision import MAX_BITS, MIN_BITS, Precision, parse_precision
+
 _F32 = np.float32
 _F32_MAX = float(np.finfo(_F32).max)
 _F32_TINY = float(np.finfo(_F32).tiny)  # smallest normal float32: scales never go below it
@@ -181,49 +182,6 @@ def fake_quantize(x: Any, bits: int, *, symmetric: bool = True, axis: int | None
 
 
 # --------------------------------------------------------------------------------------------------------
-# Precisions
-# --------------------------------------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Precision:
-    """A numeric format an actor can run: `kind` 'float' (fp32/fp16/bf16) or 'int' (uniform, `bits`)."""
-
-    name: str
-    kind: str
-    bits: int
-
-    @property
-    def is_int(self) -> bool:
-        return self.kind == "int"
-
-
-_FLOATS = {"fp32": 32, "bf16": 16, "fp16": 16}
-ALL_PRECISIONS: tuple[str, ...] = (*_FLOATS, *(f"int{b}" for b in range(MAX_BITS, MIN_BITS - 1, -1)))
-_BY_NAME = {
-    **{n: Precision(n, "float", b) for n, b in _FLOATS.items()},
-    **{f"int{b}": Precision(f"int{b}", "int", b) for b in range(MIN_BITS, MAX_BITS + 1)},
-}
-
-
-def parse_precision(s: str | int | Precision) -> Precision:
-    """Parse a CLI/config precision: fp32, bf16, fp16, int2..int16, or a bit count (32 -> fp32,
-    16 -> fp16, 2..15 -> int<b>). Case-insensitive. Unknown -> ValueError listing the valid names."""
-    if isinstance(s, Precision):
-        return s
-    key = str(s).strip().lower()
-    if key.isdigit():
-        b = int(key)
-        key = {32: "fp32", 16: "fp16"}.get(b, f"int{b}" if MIN_BITS <= b < MAX_BITS else key)
-    if key not in _BY_NAME:
-        raise ValueError(
-            f"unknown precision {s!r}: valid are {', '.join(ALL_PRECISIONS)} "
-            f"(or a bit count: 32, 16, {MIN_BITS}..{MAX_BITS - 1})"
-        )
-    return _BY_NAME[key]
-
-
-# --------------------------------------------------------------------------------------------------------
 # Parameter trees
 # --------------------------------------------------------------------------------------------------------
 
@@ -240,7 +198,7 @@ class QuantizedParams:
     precision: str
     per_channel: bool
     # Calibrated input ranges {layer name: float32 [lo, hi]} of the int layers of conv policies
-    # (`quarl.calibration`): their actors quantize activations with static scales. None for MLP policies.
+    # (`quarl.quant.calibration`): their actors quantize activations with static scales. None for MLP policies.
     activation_ranges: dict | None = None
 
 

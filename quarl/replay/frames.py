@@ -12,7 +12,7 @@ item that refers to it is evicted (reference counts). Sampling gathers the K fra
 stack, so every sampled stack is bit-identical to the one inserted, whatever the episode boundaries (an episode's
 first stack repeats its frame: stored once), n-step windows, truncations, or how several actors' inserts
 interleave: nothing here relies on the order of inserts. The table's API and semantics (keys, FIFO eviction,
-samplers, rate limiter, checkpoints) are `quarl.replay.Table`'s; `table_from_config` picks this table for
+samplers, rate limiter, checkpoints) are `quarl.replay.table.Table`'s; `table_from_config` picks this table for
 observation columns that are uint8 [H, W, K] with H * W >= `MIN_FRAME_PIXELS`.
 """
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-from quarl.replay import STATE_FORMAT_VERSION, Table
+from quarl.replay.table import STATE_FORMAT_VERSION, Table
 
 FRAME_COLUMNS = ("observation", "next_observation")
 # Below this many pixels a frame is cheaper to copy than to hash and look up (MinAtar's 10x10 planes).
@@ -46,7 +46,7 @@ def frame_columns(signature: Mapping[str, tuple[tuple[int, ...], Any]]) -> tuple
 
 
 class FrameTable(Table):
-    """`quarl.replay.Table` with the image columns stored as references into a deduplicated frame store."""
+    """`quarl.replay.table.Table` with the image columns stored as references into a deduplicated frame store."""
 
     def __init__(self, name: str, capacity: int, signature: Mapping[str, tuple[tuple[int, ...], Any]],
                  **kwargs: Any):

@@ -9,14 +9,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from quarl.quantization import (
-    QTensor,
-    QuantizedParams,
-    dequantize,
-    is_quantized_leaf,
-    path_str,
-    tree_items,
-)
+from quarl.quant.quantization import QTensor, QuantizedParams, dequantize, is_quantized_leaf, path_str, tree_items
 
 
 def _pair(x: Any, x_hat: Any) -> tuple[np.ndarray, np.ndarray]:

@@ -1,4 +1,4 @@
-"""envpool's C++ DM Control tasks as a `quarl.vector_env.VectorEnvironment`, for the tasks proven to match.
+"""envpool's C++ DM Control tasks as a `quarl.envs.vector.VectorEnvironment`, for the tasks proven to match.
 
 envpool steps K environments of a task in one C++ call (one thread here: an actor is one core), several times
 cheaper per env step than dm_control's Python loop, so a vectorized actor's time goes to its policy. It is
@@ -8,7 +8,7 @@ dm_control's, and that from the same physics state the same actions give the sam
 float32 rounding over a full 1000-step episode), with initial states from the same distribution. Every
 other task, and any machine without envpool, keeps dm_control (`make_vector_environment` decides).
 
-Each timestep is converted to our single-environment contract (`quarl.envs`): observation keys sorted and
+Each timestep is converted to our single-environment contract (`quarl.envs.factory`): observation keys sorted and
 concatenated to float32, actions taken in [-1, 1] and mapped onto the task's bounds, float32 reward and
 discount, non-finite observations refused. envpool restarts a finished environment itself on its next step;
 here `reset_one(i)` restarts it explicitly instead, as `VectorEnvironment` prescribes.
@@ -29,7 +29,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from quarl.envs import _check_finite, canonical_to_bounds
+from quarl.envs.factory import _check_finite, canonical_to_bounds
 
 # Our task name -> envpool's, for the tasks whose equivalence to dm_control a test proves.
 ENVPOOL_TASKS = {
