@@ -17,7 +17,8 @@ from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
 from quarl.replay import table_from_config
 from quarl.replay.adders import NStepTransitionAdder
-from quarl.replay.table import Sample, Table
+from quarl.replay.items import Sample
+from quarl.replay.table import Table
 from quarl.runtimes.base import policy_rows
 
 Signature = dict[str, tuple[tuple[int, ...], np.dtype]]

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from quarl.replay.table import StackedSample
+from quarl.replay.items import StackedSample
 
 # column -> (dtype, shape of one item); None = any shape (checked only for a common batch size). Items of shape
 # () may arrive as [B, 1] and are flattened to [B].

@@ -79,7 +79,8 @@ def label(variant: Variant) -> str:
 
 def form_checks(hidden: int) -> dict[str, dict[str, Any]]:
     """Each registered integer form's int8 self-check at the policy's layer shapes (cached per process)."""
-    from quarl.runtimes.kernel_forms import check_form, forms
+    from quarl.runtimes.kernel_check import check_form
+    from quarl.runtimes.kernel_forms import forms
 
     shapes = [(OBS_DIM, hidden), (hidden, hidden), (hidden, ACT_DIM)]
     return {name: check_form(name, 8, shapes) for name, form in forms().items() if form.integer

@@ -21,7 +21,8 @@ from typing import Any
 def measure(bits: list[int], width: int) -> dict[str, Any]:
     """Check every registered form at each bit width on one [width, width] layer, in this process."""
     from quarl.runtimes.cpu import cpu_class, cpu_info
-    from quarl.runtimes.kernel_forms import check_form, forms, select_form
+    from quarl.runtimes.kernel_check import check_form, select_form
+    from quarl.runtimes.kernel_forms import forms
 
     shapes = [(width, width)]
     rows = []

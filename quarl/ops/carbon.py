@@ -35,30 +35,25 @@ import os
 import re
 import socket
 import tempfile
-import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Iterable
 
 import psutil
 
+from quarl.ops.codecarbon_parts import (
+    FALLBACK_WATTS_PER_THREAD, codecarbon_components, prime_tdp_cache, store_tdp_cache,
+)
 from quarl.ops.io import write_json_atomic
-from quarl.ops.machine import cpu_model_name
+from quarl.ops.rapl import RAPL_SAMPLE_S, RaplAttribution, process_cpu_seconds
 
-# Watts per busy CPU thread for the fallback model: codecarbon's own default for CPUs it cannot match
-# (codecarbon.core.cpu.DEFAULT_POWER_PER_CORE, 4 W per thread). A default, not any CPU's TDP.
-FALLBACK_WATTS_PER_THREAD = 4.0
 # Where the run's electricity comes from, for the grid intensity (ISO 3166-1 alpha-3; default USA). An
 # environment variable rather than a flag so that every process of a distributed run (Ray workers inherit the
 # driver's environment) uses the same grid without threading it through each node.
 COUNTRY_ENV = "QUARL_CARBON_COUNTRY"
 DEFAULT_COUNTRY = "USA"
 UNAVAILABLE = "unavailable"
-# Linux powercap tree; package domains are its top-level intel-rapl:N entries (AMD CPUs use the same names).
-RAPL_ROOT = "/sys/class/powercap"
-RAPL_SAMPLE_S = 10.0  # well inside the shortest counter wrap (~60 s at 4 kW for a 262 kJ range)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,128}$")
-_TDP_CACHE_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -173,218 +168,6 @@ def default_country() -> str:
     return code.upper()
 
 
-def read_rapl_packages(root: str | os.PathLike | None = None) -> dict[str, tuple[int, int]]:
-    """The RAPL package counters readable here: {domain: (energy_uj, max_energy_range_uj)} ({} if none)."""
-    out = {}
-    for domain in sorted(Path(root or RAPL_ROOT).glob("intel-rapl:*")):
-        if domain.name.count(":") != 1:  # intel-rapl:0:0 etc. are sub-domains (core, dram) of a package
-            continue
-        try:
-            if not (domain / "name").read_text(encoding="utf-8").strip().startswith("package"):
-                continue
-            out[domain.name] = (int((domain / "energy_uj").read_text(encoding="utf-8")),
-                                int((domain / "max_energy_range_uj").read_text(encoding="utf-8")))
-        except (OSError, ValueError):  # unreadable (permissions) or malformed: not a usable counter
-            continue
-    return out
-
-
-def machine_busy_cpu_seconds() -> float:
-    """CPU seconds every process on this machine has spent busy (all cores), from /proc/stat via psutil."""
-    t = psutil.cpu_times()
-    return float(sum(t) - t.idle - getattr(t, "iowait", 0.0) - getattr(t, "guest", 0.0)
-                 - getattr(t, "guest_nice", 0.0))
-
-
-class RaplAttribution:
-    """Samples the RAPL package counters and attributes to one process its CPU-time share of them.
-
-    Each interval: package energy dE (wrap-aware), this process's CPU seconds dp, the machine's busy CPU
-    seconds dm; the process is attributed dE x min(1, dp / dm). Sampled on a thread every `interval_s`
-    (so a counter cannot wrap unseen) and once more at `stop()`. The readers are parameters for tests.
-    """
-
-    def __init__(self, process_cpu: Callable[[], float], *, root: str | os.PathLike | None = None,
-                 machine_cpu: Callable[[], float] | None = None, interval_s: float = RAPL_SAMPLE_S):
-        self._root, self._process_cpu = root, process_cpu
-        self._machine_cpu = machine_cpu or machine_busy_cpu_seconds
-        self._last = read_rapl_packages(root)
-        if not self._last:
-            raise OSError("no readable RAPL package counter")
-        self._last_cpu = (process_cpu(), self._machine_cpu())
-        self.package_j = 0.0
-        self.attributed_j = 0.0
-        self._interval = interval_s
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self) -> "RaplAttribution":
-        self._thread = threading.Thread(target=self._loop, name="rapl-sampler", daemon=True)
-        self._thread.start()
-        return self
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self._interval):
-            self.sample()
-
-    def sample(self) -> None:
-        """Adds the energy since the previous sample (package total and this process's share)."""
-        with self._lock:
-            now = read_rapl_packages(self._root)
-            cpu = (self._process_cpu(), self._machine_cpu())
-            delta_uj = 0
-            for domain, (energy, wrap) in now.items():
-                if domain in self._last:
-                    before = self._last[domain][0]
-                    delta_uj += energy - before if energy >= before else energy + wrap - before
-            dp, dm = cpu[0] - self._last_cpu[0], cpu[1] - self._last_cpu[1]
-            share = min(1.0, max(0.0, dp) / dm) if dm > 0 else 0.0
-            self.package_j += delta_uj / 1e6
-            self.attributed_j += delta_uj / 1e6 * share
-            self._last, self._last_cpu = {**self._last, **now}, cpu
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self.sample()
-
-
-def _process_cpu_seconds(process: psutil.Process) -> float:
-    """CPU time (user + system) of this process and its live children."""
-    total = sum(process.cpu_times()[:2])
-    for child in process.children(recursive=True):
-        try:
-            total += sum(child.cpu_times()[:2])
-        except psutil.Error:
-            pass
-    return float(total)
-
-
-_cpu_model_line = cpu_model_name  # the TDP cache key
-def _tdp_cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "quarl" / "codecarbon_tdp.json"
-
-
-class _CachedTDP:
-    """Stands in for codecarbon's `cpu.TDP` (which exposes `.model` and `.tdp`)."""
-
-    def __init__(self, model: str, tdp: float | None):
-        self.model = model
-        self.tdp = tdp
-
-
-def _prime_tdp_cache() -> bool:
-    """Feeds a cached CPU model/TDP into codecarbon's per-process cache. Returns whether it did."""
-    try:
-        from codecarbon.core import hardware_cache  # pylint: disable=import-outside-toplevel
-
-        key = _cpu_model_line()
-        if key is None or getattr(hardware_cache, "_tdp", "missing") is not None:
-            return False
-        import json  # pylint: disable=import-outside-toplevel
-
-        data = json.loads(_tdp_cache_path().read_text(encoding="utf-8"))
-        if data.get("version") != _TDP_CACHE_VERSION or key not in data.get("cpus", {}):
-            return False
-        entry = data["cpus"][key]
-        tdp = entry["tdp"]
-        if not isinstance(entry["model"], str) or not (tdp is None or isinstance(tdp, (int, float))):
-            return False
-        hardware_cache._tdp = _CachedTDP(entry["model"], tdp)  # pylint: disable=protected-access
-        return True
-    except (ImportError, OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
-
-
-def _store_tdp_cache() -> None:
-    """Saves codecarbon's detected CPU model/TDP for the next process (best effort)."""
-    try:
-        from codecarbon.core import hardware_cache  # pylint: disable=import-outside-toplevel
-        import json  # pylint: disable=import-outside-toplevel
-
-        tdp = getattr(hardware_cache, "_tdp", None)
-        key = _cpu_model_line()
-        if tdp is None or key is None or isinstance(tdp, _CachedTDP):
-            return
-        path = _tdp_cache_path()
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-            if data.get("version") != _TDP_CACHE_VERSION:
-                data = {}
-        except (OSError, ValueError):
-            data = {}
-        cpus = data.get("cpus", {}) if isinstance(data.get("cpus"), dict) else {}
-        entry = {"model": str(tdp.model), "tdp": None if tdp.tdp is None else float(tdp.tdp)}
-        if cpus.get(key) == entry:
-            return
-        cpus[key] = entry
-        write_json_atomic(path, {"version": _TDP_CACHE_VERSION, "cpus": cpus})
-    except (ImportError, OSError, ValueError, TypeError, AttributeError):
-        return
-
-
-_DEFAULT_TDP_CACHE: dict[tuple[str, float], bool] = {}
-
-
-def _tdp_is_default(model: str | None, tdp: float | None) -> bool:
-    """Whether codecarbon's TDP is its default for a CPU it does not know (4 W per thread), not a table value.
-
-    codecarbon returns threads x 4 W for an unknown model; only that value needs the (slow, cached) table check."""
-    try:
-        from codecarbon.core.cpu import DEFAULT_POWER_PER_CORE, TDP  # pylint: disable=import-outside-toplevel
-    except ImportError:
-        return False
-    if tdp is None or not model:
-        return True
-    if abs(float(tdp) - (psutil.cpu_count() or 1) * DEFAULT_POWER_PER_CORE) > 1e-6:
-        return False
-    key = (model, float(tdp))
-    if key not in _DEFAULT_TDP_CACHE:
-        try:
-            _DEFAULT_TDP_CACHE[key] = TDP._get_cpu_power_from_registry(TDP.__new__(TDP), model) is None  # pylint: disable=protected-access
-        except Exception:  # pylint: disable=broad-except
-            _DEFAULT_TDP_CACHE[key] = True  # cannot confirm a table match: do not call it this CPU's TDP
-    return _DEFAULT_TDP_CACHE[key]
-
-
-def _codecarbon_components(tracker: Any) -> dict[str, tuple[str, str]]:
-    """Per component (cpu, gpu, ram): ("measured" | "modelled" | "none", how) from codecarbon's hardware."""
-    parts = {"cpu": ("none", "not tracked"), "gpu": ("none", "none detected"), "ram": ("none", "not tracked")}
-    for hw in getattr(tracker, "_hardware", []):
-        kind = type(hw).__name__
-        if kind == "CPU":
-            mode = getattr(hw, "_mode", "unknown")
-            tdp = getattr(hw, "_tdp", None)
-            default = getattr(hw, "_is_generic_tdp", False) or _tdp_is_default(getattr(hw, "_model", None), tdp)
-            tdp_text = (f"TDP {tdp} W = codecarbon's default for a CPU it does not know "
-                        f"({FALLBACK_WATTS_PER_THREAD:g} W per thread), not this CPU's TDP" if default
-                        else f"TDP {tdp} W from codecarbon's CPU table")
-            if mode == "intel_rapl":
-                parts["cpu"] = ("measured", "RAPL (codecarbon)")
-            elif mode == "windows_emi":
-                parts["cpu"] = ("measured", "Windows Energy Meter (RAPL)")
-            elif mode == "intel_power_gadget":
-                parts["cpu"] = ("measured", "Intel Power Gadget")
-            elif mode == "cpu_load":
-                parts["cpu"] = ("modelled", f"{tdp_text} x process CPU time share")
-            elif mode == "constant":
-                parts["cpu"] = ("modelled", f"constant fraction of the {tdp_text}")
-            else:
-                parts["cpu"] = ("modelled", f"codecarbon mode {mode}")
-        elif kind == "GPU":
-            parts["gpu"] = ("measured", "NVML/AMD SMI energy counters (whole device)")
-        elif kind == "RAM":
-            forced = getattr(hw, "_force_ram_power", None)
-            parts["ram"] = ("modelled", f"user constant {forced} W" if forced is not None
-                            else "codecarbon RAM power model (process memory)")
-        elif kind in ("AppleSiliconChip", "Raspberry"):
-            parts["cpu"] = ("measured", f"{kind} power interface")
-    return parts
-
-
 def _method_line(source: str, parts: dict[str, tuple[str, str]], kwh: dict[str, float], total: float,
                  country: str, intensity: float | None) -> str:
     """The report's method: what was measured, what modelled (with the RAM model's share), the grid source."""
@@ -450,11 +233,11 @@ class EnergyTracker:
         began = time.perf_counter()
         self.report = None
         self._t0 = began
-        self._cpu0 = _process_cpu_seconds(self._process)
+        self._cpu0 = process_cpu_seconds(self._process)
         if self.output_dir is not None:
             self.output_dir.mkdir(parents=True, exist_ok=True)
         try:
-            self._rapl = RaplAttribution(lambda: _process_cpu_seconds(self._process), root=self.rapl_root,
+            self._rapl = RaplAttribution(lambda: process_cpu_seconds(self._process), root=self.rapl_root,
                                          interval_s=self.rapl_interval_s).start()
         except OSError:  # no readable package counter: CPU energy comes from a model
             self._rapl = None
@@ -468,7 +251,7 @@ class EnergyTracker:
             logging.getLogger("codecarbon").setLevel(logging.ERROR)
             from codecarbon import OfflineEmissionsTracker  # pylint: disable=import-outside-toplevel
 
-            primed = _prime_tdp_cache()
+            primed = prime_tdp_cache()
             tracker = OfflineEmissionsTracker(
                 project_name=self.name,
                 country_iso_code=self.country,
@@ -482,7 +265,7 @@ class EnergyTracker:
             )
             tracker.start()
             if not primed:
-                _store_tdp_cache()
+                store_tdp_cache()
             return tracker
         except ImportError:
             self.fallback_reason = "codecarbon not installed"
@@ -534,10 +317,10 @@ class EnergyTracker:
     def _report_from_codecarbon(self, data: Any) -> EnergyReport:
         kwh = {"cpu": float(data.cpu_energy), "gpu": float(data.gpu_energy), "ram": float(data.ram_energy)}
         return self._build("codecarbon offline, process mode", float(data.duration),
-                           _codecarbon_components(self._tracker), kwh)
+                           codecarbon_components(self._tracker), kwh)
 
     def _fallback_report(self, duration: float) -> EnergyReport:
-        cpu_s = max(0.0, _process_cpu_seconds(self._process) - self._cpu0)
+        cpu_s = max(0.0, process_cpu_seconds(self._process) - self._cpu0)
         reason = self.fallback_reason or "codecarbon disabled"
         parts = {"cpu": ("modelled", f"a default of {FALLBACK_WATTS_PER_THREAD:g} W per busy thread (not this "
                                      f"CPU's TDP) x process CPU time ({cpu_s:.3f} s)"),

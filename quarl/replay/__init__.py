@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from quarl.replay.frames import FrameTable, frame_columns
+from quarl.replay.items import Sample, Signature, StackedSample
 from quarl.replay.limiter import MinSize, RateLimiter, RateLimiterTimeout, SampleToInsertRatio
 from quarl.replay.sumtree import SumTree, importance_weights
-from quarl.replay.table import Sample, Signature, StackedSample, Table, TableClosed
+from quarl.replay.table import Table, TableClosed
 
 __all__ = ["FrameTable", "MinSize", "RateLimiter", "RateLimiterTimeout", "Sample", "SampleToInsertRatio", "Signature",
            "StackedSample", "SumTree", "Table", "TableClosed", "importance_weights", "table_from_config"]

@@ -16,10 +16,11 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Mapping
 
 import numpy as np
 
+from quarl.replay.items import Sample, Signature, StackedSample, check_counts, check_priorities, check_signature
 from quarl.replay.limiter import MinSize, RateLimiter, RateLimiterTimeout, WaitClock, deadline_after, largest_allowed
 from quarl.replay.sumtree import SumTree
 
@@ -29,29 +30,6 @@ SAMPLERS = ("uniform", "prioritized")
 
 class TableClosed(RuntimeError):
     """The table was closed; blocked and later callers get this instead of waiting forever."""
-
-
-class Sample(NamedTuple):
-    """A sampled batch: item keys (for `update_priorities`), sampling probabilities, and the columns."""
-
-    keys: np.ndarray  # int64 [B]
-    probabilities: np.ndarray  # float64 [B]
-    data: dict[str, np.ndarray]  # each [B, ...]
-
-
-class StackedSample(NamedTuple):
-    """K batches from one `Table.sample_stacked` call, stacked: what a learner running K SGD steps per call feeds
-    to its device as is (no per-batch objects to build, ship across a process boundary, or stack again).
-
-    Its float columns are finite: the table refuses NaN and inf at insert (and at `load_state_dict`), so a
-    consumer need not scan them again."""
-
-    keys: np.ndarray  # int64 [K, B]
-    probabilities: np.ndarray  # float64 [K, B]
-    data: dict[str, np.ndarray]  # each [K, B, ...], C-contiguous
-
-
-Signature = Mapping[str, tuple[tuple[int, ...], Any]]
 
 
 class Table:
@@ -80,7 +58,7 @@ class Table:
         self.sampler = sampler
         self.priority_exponent = float(priority_exponent)
         self.rate_limiter = rate_limiter
-        self.signature = _check_signature(signature)
+        self.signature = check_signature(signature)
         self._data = self._allocate_storage()
         self._priorities = np.zeros(self.capacity, dtype=np.float64)
         self._keys = np.full(self.capacity, -1, dtype=np.int64)
@@ -122,7 +100,7 @@ class Table:
         when the learner whose samples would release them is stopping too.
         """
         columns, n = self._check_batch(batch)
-        prios = _check_priorities(np.ones(n) if priorities is None else priorities, n, "priorities")
+        prios = check_priorities(np.ones(n) if priorities is None else priorities, n, "priorities")
         deadline = deadline_after(timeout)
         with self._cond:
             done = 0
@@ -186,7 +164,7 @@ class Table:
         vectorised draw of K * B items (the same items, in the same order, as `sample(K * B)` would draw), split
         into K consecutive batches by a reshape (no copy). The rate limiter sees the same items as from K `sample`
         calls. What a learner running K SGD steps per call asks for: one round trip and 2 + columns arrays per K."""
-        batch_size, num_batches = _check_counts(batch_size, num_batches)
+        batch_size, num_batches = check_counts(batch_size, num_batches)
         whole = self.sample(batch_size * num_batches, timeout)
         split = lambda a: a.reshape(num_batches, batch_size, *a.shape[1:])  # noqa: E731
         return StackedSample(split(whole.keys), split(whole.probabilities),
@@ -206,7 +184,7 @@ class Table:
         keys = np.asarray(keys)
         if keys.ndim != 1 or not (np.issubdtype(keys.dtype, np.integer) or keys.size == 0):
             raise ValueError(f"keys must be a 1-D integer array, got shape {keys.shape} dtype {keys.dtype}")
-        prios = _check_priorities(priorities, keys.shape[0], "priorities")
+        prios = check_priorities(priorities, keys.shape[0], "priorities")
         keys = keys.astype(np.int64)
         with self._cond:
             self._check_open()
@@ -290,7 +268,7 @@ class Table:
             raise ValueError(f"replay state holds {size} items; this table's capacity is {self.capacity}")
         if not np.array_equal(keys, np.arange(inserts - size, inserts)) or min(samples, deletes) < 0:
             raise ValueError("replay state keys/counters are inconsistent")
-        return inserts, samples, deletes, size, _check_priorities(prios, size, "state priorities")
+        return inserts, samples, deletes, size, check_priorities(prios, size, "state priorities")
 
     def _restore(self, inserts: int, samples: int, deletes: int, size: int, parts: Any) -> None:
         """Empties the table, writes `parts` ((columns, priorities) batches of checked items, oldest first, `size`
@@ -394,34 +372,3 @@ class Table:
         return self._keys[slots], probs, self._gather(slots)
 
 
-def _check_counts(batch_size: Any, num_batches: Any) -> tuple[int, int]:
-    for name, value in (("num_batches", num_batches), ("batch_size", batch_size)):
-        if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"{name} must be a positive int, got {value!r}")
-    return int(batch_size), int(num_batches)
-
-
-def _check_priorities(priorities: Any, n: int, what: str) -> np.ndarray:
-    p = np.asarray(priorities, dtype=np.float64)
-    if p.shape != (n,):
-        raise ValueError(f"{what} must have shape ({n},), got {p.shape}")
-    if not np.all(np.isfinite(p)) or np.any(p < 0):
-        raise ValueError(f"{what} must be finite and >= 0")
-    return p
-
-
-def _check_signature(signature: Signature) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    if not isinstance(signature, Mapping) or not signature:
-        raise ValueError("signature must be a non-empty dict {column: (shape, dtype)}")
-    checked = {}
-    for name, spec in signature.items():
-        try:
-            shape, dtype = spec
-            shape = tuple(int(d) for d in shape)
-            dtype = np.dtype(dtype)
-        except (TypeError, ValueError):
-            raise ValueError(f"signature column {name!r} must be (shape, dtype), got {spec!r}") from None
-        if not isinstance(name, str) or any(d < 0 for d in shape):
-            raise ValueError(f"bad signature column {name!r}: {spec!r}")
-        checked[name] = (shape, dtype)
-    return checked

@@ -24,9 +24,8 @@ from quarl.quant.quantization import QuantizedParams, quantize_params
 from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
 from quarl.runtimes.base import PolicyExecutor, check_sizes, layer_widths
 from quarl.runtimes.jax_backend import JaxExecutor
-from quarl.runtimes.kernel_forms import (
-    FALLBACK_FORM, KernelForm, candidates, forms, kernel_summary, register_form, select_form,
-)
+from quarl.runtimes.kernel_check import kernel_summary, select_form
+from quarl.runtimes.kernel_forms import FALLBACK_FORM, KernelForm, candidates, forms, register_form
 from quarl.runtimes.onnx_backend import OnnxExecutor, OnnxNBitsExecutor
 from quarl.runtimes.onnx_nbits import MAX_NBITS_PRECISION
 

@@ -37,7 +37,7 @@ from quarl.quant.precision import MAX_KERNEL_BITS, parse_precision
 from quarl.quant.quantization import QuantizedParams
 from quarl.runtimes.base import PolicyExecutor, layer_widths
 from quarl.runtimes.cpu import cpu_info
-from quarl.runtimes.kernel_forms import select_form
+from quarl.runtimes.kernel_check import select_form
 from quarl.runtimes.onnx_static import select_static_form
 
 CACHE_ENV = "QUARL_CACHE_DIR"

@@ -39,9 +39,8 @@ import numpy as np
 
 from quarl.policy.spec import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
-from quarl.runtimes.kernel_forms import (
-    ACTIVATION_FLOORS, Graph, KernelForm, get_form, lifted_bias_name, opset_imports, select_form,
-)
+from quarl.runtimes.kernel_check import select_form
+from quarl.runtimes.kernel_forms import ACTIVATION_FLOORS, Graph, KernelForm, get_form, lifted_bias_name, opset_imports
 from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM, MAX_NBITS_PRECISION
 from quarl.runtimes.onnx_static import (
     STATIC_FORMS, StaticForm, dequantized, emit_static, flatten_nchw, policy_input, select_static_form,

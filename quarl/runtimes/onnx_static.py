@@ -37,7 +37,8 @@ from quarl.policy.im2col import image_patches
 from quarl.policy.spec import Activation, Conv2D, Flatten, Linear, PolicySpec
 from quarl.runtimes.base import DenseWeights, LoweredParams
 from quarl.runtimes.cpu import VNNI_FLAGS, cpu_class, cpu_info
-from quarl.runtimes.kernel_forms import CHECK_TOLERANCE, FALLBACK_FORM, Graph, relative_error, run_check
+from quarl.runtimes.kernel_check import CHECK_TOLERANCE, relative_error, run_check
+from quarl.runtimes.kernel_forms import FALLBACK_FORM, Graph
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +279,7 @@ _CHECK_SHAPE = (10, 10, 8)  # a small conv (3x3, stride 2, 32 channels) + a 64-w
 
 
 def _check_case(bits: int, rng: np.random.Generator) -> tuple:
-    from quarl.runtimes.kernel_forms import _random_dense  # pylint: disable=import-outside-toplevel
+    from quarl.runtimes.kernel_check import _random_dense  # pylint: disable=import-outside-toplevel
 
     k, cin, cout, stride = 3, _CHECK_SHAPE[2], 32, 2
     flat = _random_dense(bits, k * k * cin, cout, rng)  # codes reaching +-max in every channel

@@ -15,7 +15,7 @@ from launch.experiments.acting import crossed
 from launch.nodes import learner as learner_node
 from launch.nodes.learner_feed import BlockFeed, PriorityUpdates
 from launch.program.local_runner import DaemonPool, LocalNodeHandle
-from quarl.replay.table import Sample, StackedSample
+from quarl.replay.items import Sample, StackedSample
 from tests.launch.tiny import TINY_DQN
 
 

@@ -10,7 +10,7 @@ from importlib import resources
 
 import pytest
 
-from quarl.ops import carbon
+from quarl.ops import carbon, codecarbon_parts, rapl as rapl_counters
 
 
 @pytest.fixture(autouse=True)
@@ -128,18 +128,18 @@ def test_tracker_validates_inputs_and_state():
 def test_tdp_cache_round_trip(monkeypatch):
     from codecarbon.core import hardware_cache
 
-    if carbon._cpu_model_line() is None:
+    if codecarbon_parts.cpu_model_line() is None:
         pytest.skip("no /proc/cpuinfo model line on this machine")
 
     class FakeTDP:
         model, tdp = "Test CPU 9000", 123
 
     monkeypatch.setattr(hardware_cache, "_tdp", FakeTDP())
-    carbon._store_tdp_cache()
+    codecarbon_parts.store_tdp_cache()
     monkeypatch.setattr(hardware_cache, "_tdp", None)
-    assert carbon._prime_tdp_cache()
+    assert codecarbon_parts.prime_tdp_cache()
     assert (hardware_cache._tdp.model, hardware_cache._tdp.tdp) == ("Test CPU 9000", 123.0)
-    assert not carbon._prime_tdp_cache()  # already primed: leaves codecarbon's value alone
+    assert not codecarbon_parts.prime_tdp_cache()  # already primed: leaves codecarbon's value alone
 
 
 def test_grid_country_comes_from_the_environment(monkeypatch):
@@ -172,9 +172,9 @@ def _fake_rapl(root, packages: dict[str, int], max_uj: int = 1_000_000_000) -> N
 
 def test_rapl_package_energy_is_split_by_cpu_time_and_survives_wraps(tmp_path):
     _fake_rapl(tmp_path, {"package-0": 900_000_000})
-    assert carbon.read_rapl_packages(tmp_path) == {"intel-rapl:0": (900_000_000, 1_000_000_000)}
+    assert rapl_counters.read_rapl_packages(tmp_path) == {"intel-rapl:0": (900_000_000, 1_000_000_000)}
     cpu = {"proc": 10.0, "machine": 100.0}
-    rapl = carbon.RaplAttribution(lambda: cpu["proc"], root=tmp_path, machine_cpu=lambda: cpu["machine"])
+    rapl = rapl_counters.RaplAttribution(lambda: cpu["proc"], root=tmp_path, machine_cpu=lambda: cpu["machine"])
     # interval 1: 60 J of package energy (the counter wraps at 1000 J), the process used 1 of 4 busy CPU-s
     (tmp_path / "intel-rapl:0" / "energy_uj").write_text("960000000")
     cpu.update(proc=11.0, machine=104.0)
@@ -188,13 +188,13 @@ def test_rapl_package_energy_is_split_by_cpu_time_and_survives_wraps(tmp_path):
     rapl.sample()  # no energy, no CPU time: nothing added (and no division by zero)
     assert (rapl.package_j, rapl.attributed_j) == pytest.approx((120.0, 75.0))
     with pytest.raises(OSError, match="RAPL"):
-        carbon.RaplAttribution(lambda: 0.0, root=tmp_path / "none")
+        rapl_counters.RaplAttribution(lambda: 0.0, root=tmp_path / "none")
 
 
 def test_rapl_tracker_reports_measured_cpu_and_combine_counts_the_package_once(tmp_path, monkeypatch):
     _fake_rapl(tmp_path, {"package-0": 0})
     busy = iter(float(x) for x in range(0, 10_000, 10))  # the machine: 10 busy CPU-s between readings
-    monkeypatch.setattr(carbon, "machine_busy_cpu_seconds", lambda: next(busy))
+    monkeypatch.setattr(rapl_counters, "machine_busy_cpu_seconds", lambda: next(busy))
     reports = []
     for name in ("learner", "actor_0"):
         tracker = carbon.EnergyTracker(name, use_codecarbon=False, rapl_root=tmp_path, rapl_interval_s=3600).start()
@@ -223,9 +223,9 @@ def test_codecarbon_default_tdp_is_named_a_default():
             self._hardware = hw
 
     default = (psutil.cpu_count() or 1) * 4
-    text = carbon._codecarbon_components(Tracker(CPU("Quux Zorb 9 Unknown Processor", default)))["cpu"]
+    text = codecarbon_parts.codecarbon_components(Tracker(CPU("Quux Zorb 9 Unknown Processor", default)))["cpu"]
     assert text[0] == "modelled" and "default for a CPU it does not know" in text[1] and "not this CPU's TDP" in text[1]
-    text = carbon._codecarbon_components(Tracker(CPU("Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz", 150)))["cpu"]
+    text = codecarbon_parts.codecarbon_components(Tracker(CPU("Intel(R) Xeon(R) Gold 6248 CPU @ 2.50GHz", 150)))["cpu"]
     assert "from codecarbon's CPU table" in text[1] and "default" not in text[1]
 
 

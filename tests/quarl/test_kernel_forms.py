@@ -13,9 +13,10 @@ from quarl.policy.spec import layer_norm_mlp_policy
 from quarl.quant.quantization import quantize_params
 from quarl.runtimes import make_executor
 from quarl.runtimes.base import DenseWeights
+from quarl.runtimes.kernel_check import check_form, select_form
 from quarl.runtimes.kernel_forms import (
-    FALLBACK_FORM, Graph, KernelForm, candidates, check_form, dynamic_quantize, emit_row_quantize, exact_int_reference,
-    forms, register_form, rowwise_quantize, select_form, unregister_form,
+    FALLBACK_FORM, Graph, KernelForm, candidates, dynamic_quantize, emit_row_quantize, exact_int_reference, forms,
+    register_form, rowwise_quantize, unregister_form,
 )
 from tests.quarl.helpers import random_params
 
@@ -158,7 +159,7 @@ def test_executor_falls_back_from_a_refused_form_and_says_so(saturating_form, ca
     rng = np.random.default_rng(3)
     params = random_params(spec, 3, bias_std=0.0)
     obs = rng.normal(size=(32, 12)).astype(np.float32)
-    with caplog.at_level(logging.WARNING, logger="quarl.runtimes.kernel_forms"):
+    with caplog.at_level(logging.WARNING, logger="quarl.runtimes.kernel_check"):
         ex = make_executor(spec, quantize_params(params, "int8"), "onnx", batch_size=32, kernel_form=saturating_form)
     check = ex.kernel_check
     assert check["requested"] == saturating_form and check["fallback"]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from quarl.runtimes.base import DenseWeights
-from quarl.runtimes.kernel_forms import candidates, check_form, register_form, unregister_form
+from quarl.runtimes.kernel_check import check_form
+from quarl.runtimes.kernel_forms import candidates, register_form, unregister_form
 from quarl.runtimes.onnx_nbits import FORM_NAME, NBITS4, block_int8_reference, block_size, pack_weights
 
 

@@ -12,9 +12,9 @@ from quarl.policy.reference import reference_apply
 from quarl.policy.spec import layer_norm_mlp_policy, mlp_q_network
 from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes import make_executor
+from quarl.runtimes.kernel_check import _check_graph, _random_dense
 from quarl.runtimes.kernel_forms import (
-    _check_graph, _random_dense, exact_int_reference, get_form, lifted_int_reference, lifted_row_quantize,
-    rowwise_quantize,
+    exact_int_reference, get_form, lifted_int_reference, lifted_row_quantize, rowwise_quantize,
 )
 from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM
 from tests.quarl.helpers import random_params
