@@ -12,7 +12,7 @@ from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime
 
 import numpy as np
 
-from quarl.envs.factory import EnvSpec
+from quarl.envs.spec import EnvSpec
 from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
 from quarl.replay import table_from_config

@@ -61,7 +61,7 @@ class SweepProbe:
         core = pin_to_one_core() if pin else None
         import agents  # pylint: disable=import-outside-toplevel
         from quarl.acting.loop import VectorEnvLoop  # pylint: disable=import-outside-toplevel
-        from quarl.envs.factory import environment_spec  # pylint: disable=import-outside-toplevel
+        from quarl.envs.spec import environment_spec  # pylint: disable=import-outside-toplevel
         from quarl.quant.quantization import quantize_params  # pylint: disable=import-outside-toplevel
         from quarl.envs.vector import make_vector_environment  # pylint: disable=import-outside-toplevel
 

@@ -51,7 +51,8 @@ def measure(task: str, precisions: Sequence[str], rounds: int, block: int, seed:
 
     from agents.dqn import Builder, DQNConfig  # pylint: disable=import-outside-toplevel
     from agents.dqn.networks import init_params  # pylint: disable=import-outside-toplevel
-    from quarl.envs.factory import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.envs.spec import environment_spec
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
 
     core = pin_to_one_core()
     builder = Builder(DQNConfig())

@@ -64,7 +64,8 @@ def cases(quick: bool) -> list[tuple[str, Any, Any, dict[str, np.ndarray]]]:
         out.append(("mlp " + "x".join(map(str, hidden)), make_q_spec(4, 2, hidden), cfg, batch(128, (4,), np.float32, 2)))
     if not quick:
         from bench.ale_dqn import ALE_SETTINGS  # pylint: disable=import-outside-toplevel
-        from quarl.envs.factory import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
+        from quarl.envs.spec import environment_spec
+        from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
 
         cfg = DQNConfig(**ALE_SETTINGS)
         spec = Builder(cfg).policy_spec(environment_spec(make_environment("ALE/Pong", 0)))

@@ -146,7 +146,8 @@ _POLICIES: dict[tuple[Any, str], Any] = {}  # one compiled greedy policy per (sp
 
 def _returns(spec: Any, params: dict, precision: str, seeds: Sequence[int]) -> np.ndarray:
     """Greedy undiscounted returns of `params` deployed at `precision` (jax runtime), one episode per seed."""
-    from quarl.envs.factory import environment_spec, make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.envs.spec import environment_spec
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
     from quarl.acting.evaluation import evaluate_seeds, make_greedy_policy  # pylint: disable=import-outside-toplevel
     from quarl.quant.quantization import quantize_params  # pylint: disable=import-outside-toplevel
 

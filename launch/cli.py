@@ -300,7 +300,8 @@ def _groups(raw: str) -> list[str]:
 
 def check_agent_task(agent: str, task: str, overrides: dict[str, Any]) -> Any:
     """Builds the env once to check the task exists and suits the agent; returns the ready builder."""
-    from quarl.envs.factory import environment_spec, list_tasks, make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.envs.spec import environment_spec
+    from quarl.envs.factory import list_tasks, make_environment  # pylint: disable=import-outside-toplevel
     if task not in list_tasks():
         raise UsageError(f"unknown task {task!r}; valid tasks: {', '.join(list_tasks())}")
     builder = agents.get_builder(agent, **overrides)

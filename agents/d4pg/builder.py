@@ -10,7 +10,7 @@ from agents.d4pg.actor import D4PGActor, ExecutorFactory
 from agents.d4pg.config import D4PGConfig, sigma_for_actor
 from agents.d4pg.learning import D4PGLearner
 from agents.d4pg.networks import D4PGNetworks, make_networks
-from quarl.envs.factory import EnvSpec
+from quarl.envs.spec import EnvSpec
 from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
 from quarl.replay.adders import NStepTransitionAdder

@@ -10,7 +10,7 @@ from agents.dqn.actor import DQNActor, EpsilonSchedule, ExecutorFactory
 from agents.dqn.config import DQNConfig, apex_epsilon
 from agents.dqn.learning import DQNLearner
 from agents.dqn.networks import make_q_spec
-from quarl.envs.factory import EnvSpec
+from quarl.envs.spec import EnvSpec
 from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
 

@@ -15,7 +15,7 @@ from agents.ppo.actor import ExecutorFactory, PPOActor
 from agents.ppo.config import PPOConfig
 from agents.ppo.learning import PPOLearner
 from agents.ppo.networks import PPONetworks, make_networks
-from quarl.envs.factory import EnvSpec
+from quarl.envs.spec import EnvSpec
 from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
 

@@ -8,7 +8,8 @@ from typing import TYPE_CHECKING, Any, Mapping
 import numpy as np
 
 import agents
-from quarl.envs.factory import EnvSpec, environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import EnvSpec, environment_spec
 
 if TYPE_CHECKING:  # agents.base imports JAX; the CLIs check their flags with this module before JAX loads
     from agents.base import BuilderBase

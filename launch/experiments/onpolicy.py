@@ -26,7 +26,8 @@ from launch.experiments.run_experiment import EVAL_SEED_OFFSET, WeightChannel, _
 from launch.experiments.stages import StageTimes
 from launch.experiments.summary import solved_at
 from launch.program.devices import use_learner_device
-from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import environment_spec
 from quarl.envs.vector import make_vector_environment
 from quarl.ops.carbon import start_tracking, stop_tracking
 from quarl.ops.logs import CSVLogger

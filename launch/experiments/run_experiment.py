@@ -25,7 +25,8 @@ from launch.experiments.config import ExperimentConfig
 from launch.experiments.stages import StageTimes, runtime_section
 from launch.experiments.summary import build_summary, solved_at, sum_energy
 from launch.program.devices import device_report, use_learner_device
-from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import environment_spec
 from quarl.envs.vector import make_vector_environment
 from quarl.ops.carbon import start_tracking, stop_tracking
 from quarl.ops.io import jsonable, write_json_atomic

@@ -29,7 +29,7 @@ import dm_env
 import numpy as np
 from dm_env import specs
 
-from quarl.envs.factory import _check_finite, canonical_to_bounds
+from quarl.envs.wrappers import canonical_to_bounds, check_finite
 
 # Our task name -> envpool's, for the tasks whose equivalence to dm_control a test proves.
 ENVPOOL_TASKS = {
@@ -117,7 +117,7 @@ class EnvpoolVectorEnvironment:
         """One TimeStep per environment, in env-id order, from envpool's batch fields (observation fields in
         `self._keys` order; FIRST timesteps when `step_types` is None), in a few numpy ops."""
         n = len(ids)
-        obs = _check_finite(np.concatenate([np.asarray(x, np.float32).reshape(n, -1) for x in obs_parts], axis=1))
+        obs = check_finite(np.concatenate([np.asarray(x, np.float32).reshape(n, -1) for x in obs_parts], axis=1))
         order = None
         if n > 1:  # envpool may answer out of order (one row needs no check: a per-step cost at K=1)
             ids = np.asarray(ids)

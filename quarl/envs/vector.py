@@ -89,7 +89,7 @@ def env_implementation(task: str, requested: str = "auto") -> str:
     """Which implementation runs `task`: "envpool" for the tasks `quarl.envs.envpool` verified against
     dm_control (when envpool is installed), else "dm_control" (DM Control tasks) or "gymnasium"."""
     from quarl.envs import envpool as envpool_env  # pylint: disable=import-outside-toplevel
-    from quarl.envs.factory import GYM_TASKS  # pylint: disable=import-outside-toplevel
+    from quarl.envs.gym import GYM_TASKS  # pylint: disable=import-outside-toplevel
 
     if requested not in ENV_IMPLEMENTATIONS:
         raise ValueError(f"unknown environment implementation {requested!r}: valid are "

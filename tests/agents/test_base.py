@@ -6,7 +6,8 @@ import pytest
 
 import agents
 from agents.base import Actor, BuilderBase, Learner, error_buffer
-from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import environment_spec
 from quarl.quant.quantization import quantize_params
 
 TINY = {"dqn": ("CartPole-v1", {"hidden_sizes": (8,)}),

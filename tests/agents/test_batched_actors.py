@@ -11,7 +11,8 @@ import pytest
 from agents.d4pg import Builder as D4PGBuilder, D4PGConfig
 from agents.dqn.actor import DQNActor, EpsilonSchedule
 from agents.dqn.networks import make_q_spec
-from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import environment_spec
 from quarl.nets.haiku import haiku_forward
 from quarl.quant.quantization import quantize_params
 

@@ -14,7 +14,8 @@ import pytest
 from agents.d4pg import Builder, D4PGConfig, sigma_for_actor
 from agents.d4pg.learning import categorical_target, critic_loss, policy_loss
 from agents.d4pg.networks import critic_mean, make_networks
-from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import environment_spec
 from quarl.nets.haiku import haiku_forward
 from quarl.policy.reference import reference_apply
 from quarl.quant.quantization import quantize_params
@@ -168,7 +169,7 @@ def test_policy_gradient_moves_actions_toward_higher_q():
 
 def _spec(obs_dim: int, act_dim: int = 1):
     from dm_env import specs
-    from quarl.envs.factory import EnvironmentSpec
+    from quarl.envs.spec import EnvironmentSpec
     return EnvironmentSpec(specs.Array((obs_dim,), np.float32), specs.BoundedArray((act_dim,), np.float32, -1, 1),
                            obs_dim, act_dim, False, 0)
 

@@ -331,7 +331,8 @@ def test_fleet_epsilons_follow_the_apex_ladder():
 
 
 def _cartpole_spec():
-    from quarl.envs.factory import environment_spec, make_environment
+    from quarl.envs.spec import environment_spec
+    from quarl.envs.factory import make_environment
     return environment_spec(make_environment("CartPole-v1", 0))
 
 
@@ -447,7 +448,8 @@ def _episode_transitions(builder: Builder, max_episode_steps: int, actions: list
     """One CartPole episode through the gym wrapper and the builder's n-step adder; every emitted transition."""
     import gymnasium
 
-    from quarl.envs.factory import GymWrapper, SinglePrecisionWrapper
+    from quarl.envs.gym import GymWrapper
+    from quarl.envs.wrappers import SinglePrecisionWrapper
     env = SinglePrecisionWrapper(GymWrapper(gymnasium.make("CartPole-v1", max_episode_steps=max_episode_steps),
                                             seed=0))
     adder = builder.make_adder()

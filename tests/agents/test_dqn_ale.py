@@ -6,7 +6,8 @@ import pytest
 
 from agents.dqn import Builder, DQNConfig
 from launch.experiments.config import ExperimentConfig
-from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import environment_spec
 
 
 def test_atari_frames_get_the_nature_torso_scaled_to_unit_range():

@@ -6,7 +6,8 @@ import pytest
 
 from agents.dqn import Builder, DQNConfig
 from launch.experiments.config import ExperimentConfig
-from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import environment_spec
 from quarl.policy.spec import Conv2D, Linear
 
 # The reduced-size MinAtar settings of the learning tests: one update per 4 env steps on batches of 32 (the

@@ -13,7 +13,8 @@ import pytest
 from agents.dqn import Builder, DQNConfig
 from agents.dqn.config import CARTPOLE_BOUNDS, MOUNTAINCAR_BOUNDS, task_overrides
 from agents.dqn.networks import init_params, make_q_spec, q_apply_fn
-from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import environment_spec
 from quarl.ops.checks import ConfigError
 from quarl.policy.reference import reference_apply
 from quarl.policy.spec import PolicySpec, mlp_q_network

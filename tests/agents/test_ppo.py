@@ -16,7 +16,7 @@ import agents
 from agents.ppo import A2CConfig, Builder, PPOConfig
 from agents.ppo.learning import gae_advantages, ppo_loss
 from agents.ppo.networks import log_prob
-from quarl.envs.factory import EnvironmentSpec
+from quarl.envs.spec import EnvironmentSpec
 from quarl.policy.reference import reference_apply
 from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import quantize_params

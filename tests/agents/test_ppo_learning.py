@@ -15,7 +15,8 @@ from agents.ppo.config import CONTROL_OVERRIDES
 from launch.experiments.acting import evaluation_returns as evaluate
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.onpolicy import run_single_process
-from quarl.envs.factory import environment_spec, make_environment
+from quarl.envs.factory import make_environment
+from quarl.envs.spec import environment_spec
 from quarl.quant.quantization import quantize_params
 
 RUN_FILES = ("summary.json", "evaluator.csv", "learner.csv", "actor.csv", "policy_fp32.qrlp", "policy_fp32.json")

@@ -20,7 +20,7 @@ from agents.dqn import DQNConfig
 from agents.dqn.learning import DQNLearner, make_loss
 from agents.dqn.networks import make_q_spec, q_apply_fn
 from launch.cli import UsageError, parse_overrides
-from quarl.envs.factory import EnvironmentSpec
+from quarl.envs.spec import EnvironmentSpec
 from quarl.quant.quantization import quantize_params
 from quarl.runtimes import make_executor
 

@@ -8,6 +8,7 @@ import pytest
 from quarl.replay import adders
 
 from quarl.envs import factory as envs
+from quarl.envs.spec import environment_spec
 
 from quarl import replay
 
@@ -112,7 +113,7 @@ def test_actions_are_copied():
 
 def test_env_rollout_into_table_one_transition_per_step():
     env = envs.make_environment("CartPole-v1", seed=0)
-    spec = envs.environment_spec(env)
+    spec = environment_spec(env)
     sig = adders.transition_signature(spec.obs_dim, spec.action_shape, spec.action_dtype)
     table = replay.Table("replay", 1000, sig, seed=0)
     adder = adders.NStepTransitionAdder(n_step=3, discount=0.99)

@@ -8,6 +8,9 @@ import pytest
 from dm_env import specs
 
 from quarl.envs import factory as envs
+from quarl.envs.gym import GymWrapper
+from quarl.envs.spec import environment_spec
+from quarl.envs.wrappers import CanonicalActionWrapper, SinglePrecisionWrapper
 
 
 def _rollout(env: dm_env.Environment, actions: list) -> list[dm_env.TimeStep]:
@@ -19,7 +22,7 @@ def _rollout(env: dm_env.Environment, actions: list) -> list[dm_env.TimeStep]:
 
 def test_cartpole_balance_spec_and_steps():
     env = envs.make_environment("cartpole:balance", seed=1)
-    spec = envs.environment_spec(env)
+    spec = environment_spec(env)
     assert spec.obs_dim == 5  # position (3) + velocity (2)
     assert spec.action_dim == 1 and not spec.discrete and spec.num_actions == 0
     assert isinstance(spec.actions, specs.BoundedArray)
@@ -48,7 +51,7 @@ def test_control_observation_is_sorted_key_concatenation():
 
 def test_gym_cartpole_spec_and_steps():
     env = envs.make_environment("CartPole-v1", seed=0)
-    spec = envs.environment_spec(env)
+    spec = environment_spec(env)
     assert spec.obs_dim == 4 and spec.discrete and spec.num_actions == 2 and spec.action_dim == 0
     assert isinstance(spec.actions, specs.DiscreteArray) and spec.action_shape == ()
     ts = env.reset()
@@ -84,7 +87,7 @@ class _RecordingEnv(dm_env.Environment):
 
 def test_action_canonicalisation_maps_unit_box_to_bounds():
     inner = _RecordingEnv(low=[0.0, -3.0], high=[10.0, 1.0])
-    env = envs.CanonicalActionWrapper(inner)
+    env = CanonicalActionWrapper(inner)
     assert env.action_spec().dtype == np.float32
     env.reset()
     for a in ([-1.0, -1.0], [1.0, 1.0], [0.0, 0.5], [7.0, -9.0]):
@@ -102,11 +105,11 @@ def test_action_canonicalisation_maps_unit_box_to_bounds():
 
 def test_pendulum_actions_are_canonical():
     env = envs.make_environment("Pendulum-v1", seed=0)
-    spec = envs.environment_spec(env)
+    spec = environment_spec(env)
     assert not spec.discrete and spec.action_dim == 1
     np.testing.assert_array_equal(spec.actions.maximum, 1.0)
     wrapper = env.environment
-    assert isinstance(wrapper, envs.CanonicalActionWrapper)
+    assert isinstance(wrapper, CanonicalActionWrapper)
     np.testing.assert_allclose(wrapper.to_env_action(np.array([1.0])), [2.0])
     np.testing.assert_allclose(wrapper.to_env_action(np.array([-1.0])), [-2.0])
 
@@ -125,7 +128,7 @@ def test_termination_has_zero_discount_and_next_step_restarts():
 
 
 def test_truncation_keeps_discount_one():
-    env = envs.SinglePrecisionWrapper(envs.GymWrapper(gymnasium.make("CartPole-v1", max_episode_steps=3), seed=0))
+    env = SinglePrecisionWrapper(GymWrapper(gymnasium.make("CartPole-v1", max_episode_steps=3), seed=0))
     steps = _rollout(env, [0, 1, 0])
     assert [s.step_type for s in steps] == [dm_env.StepType.FIRST, dm_env.StepType.MID,
                                             dm_env.StepType.MID, dm_env.StepType.LAST]
@@ -182,7 +185,7 @@ class _NanEnv(gymnasium.Env):
 
 
 def test_non_finite_observation_raises():
-    env = envs.GymWrapper(_NanEnv(), seed=0)
+    env = GymWrapper(_NanEnv(), seed=0)
     env.reset()
     with pytest.raises(ValueError, match="non-finite"):
         env.step(0)

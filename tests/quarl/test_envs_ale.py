@@ -6,6 +6,7 @@ import pytest
 
 from quarl.envs import factory as envs
 from quarl.envs.ale import ALE_TASKS, AtariEnvironment, area_weights, resize_area
+from quarl.envs.spec import environment_spec
 from quarl.envs.vector import make_vector_environment
 
 
@@ -17,7 +18,7 @@ def _rollout(env, actions):
 
 def test_pong_spec_and_stacked_uint8_frames():
     env = envs.make_environment("ALE/Pong", seed=0)
-    spec = envs.environment_spec(env)
+    spec = environment_spec(env)
     assert spec.obs_shape == (84, 84, 4) and spec.obs_dtype == np.uint8 and spec.discrete
     assert spec.num_actions == 6  # Pong's minimal action set
     first = env.reset()

@@ -7,6 +7,7 @@ from dm_env import specs
 
 from quarl.envs import factory as envs
 from quarl.envs.minatar import MINATAR_TASKS, MinAtarEnvironment
+from quarl.envs.spec import environment_spec
 
 
 def _rollout(env, actions):
@@ -18,7 +19,7 @@ def _rollout(env, actions):
 @pytest.mark.parametrize("task, channels", [("MinAtar/Breakout", 4), ("MinAtar/SpaceInvaders", 6)])
 def test_specs_and_uint8_image_observations(task, channels):
     env = envs.make_environment(task, seed=0)
-    spec = envs.environment_spec(env)
+    spec = environment_spec(env)
     assert spec.discrete and spec.num_actions == 6 and spec.action_dim == 0
     assert spec.obs_shape == (10, 10, channels) and spec.observation_shape == (10, 10, channels)
     assert spec.obs_dtype == np.uint8 and spec.obs_dim == 100 * channels
@@ -32,7 +33,7 @@ def test_specs_and_uint8_image_observations(task, channels):
 
 def test_listed_and_vector_tasks_keep_their_flat_spec():
     assert set(MINATAR_TASKS) <= set(envs.list_tasks())
-    spec = envs.environment_spec(envs.make_environment("CartPole-v1", seed=0))
+    spec = environment_spec(envs.make_environment("CartPole-v1", seed=0))
     assert spec.obs_shape == () and spec.observation_shape == (4,) and spec.obs_dtype == np.float32
 
 
