@@ -11,7 +11,7 @@
   as a device snapshot the publisher quantizes where it lives.
 
 `prepare` (host work and the host-to-device copy) and `run_block` (device work) are separate so that a prefetch
-thread can prepare the next block while the current one trains (`launch.nodes.learner`).
+thread can prepare the next block while the current one trains (`launch.distributed.nodes.learner`).
 """
 from __future__ import annotations
 

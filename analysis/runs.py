@@ -4,7 +4,7 @@ run, and evaluation curves on a common grid.
 Shared by `launch.reproduce` (which writes figure.png, speedup.csv, carbon.csv, grid.csv, report.md) and the
 notebooks under notebooks/, so a number in a notebook and in report.md always come from the same code.
 
-Both runners write one summary.json layout (`launch.experiments.summary.SUMMARY_KEYS`, described in docs/ARCHITECTURE.md);
+Both runners write one summary.json layout (`analysis.schema.SUMMARY_KEYS`, described in docs/ARCHITECTURE.md);
 it is flattened into one row per run, a value a run does not have (None) becoming NaN. Summaries written by the
 single-process runner before that layout existed are rewritten once with `python -m analysis.upgrade_summaries
 DIR`.
@@ -161,7 +161,7 @@ def _nansum(values: Iterable[float]) -> float:
 
 
 def _energy(summary: Mapping[str, Any]) -> tuple[float, float, str | None]:
-    """(kWh, kg CO2eq, method): the totals over the run's nodes (`launch.experiments.summary.sum_energy`)."""
+    """(kWh, kg CO2eq, method): the totals over the run's nodes (`analysis.schema.sum_energy`)."""
     e = summary.get("energy") or {}
     return _num(e.get("total_kwh")), _num(e.get("total_emissions_kg")), e.get("method")
 

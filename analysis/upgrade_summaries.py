@@ -1,5 +1,5 @@
 """Rewrites summary.json files of the single-process runner's earlier layout into the one layout both runners
-write now (`launch.experiments.summary.SUMMARY_KEYS`), so `analysis.runs` reads one schema.
+write now (`analysis.schema.SUMMARY_KEYS`), so `analysis.runs` reads one schema.
 
     python -m analysis.upgrade_summaries DIR
 
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from analysis.execution import UNKNOWN, run_execution
-from launch.experiments.summary import ACTOR_KEYS, LEARNER_KEYS, PAYLOAD_KEYS, PUBLISH_KEYS, SUMMARY_KEYS
+from analysis.schema import ACTOR_KEYS, LEARNER_KEYS, PAYLOAD_KEYS, PUBLISH_KEYS, SUMMARY_KEYS
 from quarl.ops.io import write_json_atomic
 
 
@@ -118,7 +118,7 @@ def fill_execution(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _energy(report: Any) -> dict[str, Any]:
-    """The run's one energy report as `launch.experiments.summary.sum_energy` lays out nodes and totals."""
+    """The run's one energy report as `analysis.schema.sum_energy` lays out nodes and totals."""
     if not isinstance(report, Mapping):
         return {"nodes": {}, "total_kwh": None, "total_emissions_kg": None, "untracked_nodes": ["run"],
                 "method": "unavailable: no energy tracker reported"}

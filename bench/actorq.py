@@ -94,7 +94,7 @@ class ActorProbe:
 
     def _client(self, precision: str) -> Any:
         from launch.experiments.stages import StageTimes  # pylint: disable=import-outside-toplevel
-        from launch.nodes.weights_client import PolicyClient  # pylint: disable=import-outside-toplevel
+        from launch.distributed.nodes.weights_client import PolicyClient  # pylint: disable=import-outside-toplevel
 
         if precision not in self._clients:
             self._clients[precision] = PolicyClient(self._servers[precision], StageTimes())
@@ -186,8 +186,8 @@ def bench_actor(budget: Budget, seed: int) -> dict[str, Any]:
     import ray  # pylint: disable=import-outside-toplevel
 
     import agents  # pylint: disable=import-outside-toplevel
-    from launch.nodes.services import WeightServer  # pylint: disable=import-outside-toplevel
-    from launch.nodes.shared_blob import Blob  # pylint: disable=import-outside-toplevel
+    from launch.distributed.nodes.services import WeightServer  # pylint: disable=import-outside-toplevel
+    from launch.distributed.nodes.shared_blob import Blob  # pylint: disable=import-outside-toplevel
     from quarl.quant.payload import encode_payload  # pylint: disable=import-outside-toplevel
     from quarl.quant.quantization import quantize_params  # pylint: disable=import-outside-toplevel
     from launch.experiments.agent_spec import AgentSpec  # pylint: disable=import-outside-toplevel
@@ -300,7 +300,7 @@ def _perturb(params: dict, rng: np.random.Generator) -> dict:
 def bench_e2e(budget: Budget, seeds: list[int], logroot: Path) -> dict[str, Any]:
     """Part 3: time to a target return, int8 vs fp32, same seeds, precisions alternating first."""
     from launch.actorq import quick_preset  # pylint: disable=import-outside-toplevel
-    from launch.experiments.supervisor import run_program  # pylint: disable=import-outside-toplevel
+    from launch.distributed.supervisor import run_program  # pylint: disable=import-outside-toplevel
     from launch.experiments.config import ExperimentConfig  # pylint: disable=import-outside-toplevel
     from launch.program.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
 

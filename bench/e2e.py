@@ -83,7 +83,7 @@ def run_arm(setting: Setting, precision: str, seed: int, logdir: Path, ray_addre
             ) -> dict[str, Any]:
     """One program run; its summary.json reduced to what this benchmark reports."""
     from launch.experiments.config import ExperimentConfig  # pylint: disable=import-outside-toplevel
-    from launch.experiments.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
+    from launch.distributed.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
 
     shutil.rmtree(logdir, ignore_errors=True)  # logs append: an earlier arm's rows must go
     overrides = {**setting.overrides, "policy_layer_sizes": tuple(setting.policy)}
@@ -136,7 +136,7 @@ def arm_result(summary: dict[str, Any], code: int, precision: str, seed: int, lo
 
 
 def _read_evals(logdir: Path) -> list[dict[str, float]]:
-    from launch.experiments.summary import read_evals  # pylint: disable=import-outside-toplevel
+    from analysis.schema import read_evals  # pylint: disable=import-outside-toplevel
 
     return [{k: row[k] for k in ("actor_steps", "wall_clock_s", "return")}
             for row in read_evals(logdir / "evaluator.csv")]

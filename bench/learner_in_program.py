@@ -2,7 +2,7 @@
 
     python -m bench.learner_in_program [--quick] [--no-paper] [--steps-per-call K] [--out DIR]
 
-K defaults to the program's own choice for this device (`launch.nodes.learner.default_steps_per_call`: 4 on CPU),
+K defaults to the program's own choice for this device (`launch.distributed.nodes.learner.default_steps_per_call`: 4 on CPU),
 so (c) and (d) are the learner as `launch.actorq` runs it; `--steps-per-call 1` measures the one-step node.
 
 Issue 20's learner targets, measured on one machine in one run, for D4PG at walker:stand shapes (obs 24,
@@ -11,7 +11,7 @@ action 6; critic 256x3, batch 256, as `bench.learner_throughput`), at 256x3 and 
 
 - (a) `learner.step`: `bench.learner_throughput`'s host-batch-per-step loop (the reference);
 - (b) `scan`: `bench.learner_throughput`'s K device-resident batches per jit call (the device's ceiling);
-- (c) `node`: `launch.nodes.learner.LearnerNode` running in this process as in the program — a replay server
+- (c) `node`: `launch.distributed.nodes.learner.LearnerNode` running in this process as in the program — a replay server
   pre-filled with random transitions whose rate limiter never holds it back (no actors), the counter and the
   weight server as local nodes, prefetch threads, int8 weights published every `publish_period` steps;
 - (d) `node, no publishing`: the same with publishing off.
@@ -66,9 +66,9 @@ def make_node(agent: str, task: str, overrides: Mapping[str, Any], logdir: str, 
     Returns (node, pool, services); `pool.shutdown()` when done."""
     # pylint: disable=import-outside-toplevel
     from launch.experiments.agent_spec import AgentSpec, table_spec
-    from launch.nodes.learner import LearnerNode
+    from launch.distributed.nodes.learner import LearnerNode
     from launch.program.local_runner import DaemonPool, LocalNodeHandle
-    from launch.nodes.services import Counter, ReplayServer, WeightServer
+    from launch.distributed.nodes.services import Counter, ReplayServer, WeightServer
 
     spec = AgentSpec(agent, task, dict(overrides))
     builder = spec.builder()

@@ -191,7 +191,7 @@ def acme_d4pg(python: str, anchors: Path, setting: str, seconds: float, logdir: 
 
 def ours_d4pg(setting: str, precision: str, actor_steps: int, seed: int, logdir: Path) -> dict[str, Any]:
     from launch.experiments.config import ExperimentConfig  # pylint: disable=import-outside-toplevel
-    from launch.experiments.supervisor import run_program  # pylint: disable=import-outside-toplevel
+    from launch.distributed.supervisor import run_program  # pylint: disable=import-outside-toplevel
     from launch.program.ray_runner import RayRunner  # pylint: disable=import-outside-toplevel
 
     policy, critic, batch, spi = D4PG_SETTINGS[setting]

@@ -7,7 +7,7 @@ Both paths on a private local Ray, with the D4PG policy tree of the given size a
 - before (the removed two-hop path): the learner sends the fp32 tree to a quantizer process (a Ray call puts the
   tree, 4 bytes per weight, in the object store), which quantizes + encodes it there and returns the payload
   bytes to each actor through its own replies;
-- after: the learner quantizes + encodes in its own process and puts the bytes once (`launch.nodes.shared_blob.Blob`);
+- after: the learner quantizes + encodes in its own process and puts the bytes once (`launch.distributed.nodes.shared_blob.Blob`);
   the weight server hands out the reference.
 
 Reported per version (median of `--repeats`): the learner thread's time, the quantize+encode time wherever it
@@ -27,7 +27,7 @@ import numpy as np
 
 from bench.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.results_io import command_line, write_results
-from launch.nodes.shared_blob import Blob
+from launch.distributed.nodes.shared_blob import Blob
 from launch.program.ray_runner import init_ray
 from quarl.policy.spec import layer_norm_mlp_policy
 from quarl.quant.payload import encode_payload

@@ -9,7 +9,7 @@ batches of `--insert-batch` transitions (the actors' default 64); a learner at ~
 samples ~358,400 transitions/s, K batches per call. D4PG walker:stand transitions (obs 24, action 6, reward,
 discount, next obs), the agent's own table (capacity, uniform sampler), pre-filled to `--prefill` items.
 
-Per backend (`table`: one `quarl.replay.table.Table` shared by threads; `ray`: `launch.nodes.services.ReplayServer` as a Ray
+Per backend (`table`: one `quarl.replay.table.Table` shared by threads; `ray`: `launch.distributed.nodes.services.ReplayServer` as a Ray
 actor with the program's concurrency, inserted into by `--inserters` Ray actor processes and sampled by
 `--samplers` threads of this process, as the learner's prefetch threads do) and per K, with the rate limiter
 opened wide so that each side runs as fast as it can:
@@ -148,7 +148,7 @@ class TableBackend:
 
     def __init__(self, table: dict[str, Any], inserters: int, insert_batch: int, prefill: int):
         # pylint: disable=import-outside-toplevel
-        from launch.nodes.services import ReplayServer
+        from launch.distributed.nodes.services import ReplayServer
 
         self.signature = {k: (tuple(s), d) for k, (s, d) in table["signature"].items()}
         self.server = ReplayServer(table, seed=0)
@@ -190,10 +190,10 @@ class RayBackend:
         # pylint: disable=import-outside-toplevel
         import ray
 
-        from launch.nodes.services import ReplayServer
+        from launch.distributed.nodes.services import ReplayServer
 
         self.signature = {k: (tuple(s), d) for k, (s, d) in table["signature"].items()}
-        concurrency = max(8, 2 * inserters + 2 + 4)  # as launch.experiments.distributed sizes the replay node
+        concurrency = max(8, 2 * inserters + 2 + 4)  # as launch.distributed.program sizes the replay node
         self.server = ray.remote(ReplayServer).options(num_cpus=0, max_concurrency=concurrency).remote(table, seed=0)
         _prefill(lambda *a: ray.get(self.server.insert.remote(*a)), self.signature, prefill)
         remote_inserter = ray.remote(Inserter).options(num_cpus=0, max_concurrency=2)

@@ -268,7 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(f"launch.actorq: error: {e}")
     # Imported only once the flags are valid: the supervisor brings the node classes, hence JAX (1.6 s of
     # imports on a 2-core machine against 0.08 s for this CLI), and a bad flag must fail at once.
-    from launch.experiments.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
+    from launch.distributed.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
 
     runner = make_runner(inv.runner, inv.ray_address)
     summary, code = run_program(inv.config, runner, progress=inv.progress)

@@ -78,8 +78,8 @@ def _forbid_unpickling(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     from launch.experiments import checkpoint as ckpt
-    from launch.nodes.services import Counter, ReplayServer
-    from launch.experiments.summary import read_evals
+    from launch.distributed.nodes.services import Counter, ReplayServer
+    from analysis.schema import read_evals
     from launch.experiments.agent_spec import AgentSpec, table_spec
     from analysis.runs import read_evaluator, read_summary
     from quarl.quant.payload import decode_payload, encode_payload

@@ -1,3 +1,4 @@
-"""One ActorQ experiment (as acme/jax/experiments): its config, the single-process runner
-(`run_experiment`), the distributed graph (`distributed`) and its supervisor, the acting loop
-both runners share (`acting`), summary.json, stage times, checkpoints and progress."""
+"""What one ActorQ experiment is and what one process runs (as acme/jax/experiments): its config, the
+single-process runners (`run_experiment` for replay agents, `onpolicy` for PPO/A2C), the acting loop every actor
+shares (`acting`), summary.json, stage times, checkpoints and progress. The distributed program built from the same
+pieces is `launch.distributed`."""

@@ -2,8 +2,8 @@
 `acme/environment_loop.py`: one loop object owns stepping, the update cadence and the episode bookkeeping, and
 the caller only says where transitions go and how weights are pulled).
 
-The single-process runner (`launch.experiments.run_experiment`), every actor node (`launch.nodes.actor`) and the
-evaluator node (`launch.nodes.evaluator`) use it, so that:
+The single-process runner (`launch.experiments.run_experiment`), every actor node (`launch.distributed.nodes.actor`) and the
+evaluator node (`launch.distributed.nodes.evaluator`) use it, so that:
 - a periodic action happens when a count crosses a multiple of its period (`crossed`): weight pulls every
   `actor_update_period` env steps, evaluations every `eval_every` actor steps, whatever the step size K;
 - the actor's stages are timed in one place (`launch.experiments.stages.StageTimes`: env, policy, adders + insert);

@@ -1,6 +1,6 @@
 """One experiment, described once (as Acme's `ExperimentConfig`): a frozen, validated record that every CLI,
 `launch.reproduce`, the benchmarks and the tests build, that either runner runs
-(`launch.experiments.run_experiment.run_experiment` in one process, `launch.experiments.supervisor.run_program`
+(`launch.experiments.run_experiment.run_experiment` in one process, `launch.distributed.supervisor.run_program`
 distributed), and that both write whole into summary.json under "experiment".
 
 Plain data: importing this module costs nothing (no JAX, no Ray), so CLIs build and check a config before the
@@ -19,14 +19,14 @@ SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every se
 
 @dataclasses.dataclass(frozen=True)
 class DistributedConfig:
-    """What only the distributed runner (`launch.experiments.supervisor`) reads: the actors, the learner's
+    """What only the distributed runner (`launch.distributed.supervisor`) reads: the actors, the learner's
     publishing and prefetch, checkpoints and where nodes run. Validated at construction (`ConfigError` naming the field)."""
 
     num_actors: int = 1
     publish_period: int = 10  # learner steps between weight versions
     publish_min_interval_s: float = 0.0  # seconds at least between weight versions
     # SGD steps per learner call (one `lax.scan` over K batches); None: chosen for the learner's device
-    # (`launch.nodes.learner.default_steps_per_call`: 4 on CPU, as measured there).
+    # (`launch.distributed.nodes.learner.default_steps_per_call`: 4 on CPU, as measured there).
     learner_steps_per_call: int | None = None
     insert_batch: int = 64  # transitions per replay insert call
     prefetch: int = 2  # sampled blocks the learner keeps in flight

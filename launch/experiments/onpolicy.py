@@ -20,11 +20,11 @@ from typing import Any, Callable
 
 import numpy as np
 
+from analysis.schema import solved_at
 from launch.experiments.acting import EPISODE_FIELDS, EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.run_experiment import EVAL_SEED_OFFSET, WeightChannel, _progress, finish_run, save_best_policy
 from launch.experiments.stages import StageTimes
-from launch.experiments.summary import solved_at
 from launch.program.devices import use_learner_device
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec

@@ -18,12 +18,13 @@ from typing import Any, Callable, Iterator, Mapping
 import jax
 import numpy as np
 
+from analysis.schema import solved_at, sum_energy
 from launch.experiments.acting import (
     EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns, evaluation_row,
 )
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.stages import StageTimes, runtime_section
-from launch.experiments.summary import build_summary, solved_at, sum_energy
+from launch.experiments.summary import build_summary
 from launch.program.devices import device_report, use_learner_device
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec

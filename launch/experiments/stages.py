@@ -1,7 +1,7 @@
 """Where an actor's time goes (the paper's runtime breakdown): one stage vocabulary for both runners.
 
-The single-process loop (`launch.experiments.run_experiment`) and every distributed actor (`launch.nodes.actor`,
-through its `launch.nodes.weights_client.PolicyClient`) add to one `StageTimes` each, and `runtime_section` turns them into the
+The single-process loop (`launch.experiments.run_experiment`) and every distributed actor (`launch.distributed.nodes.actor`,
+through its `launch.distributed.nodes.weights_client.PolicyClient`) add to one `StageTimes` each, and `runtime_section` turns them into the
 `runtime` section of summary.json, so the same key means the same thing in both runners:
 
 - env_step_s: stepping (and restarting) the environments;

@@ -1,6 +1,6 @@
 """Program descriptions: which nodes a run has and how they reference each other, and what a runner of them
 offers (`Runner`, `Launch`). Nothing here knows the ActorQ graph (its nodes and their roles:
-`launch.experiments.distributed`).
+`launch.distributed.program`).
 
 A `Program` is plain data (node classes, constructor arguments, resource requests). It says nothing about
 processes, threads or Ray, so the same description runs on Ray (`launch.program.ray_runner`, one process per node,
@@ -9,7 +9,7 @@ Nodes reference each other through `Handle("name")` placeholders in their constr
 replaces every placeholder by a `NodeHandle` before it builds the node, so node code is written once against
 two calls: `handle.call(method, ...)` (blocking) and `handle.submit(method, ...)` (a future).
 
-`launch.experiments.distributed.build_actorq_program(config)` builds the ActorQ graph from these pieces.
+`launch.distributed.program.build_actorq_program(config)` builds the ActorQ graph from these pieces.
 """
 from __future__ import annotations
 

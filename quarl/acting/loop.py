@@ -1,6 +1,6 @@
 """The acting side of one actor with K environments: K n-step adders, one batched policy call per step.
 
-Both runners (`launch.experiments.run_experiment` in one process, `launch.nodes.actor.ActorNode` on Ray) drive an actor the same
+Both runners (`launch.experiments.run_experiment` in one process, `launch.distributed.nodes.actor.ActorNode` on Ray) drive an actor the same
 way, so the per-environment bookkeeping lives here once:
 - one `NStepTransitionAdder` per environment, so n-step windows never mix two environments' steps and an
   episode boundary in one environment closes only that environment's windows (every transition kept);

@@ -6,8 +6,8 @@ import json
 import pytest
 
 from analysis import runs, upgrade_summaries
+from analysis.schema import ACTOR_KEYS, LEARNER_KEYS, PAYLOAD_KEYS, PUBLISH_KEYS, SUMMARY_KEYS, sum_energy
 from launch.experiments.stages import StageTimes, runtime_section
-from launch.experiments.summary import ACTOR_KEYS, LEARNER_KEYS, PAYLOAD_KEYS, PUBLISH_KEYS, SUMMARY_KEYS, sum_energy
 
 # The earlier single-process layout, as results/small held it (numbers from one of its runs, trimmed).
 ENERGY = {"country": "USA", "cpu_kwh": 1.26e-4, "duration_s": 166.8, "emissions_kg_co2eq": 2.17e-4,

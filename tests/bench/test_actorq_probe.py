@@ -20,8 +20,8 @@ def test_update_cost_reports_each_stage_of_one_fetch(monkeypatch, tmp_path):
     import agents
     from bench import actorq
     from launch.experiments.agent_spec import AgentSpec
-    from launch.nodes.services import WeightServer
-    from launch.nodes.shared_blob import Blob
+    from launch.distributed.nodes.services import WeightServer
+    from launch.distributed.nodes.shared_blob import Blob
     from quarl.quant.payload import encode_payload
     from quarl.quant.quantization import quantize_params
     from quarl.runtimes import auto
@@ -56,8 +56,8 @@ def test_throughput_steps_every_precision_on_its_auto_backend(monkeypatch, tmp_p
     import agents
     from bench import actorq
     from launch.experiments.agent_spec import AgentSpec
-    from launch.nodes.services import WeightServer
-    from launch.nodes.shared_blob import Blob
+    from launch.distributed.nodes.services import WeightServer
+    from launch.distributed.nodes.shared_blob import Blob
     from quarl.quant.payload import encode_payload
     from quarl.quant.quantization import quantize_params
     from quarl.runtimes import auto

@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launch.experiments.distributed import NodeClasses
-from launch.experiments.supervisor import run_program
-from launch.nodes.learner import LearnerNode
+from launch.distributed.nodes.learner import LearnerNode
+from launch.distributed.program import NodeClasses
+from launch.distributed.supervisor import run_program
 from launch.program.ray_runner import RayRunner
 from quarl.runtimes.policy_io import load_policy
 from tests.launch.tiny import TINY_D4PG, BlockHook, tiny_config
@@ -194,7 +194,7 @@ def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path):
 
 
 def test_summary_energy_counts_a_rapl_package_once_and_keeps_unavailable_emissions_unavailable():
-    from launch.experiments.summary import sum_energy
+    from analysis.schema import sum_energy
     from quarl.ops.carbon import EnergyReport
 
     def node(name, cpu, package, intensity=400.0):

@@ -2,7 +2,7 @@
 with int8 conv actors on MinAtar; the summary reports the static kernel form and both payload sizes."""
 from __future__ import annotations
 
-from launch.experiments.supervisor import run_program
+from launch.distributed.supervisor import run_program
 from launch.program.local_runner import LocalRunner
 from tests.launch.tiny import tiny_config
 

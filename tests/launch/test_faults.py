@@ -26,17 +26,17 @@ import numpy as np
 import pytest
 
 from agents import make_config, task_defaults
+from launch.distributed.nodes.actor import ActorNode
+from launch.distributed.nodes.base import NodeBase
+from launch.distributed.nodes.learner import LearnerNode
+from launch.distributed.nodes.services import Counter
+from launch.distributed.nodes.shared_blob import Blob
+from launch.distributed.nodes.weights_client import PolicyClient
+from launch.distributed.program import NodeClasses
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ExperimentConfig
-from launch.experiments.distributed import NodeClasses
 from launch.experiments.stages import StageTimes
-from launch.nodes.actor import ActorNode
-from launch.nodes.base import NodeBase
-from launch.nodes.learner import LearnerNode
-from launch.nodes.services import Counter
-from launch.nodes.shared_blob import Blob
-from launch.nodes.weights_client import PolicyClient
 from launch.program.local_runner import DaemonPool, LocalNodeHandle, LocalRunner
 from quarl.quant.payload import FORMAT_VERSION, HEADER_SIZE, MAGIC, encode_payload
 from quarl.quant.quantization import quantize_params
@@ -374,7 +374,7 @@ def _assert_run_failed_naming(summary: dict, code: int, record: dict, returned: 
 
 @pytest.mark.slow
 def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes_the_run(ray_session, tmp_path):
-    from launch.experiments.supervisor import run_program
+    from launch.distributed.supervisor import run_program
     from launch.program.ray_runner import RayRunner
 
     config = _config(tmp_path, checkpoint_every=50)
@@ -418,7 +418,7 @@ def test_killed_replay_server_stops_the_run_naming_it_and_its_checkpoint_resumes
 
 @pytest.mark.slow
 def test_killed_learner_stops_the_run_naming_it_with_no_process_left(ray_session, tmp_path):
-    from launch.experiments.supervisor import run_program
+    from launch.distributed.supervisor import run_program
     from launch.program.ray_runner import RayRunner
 
     record: dict = {}
@@ -473,7 +473,7 @@ def test_rate_limiter_keeps_samples_per_insert_within_its_error_buffer(tmp_path,
     """A slow actor with a fast learner, and a fast actor with a slow learner: at every logged point after the
     warm-up (replay.csv) and at the end (summary.json), inserts x samples_per_insert - samples stays within
     samples_per_insert x min_size +- error_buffer, and the limiter really held back the faster side."""
-    from launch.experiments.supervisor import run_program
+    from launch.distributed.supervisor import run_program
 
     replace = {"ActorNode": SlowActor} if slow_side == "actor" else {"LearnerNode": SlowLearner}
     config = _config(tmp_path, num_actors=1 if slow_side == "actor" else 2, max_actor_steps=1500,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launch.experiments.supervisor import run_program
+from launch.distributed.supervisor import run_program
 from launch.program.local_runner import LocalRunner
 from quarl.runtimes.kernel_forms import KernelForm, exact_int_reference, register_form, unregister_form
 from tests.launch.tiny import tiny_config

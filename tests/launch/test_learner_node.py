@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from bench.learner_in_program import make_node, time_node
+from launch.distributed.nodes import learner as learner_node
+from launch.distributed.nodes.learner_feed import BlockFeed, PriorityUpdates
 from launch.experiments.acting import crossed
-from launch.nodes import learner as learner_node
-from launch.nodes.learner_feed import BlockFeed, PriorityUpdates
 from launch.program.local_runner import DaemonPool, LocalNodeHandle
 from quarl.replay.items import Sample, StackedSample
 from tests.launch.tiny import TINY_DQN

@@ -14,15 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from launch.distributed.nodes.learner import LearnerNode
+from launch.distributed.nodes.services import Counter, ReplayServer, WeightServer
+from launch.distributed.nodes.shared_blob import Blob
+from launch.distributed.nodes.weights_client import PolicyClient
+from launch.distributed.program import build_actorq_program
+from launch.distributed.supervisor import run_program
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.agent_spec import AgentSpec, derive_seed
-from launch.experiments.distributed import build_actorq_program
 from launch.experiments.stages import StageTimes
-from launch.experiments.supervisor import run_program
-from launch.nodes.learner import LearnerNode
-from launch.nodes.services import Counter, ReplayServer, WeightServer
-from launch.nodes.shared_blob import Blob
-from launch.nodes.weights_client import PolicyClient
 from launch.program.graph import SINGLE_THREAD_ENV, Handle, Node, Program
 from launch.program.local_runner import DaemonPool, LocalLaunch, LocalNodeHandle, LocalRunner
 from quarl.policy.spec import layer_norm_mlp_policy
@@ -447,7 +447,7 @@ def test_every_step_an_actor_takes_reaches_replay_at_a_stop(tmp_path, stop_path)
 
 
 def test_a_run_is_solved_by_a_streak_of_evaluations_at_the_target():
-    from launch.experiments.summary import solved_at
+    from analysis.schema import solved_at
 
     evals = [{"return": r, "actor_steps": 1000 * (i + 1)} for i, r in enumerate([100, 977, 630, 955, 990, 400])]
     assert solved_at(evals, 950.0, 1)["actor_steps"] == 2000
@@ -494,7 +494,7 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
     over the run, ms per update, µs per env step), and a weights version is the learner step it was published at."""
     from launch.experiments.acting import EPISODE_FIELDS, EVAL_FIELDS
     from launch.experiments.run_experiment import run_experiment
-    from launch.experiments.summary import SUMMARY_KEYS
+    from analysis.schema import SUMMARY_KEYS
 
     distributed, code = run_program(tiny_config(tmp_path / "ray", num_actors=1, max_actor_steps=400), LocalRunner())
     assert code == 0, distributed["error"]
@@ -547,7 +547,8 @@ def test_a_failed_run_whose_nodes_reported_nothing_still_gets_the_whole_layout(t
     """Lost actors and learner leave None results: summary.json keeps every key (None where nothing is known) and
     the final table prints instead of failing on the missing sections."""
     from launch.experiments.progress import print_summary
-    from launch.experiments.summary import ACTOR_KEYS, LEARNER_KEYS, SUMMARY_KEYS, make_summary
+    from analysis.schema import ACTOR_KEYS, LEARNER_KEYS, SUMMARY_KEYS
+    from launch.experiments.summary import make_summary
 
     config = tiny_config(tmp_path)
     results = {"actor_0": None, "actor_1": None, "learner": None, "evaluator": None}

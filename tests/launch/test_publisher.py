@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from launch.nodes.publisher import Publisher
+from launch.distributed.nodes.publisher import Publisher
 
 
 class _SlowSink:

@@ -62,7 +62,7 @@ def test_distributed_actors_step_k_envs_each(tmp_path, agent):
     installed for D4PG's cartpole:balance): every actor reports K, the counts are env steps, each actor's
     episodes come from its own environments, and replay got a transition per env step (the actors flush
     their open n-step windows and partial insert batch when they stop)."""
-    from launch.experiments.supervisor import run_program
+    from launch.distributed.supervisor import run_program
     from launch.program.local_runner import LocalRunner
     from launch.experiments.agent_spec import AgentSpec
     from tests.launch.tiny import TINY_D4PG, tiny_config
@@ -96,7 +96,7 @@ def test_pinned_actors_each_claim_a_core_of_their_own(tmp_path, monkeypatch):
 
     from launch.actorq import build_parser, validate
     from launch.program.local_runner import LocalRunner
-    from launch.experiments.supervisor import run_program
+    from launch.distributed.supervisor import run_program
     from quarl.ops import affinity
     from tests.launch.tiny import tiny_config
 

@@ -8,8 +8,8 @@ import dm_env
 import numpy as np
 import pytest
 
+from launch.distributed.nodes.services import ReplayServer
 from launch.experiments import checkpoint as ckpt
-from launch.nodes.services import ReplayServer
 from quarl import replay
 from quarl.replay import frames as replay_frames
 from quarl.replay.adders import NStepTransitionAdder

@@ -17,7 +17,7 @@ once and publishes the bytes), N quantized actors and an evaluator (see `launch.
     Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
 
 Nodes talk only through `NodeHandle.call/submit` (see `launch.program.graph`) with plain values: NumPy arrays,
-dicts, and `launch.nodes.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.quant.payload`): no fp32
+dicts, and `launch.distributed.nodes.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.quant.payload`): no fp32
 tree crosses a process boundary for acting. What went wrong, and what was done about it (an actor restarted,
 a payload rejected, the final policy saved, a node lost) is appended to `<logdir>/events.log`, one line per
 event, by whichever process saw it."""
@@ -27,12 +27,12 @@ import dataclasses
 import os
 from typing import Sequence
 
+from launch.distributed.nodes.actor import ActorNode
+from launch.distributed.nodes.evaluator import Evaluator
+from launch.distributed.nodes.learner import LearnerNode
+from launch.distributed.nodes.services import Counter, ReplayServer, WeightServer
 from launch.experiments.agent_spec import AgentSpec, derive_seed, table_spec
 from launch.experiments.config import ExperimentConfig
-from launch.nodes.actor import ActorNode
-from launch.nodes.evaluator import Evaluator
-from launch.nodes.learner import LearnerNode
-from launch.nodes.services import Counter, ReplayServer, WeightServer
 from launch.program.devices import ACCELERATOR_BY_DEVICE, CPU_ONLY_ENV, learner_env
 from launch.program.graph import SINGLE_THREAD_ENV, Node, Program
 

@@ -8,9 +8,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from launch.distributed.nodes.base import NodeBase
+from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments import checkpoint as ckpt
-from launch.nodes.base import NodeBase
-from launch.nodes.shared_blob import Blob
 from quarl.quant.precision import parse_precision
 from quarl.replay import table_from_config
 from quarl.replay.limiter import RateLimiterTimeout

@@ -4,12 +4,12 @@ from __future__ import annotations
 import threading
 from typing import Any, Mapping
 
+from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
+from launch.distributed.nodes.weights_client import PolicyClient, precision_name
 from launch.experiments.acting import EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
-from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
-from launch.nodes.weights_client import PolicyClient, precision_name
 from launch.program.graph import NodeHandle
 from quarl.acting.evaluation import EpisodeInterrupted
 from quarl.envs.factory import make_environment

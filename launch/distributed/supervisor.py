@@ -11,12 +11,13 @@ from pathlib import Path
 from types import FrameType
 from typing import Any, Callable, Mapping, Sequence
 
+from analysis.schema import solved_at
+from launch.distributed.nodes.base import log_event
+from launch.distributed.program import NodeClasses, actor_names, build_actorq_program, node_role
+from launch.distributed.replay_log import ReplayLog
 from launch.experiments.config import ExperimentConfig
-from launch.experiments.distributed import NodeClasses, actor_names, build_actorq_program, node_role
 from launch.experiments.progress import ProgressView, Snapshot
-from launch.experiments.replay_log import ReplayLog
-from launch.experiments.summary import make_summary, solved_at
-from launch.nodes.base import log_event
+from launch.experiments.summary import make_summary
 from launch.program.devices import learner_device_error, pin_driver_to_cpu
 from launch.program.graph import CallFuture, Launch, NodeLost, Runner
 from launch.program.local_runner import LocalRunner

@@ -8,8 +8,8 @@ import threading
 import time
 from typing import Any, Callable
 
+from launch.distributed.nodes.base import log_event
 from launch.experiments.stages import StageTimes
-from launch.nodes.base import log_event
 from launch.program.graph import NodeHandle
 from quarl.quant.payload import decode_payload
 from quarl.quant.precision import parse_precision

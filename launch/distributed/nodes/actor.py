@@ -9,12 +9,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
+from launch.distributed.nodes.weights_client import PolicyClient, precision_name
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
-from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.nodes.weights_client import PolicyClient, precision_name
 from launch.program.graph import NodeHandle
 from quarl.envs.vector import make_vector_environment
 from quarl.ops.affinity import claim_core

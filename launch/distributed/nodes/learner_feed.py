@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from launch.nodes.base import POLL_S, wait_or_stop
+from launch.distributed.nodes.base import POLL_S, wait_or_stop
 from launch.program.graph import NodeHandle
 from quarl.replay.table import TableClosed
 

@@ -14,7 +14,7 @@ from quarl.ops.logs import Logger
 POLL_S = 0.25  # how long a blocked wait lasts before a node re-checks its stop flag
 ACTOR_ENV_STREAM, EVAL_ENV_STREAM = 10, 11
 EVENTS_FILE = "events.log"
-_log = logging.getLogger("launch.nodes")
+_log = logging.getLogger("launch.distributed.nodes")
 
 
 def log_event(logdir: str | os.PathLike | None, node: str, message: str, level: int = logging.INFO) -> None:

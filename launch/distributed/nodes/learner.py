@@ -14,11 +14,11 @@ import numpy as np
 from agents.learner_base import to_numpy
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
+from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
+from launch.distributed.nodes.learner_feed import BlockFeed, PriorityUpdates
+from launch.distributed.nodes.publisher import PublishTimes, Publisher
+from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments.agent_spec import AgentSpec
-from launch.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.nodes.learner_feed import BlockFeed, PriorityUpdates
-from launch.nodes.publisher import PublishTimes, Publisher
-from launch.nodes.shared_blob import Blob
 from launch.program.graph import NodeHandle
 from quarl.ops.carbon import stop_tracking
 from quarl.quant.calibration import needs_calibration, with_activation_ranges
