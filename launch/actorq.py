@@ -46,7 +46,7 @@ from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
 # support fitted to cartpole's rewards (<= 1 per step, so returns <= 100 discounted), Adam 1e-3 and one learner
 # step per 4 env steps (batch 128, 32 samples per insert), the setting agents/d4pg's learning test uses; the run
 # stops once two evaluations in a row reach the target (cartpole:balance's maximum is 1000; single-process runs
-# of this setting reach 950 within 20k-60k steps, bench/results/learning_d4pg.md), else at the step budget.
+# of this setting reach 950 within 20k-60k steps, results/bench/learning_d4pg.md), else at the step budget.
 # DQN's own defaults are already tuned for classic control (CartPole reaches 500 within ~25k steps).
 
 

@@ -1,5 +1,5 @@
 """Which trained policy a PTQ sweep reads, and how each row of the sweep acts: shared by `launch.ptq` and
-`bench.ptq_study`.
+`bench.learning.ptq_study`.
 
 Any agent's policy loads the same way. Every runner saves the final fp32 policy with `quarl.runtimes.policy_io.save_policy`
 (a spec plus its weights, and a sidecar naming the agent and task), and a greedy policy needs nothing from the

@@ -16,14 +16,14 @@ from quarl.policy.spec import parse_bounds
 # MountainCar-v0's reward is sparse (-1 per step until the goal): with the defaults one seed in three never
 # reached the goal within 150k steps. rl-baselines3-zoo's MountainCar hyper-parameters (faster learning rate,
 # gamma 0.98, a small replay, longer exploration) reached -130 within ~50k steps on every seed tried
-# (bench/results/learning_dqn.md). Use as `DQNConfig(**MOUNTAINCAR_OVERRIDES)` or `--set` each key.
+# (results/bench/learning_dqn.md). Use as `DQNConfig(**MOUNTAINCAR_OVERRIDES)` or `--set` each key.
 # Its observation bounds (gymnasium's MountainCarEnv: position [-1.2, 0.6], velocity [-0.07, 0.07]) are mapped onto
 # [-1, 1] before the first layer: raw, the velocity spans 1/13 of the position's range, so the int8 first layer
 # (per-column weight scales set by the large velocity weights, per-row activation scales by the position) rounded
 # away part of what the policy read from it: on trained policies its int8 weights alone flipped 1-5% of the greedy
 # actions, 0-0.3% with the bounds, and int8 seed 2 never reached the goal in 120k steps (it does with them).
 # The learning rate decays linearly from 4e-3 to 4e-4 over the 60k updates of the 120k-step budget: held at 4e-3,
-# the solved policy kept swinging to -140..-190 between evaluations up to the end (bench/results/dqn_collapse.md).
+# the solved policy kept swinging to -140..-190 between evaluations up to the end (results/bench/dqn_collapse.md).
 MOUNTAINCAR_BOUNDS = ((-1.2, -0.07), (0.6, 0.07))
 MOUNTAINCAR_OVERRIDES: dict = {"learning_rate": 4e-3, "discount": 0.98, "target_update_period": 300,
                                "batch_size": 128, "max_replay_size": 10_000, "epsilon_decay_steps": 24_000,
@@ -33,19 +33,19 @@ MOUNTAINCAR_OVERRIDES: dict = {"learning_rate": 4e-3, "discount": 0.98, "target_
 # the few that lead toward a fall or the track's edge have errors of 5-50, and at threshold 1 each of those pulls
 # no harder than an error of 1, so the drift toward the edge was unlearned between visits and the policy
 # collapsed (last 3 of the evaluations every 2,500 steps as low as 244); at 5 it stayed solved at no cost per update
-# (bench/results/dqn_collapse.md).
+# (results/bench/dqn_collapse.md).
 # Its observation bounds are mapped onto [-1, 1] as MountainCar's are: raw, the features span 4.8 (cart position,
 # +-2.4 at termination), ~0.42 (pole angle, +-12 degrees at termination) and ~5-6 (the two velocities, unbounded;
 # at most 2.8 and 3.1 in 2,000 random-action episodes), so the angle the policy balances on entered the first
 # layer ~10x smaller than the rest. Position and angle take gymnasium's termination thresholds, the velocities
 # +-3.0 / +-3.5 (the random-action maxima, rounded up); values past the bounds map linearly past [-1, 1], as for
-# any bounds. With them seed 0 stayed solved at both precisions (last 3 of bench.peers' evaluations: 500 where it
+# any bounds. With them seed 0 stayed solved at both precisions (last 3 of bench.peers.offpolicy' evaluations: 500 where it
 # was 440 int8 / 417 fp32) and all 6 seed x precision runs first reached 475 at 2.5k-7.5k env steps instead of
-# 10k-17.5k (bench/results/dqn_collapse.md).
+# 10k-17.5k (results/bench/dqn_collapse.md).
 CARTPOLE_BOUNDS = ((-2.4, -3.0, -0.2095, -3.5), (2.4, 3.0, 0.2095, 3.5))
 CARTPOLE_OVERRIDES: dict = {"huber_loss_parameter": 5.0, "observation_bounds": CARTPOLE_BOUNDS}
 # Per-task settings over the defaults, for the gym tasks the defaults do not suit (Acrobot-v1 takes the
-# defaults): what bench.learning's rows and bench.peers run, `task_overrides(task)` for a config;
+# defaults): what bench.learning.int8_vs_fp32's rows and bench.peers.offpolicy run, `task_overrides(task)` for a config;
 # `launch.train` and `launch.actorq` start from them (`agents.task_defaults`), `--set` overrides each key.
 TASK_OVERRIDES: dict[str, dict] = {"CartPole-v1": CARTPOLE_OVERRIDES, "MountainCar-v0": MOUNTAINCAR_OVERRIDES}
 
@@ -70,7 +70,7 @@ class DQNConfig:
     # Linear decay of the learning rate to `learning_rate_end` over `learning_rate_decay_steps` learner steps,
     # then held (None or 0 steps: constant). At a constant 1e-3 CartPole-v1 reached 500 by ~15k env steps and
     # then lost it (the greedy policy drifts the cart off the track: last 3 evaluations 455 / 103 / 356 on seeds
-    # 0-2); decayed to 5e-5 by 30k updates it solved as soon and held 500 to 50k (bench/results/dqn_collapse.md).
+    # 0-2); decayed to 5e-5 by 30k updates it solved as soon and held 500 to 50k (results/bench/dqn_collapse.md).
     learning_rate_end: float | None = 5e-5
     learning_rate_decay_steps: int = 30_000
     adam_eps: float = 1e-8

@@ -63,7 +63,7 @@ def make_loss(spec: PolicySpec, huber_loss_parameter: float, qat_bits: int | Non
         q_tm1 = online_apply(params, obs)
         # s' goes through the online net as a constant: with the params stopped, autodiff builds no backward pass
         # for it. One pass over [s; s'] instead ran the backward over both halves (s' rows with zero cotangent):
-        # 1.48x the update time on the Nature torso at batch 32, 1.13-1.31x for MLPs (`bench.dqn_update`).
+        # 1.48x the update time on the Nature torso at batch 32, 1.13-1.31x for MLPs (`bench.micro.dqn_update`).
         q_t_selector = online_apply(jax.lax.stop_gradient(params), next_obs)
         q_t_value = apply(target_params, next_obs)
         target = double_q_targets(q_t_value, q_t_selector, batch["reward"], batch["discount"])
@@ -156,7 +156,7 @@ def learning_rate_schedule(config: DQNConfig) -> optax.Schedule:
 
     Why: at a constant 1e-3 (one update per env step) CartPole-v1's policy reached 500 and then lost it, the cart
     drifting off the track; decaying to 5e-5 over 30k updates kept it solved without slowing the first solve
-    (bench/results/dqn_collapse.md)."""
+    (results/bench/dqn_collapse.md)."""
     if config.learning_rate_end is None or config.learning_rate_decay_steps == 0:
         return optax.constant_schedule(config.learning_rate)
     return optax.linear_schedule(config.learning_rate, config.learning_rate_end, config.learning_rate_decay_steps)

@@ -18,7 +18,7 @@ PIP=${PIP:-$(cd ../.. && pwd)/.venv/bin/pip}
 [ -x "$PIP" ] || PIP=$(command -v pip3)
 LOCK=../../requirements-py312.lock
 LIMIT_MIB=40
-# Carried whole: what `import launch.distributed.supervisor, bench.e2e` and the nodes load beyond the machine's packages.
+# Carried whole: what `import launch.distributed.supervisor, bench.system.e2e` and the nodes load beyond the machine's packages.
 WHEELS="aqtp decorator distrax dm-env dm-haiku dm-tree Farama-Notifications gast glfw gymnasium jmp jsonschema
   jsonschema-specifications referencing rlax rpds-py tensorboardX websockets"
 TRIMMED="ray mujoco dm_control tfp-nightly PyOpenGL"

@@ -12,4 +12,4 @@ source bench/gpu/install.sh
 sys.exit(0 if b == 'gpu' else 'bench/gpu/run.sh: JAX does not see a GPU (backend ' + b + ')')"
 mkdir -p "$OUT"
 # --allow-busy: the load average of a 16-core machine says nothing about a GPU learner's timing.
-"$PYTHON" -m bench.learner_throughput --out "$OUT" --allow-busy "$@"
+"$PYTHON" -m bench.micro.learner_throughput --out "$OUT" --allow-busy "$@"

@@ -4,7 +4,7 @@ An actor is one core's worth of work (one compute thread). Left unpinned, its ru
 for free (XLA's fp32 runtime did: its CPU time exceeded its wall time) and envpool's worker thread is woken on
 whichever core is idle, a cross-core hand-off on every step. Pinning the acting thread before it builds its
 runtime and environments puts them all on one core: threads inherit the CPU mask of the thread that starts
-them. `python -m bench.actorq` measures actors this way; `launch.actorq --pin-actors` runs them this way.
+them. `python -m bench.system.actorq` measures actors this way; `launch.actorq --pin-actors` runs them this way.
 
 Actors of one machine must not share a core, so a core is *claimed*: an exclusive `flock` on
 `<lock dir>/cpu<N>.lock`, held until the process exits (the kernel drops it then, also after a crash), so a

@@ -79,7 +79,7 @@ def test_config_is_frozen_and_accepts_list_hidden_sizes():
 
 def test_task_overrides_build_valid_configs_and_are_copies():
     from agents.dqn.config import CARTPOLE_BOUNDS, TASK_OVERRIDES, task_overrides
-    from bench.learning import DQN_ROWS
+    from bench.learning.int8_vs_fp32 import DQN_ROWS
     assert task_overrides("CartPole-v1") == {"huber_loss_parameter": 5.0, "observation_bounds": CARTPOLE_BOUNDS}
     assert task_overrides("Acrobot-v1") == {}
     for task in TASK_OVERRIDES:
@@ -389,11 +389,11 @@ def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
 
 def test_dqn_stays_solved_on_cartpole_to_the_end_of_its_run(tmp_path):
     """Not only solved once: the last 3 evaluations (25k, 27.5k, 30k env steps, evaluating every 2,500 steps as
-    bench.peers does) of a CartPole-v1 run with int8 actors and CartPole's settings (Huber threshold 5, observation
+    bench.peers.offpolicy does) of a CartPole-v1 run with int8 actors and CartPole's settings (Huber threshold 5, observation
     bounds) all reach 475 (measured 500 / 500 / 494). Seed 1 is the run that collapsed hardest at the Huber
-    threshold of 1 (207 and 278 at 25k and 27.5k, last 3 at 50k: 244, bench/results/peers_cartpole). The backend
+    threshold of 1 (207 and 278 at 25k and 27.5k, last 3 at 50k: 244, results/bench/peers_cartpole). The backend
     is fixed (auto picks by timing): int8 weights dequantized through ONNX's fp32 kernel, what `auto` chose on
-    the machine that measured bench/results/dqn_collapse.md."""
+    the machine that measured results/bench/dqn_collapse.md."""
     from agents.dqn.config import task_overrides
     from launch.experiments.run_experiment import run_experiment
     run_experiment(ExperimentConfig(agent="dqn", task="CartPole-v1", precision="int8", backend="onnx",
@@ -414,10 +414,10 @@ def _eval_returns(logdir) -> list[float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("precision", ["int8", "fp32"])
 def test_dqn_solves_cartpole_and_stays_solved(tmp_path, precision):
-    """bench.peers' CartPole-v1 run (50k env steps, 10 evaluation episodes every 2,500 steps, CartPole's settings):
+    """bench.peers.offpolicy' CartPole-v1 run (50k env steps, 10 evaluation episodes every 2,500 steps, CartPole's settings):
     solved, and the last 3 evaluations (45k-50k) still average >= 475 (measured with the observation bounds: 500
     int8, 498.8 fp32). Seed 1 collapsed at both precisions with the Huber threshold of 1 (last 3: 244 int8, 455
-    fp32; bench/results/peers_cartpole)."""
+    fp32; results/bench/peers_cartpole)."""
     from agents.dqn.config import task_overrides
     from launch.experiments.run_experiment import run_experiment
     summary = run_experiment(ExperimentConfig(agent="dqn", task="CartPole-v1", precision=precision, backend="onnx",

@@ -129,7 +129,7 @@ def test_int8_argmax_follows_fp32_far_more_often_with_the_bounds_on_mountaincar_
     weight scale is set by the (13x larger) velocity weights and each row's activation scale by the position, so
     the int8 actor's greedy action departs from fp32's 2-3x as often as with the bounds applied first (random
     initialisations here; on the peers runs' trained MountainCar policies, int8 weights of the first layer alone
-    flipped 1-5% of greedy actions raw and 0-0.3% with the bounds: bench/results/dqn_collapse.md)."""
+    flipped 1-5% of greedy actions raw and 0-0.3% with the bounds: results/bench/dqn_collapse.md)."""
     obs = _mountaincar_states(4096, seed=1)
     rates = []
     for seed in range(3):
@@ -150,8 +150,8 @@ def test_int8_argmax_follows_fp32_far_more_often_with_the_bounds_on_mountaincar_
 @pytest.mark.slow
 def test_int8_dqn_reaches_and_holds_mountaincar_with_its_preset(tmp_path):
     """MountainCar-v0 int8 seed 2 never reached the goal in 120k steps without the bounds (every evaluation -200 in
-    bench/results/peers.md). With the preset (bounds, decaying learning rate) it solves, and the last 3
-    evaluations of a 60k-step run (bench.peers' cadence: 10 episodes every 2,500 steps; measured -105 / -104 /
+    results/bench/peers.md). With the preset (bounds, decaying learning rate) it solves, and the last 3
+    evaluations of a 60k-step run (bench.peers.offpolicy' cadence: 10 episodes every 2,500 steps; measured -105 / -104 /
     -104) are still >= -130. The backend is fixed as `auto` chose it on the measuring machine."""
     from launch.experiments.config import ExperimentConfig
     from launch.experiments.run_experiment import run_experiment

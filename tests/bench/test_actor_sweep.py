@@ -1,11 +1,11 @@
-"""bench.actor_sweep: the ratio arithmetic on hand-made rounds, and its CLI guards (no timing is asserted)."""
+"""bench.system.actor_sweep: the ratio arithmetic on hand-made rounds, and its CLI guards (no timing is asserted)."""
 from __future__ import annotations
 
 import os
 
 import pytest
 
-from bench import actor_sweep
+from bench.system import actor_sweep
 
 
 def _round(fp32_policy_s: float, int8_policy_s: float, env_s: float, steps: int = 100) -> dict:

@@ -1,11 +1,11 @@
-"""bench.actorq_minatar at its smallest: fp32 and int8 actors side by side on MinAtar, the machine recorded."""
+"""bench.system.actorq_minatar at its smallest: fp32 and int8 actors side by side on MinAtar, the machine recorded."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from bench import actorq_minatar
+from bench.system import actorq_minatar
 
 
 def test_quick_run_measures_both_precisions_and_records_the_machine(tmp_path):

@@ -1,4 +1,4 @@
-"""bench.actorq_minatar returns at its smallest: real launch.actorq runs of both precisions, the report's structure,
+"""bench.system.actorq_minatar returns at its smallest: real launch.actorq runs of both precisions, the report's structure,
 and one-line usage errors."""
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from bench import actorq_minatar, actorq_minatar_returns
+from bench.system import actorq_minatar
+from bench.learning import actorq_minatar_returns
 
 
 def test_tiny_run_reports_every_evaluation_per_seed_and_precision(tmp_path, monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""bench.actorq's weight-update probe times an update through the actors' own client (`PolicyClient.fetch`)."""
+"""bench.system.actorq's weight-update probe times an update through the actors' own client (`PolicyClient.fetch`)."""
 from __future__ import annotations
 
 from typing import Any
@@ -18,7 +18,7 @@ class LocalHandle:
 
 def test_update_cost_reports_each_stage_of_one_fetch(monkeypatch, tmp_path):
     import agents
-    from bench import actorq
+    from bench.system import actorq
     from launch.experiments.agent_spec import AgentSpec
     from launch.distributed.nodes.services import WeightServer
     from launch.distributed.nodes.shared_blob import Blob
@@ -54,7 +54,7 @@ def test_throughput_steps_every_precision_on_its_auto_backend(monkeypatch, tmp_p
     """Part 1's probe runs fp32, int8 and int4 actors (each built by the update path on backend="auto",
     fp32 included: the fastest fp32 executor auto measures) on the same recorded env state sequence."""
     import agents
-    from bench import actorq
+    from bench.system import actorq
     from launch.experiments.agent_spec import AgentSpec
     from launch.distributed.nodes.services import WeightServer
     from launch.distributed.nodes.shared_blob import Blob
@@ -99,7 +99,7 @@ def _block(fp32_policy: float, policy: dict[str, float], env_us: float = 200.0) 
 def test_ratios_table_and_target_verdict_name_each_precision(tmp_path):
     """Each precision's ratio vs fp32 is the median over rounds; the table has a column per precision and the
     verdict says which precision meets the 4x target on the CPU class given."""
-    from bench import actorq
+    from bench.system import actorq
 
     rounds = [_block(1800, {"int8": 800, "int4": 300}), _block(1800, {"int8": 600, "int4": 200}),
               _block(1800, {"int8": 300, "int4": 100})]

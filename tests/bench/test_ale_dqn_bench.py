@@ -1,4 +1,4 @@
-"""bench.ale_dqn at its smallest (--tiny): the whole path runs (Nature torso, frame-deduplicated replay, int8
+"""bench.learning.ale_dqn at its smallest (--tiny): the whole path runs (Nature torso, frame-deduplicated replay, int8
 actors, a full unclipped Pong evaluation) and the record has the machine, seed, time and every evaluation."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import ale_dqn
+from bench.learning import ale_dqn
 
 
 @pytest.mark.slow

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parents[2]
-RESULTS = REPO / "bench" / "results"
+RESULTS = REPO / "results" / "bench"
 
 
 @pytest.fixture()
@@ -27,7 +27,7 @@ def figures(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 
 def test_qat_figure_error_bars_are_standard_errors_and_stop_at_zero(figures, tmp_path) -> None:
-    from bench import qat
+    from bench.learning import qat
     result = json.loads((RESULTS / "qat.json").read_text())
     qat.plot(tmp_path / "qat.png", result)
     ax = figures[0].axes[0]
@@ -40,7 +40,7 @@ def test_qat_figure_error_bars_are_standard_errors_and_stop_at_zero(figures, tmp
 
 
 def test_fidelity_figure_titles_differ_and_carry_the_readmes_p_values(figures, tmp_path) -> None:
-    from bench import fidelity
+    from bench.peers import fidelity
     curves = fidelity.read_curves_csv(RESULTS / "fidelity_curves.csv")
     fidelity.plot(curves, tmp_path / "fidelity.png")
     fig = figures[0]
@@ -53,7 +53,7 @@ def test_fidelity_figure_titles_differ_and_carry_the_readmes_p_values(figures, t
 
 
 def test_actorq_figure_names_the_cpu_and_shows_the_spread_of_its_blocks(figures, tmp_path) -> None:
-    from bench import actorq
+    from bench.system import actorq
     result = json.loads((RESULTS / "actorq.json").read_text())
     actorq.plot(result, tmp_path / "actorq.png")
     fig = figures[0]
@@ -66,7 +66,7 @@ def test_actorq_figure_names_the_cpu_and_shows_the_spread_of_its_blocks(figures,
 
 def test_learning_figure_is_redrawn_from_its_curves_with_the_machine_and_the_seeds(figures, tmp_path) -> None:
     import shutil
-    from bench import learning
+    from bench.learning import int8_vs_fp32 as learning
     shutil.copy(RESULTS / "learning_dqn_curves.csv", tmp_path / "learning_dqn_curves.csv")
     assert learning.main(["--rows", "dqn", "--report-only", "--out", str(tmp_path), "--machine", "test CPU"]) == 0
     title = figures[0]._suptitle.get_text()  # noqa: SLF001

@@ -1,11 +1,11 @@
-"""bench.conv_inference at its smallest: it runs, records the machine, and every variant is numerically sane."""
+"""bench.micro.conv_inference at its smallest: it runs, records the machine, and every variant is numerically sane."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from bench import conv_inference
+from bench.micro import conv_inference
 
 
 def test_quick_conv_bench_writes_results_with_the_machine(tmp_path, monkeypatch):
@@ -27,7 +27,7 @@ def test_quick_conv_bench_writes_results_with_the_machine(tmp_path, monkeypatch)
 
 
 def test_a_busy_machine_is_refused(monkeypatch, capsys):
-    import bench.machine as machine
+    import bench.harness.machine as machine
 
     monkeypatch.setattr(machine, "load_average", lambda: [99.0, 99.0, 99.0])
     with pytest.raises(SystemExit) as exit_info:

@@ -1,4 +1,4 @@
-"""bench.dqn_update at its smallest: both loss forms build, train on the same batch and are timed; the baseline
+"""bench.micro.dqn_update at its smallest: both loss forms build, train on the same batch and are timed; the baseline
 form gives the same loss as the current one (it differs in cost only)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 
-from bench import dqn_update
+from bench.micro import dqn_update
 
 
 def test_quick_run_times_both_forms_and_writes_the_table(tmp_path):

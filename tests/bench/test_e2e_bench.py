@@ -1,4 +1,4 @@
-"""bench.e2e: per-arm figures and time shares from a summary, per-seed ratios, the results folder per machine,
+"""bench.system.e2e: per-arm figures and time shares from a summary, per-seed ratios, the results folder per machine,
 bad flags, and (slow) the whole benchmark at its tiny size on a local Ray."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from bench import e2e
+from bench.system import e2e
 
 
 def _summary(steps_per_s: float, to_target: float | None, device: dict | None = None) -> dict:
@@ -47,7 +47,7 @@ def test_comparison_divides_fp32_by_int8_per_seed_and_a_missed_target_is_none(tm
     assert s0["time_to_target_fp32_over_int8"] == 3.0 and s0["env_steps_per_s_int8_over_fp32"] == 2.5
     assert s1["time_to_target_fp32_over_int8"] is None
     result = {"setting": {**e2e.tiny_setting().__dict__, "policy": [16, 16]}, "machine": {"cores": 2},
-              "arms": arms, "comparison": [s0, s1], "command": "python -m bench.e2e --tiny"}
+              "arms": arms, "comparison": [s0, s1], "command": "python -m bench.system.e2e --tiny"}
     text = e2e.markdown(result)
     assert "| 0 | 3.00 | 2.50 | 1.00 |" in text and "| 1 | - | 2.50 | 1.00 |" in text
 

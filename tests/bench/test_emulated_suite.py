@@ -1,9 +1,9 @@
-"""bench.emulated_suite: its page reports what pytest said, failures included, and bad flags exit 2."""
+"""bench.harness.emulated_suite: its page reports what pytest said, failures included, and bad flags exit 2."""
 from __future__ import annotations
 
 import pytest
 
-from bench import emulated_suite
+from bench.harness import emulated_suite
 
 
 def test_page_names_the_model_the_tests_and_the_outcome():

@@ -1,4 +1,4 @@
-"""bench.fidelity: paired statistics, the report built from run folders, the run commands and the CLI's errors."""
+"""bench.peers.fidelity: paired statistics, the report built from run folders, the run commands and the CLI's errors."""
 from __future__ import annotations
 
 import csv
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bench import fidelity
+from bench.peers import fidelity
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,7 +38,7 @@ def test_paired_t_p_matches_scipy():
 
 
 def _fake_run(runs: Path, task: str, arm: str, seed: int, curve: list[tuple[int, float, float, float]]) -> None:
-    """A finished run folder as launch.train (ours) or bench/acme_d4pg.py (Acme) leaves it."""
+    """A finished run folder as launch.train (ours) or bench/peers/acme_d4pg.py (Acme) leaves it."""
     d = fidelity.run_dir(runs, task, arm, seed)
     d.mkdir(parents=True)
     with open(d / "evaluator.csv", "w", newline="", encoding="utf-8") as f:
@@ -63,7 +63,7 @@ def test_report_pairs_seeds_per_checkpoint_and_over_the_curve(tmp_path):
     _fake_run(runs, "cartpole:balance", "fp32", 9, [(5000, 1.0, 1.0, 1.0)])  # no Acme partner: left out of tests
     (fidelity.run_dir(runs, "cartpole:balance", "int8", 7)).mkdir(parents=True)  # unfinished: ignored
     (runs / "machine.json").write_text(json.dumps([{"cores": 2, "load_start": [1.5, 1, 1], "load_end": [0.5, 1, 1]}]))
-    text = fidelity.report(runs, out, "python -m bench.fidelity report")
+    text = fidelity.report(runs, out, "python -m bench.peers.fidelity report")
     assert "load average 1.5 at the start and 0.5 at the end on 2 cores" in text
     tests = list(csv.DictReader(open(out / "fidelity_tests.csv", encoding="utf-8")))
     assert len(tests) == 2 * 2 * 2  # checkpoints x our arms x protocols
@@ -96,7 +96,7 @@ def test_run_commands_use_the_same_settings_for_both_agents(tmp_path):
             assert cmd[cmd.index(flag) + 1] == value
     assert "policy_layer_sizes=256,256,256" in ours and "critic_layer_sizes=512,512,256" in ours
     assert acme[acme.index("--policy") + 1] == "256,256,256" and acme[acme.index("--critic") + 1] == "512,512,256"
-    assert ours[ours.index("--precision") + 1] == "int8" and acme[1].endswith("bench/acme_d4pg.py")
+    assert ours[ours.index("--precision") + 1] == "int8" and acme[1].endswith("bench/peers/acme_d4pg.py")
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -111,7 +111,7 @@ def test_cli_errors_are_one_line_with_exit_code_2(argv, message, tmp_path):
     if argv[0] == "report":
         (tmp_path / "empty").mkdir()
         argv = ["report", "--runs", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]
-    proc = subprocess.run([sys.executable, "-m", "bench.fidelity", *argv], cwd=REPO, capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "bench.peers.fidelity", *argv], cwd=REPO, capture_output=True, text=True,
                           timeout=120, check=False)
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr

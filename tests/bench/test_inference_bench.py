@@ -1,10 +1,10 @@
-"""bench.inference survives variants a machine does not produce (the GPU machine's CPU crashed `summarize` on a
+"""bench.micro.inference survives variants a machine does not produce (the GPU machine's CPU crashed `summarize` on a
 missing int4 row) and times every backend auto can choose, so auto's choice is always judged."""
 from __future__ import annotations
 
 import json
 
-from bench import inference
+from bench.micro import inference
 
 
 def _row(variant: str, us: float, chosen: str | None = None, simulated: bool = False) -> dict:

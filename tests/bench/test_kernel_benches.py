@@ -1,4 +1,4 @@
-"""bench.kernel_forms and bench.update at tiny sizes: they run, report what they claim, and refuse bad flags."""
+"""bench.micro.kernel_forms and bench.micro.update at tiny sizes: they run, report what they claim, and refuse bad flags."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,8 @@ import os
 
 import pytest
 
-from bench import kernel_forms, update
+from bench.micro import kernel_forms
+from bench.micro import update
 
 
 def test_kernel_forms_reports_every_form_and_the_one_used(capsys):

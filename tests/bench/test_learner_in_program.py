@@ -1,11 +1,11 @@
-"""bench.learner_in_program: its table from synthetic figures, and a tiny real run writing both files."""
+"""bench.system.learner_in_program: its table from synthetic figures, and a tiny real run writing both files."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from bench import learner_in_program as lip
+from bench.system import learner_in_program as lip
 
 
 def _config(node: float, off: float, step: float) -> dict:
@@ -19,7 +19,7 @@ def _config(node: float, off: float, step: float) -> dict:
 def test_the_table_shows_both_ratios_and_the_handoff_cost():
     machine = {"jax_backend": "gpu", "date": "2026-12-04T00:00:00", "cpu": "Xeon", "cores": 16, "jax": "0.11.2",
                "jax_devices": ["gpu:0 NVIDIA H200"], "load_average_start": [0.2], "load_average_end": [0.3]}
-    md = lip.markdown({"machine": machine, "configs": [_config(95.0, 100.0, 100.0)]}, "python -m bench.learner_in_program")
+    md = lip.markdown({"machine": machine, "configs": [_config(95.0, 100.0, 100.0)]}, "python -m bench.system.learner_in_program")
     row = next(line for line in md.splitlines() if line.startswith("| 256x256x256"))
     assert "| 8 | 100.0 | 300.0 | 95.0 | 100.0 | 0.95 | 0.95 | 0.050 | 12.5 |" in row
 

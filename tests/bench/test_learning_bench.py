@@ -1,4 +1,4 @@
-"""bench.learning's D4PG rows: the row module loads and the merge of separate invocations rebuilds the table."""
+"""bench.learning.int8_vs_fp32's D4PG rows: the row module loads and the merge of separate invocations rebuilds the table."""
 from __future__ import annotations
 
 import csv
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from bench import learning_d4pg
+from bench.learning import d4pg_rows as learning_d4pg
 
-RESULTS = Path(__file__).resolve().parents[2] / "bench" / "results"
+RESULTS = Path(__file__).resolve().parents[2] / "results" / "bench"
 
 
 def _split_by_task(src: Path, dst: Path) -> list[Path]:
@@ -61,7 +61,7 @@ def test_merge_of_separate_invocations_rebuilds_the_committed_table(tmp_path):
 
 
 def test_paired_steps_states_direction_per_seed_and_a_paired_test():
-    from bench import learning
+    from bench.learning import int8_vs_fp32 as learning
 
     row = learning.LearningRow("dqn", "MountainCar-v0", -130.0, 150_000, 2_500)
 
@@ -81,8 +81,8 @@ def test_paired_steps_states_direction_per_seed_and_a_paired_test():
 
 def test_a_training_budget_ends_the_run_at_its_first_evaluation_past_it(tmp_path):
     """`run_one(max_train_s=...)`: a run whose target is out of reach still ends, on an evaluation, once the budget
-    is spent, long before its step limit (bench.ale_dqn --max-minutes relies on it)."""
-    from bench import learning
+    is spent, long before its step limit (bench.learning.ale_dqn --max-minutes relies on it)."""
+    from bench.learning import int8_vs_fp32 as learning
 
     row = learning.LearningRow("dqn", "CartPole-v1", 1e9, 1_000_000, 500, 1, overrides={"min_replay_size": 200})
     result, curve = learning.run_one(row, "fp32", 0, logdir=tmp_path / "run", max_train_s=1e-3)

@@ -1,4 +1,4 @@
-"""bench.machine: the busy-machine guard every benchmark runs before it starts, and the load it records."""
+"""bench.harness.machine: the busy-machine guard every benchmark runs before it starts, and the load it records."""
 from __future__ import annotations
 
 import argparse
@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from bench import machine
+from bench.harness import machine
 
 
 def test_check_load_refuses_above_the_core_count_unless_allowed():
@@ -50,10 +50,10 @@ def test_machine_record_names_the_cpu_class_and_its_simd_flags(monkeypatch):
     assert info["cpu_flags"] == "avx2 avx512f avx512_vnni fma" and info["cpu_class"] == "x86-vnni"
 
 
-@pytest.mark.parametrize("module, extra", [("bench.actorq", []), ("bench.inference", []),
-                                           ("bench.learner_throughput", []), ("bench.learning", []),
-                                           ("bench.qat", []), ("bench.peers", ["--skip-acme", "--skip-sb3"]),
-                                           ("bench.publish", []), ("bench.replay_server", [])])
+@pytest.mark.parametrize("module, extra", [("bench.system.actorq", []), ("bench.micro.inference", []),
+                                           ("bench.micro.learner_throughput", []), ("bench.learning.int8_vs_fp32", []),
+                                           ("bench.learning.qat", []), ("bench.peers.offpolicy", ["--skip-acme", "--skip-sb3"]),
+                                           ("bench.micro.publish", []), ("bench.system.replay_server", [])])
 def test_every_benchmark_refuses_a_busy_machine_before_it_starts(module, extra, monkeypatch, tmp_path, capsys):
     import importlib
 
@@ -71,7 +71,7 @@ def test_pin_to_one_core_confines_the_calling_thread_and_the_threads_it_starts()
     import os
     import threading
 
-    from bench.machine import pin_to_one_core
+    from bench.harness.machine import pin_to_one_core
 
     if not hasattr(os, "sched_setaffinity"):
         pytest.skip("no CPU affinity on this platform")
@@ -100,7 +100,7 @@ def test_pin_to_one_core_confines_the_calling_thread_and_the_threads_it_starts()
 def test_measuring_actor_env_gives_one_thread_and_a_fresh_auto_cache_then_removes_it():
     from pathlib import Path
 
-    from bench.machine import measuring_actor_env
+    from bench.harness.machine import measuring_actor_env
     from launch.program.graph import SINGLE_THREAD_ENV
     from quarl.runtimes.auto import CACHE_ENV
 

@@ -1,11 +1,11 @@
-"""bench.minatar_dqn's report: the authors' reference points, rows rebuilt from run logs, frames and seeds shown."""
+"""bench.learning.minatar_dqn's report: the authors' reference points, rows rebuilt from run logs, frames and seeds shown."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from bench import minatar_dqn
+from bench.learning import minatar_dqn
 
 
 def test_authors_reference_is_the_last_point_at_or_below_our_frames():

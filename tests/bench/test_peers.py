@@ -1,4 +1,4 @@
-"""bench.peers: peers' own log lines are parsed into the figures the report shows, and a missing peer
+"""bench.peers.offpolicy: peers' own log lines are parsed into the figures the report shows, and a missing peer
 interpreter stops the benchmark with one line before anything runs."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from bench import peers
+from bench.peers import offpolicy as peers
 
 ACME_LOG = """\
 \x1b[1;32m[learner/0] I1203 12:54:20.000000 1 courier_utils.py:50] Binding: step\x1b[0;0m
@@ -104,7 +104,7 @@ def test_dqn_comparison_reports_time_to_solve_and_final_returns_at_tiny_size(tmp
     """bench_dqn end to end at a tiny budget: SB3's part from a stand-in script speaking run.py's output format,
     ours a real 1,000-step run per precision; every figure the table shows comes out of the runs' own logs."""
     import argparse
-    from bench.learning import LearningRow
+    from bench.learning.int8_vs_fp32 import LearningRow
 
     anchors = tmp_path / "anchors"
     (anchors / "sb3_dqn").mkdir(parents=True)
@@ -138,9 +138,9 @@ def test_merge_keeps_other_tasks_rows_and_records_each_sitting():
                 "env_steps_per_s": 5.0}
 
 
-    earlier = {"command": "python -m bench.peers --dqn-tasks Acrobot-v1,CartPole-v1", "machine": machine,
+    earlier = {"command": "python -m bench.peers.offpolicy --dqn-tasks Acrobot-v1,CartPole-v1", "machine": machine,
                "dqn": [row("Acrobot-v1", "sb3", -90.0), row("CartPole-v1", "sb3", 100.0)], "d4pg": [{"x": 1}]}
-    now = {"command": "python -m bench.peers --dqn-tasks CartPole-v1 --skip-acme", "machine": machine,
+    now = {"command": "python -m bench.peers.offpolicy --dqn-tasks CartPole-v1 --skip-acme", "machine": machine,
            "dqn": [row("CartPole-v1", "sb3", 500.0)]}
     merged = peers.merge_results(earlier, now)
     assert [(r["task"], r["last3_mean"]) for r in merged["dqn"]] == [("Acrobot-v1", -90.0), ("CartPole-v1", 500.0)]
@@ -158,7 +158,7 @@ def test_merge_credits_only_the_sittings_whose_rows_survive():
     machine = {"cpu": "test cpu", "cores": 2, "load_start": [0.1], "load_end": [0.2]}
 
     def sitting(task: str, ret: float) -> dict:
-        return {"command": f"python -m bench.peers --skip-acme --dqn-tasks {task} --merge x{ret}", "machine": machine,
+        return {"command": f"python -m bench.peers.offpolicy --skip-acme --dqn-tasks {task} --merge x{ret}", "machine": machine,
                 "dqn": [{"task": task, "system": "sb3", "seed": 0, "target": 1.0, "solved": True,
                          "steps_to_target": 10, "wall_s_to_target": 1.0, "last3_mean": ret, "final_return": ret,
                          "stay_fraction": 1.0, "env_steps_per_s": 5.0}]}
@@ -174,10 +174,10 @@ def test_merge_credits_only_the_sittings_whose_rows_survive():
 
 
 def test_dqn_stability_records_one_line_per_run_and_rejects_bad_settings(tmp_path, capsys):
-    """bench.dqn_stability at a tiny size: a real (untrained) run per seed, one JSON line each with the figures
-    bench.peers reports; a bad --set is a one-line error, exit 2."""
+    """bench.learning.dqn_stability at a tiny size: a real (untrained) run per seed, one JSON line each with the figures
+    bench.peers.offpolicy reports; a bad --set is a one-line error, exit 2."""
     import json
-    from bench import dqn_stability
+    from bench.learning import dqn_stability
     out = tmp_path / "s.jsonl"
     assert dqn_stability.main(["--seeds", "0,1", "--precisions", "fp32", "--steps", "300", "--set",
                                "hidden_sizes=16,16", "--out", str(out), "--label", "tiny"]) == 0

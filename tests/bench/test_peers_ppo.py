@@ -1,4 +1,4 @@
-"""bench.peers_ppo: SB3's PPO log becomes the same figures as ours, bad set-ups stop with one line, and a tiny side by
+"""bench.peers.onpolicy: SB3's PPO log becomes the same figures as ours, bad set-ups stop with one line, and a tiny side by
 side run (when the SB3 venv and this build's PPO exist) writes its report."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import agents
-from bench import peers_ppo
+from bench.peers import onpolicy as peers_ppo
 
 SB3_PPO_LOG = """\
 # sb3 2.9.2 rl_zoo3 2.9.2 torch 2.13.0+cpu threads 1 gymnasium 1.4.0 algo ppo env CartPole-v1 n_envs 8 steps 20000

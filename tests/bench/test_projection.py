@@ -1,4 +1,4 @@
-"""bench.projection's arithmetic on synthetic inputs (no committed result file is read)."""
+"""bench.system.projection's arithmetic on synthetic inputs (no committed result file is read)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from bench import projection
+from bench.system import projection
 
 
 def _inputs(learner_256: float, learner_2048: float) -> tuple[dict, dict, dict]:

@@ -1,4 +1,4 @@
-"""bench.ptq_margins on saved policies: discrete cells get margin/error/flip shares, continuous ones are left out."""
+"""bench.learning.ptq_margins on saved policies: discrete cells get margin/error/flip shares, continuous ones are left out."""
 from __future__ import annotations
 
 import csv
@@ -6,7 +6,7 @@ import csv
 import pytest
 
 import agents
-from bench import ptq_margins
+from bench.learning import ptq_margins
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
 from quarl.runtimes.policy_io import save_policy

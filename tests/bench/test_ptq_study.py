@@ -1,4 +1,4 @@
-"""bench.ptq_study at tiny size: a real training run per cell, the sweep, the table, and resuming across sessions."""
+"""bench.learning.ptq_study at tiny size: a real training run per cell, the sweep, the table, and resuming across sessions."""
 from __future__ import annotations
 
 import csv
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import agents
-from bench import ptq_study
+from bench.learning import ptq_study
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
 from quarl.runtimes.policy_io import save_policy

@@ -1,11 +1,11 @@
-"""bench.qat: checkpoints are picked by return at the deployed precision on held-out selection episodes, the same
+"""bench.learning.qat: checkpoints are picked by return at the deployed precision on held-out selection episodes, the same
 criterion for QAT and the like-for-like PTQ arm, and the verdict says which arm is ahead (either way)."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from bench import qat
+from bench.learning import qat
 
 
 def test_selector_picks_per_precision_by_return_at_that_precision():

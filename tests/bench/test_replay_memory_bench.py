@@ -1,11 +1,11 @@
-"""bench.replay_memory at a tiny size: the frame-deduplicated table's bytes, its eviction, and bad arguments."""
+"""bench.micro.replay_memory at a tiny size: the frame-deduplicated table's bytes, its eviction, and bad arguments."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from bench import replay_memory
+from bench.micro import replay_memory
 
 
 def test_synthetic_fill_counts_one_frame_an_item_and_evicts():

@@ -1,11 +1,11 @@
-"""bench.replay_server: a tiny in-process run writes rates from the table's counters, and bad flags exit 2."""
+"""bench.system.replay_server: a tiny in-process run writes rates from the table's counters, and bad flags exit 2."""
 from __future__ import annotations
 
 import json
 
 import pytest
 
-from bench import replay_server as rs
+from bench.system import replay_server as rs
 
 
 def test_a_tiny_in_process_run_measures_both_sides_and_both_calls(tmp_path):

@@ -1,10 +1,10 @@
-"""bench.results_io: the shared tail that writes a benchmark's `<name>.json` and `<name>.md`."""
+"""bench.harness.results_io: the shared tail that writes a benchmark's `<name>.json` and `<name>.md`."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from bench.results_io import command_line, out_folder, write_json, write_report, write_results
+from bench.harness.results_io import command_line, out_folder, write_json, write_report, write_results
 
 
 def test_write_json_keeps_each_benchmarks_trailing_newline(tmp_path: Path) -> None:

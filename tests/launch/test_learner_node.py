@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from bench.learner_in_program import make_node, time_node
+from bench.system.learner_in_program import make_node, time_node
 from launch.distributed.nodes import learner as learner_node
 from launch.distributed.nodes.learner_feed import BlockFeed, PriorityUpdates
 from launch.experiments.acting import crossed

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.emulation import X86_UNAVAILABLE, run_under_x86, stderr_tail, x86_unavailable
+from bench.harness.emulation import X86_UNAVAILABLE, run_under_x86, stderr_tail, x86_unavailable
 from quarl.policy.spec import Conv2D, LayerNorm, PolicySpec
 from quarl.runtimes.base import layer_widths, weight_shape
 
@@ -38,7 +38,7 @@ def random_params(spec: PolicySpec, seed: int = 0, bias_std: float = 0.1) -> dic
 
 
 def run_under_qemu(cpu: str, script: str, timeout: float = 900) -> Any:
-    """Run `script` with this venv's Python under `qemu-x86_64 -cpu cpu` (`bench.emulation.run_under_x86`) and
+    """Run `script` with this venv's Python under `qemu-x86_64 -cpu cpu` (`bench.harness.emulation.run_under_x86`) and
     return the JSON its last stdout line prints."""
     proc = run_under_x86(cpu, ["-c", script], timeout=timeout)
     assert proc.returncode == 0, stderr_tail(proc, 40)[-2000:]

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from bench.emulation import ARM_CPUS, arm_unavailable, run_under_arm
+from bench.harness.emulation import ARM_CPUS, arm_unavailable, run_under_arm
 from tests.quarl.helpers import QEMU_SKIP_REASON, qemu_available, run_under_qemu
 
 SCRIPT = """

@@ -87,7 +87,7 @@ class LearnerNode(NodeBase):
         self.publish_times = PublishTimes()
         self._logdir = logdir
         self._publish_period = max(1, int(publish_period))
-        self._publish_enabled = bool(publish)  # False: only benchmarks (bench.learner_in_program) turn it off
+        self._publish_enabled = bool(publish)  # False: only benchmarks (bench.system.learner_in_program) turn it off
         self._prefetch = max(1, int(prefetch))
         # None: K chosen for the learner's device (`default_steps_per_call`); the run's summary records it.
         self._steps_per_call = max(1, int(default_steps_per_call() if steps_per_call is None else steps_per_call))
@@ -125,7 +125,7 @@ class LearnerNode(NodeBase):
 
         Waits outside the lock, on an output of the last dispatched block, so training and the publisher handoff go
         on meanwhile. Holding the lock through the wait stalled the training thread for the whole device queue:
-        one 2048x3 handoff took 0.9 s on the 2-core EPYC, the 49 ms average bench.learner_in_program reported."""
+        one 2048x3 handoff took 0.9 s on the 2-core EPYC, the 49 ms average bench.system.learner_in_program reported."""
         with self._lock:
             steps, marker = self._dispatched
             if marker is None:  # no block yet, or its outputs all came to the host: nothing of it is in flight

@@ -1,0 +1,106 @@
+"""Why int8 costs one discrete policy reward and not another: the greedy action's margin against int8's output error.
+
+    python -m bench.learning.ptq_margins [--runs runs/bench/ptq_study] [--out results/bench] [--precision int8]
+
+For every discrete-action cell that `bench.learning.ptq_study` trained (its run folders under --runs), the fp32 greedy
+policy plays the cell's first evaluation episode (the environment seed bench.learning.ptq_study evaluates first) and, on
+the states it visits, both the fp32 and the --precision policy (per-channel weights, the integer kernel, as in the
+study) compute their outputs. Reported per cell: the median margin between the best and second-best output
+(a Q-value gap for DQN, a logit gap for PPO/A2C), the median of int8's largest output error per state, the share
+of states whose error exceeds the margin, and the share where the quantized policy picks another action. An
+argmax over outputs whose gaps are small next to the quantization error flips, whatever the bit width's weight
+error looks like in decibels; that is what the study's reward changes follow.
+
+Writes OUT/ptq_margins.md and OUT/ptq_margins.csv. No timing; the machine is recorded.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import statistics
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from bench.harness.machine import machine_info
+from bench.learning.ptq_study import EVAL_SEED_BASE, REPO
+
+FIELDS = ("algo", "task", "seed", "states", "median_margin", "median_error", "error_over_margin", "flipped")
+
+
+def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500) -> dict[str, Any] | None:
+    """The margins of one run folder's policy on the states of its first evaluation episode (None: continuous)."""
+    from dm_env import specs  # pylint: disable=import-outside-toplevel
+    from launch.ptq_policy import (GridPoint, calibration_observations,  # pylint: disable=import-outside-toplevel
+                                   load_trained_policy, make_row_policy)
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
+
+    policy = load_trained_policy(logdir)
+    env = make_environment(policy.task, EVAL_SEED_BASE + 1000 * seed)
+    try:
+        if not isinstance(env.action_spec(), specs.DiscreteArray):
+            return None
+        fp32, _ = make_row_policy(GridPoint("fp32"), policy, env.action_spec(), "jax")
+        quant, _ = make_row_policy(GridPoint(precision, "per-channel"), policy, env.action_spec(), "jax",
+                                   calibration_observations(policy))  # conv policies: calibrated as in the study
+        observations, timestep = [], env.reset()
+        while not timestep.last() and len(observations) < max_states:
+            observations.append(np.asarray(timestep.observation, np.float32).ravel())
+            timestep = env.step(fp32(timestep.observation))
+    finally:
+        env.close()
+    obs = np.stack(observations)
+    ref = np.concatenate([fp32.executor(o[None]) for o in obs])
+    out = np.concatenate([quant.executor(o[None]) for o in obs])
+    top2 = np.sort(ref, axis=1)[:, -2:]
+    margin = top2[:, 1] - top2[:, 0]
+    error = np.abs(out - ref).max(axis=1)
+    return {"algo": policy.agent, "task": policy.task, "seed": seed, "states": len(obs),
+            "median_margin": float(np.median(margin)), "median_error": float(np.median(error)),
+            "error_over_margin": float(np.mean(error > margin)),
+            "flipped": float(np.mean(ref.argmax(axis=1) != out.argmax(axis=1)))}
+
+
+def markdown(rows: Sequence[dict[str, Any]], precision: str, machine: dict[str, Any]) -> str:
+    lines = [f"# Greedy-action margins against {precision} output error (discrete cells of bench.learning.ptq_study)", "",
+             f"`python -m bench.learning.ptq_margins --precision {precision}` on {machine['cpu']}. States: the fp32 policy's "
+             "first evaluation episode of each cell (at most 500). Margin: best minus second-best output; error: "
+             f"the largest |{precision} - fp32| output difference of a state.", "",
+             "| algorithm | task | seed | states | median margin | median error | states with error > margin | "
+             "greedy action changed |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['algo']} | {r['task']} | {r['seed']} | {r['states']} | {r['median_margin']:.3g} | "
+                     f"{r['median_error']:.3g} | {100 * r['error_over_margin']:.1f}% | {100 * r['flipped']:.1f}% |")
+    by_algo: dict[str, list[float]] = {}
+    for r in rows:
+        by_algo.setdefault(f"{r['algo']} / {r['task']}", []).append(r["flipped"])
+    lines += ["", "Median share of greedy actions changed: " + "; ".join(
+        f"{k} {100 * statistics.median(v):.1f}%" for k, v in by_algo.items()) + ".", ""]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench.learning.ptq_margins", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bench" / "ptq_study")
+    parser.add_argument("--out", type=Path, default=REPO / "results" / "bench")
+    parser.add_argument("--precision", default="int8", choices=[f"int{b}" for b in range(2, 9)])
+    args = parser.parse_args(argv)
+    folders = sorted(p.parent for p in args.runs.glob("*/*/s*/policy_fp32.qrlp"))
+    if not folders:
+        parser.exit(2, f"{parser.prog}: error: no trained runs under {args.runs} (bench.learning.ptq_study run makes them)\n")
+    rows = [r for d in folders if (r := cell_margins(d, int(d.name[1:]), args.precision)) is not None]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "ptq_margins.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(FIELDS))
+        writer.writeheader()
+        writer.writerows(rows)
+    text = markdown(rows, args.precision, machine_info(True))
+    (args.out / "ptq_margins.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,506 @@
+"""The paper's PTQ study across algorithms: train each algorithm on each of its tasks over several seeds, sweep the
+final fp32 policy of every run with launch.ptq's rows, and put reward against precision in one table.
+
+    python -m bench.learning.ptq_study run [--algos dqn,d4pg,ppo,a2c] [--tasks CartPole-v1,...] [--seeds 0,1,2]
+        [--episodes 10] [--bits 8,6,4,3,2] [--include fp16,bf16] [--steps ALGO/TASK=N,...] [--backend jax]
+        [--runs runs/bench/ptq_study] [--out results/bench] [--quick] [--allow-busy]
+    python -m bench.learning.ptq_study report [--out DIR]      # the table and plot again from OUT/ptq_study.csv
+    python -m bench.learning.ptq_study merge DIR... [--out DIR] # add other folders' cells (another session or machine)
+
+Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the agent's own settings plus the row's
+overrides, a subprocess of this checkout) followed by a greedy evaluation of its final fp32 policy at every
+precision, `--episodes` episodes per precision on the same environment seeds (so each precision's change from fp32
+is paired within a seed). Integer rows quantize the weights per channel, as actors do, and run the integer kernel
+(W<b>A8); fp16/bf16 run natively (`launch.ptq_policy.make_row_policy`). Policy size is the payload an actor pulls
+at that precision (`quarl.quant.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header).
+
+It resumes like bench.peers.fidelity: each finished cell's rows go into OUT/ptq_study.csv as soon as it is done, and a
+cell whose precisions are all there is not run again (its data are kept, also when its run folder is on another
+machine), so the grid can be split over sessions that each commit their part. Every row names the CPU it was
+evaluated on. No timing is reported: returns per env step do not depend on the machine's load (the busy-machine
+guard still applies, as for every benchmark; pass --allow-busy on a shared machine).
+
+Writes OUT/ptq_study.csv (one row per cell and precision), OUT/ptq_study.md (algorithm x task x precision: mean
+reward over seeds, relative change from fp32 with its spread over seeds, policy bytes) and OUT/ptq_study.png
+(reward vs precision per algorithm and task). --quick (tiny networks and budgets, CartPole only) writes to
+runs/bench/ptq_study-quick. Agents this build does not have (e.g. PPO/A2C before they land) are left out of the
+default grid with a note; naming them in --algos is an error.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import json
+import math
+import shutil
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+import agents
+from agents.ppo.config import CONTROL_OVERRIDES as PPO_CONTROL_OVERRIDES
+from bench.learning.d4pg_rows import CARTPOLE_OVERRIDES
+from bench.harness.machine import add_allow_busy, check_load, describe_load, finish, machine_info, run_cli
+from bench.harness.results_io import write_json
+from launch.cli import OneLineArgumentParser, UsageError
+from quarl.ops.io import read_json_list
+
+REPO = Path(__file__).resolve().parents[2]
+CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE = "ptq_study.csv", "ptq_study.md", "ptq_study.png", "ptq_study_sessions.json"
+EVAL_SEED_BASE = 500_000  # PTQ evaluation seeds: apart from training (seed) and its evaluator (seed + 10,000)
+RUN_TIMEOUT_S = 4 * 3600.0
+WITHIN = 0.05  # "int8 within a few percent of fp32": |relative change| <= 5%
+CSV_FIELDS = ("algo", "task", "seed", "train_steps", "precision", "bits", "granularity", "execution", "backend",
+              "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "cpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyRow:
+    """One (algorithm, task) of the grid: its training budget and the agent settings that differ from defaults."""
+
+    algo: str
+    task: str
+    steps: int
+    eval_every: int
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    note: str = ""
+
+
+_MINATAR_DQN = {"batch_size": 32, "samples_per_insert": 8.0, "min_replay_size": 500, "epsilon_decay_steps": 5000,
+                "target_update_period": 250}
+GRID: tuple[StudyRow, ...] = (
+    StudyRow("dqn", "CartPole-v1", 50_000, 5_000, note="bench.learning.int8_vs_fp32's row"),
+    StudyRow("dqn", "Acrobot-v1", 100_000, 10_000, note="bench.learning.int8_vs_fp32's row"),
+    StudyRow("dqn", "MinAtar/Breakout", 16_000, 4_000, _MINATAR_DQN, note="README's MinAtar settings (conv torso)"),
+    StudyRow("d4pg", "cartpole:balance", 60_000, 10_000, CARTPOLE_OVERRIDES,
+             note="bench.learning.d4pg_rows's small setting"),
+    StudyRow("ppo", "CartPole-v1", 100_000, 10_000),
+    StudyRow("ppo", "Acrobot-v1", 200_000, 20_000),
+    StudyRow("ppo", "cartpole:balance", 200_000, 20_000, PPO_CONTROL_OVERRIDES, note="PPO's DM Control settings"),
+    StudyRow("a2c", "CartPole-v1", 200_000, 20_000),
+)
+QUICK_OVERRIDES = {"dqn": {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32,
+                           "samples_per_insert": 8.0},
+                   "d4pg": {"policy_layer_sizes": (16, 16), "critic_layer_sizes": (16, 16), "num_atoms": 11,
+                            "batch_size": 32, "min_replay_size": 100, "samples_per_insert": 4.0, "n_step": 3}}
+QUICK_TASKS = ("CartPole-v1", "cartpole:balance")
+
+
+def row_overrides(row: StudyRow, quick: bool) -> dict[str, Any]:
+    """The row's agent overrides (quick: tiny networks instead, for a smoke run)."""
+    if quick:
+        return dict(QUICK_OVERRIDES.get(row.algo, {}))
+    return dict(row.overrides)
+
+
+# ------------------------------------------------------------------------------------------------ arguments
+
+
+def _csv_list(text: str) -> list[str]:
+    return [t.strip() for t in str(text).split(",") if t.strip()]
+
+
+def select_rows(algos: str | None, tasks: str | None, steps: str, quick: bool) -> tuple[list[StudyRow], list[str]]:
+    """The grid rows asked for, with --steps applied, and notes on default rows left out (agent not in this build)."""
+    known = set(agents.AGENT_NAMES)
+    wanted = _csv_list(algos) if algos else None
+    for algo in wanted or ():
+        if algo not in {r.algo for r in GRID}:
+            raise UsageError(f"--algos: {algo!r} has no row in the study (algorithms: "
+                             f"{', '.join(dict.fromkeys(r.algo for r in GRID))})")
+        if algo not in known:
+            raise UsageError(f"--algos: agent {algo!r} is not in this build (agents: {', '.join(agents.AGENT_NAMES)})")
+    rows = [r for r in GRID if (r.algo in wanted if wanted else True)]
+    notes = [f"{a}: not in this build, left out" for a in dict.fromkeys(r.algo for r in rows) if a not in known]
+    rows = [r for r in rows if r.algo in known]
+    if tasks:
+        task_list = _csv_list(tasks)
+        unknown = [t for t in task_list if t not in {r.task for r in rows}]
+        if unknown:
+            raise UsageError(f"--tasks: no selected algorithm has a row for {', '.join(unknown)} (rows: "
+                             f"{', '.join(f'{r.algo}/{r.task}' for r in rows)})")
+        rows = [r for r in rows if r.task in task_list]
+    elif quick:
+        rows = [r for r in rows if r.task in QUICK_TASKS]
+    if quick:
+        rows = [dataclasses.replace(r, steps=600, eval_every=300) for r in rows]
+    for item in _csv_list(steps):
+        key, _, value = item.rpartition("=")
+        algo, _, task = key.partition("/")
+        match = [r for r in rows if (r.algo, r.task) == (algo, task)]
+        if not match or not value.isdigit() or int(value) <= 0:
+            raise UsageError(f"--steps expects ALGO/TASK=N for selected rows, got {item!r}")
+        rows = [dataclasses.replace(r, steps=int(value), eval_every=min(r.eval_every, int(value)))
+                if r is match[0] else r for r in rows]
+    if not rows:
+        raise UsageError("the selection has no rows")
+    return rows, notes
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = OneLineArgumentParser(prog="bench.learning.ptq_study", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the missing cells, then report")
+    run.add_argument("--algos", default=None, help="comma-separated (default: every algorithm in this build)")
+    run.add_argument("--tasks", default=None, help="comma-separated (default: every task of the algorithms)")
+    run.add_argument("--seeds", default=None, help="training seeds (default 0,1,2; 0,1 with --quick)")
+    run.add_argument("--episodes", type=int, default=None, help="evaluation episodes per seed and precision (10)")
+    run.add_argument("--bits", default="8,6,4,3,2", help="integer widths (2..8: the integer kernel)")
+    run.add_argument("--include", default="fp16,bf16", help="float precisions beside fp32")
+    run.add_argument("--steps", default="", help="ALGO/TASK=N,... training env steps instead of the row's")
+    run.add_argument("--backend", default="jax", help="runtime of the evaluated rows: jax, onnx, auto")
+    run.add_argument("--runs", default=None, help="run folders (default runs/bench/ptq_study[-quick])")
+    run.add_argument("--out", default=None, help="results (default results/bench; runs/bench/ptq_study-quick)")
+    run.add_argument("--quick", action="store_true", help="tiny networks and budgets, CartPole tasks (smoke run)")
+    add_allow_busy(run)
+    report = sub.add_parser("report", help="table and plot from OUT/ptq_study.csv")
+    report.add_argument("--out", default=str(REPO / "results" / "bench"))
+    merge = sub.add_parser("merge", help="add the cells of other study folders (e.g. another machine's) to OUT")
+    merge.add_argument("folders", nargs="+", help="folders holding a ptq_study.csv")
+    merge.add_argument("--out", default=str(REPO / "results" / "bench"))
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        from launch.ptq import parse_bits, parse_include  # pylint: disable=import-outside-toplevel
+        from launch.cli import check_backend  # pylint: disable=import-outside-toplevel
+        args.rows, args.notes = select_rows(args.algos, args.tasks, args.steps, args.quick)
+        try:
+            args.seeds = [int(s) for s in _csv_list(args.seeds or ("0,1" if args.quick else "0,1,2"))]
+        except ValueError:
+            raise UsageError(f"--seeds takes comma-separated ints, got {args.seeds!r}") from None
+        if not args.seeds or min(args.seeds) < 0:
+            raise UsageError("--seeds needs at least one non-negative int")
+        args.episodes = args.episodes if args.episodes is not None else (3 if args.quick else 10)
+        if args.episodes <= 0:
+            raise UsageError("--episodes must be positive")
+        args.bits = parse_bits(args.bits)
+        if max(args.bits) > 8:
+            raise UsageError("--bits: the study covers the integer kernels, 2..8")
+        args.include = parse_include(args.include)
+        args.backend = check_backend(args.backend)
+        quick_dir = REPO / "runs" / "bench" / "ptq_study-quick"
+        args.runs = Path(args.runs or (quick_dir / "runs" if args.quick else REPO / "runs" / "bench" / "ptq_study"))
+        args.out = Path(args.out or (quick_dir if args.quick else REPO / "results" / "bench"))
+    return args
+
+
+# ------------------------------------------------------------------------------------------------ one cell
+
+
+def run_dir(runs: Path, algo: str, task: str, seed: int) -> Path:
+    return runs / algo / task.replace("/", "_").replace(":", "_") / f"s{seed}"
+
+
+def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool) -> list[str]:
+    """`launch.train` at fp32 for one cell (a subprocess of this checkout: `-m` imports from its cwd)."""
+    sets = []
+    for key, value in row_overrides(row, quick).items():
+        text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+        sets += ["--set", f"{key}={text}"]
+    return [sys.executable, "-m", "launch.train", "--agent", row.algo, "--task", row.task, "--precision", "fp32",
+            "--steps", str(row.steps), "--seed", str(seed), "--eval-every", str(row.eval_every),
+            "--eval-episodes", "5", "--logdir", str(logdir), "--no-progress", *sets]
+
+
+def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool) -> None:
+    """Trains the cell's policy from scratch (a folder left by an interrupted run is cleared first)."""
+    from bench.peers.offpolicy import run_subprocess  # pylint: disable=import-outside-toplevel
+
+    if logdir.exists():
+        shutil.rmtree(logdir)
+    logdir.parent.mkdir(parents=True, exist_ok=True)
+    log = logdir.parent / f"s{seed}.log"
+    code, _, _ = run_subprocess(train_command(row, seed, logdir, quick), log, RUN_TIMEOUT_S, REPO)
+    if code != 0 or not (logdir / "summary.json").is_file():
+        raise RuntimeError(f"{row.algo} {row.task} seed {seed}: training failed (exit {code}); see {log}")
+
+
+def policy_bytes(policy: Any, precision: str, observations: Any) -> int:
+    """Bytes of the payload an actor pulls for this policy at `precision` (per-channel int scales)."""
+    from quarl.quant.calibration import quantize_for_actors  # pylint: disable=import-outside-toplevel
+    from quarl.quant.payload import encode_payload  # pylint: disable=import-outside-toplevel
+
+    qparams = quantize_for_actors(policy.spec, policy.params, precision, observations, True)
+    return len(encode_payload(qparams, version=policy.steps, spec_hash=policy.spec.digest()))
+
+
+def sweep_cell(logdir: Path, seed: int, precisions: Sequence[str], episodes: int, backend: str,
+               cpu: str) -> list[dict[str, Any]]:
+    """Every precision in `precisions` of the cell's final fp32 policy: `episodes` greedy episodes each, on env
+    seeds EVAL_SEED_BASE + 1000 * seed + i (the same for every precision)."""
+    from launch.ptq_policy import (GridPoint, calibration_observations,  # pylint: disable=import-outside-toplevel
+                                   load_trained_policy, make_row_policy)
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
+    from quarl.acting.evaluation import evaluate_seeds  # pylint: disable=import-outside-toplevel
+
+    policy = load_trained_policy(logdir)
+    summary = json.loads((logdir / "summary.json").read_text(encoding="utf-8"))
+    env = make_environment(policy.task, 0)
+    action_spec = env.action_spec()
+    env.close()
+    observations = calibration_observations(policy)
+    seeds = [EVAL_SEED_BASE + 1000 * seed + i for i in range(episodes)]
+    out = []
+    for precision in precisions:
+        point = GridPoint(precision, "per-channel" if precision.startswith("int") else "n/a")
+        greedy, execution = make_row_policy(point, policy, action_spec, backend, observations)
+        stats = evaluate_seeds(policy.task, greedy, seeds)
+        out.append({"algo": policy.agent, "task": policy.task, "seed": seed, "train_steps": summary["actor_steps"],
+                    "precision": precision, "bits": point.bits, "granularity": point.granularity,
+                    "execution": execution, "backend": greedy.backend, "episodes": episodes,
+                    "mean_return": stats.mean, "std_return": stats.std,
+                    "policy_bytes": policy_bytes(policy, precision, observations),
+                    "train_final_eval": summary.get("final_eval_return"), "cpu": cpu})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ resumable grid
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """OUT/ptq_study.csv back as typed rows (none when absent)."""
+    if not path.is_file():
+        return []
+    ints, floats = {"seed", "train_steps", "bits", "episodes", "policy_bytes"}, {"mean_return", "std_return"}
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = []
+        for r in csv.DictReader(f):
+            row: dict[str, Any] = dict(r)
+            for k in ints:
+                row[k] = int(r[k])
+            for k in floats:
+                row[k] = float(r[k])
+            row["train_final_eval"] = float(r["train_final_eval"]) if r["train_final_eval"] else None
+            rows.append(row)
+    return rows
+
+
+def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    order = lambda r: (r["algo"], r["task"], r["seed"], -r["bits"], r["precision"])  # noqa: E731
+    tmp = path.with_suffix(".csv.tmp")
+    with open(tmp, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(CSV_FIELDS))
+        writer.writeheader()
+        writer.writerows({k: ("" if r[k] is None else r[k]) for k in CSV_FIELDS} for r in sorted(rows, key=order))
+    tmp.replace(path)
+
+
+def run_grid(args: argparse.Namespace) -> None:
+    """Every cell of the selection that is not already in OUT/ptq_study.csv, its rows saved as soon as it ends."""
+    args.out.mkdir(parents=True, exist_ok=True)
+    csv_path = args.out / CSV_FILE
+    rows = read_rows(csv_path)
+    machine = machine_info(args.allow_busy)
+    precisions = ["fp32", *args.include, *(f"int{b}" for b in sorted(args.bits, reverse=True))]
+    cells = [(row, seed) for row in args.rows for seed in args.seeds]
+    for i, (row, seed) in enumerate(cells, 1):
+        tag = f"[{i}/{len(cells)}] {row.algo} {row.task} seed {seed}"
+        have = [r for r in rows if (r["algo"], r["task"], r["seed"]) == (row.algo, row.task, seed)]
+        missing = [p for p in precisions if p not in {r["precision"] for r in have}]
+        logdir = run_dir(args.runs, row.algo, row.task, seed)
+        if not missing:
+            print(f"{tag}: in {csv_path} already", flush=True)
+            continue
+        if have and have[0]["train_steps"] != row.steps:
+            print(f"{tag}: kept as recorded ({have[0]['train_steps']:,} env steps, not {row.steps:,})", flush=True)
+        if have and not (logdir / "policy_fp32.qrlp").is_file():
+            print(f"{tag}: {', '.join(missing)} missing, but its policy is not under {args.runs}; skipped", flush=True)
+            continue
+        if not (logdir / "summary.json").is_file():
+            print(f"{tag}: training {row.steps:,} env steps ...", flush=True)
+            train_cell(row, seed, logdir, args.quick)
+        print(f"{tag}: evaluating {', '.join(missing)} ...", flush=True)
+        rows += sweep_cell(logdir, seed, missing, args.episodes, args.backend, machine["cpu"])
+        write_rows(csv_path, rows)
+    sessions = read_json_list(args.out / SESSIONS_FILE)
+    sessions.append(finish(machine))
+    write_json(args.out / SESSIONS_FILE, sessions)
+
+
+def merge_folders(out: Path, folders: Sequence[str]) -> None:
+    """Adds each folder's cells that OUT does not hold yet (a cell is taken whole from one folder) and its
+    sessions to OUT: parts of the grid run in separate sessions or on separate machines become one table."""
+    rows = read_rows(out / CSV_FILE)
+    sessions = read_json_list(out / SESSIONS_FILE)
+    for folder in map(Path, folders):
+        if not (folder / CSV_FILE).is_file():
+            raise UsageError(f"{folder} holds no {CSV_FILE}")
+        have = {(r["algo"], r["task"], r["seed"]) for r in rows}
+        rows += [r for r in read_rows(folder / CSV_FILE) if (r["algo"], r["task"], r["seed"]) not in have]
+        sessions += [m for m in read_json_list(folder / SESSIONS_FILE) if m not in sessions]
+    out.mkdir(parents=True, exist_ok=True)
+    write_rows(out / CSV_FILE, rows)
+    write_json(out / SESSIONS_FILE, sessions)
+
+
+# ------------------------------------------------------------------------------------------------ report
+
+
+def precision_order(name: str) -> tuple[int, str]:
+    """fp32, bf16, fp16, then integers from widest to narrowest: the plot's x axis and the table's row order."""
+    floats = {"fp32": 0, "bf16": 1, "fp16": 2}
+    return (floats[name], name) if name in floats else (100 - int(name.removeprefix("int")), name)
+
+
+def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (algo, task, precision): mean reward over seeds, the per-seed relative change from the same
+    seed's fp32 reward, its mean and spread (sample std) over seeds, and the policy size."""
+    fp32 = {(r["algo"], r["task"], r["seed"]): r["mean_return"] for r in rows if r["precision"] == "fp32"}
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["algo"], r["task"], r["precision"]), []).append(r)
+    out = []
+    for (algo, task, precision), rs in groups.items():
+        rewards = [r["mean_return"] for r in rs]
+        by_seed = {r["seed"]: (r["mean_return"] - fp32[k]) / abs(fp32[k]) for r in rs
+                   if (k := (algo, task, r["seed"])) in fp32 and fp32[k] != 0}
+        changes = [by_seed[seed] for seed in sorted(by_seed)]
+        out.append({"algo": algo, "task": task, "precision": precision, "seeds": len(rs),
+                    "seed_list": sorted(r["seed"] for r in rs), "episodes": min(r["episodes"] for r in rs),
+                    "train_steps": sorted({r["train_steps"] for r in rs}),
+                    "reward_mean": statistics.fmean(rewards),
+                    "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
+                    "change_mean": statistics.fmean(changes) if changes else math.nan,
+                    "change_std": statistics.stdev(changes) if len(changes) > 1 else (0.0 if changes else math.nan),
+                    "changes": changes, "changes_by_seed": by_seed, "policy_bytes": int(statistics.median(r["policy_bytes"] for r in rs)),
+                    "execution": rs[0]["execution"]})
+    return sorted(out, key=lambda s: (s["algo"], s["task"], precision_order(s["precision"])))
+
+
+def _pct(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{100 * x:+.1f}%"
+
+
+def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]]) -> str:
+    summary = summarize(rows)
+    cpus = sorted({r["cpu"] for r in rows})
+    loads = "; ".join(f"{s.get('cpu', '?')}: {describe_load(s)}" for s in sessions) or "none recorded"
+    lines = ["# PTQ across algorithms: reward vs precision (DQN, D4PG, PPO, A2C)", "",
+             f"`python -m bench.learning.ptq_study run ...` sessions: {loads}. Evaluated on: {', '.join(cpus)}. Written "
+             f"{time.strftime('%Y-%m-%d')}.", "",
+             "Each cell is one training run (`launch.train`, fp32 actors) at the env steps shown; its final fp32 "
+             "policy is evaluated greedily at every precision on the same environment seeds. Reward: mean over a "
+             "seed's evaluation episodes, then mean ± sample std over seeds. Change: (R_q - R_fp32) / |R_fp32| per "
+             "seed (negative = reward lost), mean ± sample std over seeds. Integer rows: weights per channel, the "
+             "integer kernel with 8-bit activations (W<b>A8); fp16/bf16 computed in that format. Policy bytes: the "
+             "payload an actor pulls (codes bit-packed; scales, biases and LayerNorm fp32; header). Returns do not "
+             "depend on machine load; no timing is reported.", "",
+             "## int8 vs fp32 (the paper's claim: int8 costs almost no reward)", "",
+             f"| algorithm | task | seeds | env steps | fp32 reward | int8 change | within {100 * WITHIN:.0f}%? |",
+             "|---|---|---:|---:|---:|---:|---|"]
+    by_key = {(s["algo"], s["task"], s["precision"]): s for s in summary}
+    for algo, task in dict.fromkeys((s["algo"], s["task"]) for s in summary):
+        base, q = by_key.get((algo, task, "fp32")), by_key.get((algo, task, "int8"))
+        if base is None or q is None:
+            continue
+        ok = not math.isnan(q["change_mean"]) and abs(q["change_mean"]) <= WITHIN
+        verdict = "yes" if ok else "no"
+        outside = [seed for seed, c in sorted(q["changes_by_seed"].items()) if abs(c) > WITHIN]
+        if outside:
+            verdict += (" on the mean" if ok else "") + "; " + "; ".join(
+                _seed_note(seed, q["changes_by_seed"][seed], [by_key.get((algo, task, f)) for f in ("bf16", "fp16")])
+                for seed in outside)
+        lines.append(f"| {algo} | {task} | {q['seeds']} | {_steps(q)} | {base['reward_mean']:.1f} ± "
+                     f"{base['reward_std']:.1f} | {_pct(q['change_mean'])} ± {100 * q['change_std']:.1f}% | {verdict} |")
+    lines += ["", "## Every precision", "",
+              "| algorithm | task | precision | seeds | episodes / seed | env steps | reward (mean ± std over seeds) | "
+              "change from fp32 (mean ± std over seeds) | policy bytes | execution |",
+              "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for s in summary:
+        change = "—" if s["precision"] == "fp32" else f"{_pct(s['change_mean'])} ± {100 * s['change_std']:.1f}%"
+        lines.append(f"| {s['algo']} | {s['task']} | {s['precision']} | {s['seeds']} | {s['episodes']} | {_steps(s)} "
+                     f"| {s['reward_mean']:.1f} ± {s['reward_std']:.1f} | {change} | {s['policy_bytes']:,} | "
+                     f"{s['execution']} |")
+    lines += ["", "## Sizes and settings (`bench.learning.ptq_study.GRID`)", ""]
+    for algo, task in dict.fromkeys((s["algo"], s["task"]) for s in summary):
+        row = next((r for r in GRID if (r.algo, r.task) == (algo, task)), None)
+        if row is not None:
+            ran = _steps(by_key[(algo, task, "fp32")]) if (algo, task, "fp32") in by_key else "?"
+            sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the agent's defaults"
+            lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "
+                         f"{sets}" + (f" ({row.note})" if row.note else ""))
+    lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
+    return "\n".join(lines)
+
+
+def _seed_note(seed: int, change: float, floats: Sequence[dict[str, Any] | None]) -> str:
+    """Why a seed's int8 change may be large: if bf16/fp16 rounding alone moved the same seed's reward as much,
+    the fp32 policy sits on a knife edge (any perturbation flips episodes) rather than int8 being too coarse."""
+    note = f"seed {seed} {_pct(change)}"
+    moves = [(f["precision"], f["changes_by_seed"][seed]) for f in floats if f and seed in f["changes_by_seed"]]
+    big = [(name, c) for name, c in moves if abs(c) > WITHIN]
+    if big:
+        note += " (" + ", ".join(f"{name} {_pct(c)}" for name, c in big) + " on the same seed: fp32 policy fragile)"
+    return note
+
+
+def _steps(s: dict[str, Any]) -> str:
+    return " / ".join(f"{n:,}" for n in s["train_steps"])
+
+
+def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
+    """One panel per (algorithm, task): each seed's reward vs precision (thin) and the mean over seeds (± std)."""
+    import matplotlib  # pylint: disable=import-outside-toplevel
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+
+    summary = summarize(rows)
+    panels = list(dict.fromkeys((s["algo"], s["task"]) for s in summary))
+    cols = min(3, len(panels))
+    nrows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.0 * cols, 3.6 * nrows + 0.6), squeeze=False)
+    for ax, (algo, task) in zip(axes.flat, panels):
+        ss = [s for s in summary if (s["algo"], s["task"]) == (algo, task)]
+        names = [s["precision"] for s in ss]
+        x = list(range(len(names)))
+        for seed in sorted({r["seed"] for r in rows if (r["algo"], r["task"]) == (algo, task)}):
+            per = {r["precision"]: r["mean_return"] for r in rows if (r["algo"], r["task"], r["seed"]) == (algo, task, seed)}
+            ax.plot([i for i, n in enumerate(names) if n in per], [per[n] for n in names if n in per], color="grey",
+                    alpha=0.4, lw=0.8)
+        ax.errorbar(x, [s["reward_mean"] for s in ss], yerr=[s["reward_std"] for s in ss], marker="o", capsize=3,
+                    color="tab:blue", label=f"mean ± std over {max(s['seeds'] for s in ss)} seeds")
+        ax.set_xticks(x, names, fontsize=8)
+        ax.set_title(f"{algo} / {task} ({_steps(ss[0])} env steps)", fontsize=9)
+        ax.set_ylabel("reward")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(panels):]:
+        ax.axis("off")
+    fig.suptitle(f"Post-training quantization: reward vs precision (grey: one seed each); "
+                 f"{'; '.join(sorted({r['cpu'] for r in rows}))}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def report(out: Path) -> str:
+    rows = read_rows(out / CSV_FILE)
+    if not rows:
+        raise UsageError(f"no study rows in {out / CSV_FILE}")
+    text = markdown(rows, read_json_list(out / SESSIONS_FILE))
+    (out / MD_FILE).write_text(text, encoding="utf-8")
+    plot(rows, out / PNG_FILE)
+    return text
+
+
+def _main(argv: list[str]) -> None:
+    args = parse_args(argv)
+    if args.command == "run":
+        check_load(args.allow_busy)
+        for note in args.notes:
+            print(f"bench.learning.ptq_study: {note}", flush=True)
+        run_grid(args)
+    if args.command == "merge":
+        merge_folders(Path(args.out), args.folders)
+    print(report(Path(args.out)))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    return run_cli("bench.learning.ptq_study", lambda: _main(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
