@@ -1,14 +1,27 @@
-"""launch/ and agents/ stay small and acyclic: no module imports (directly or through others) a module that
-imports it back, and no module grows past MAX_LINES. Sub-packages are walked; imports are read with ast, so
-lazy imports inside functions count, and a package's `__init__` counts as a module of its own."""
+"""The house rules, enforced: the packages import downwards only, no module imports itself back, the library and the
+agents never import Ray, and no module grows past MAX_LINES.
+
+Layers, lowest first: `quarl` (the library) < `agents` < `analysis` < `launch` < `bench`. Inside `quarl`, `launch` and
+`bench` the sub-packages are tiered too (`TIERS`): a module may import its own sub-package and lower tiers, never a
+sibling of its own tier or anything above. Imports are read with ast, so lazy imports inside functions count;
+sub-packages are walked, and a package's `__init__` counts as a module of its own.
+"""
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("launch", "agents")
+REPO = Path(__file__).resolve().parents[1]
+PACKAGES = ("quarl", "agents", "analysis", "launch", "bench")
 MAX_LINES = 400
+# Sub-package tiers, lowest first; a top-level module of a package (launch's CLIs) is that package's top tier.
+TIERS: dict[str, list[tuple[str, ...]]] = {
+    "quarl": [("quarl.ops", "quarl.policy", "quarl.envs", "quarl.replay"), ("quarl.quant", "quarl.nets"),
+              ("quarl.runtimes",), ("quarl.acting",)],
+    "launch": [("launch.program",), ("launch.experiments",), ("launch.distributed",), ("launch.grid",)],
+    "bench": [("bench.harness",), ("bench.micro", "bench.system", "bench.learning", "bench.peers")],
+}
+NO_RAY = ("quarl", "agents")  # the library and the agents run anywhere, Ray or not
 
 
 def _modules(root: Path, packages: tuple[str, ...] = PACKAGES) -> dict[str, Path]:
@@ -45,8 +58,8 @@ def _imports(path: Path, name: str, known: set[str]) -> set[str]:
     return out
 
 
-def _graph(root: Path = REPO) -> dict[str, set[str]]:
-    modules = _modules(root)
+def _graph(root: Path = REPO, packages: tuple[str, ...] = PACKAGES) -> dict[str, set[str]]:
+    modules = _modules(root, packages)
     return {name: _imports(path, name, set(modules)) for name, path in modules.items()}
 
 
@@ -74,6 +87,41 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
     return None
 
 
+
+
+def _place(module: str) -> tuple[int, int, str]:
+    """(package layer, tier inside the package, sub-package) of a module; a package's own top-level modules (and
+    its `__init__`) sit above its tiers."""
+    top = module.split(".")[0]
+    for tier, group in enumerate(TIERS.get(top, [])):
+        for sub in group:
+            if module == sub or module.startswith(sub + "."):
+                return PACKAGES.index(top), tier, sub
+    return PACKAGES.index(top), len(TIERS.get(top, [])), top
+
+
+def _upward(graph: dict[str, set[str]]) -> list[str]:
+    """Every import that goes up a layer, up a tier, or sideways to a sibling sub-package of the same tier."""
+    out = []
+    for module, imported in sorted(graph.items()):
+        here = _place(module)
+        for other in sorted(imported):
+            there = _place(other)
+            if there[:2] > here[:2] or (there[:2] == here[:2] and there[2] != here[2]):
+                out.append(f"{module} -> {other}")
+    return out
+
+
+def _third_party(path: Path, name: str) -> bool:
+    """Whether the file imports top-level package `name` anywhere (lazy imports included)."""
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+        if any(n == name or n.startswith(name + ".") for n in names):
+            return True
+    return False
+
+
 def test_cycle_finder_sees_a_cycle_and_a_clean_graph():
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
@@ -87,19 +135,38 @@ def test_imports_are_read_including_lazy_and_relative_ones_in_sub_packages(tmp_p
     (tmp_path / "launch/pkg/local.py").write_text(
         "import launch.cli\nfrom launch.pkg import core\nfrom . import core as c\nfrom .core import Node\n"
         "def f():\n    from launch.ptq import main\n")
-    graph = _graph(tmp_path)
+    graph = _graph(tmp_path, ("launch", "agents"))
     assert set(graph) == {"launch", "launch.cli", "launch.ptq", "launch.pkg", "launch.pkg.core", "launch.pkg.local",
                           "agents"}
     assert graph["launch.pkg.local"] == {"launch.cli", "launch.pkg", "launch.pkg.core", "launch.ptq"}
 
 
-def test_launch_and_agents_have_no_import_cycle():
+def test_layer_rules_see_upward_and_sideways_imports():
+    graph = {"quarl.ops.io": set(), "quarl.quant.payload": {"quarl.ops.io"}, "agents.dqn": {"quarl.quant.payload"},
+             "quarl.policy.spec": {"quarl.quant.payload"}, "quarl.envs.vector": {"quarl.replay.table"},
+             "launch.experiments.x": {"launch.distributed.y"}, "launch.actorq": {"launch.distributed.y"},
+             "bench.micro.a": {"bench.harness.m", "bench.learning.b"}, "analysis.runs": {"launch.actorq"}}
+    assert _upward(graph) == ["analysis.runs -> launch.actorq", "bench.micro.a -> bench.learning.b",
+                              "launch.experiments.x -> launch.distributed.y", "quarl.envs.vector -> quarl.replay.table",
+                              "quarl.policy.spec -> quarl.quant.payload"]
+
+
+def test_no_import_cycle():
     graph = _graph()
-    assert "launch.cli" in graph and "agents.learner_base" in graph
+    assert {"quarl.replay", "agents.learner_base", "analysis.schema", "launch.cli", "bench.harness.machine"} <= set(graph)
     assert _cycle(graph) is None, f"import cycle: {' -> '.join(_cycle(graph) or [])}"
 
 
-def test_no_launch_or_agents_module_is_over_the_line_limit():
+def test_imports_go_down_the_layers():
+    assert _upward(_graph()) == []
+
+
+def test_library_and_agents_do_not_import_ray():
+    offenders = [name for name, path in _modules(REPO, NO_RAY).items() if _third_party(path, "ray")]
+    assert not offenders, f"Ray belongs in launch/: {offenders}"
+
+
+def test_no_module_is_over_the_line_limit():
     sizes = {name: len(path.read_text(encoding="utf-8").splitlines()) for name, path in _modules(REPO).items()}
     over = {n: s for n, s in sizes.items() if s > MAX_LINES}
     assert not over, f"split these (lines): {over}"

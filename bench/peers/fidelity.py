@@ -46,7 +46,7 @@ from launch.cli import OneLineArgumentParser, UsageError
 from quarl.ops.io import read_json_list
 
 REPO = Path(__file__).resolve().parents[2]
-ACME_SCRIPT = REPO / "bench" / "acme_d4pg.py"
+ACME_SCRIPT = REPO / "bench" / "peers" / "acme_d4pg.py"
 DEFAULT_STEPS = {"cartpole:balance": 40_000, "walker:stand": 100_000}
 OUR_ARMS = ("fp32", "int8")
 ARMS = OUR_ARMS + ("acme",)
