@@ -22,7 +22,7 @@ setup(
     extras_require={
         # GPU learner: install a CUDA jaxlib on a machine with an NVIDIA driver. CPU stays the default.
         "cuda": ["jax[cuda12]==0.10.2; python_version < '3.12'", "jax[cuda13]==0.11.2; python_version >= '3.12'"],
-        # C++ DM Control tasks for vectorized actors (used for the tasks quarl.envpool_env verified; optional).
+        # C++ DM Control tasks for vectorized actors (used for the tasks quarl.envs.envpool verified; optional).
         "envpool": ["envpool==1.2.5; python_version < '3.12'"],
         "test": ["pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "ipykernel"],
     },
