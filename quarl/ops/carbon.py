@@ -37,15 +37,19 @@ import socket
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Iterable
+from typing import TYPE_CHECKING, Iterable
 
 import psutil
 
 from quarl.ops.codecarbon_parts import (
     FALLBACK_WATTS_PER_THREAD, codecarbon_components, prime_tdp_cache, store_tdp_cache,
 )
-from quarl.ops.io import write_json_atomic
+from quarl.ops.io import JSONValue, write_json_atomic
 from quarl.ops.rapl import RAPL_SAMPLE_S, RaplAttribution, process_cpu_seconds
+
+if TYPE_CHECKING:  # codecarbon is optional and imported lazily: its types are for the checker only
+    from codecarbon import OfflineEmissionsTracker
+    from codecarbon.output_methods.emissions_data import EmissionsData
 
 # Where the run's electricity comes from, for the grid intensity (ISO 3166-1 alpha-3; default USA). An
 # environment variable rather than a flag so that every process of a distributed run (Ray workers inherit the
@@ -84,11 +88,11 @@ class EnergyReport:
         """Fraction of the energy that comes from the RAM power model (None for zero energy)."""
         return self.ram_kwh / self.energy_kwh if self.energy_kwh > 0 else None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JSONValue]:
         return {**dataclasses.asdict(self), "ram_model_share": self.ram_model_share}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "EnergyReport":
+    def from_dict(cls, data: dict[str, JSONValue]) -> "EnergyReport":
         """Reads `to_dict`'s output back (unknown keys, e.g. ram_model_share, are derived and ignored)."""
         names = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in names})
@@ -221,7 +225,7 @@ class EnergyTracker:
         self.report: EnergyReport | None = None
         self.startup_s = 0.0
         self.fallback_reason: str | None = None
-        self._tracker: Any = None
+        self._tracker: OfflineEmissionsTracker | None = None
         self._rapl: RaplAttribution | None = None
         self._process = psutil.Process()
         self._t0: float | None = None
@@ -246,7 +250,7 @@ class EnergyTracker:
         self.startup_s = time.perf_counter() - began
         return self
 
-    def _start_codecarbon(self) -> Any:
+    def _start_codecarbon(self) -> OfflineEmissionsTracker | None:
         try:
             logging.getLogger("codecarbon").setLevel(logging.ERROR)
             from codecarbon import OfflineEmissionsTracker  # pylint: disable=import-outside-toplevel
@@ -314,7 +318,7 @@ class EnergyTracker:
             measured_kwh=measured, modelled_kwh=total - measured, package_kwh=package_kwh,
             host=socket.gethostname())
 
-    def _report_from_codecarbon(self, data: Any) -> EnergyReport:
+    def _report_from_codecarbon(self, data: EmissionsData) -> EnergyReport:
         kwh = {"cpu": float(data.cpu_energy), "gpu": float(data.gpu_energy), "ram": float(data.ram_energy)}
         return self._build("codecarbon offline, process mode", float(data.duration),
                            codecarbon_components(self._tracker), kwh)
@@ -331,7 +335,7 @@ class EnergyTracker:
     def __enter__(self) -> "EnergyTracker":
         return self.start()
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._t0 is not None:
             self.stop()
 
@@ -348,7 +352,7 @@ def start_tracking(output_dir: str | os.PathLike, node: str) -> "EnergyTracker |
         return None
 
 
-def stop_tracking(tracker: "EnergyTracker | None") -> dict[str, Any] | None:
+def stop_tracking(tracker: "EnergyTracker | None") -> dict[str, JSONValue] | None:
     """Stops a tracker from `start_tracking`; its report as a JSON-able dict, or None (no tracker or it failed)."""
     if tracker is None:
         return None

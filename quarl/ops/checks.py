@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Any, Mapping
+from typing import Mapping, TypeGuard
 
 import numpy as np
 
@@ -22,17 +22,17 @@ class ConfigError(ValueError):
         return f"{(flags or {}).get(self.field, self.field)} {self.problem}"
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: object) -> TypeGuard[int | np.integer]:
     """An integer that is not a bool (NumPy integers included)."""
     return isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_))
 
 
-def is_finite(value: Any) -> bool:
-    """A finite real number that is not a bool."""
+def is_finite(value: object) -> TypeGuard[float]:
+    """A finite real number that is not a bool (a float to the type checker: any `numbers.Real` compares like one)."""
     return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) and math.isfinite(value)
 
 
-def check_int(field: str, value: Any, *, minimum: int = 1) -> int:
+def check_int(field: str, value: object, *, minimum: int = 1) -> int:
     """`value` as an int >= `minimum` (1: "a positive integer", 0: "a non-negative integer")."""
     if not is_int(value) or value < minimum:
         what = {1: "a positive integer", 0: "a non-negative integer"}.get(minimum, f"an integer >= {minimum}")
@@ -40,7 +40,7 @@ def check_int(field: str, value: Any, *, minimum: int = 1) -> int:
     return int(value)
 
 
-def check_number(field: str, value: Any, *, low: float = -math.inf, high: float = math.inf,
+def check_number(field: str, value: object, *, low: float = -math.inf, high: float = math.inf,
                  low_open: bool = False) -> float:
     """`value` as a finite float in [low, high] ((low, high] with `low_open`)."""
     if not is_finite(value) or value > high or value < low or (low_open and value == low):
@@ -54,13 +54,13 @@ def check_number(field: str, value: Any, *, low: float = -math.inf, high: float 
     return float(value)
 
 
-def check_bool(field: str, value: Any) -> bool:
+def check_bool(field: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigError(field, f"must be true or false, got {value!r}")
     return value
 
 
-def check_sizes(field: str, value: Any) -> tuple[int, ...]:
+def check_sizes(field: str, value: object) -> tuple[int, ...]:
     """Layer sizes: a non-empty tuple (or list, from JSON and flags) of positive ints, returned as a tuple."""
     if not isinstance(value, (tuple, list)) or not value or not all(is_int(v) and v > 0 for v in value):
         raise ConfigError(field, f"must be a non-empty tuple of positive ints, got {value!r}")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
 
 import psutil
 
@@ -114,8 +113,9 @@ def _tdp_is_default(model: str | None, tdp: float | None) -> bool:
     return _DEFAULT_TDP_CACHE[key]
 
 
-def codecarbon_components(tracker: Any) -> dict[str, tuple[str, str]]:
-    """Per component (cpu, gpu, ram): ("measured" | "modelled" | "none", how) from codecarbon's hardware."""
+def codecarbon_components(tracker: object) -> dict[str, tuple[str, str]]:
+    """Per component (cpu, gpu, ram): ("measured" | "modelled" | "none", how) from codecarbon's hardware
+    (its private `_hardware` list, read through getattr: a tracker without one reports nothing tracked)."""
     parts = {"cpu": ("none", "not tracked"), "gpu": ("none", "none detected"), "ram": ("none", "not tracked")}
     for hw in getattr(tracker, "_hardware", []):
         kind = type(hw).__name__

@@ -12,9 +12,14 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Mapping
+from typing import Any, BinaryIO, Iterator, Mapping, TypeAlias
 
 import numpy as np
+
+# A value read from or bound for JSON: a dict with str keys, a list, a str, a number, a bool or None, nested. Any,
+# not a recursive union, on purpose: its shape is only known at run time, and every reader indexes into it and
+# checks what it finds (as `read_json_object`'s callers and the summary schema do).
+JSONValue: TypeAlias = Any
 
 
 @contextlib.contextmanager
@@ -50,7 +55,7 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, mode: int | None = 
     write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
 
 
-def read_json_object(path: str | os.PathLike) -> dict[str, Any] | None:
+def read_json_object(path: str | os.PathLike) -> dict[str, JSONValue] | None:
     """The JSON object in `path` (a run's machine.json, a grid's grid.json); None where the file is missing,
     unreadable or holds something else, for callers that fall back to a default."""
     try:
@@ -60,7 +65,7 @@ def read_json_object(path: str | os.PathLike) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_json_list(path: str | os.PathLike) -> list[dict[str, Any]]:
+def read_json_list(path: str | os.PathLike) -> list[dict[str, JSONValue]]:
     """The objects of a JSON list file (a study's run sessions); [] where the file is missing, unreadable or
     not a list, so a first run and a damaged record both start a fresh list."""
     try:
@@ -70,7 +75,7 @@ def read_json_list(path: str | os.PathLike) -> list[dict[str, Any]]:
     return [d for d in data if isinstance(d, dict)] if isinstance(data, list) else []
 
 
-def _json_default(obj: Any) -> Any:
+def _json_default(obj: object) -> JSONValue:
     if isinstance(obj, np.ndarray):
         return obj.tolist()
     if isinstance(obj, np.generic):
@@ -80,7 +85,7 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
     """Writes `obj` as JSON to `path` atomically (indented, keys sorted, trailing newline).
 
     NumPy scalars/arrays and paths are converted; NaN/inf are written as JSON's NaN/Infinity tokens
@@ -93,7 +98,7 @@ def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     write_text_atomic(path, text + "\n")
 
 
-def jsonable(value: Any) -> Any:
+def jsonable(value: object) -> JSONValue:
     """`value` as plain JSON data: mappings with str keys, tuples as lists, NumPy scalars/arrays as Python
     numbers/lists; NaN stays a float NaN (json writes it as NaN). Other values are returned unchanged."""
     if isinstance(value, Mapping):

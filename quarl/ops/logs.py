@@ -12,14 +12,14 @@ import math
 import numbers
 import os
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
 from quarl.ops.io import write_json_atomic  # noqa: F401 - re-exported: the logging API's JSON writer
 
 
-def _scalar(value: Any) -> bool | int | float | str | None:
+def _scalar(value: object) -> bool | int | float | str | None:
     """A plain Python scalar for `value`, or None if it is not a scalar (arrays, lists, dicts...)."""
     if isinstance(value, np.generic) or (isinstance(value, np.ndarray) and value.ndim == 0):
         return value.item()  # before the float check: np.float64 subclasses float
@@ -32,7 +32,7 @@ def _scalar(value: Any) -> bool | int | float | str | None:
     return None
 
 
-def scalar_items(values: Mapping[str, Any]) -> dict[str, bool | int | float | str]:
+def scalar_items(values: Mapping[str, object]) -> dict[str, bool | int | float | str]:
     """The scalar entries of `values` (drops arrays such as per-item priorities), as plain Python values."""
     out = {}
     for key, value in values.items():
@@ -83,7 +83,7 @@ class CSVLogger:
             header = next(csv.reader(f), None)
         return header or None
 
-    def write(self, values: Mapping[str, Any]) -> None:
+    def write(self, values: Mapping[str, object]) -> None:
         """Appends one row; values must be scalars or None (use `scalar_items` to drop arrays)."""
         if self._file.closed:
             raise ValueError(f"CSV logger for {self.path} is closed")
@@ -126,7 +126,7 @@ class TensorBoardLogger:
         self._step_key = step_key
         self._count = 0
 
-    def write(self, values: Mapping[str, Any]) -> None:
+    def write(self, values: Mapping[str, object]) -> None:
         """Adds every numeric scalar at step `values[step_key]` (or the number of writes so far)."""
         scalars = scalar_items(values)
         step = scalars.get(self._step_key, self._count)
@@ -155,7 +155,7 @@ class Logger:
         if tensorboard_dir is not None:
             self._sinks.append(TensorBoardLogger(tensorboard_dir, name, step_key=step_key))
 
-    def write(self, values: Mapping[str, Any]) -> None:
+    def write(self, values: Mapping[str, object]) -> None:
         scalars = scalar_items(values)
         for sink in self._sinks:
             sink.write(scalars)
@@ -167,6 +167,6 @@ class Logger:
     def __enter__(self) -> "Logger":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
