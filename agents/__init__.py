@@ -7,10 +7,16 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Union
 
 if TYPE_CHECKING:  # the agents package stays light to import (CLIs validate flags with it before JAX loads)
     from agents.base import BuilderBase
+    from agents.d4pg.config import D4PGConfig
+    from agents.dqn.config import DQNConfig
+    from agents.ppo.config import PPOConfig
+
+# Every agent's hyper-parameters: a frozen dataclass (A2C's is a PPOConfig).
+AgentConfig = Union["DQNConfig", "D4PGConfig", "PPOConfig"]
 
 # name -> (package, config class name inside `<package>.config`)
 _AGENTS: dict[str, tuple[str, str]] = {
@@ -28,7 +34,7 @@ def _check_name(name: str) -> tuple[str, str]:
     return _AGENTS[name]
 
 
-def config_class(name: str) -> type:
+def config_class(name: str) -> type[AgentConfig]:
     """The frozen dataclass holding `name`'s hyper-parameters."""
     package, cls_name = _check_name(name)
     return getattr(importlib.import_module(f"{package}.config"), cls_name)
@@ -39,7 +45,7 @@ def builder_class(name: str) -> type["BuilderBase"]:
     return getattr(importlib.import_module(f"{package}.builder"), "Builder")
 
 
-def make_config(name: str, **overrides: Any) -> Any:
+def make_config(name: str, **overrides: object) -> AgentConfig:
     """Default config with `overrides` applied; unknown keys or bad values raise a one-line ValueError."""
     cls = config_class(name)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
@@ -52,7 +58,7 @@ def make_config(name: str, **overrides: Any) -> Any:
         raise ValueError(f"bad {name} config: {e}") from None
 
 
-def task_defaults(name: str, task: str) -> dict[str, Any]:
+def task_defaults(name: str, task: str) -> dict[str, object]:
     """`name`'s tuned settings for `task` ({} where the defaults suit it), what the CLIs start from before the
     user's `--set` values: a config module may define `task_overrides(task, config_name) -> dict`."""
     package, cls_name = _check_name(name)
@@ -60,9 +66,9 @@ def task_defaults(name: str, task: str) -> dict[str, Any]:
     return {} if hook is None else dict(hook(task, cls_name))
 
 
-def get_builder(name: str, **config_overrides: Any) -> "BuilderBase":
+def get_builder(name: str, **config_overrides: object) -> BuilderBase:
     """`agents.<name>.Builder(<Config>(**config_overrides))`."""
     return builder_class(name)(make_config(name, **config_overrides))
 
 
-__all__ = ["AGENT_NAMES", "builder_class", "config_class", "get_builder", "make_config", "task_defaults"]
+__all__ = ["AGENT_NAMES", "AgentConfig", "builder_class", "config_class", "get_builder", "make_config", "task_defaults"]

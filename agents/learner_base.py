@@ -15,18 +15,39 @@ thread can prepare the next block while the current one trains (`launch.distribu
 """
 from __future__ import annotations
 
-from typing import Any, Callable, ClassVar, Mapping, NamedTuple, Sequence
+from typing import Callable, ClassVar, Mapping, NamedTuple, Protocol, Self, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from chex import ArrayTree
+from numpy.typing import DTypeLike
 
-from quarl.replay.items import StackedSample
+from quarl.replay.items import Sample, StackedSample
 
 # column -> (dtype, shape of one item); None = any shape (checked only for a common batch size). Items of shape
 # () may arrive as [B, 1] and are flattened to [B].
-Columns = Mapping[str, tuple[Any, tuple[int, ...] | None]]
-UpdateFn = Callable[[Any, Mapping[str, jax.Array]], tuple[Any, Mapping[str, jax.Array]]]
+Columns = Mapping[str, tuple[DTypeLike, tuple[int, ...] | None]]
+# What a learner trains on: a replay `Sample`, a plain mapping of columns ([B, ...] each), or K stacked batches.
+Batch = Sample | Mapping[str, np.ndarray]
+# Metrics of an update: 0-d (or [B]) device arrays, stacked to [K, ...] by `run_block`; host arrays where a learner
+# brings some back itself (DQN's |TD| priorities for a prioritized table).
+Metrics = dict[str, jax.Array | np.ndarray]
+
+
+class TrainingState(Protocol):
+    """An agent's training state: a NamedTuple of device trees (parameters, optimizer states) with a `steps` counter.
+    The scaffold reads and replaces its fields by name, so the Protocol names the NamedTuple methods it uses."""
+
+    steps: jax.Array
+    _fields: ClassVar[tuple[str, ...]]
+
+    def _replace(self, **fields: ArrayTree | None) -> Self: ...
+
+    def _asdict(self) -> dict[str, ArrayTree]: ...
+
+
+UpdateFn = Callable[[TrainingState, Mapping[str, jax.Array]], tuple[TrainingState, Mapping[str, jax.Array]]]
 
 
 class Block(NamedTuple):
@@ -37,7 +58,7 @@ class Block(NamedTuple):
     size: int  # K
 
 
-def to_numpy(tree: Any) -> Any:
+def to_numpy(tree: ArrayTree) -> ArrayTree:
     """Host copies of a device tree. Real copies: on CPU `device_get` may alias the device buffers, which a donating
     update reuses."""
     return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), jax.device_get(tree))
@@ -57,7 +78,7 @@ class JaxLearner:
     # updates, so a snapshot for the publisher is a reference (no device copy on the training thread).
     kept_fields: ClassVar[tuple[str, ...]] = ()
 
-    def __init__(self, state: Any, update: UpdateFn, *, donate: bool):
+    def __init__(self, state: TrainingState, update: UpdateFn, *, donate: bool):
         self._state = state
         self._steps = int(state.steps)
         self._donate = donate
@@ -67,13 +88,15 @@ class JaxLearner:
             raise ValueError(f"{self.agent_name}: kept_fields {unknown} are not training state fields")
         self._kept = kept
 
-        def join(donated: Any, kept_values: tuple) -> Any:
+        def join(donated: TrainingState, kept_values: tuple[ArrayTree, ...]) -> TrainingState:
             return donated._replace(**dict(zip(kept, kept_values)))
 
-        def update_split(donated: Any, kept_values: tuple, batch: Any) -> tuple[Any, Any]:
+        def update_split(donated: TrainingState, kept_values: tuple[ArrayTree, ...],
+                         batch: Mapping[str, jax.Array]) -> tuple[TrainingState, Mapping[str, jax.Array]]:
             return update(join(donated, kept_values), batch)
 
-        def scan_split(donated: Any, kept_values: tuple, batches: Any) -> tuple[Any, Any]:
+        def scan_split(donated: TrainingState, kept_values: tuple[ArrayTree, ...],
+                       batches: Mapping[str, jax.Array]) -> tuple[TrainingState, Mapping[str, jax.Array]]:
             return jax.lax.scan(update, join(donated, kept_values), batches)
 
         # Only the first argument (the state without the kept fields) is donated.
@@ -85,7 +108,7 @@ class JaxLearner:
         if donate and not kept:  # compiled now: the first hand-over to the publisher costs a dispatch, not a compile
             jax.block_until_ready(self._copy(self._policy_tree()))
 
-    def _split(self) -> tuple[Any, tuple]:
+    def _split(self) -> tuple[TrainingState, tuple[ArrayTree, ...]]:
         """(the state with the kept fields set to None, their values): the donated and the kept arguments."""
         if not self._kept:
             return self._state, ()
@@ -93,16 +116,16 @@ class JaxLearner:
 
     # ------------------------------------------------------------------ hooks
 
-    def _policy_tree(self) -> Any:
+    def _policy_tree(self) -> ArrayTree:
         """The device tree of the policy actors run."""
         raise NotImplementedError
 
-    def _extra_columns(self, sample: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _extra_columns(self, sample: Batch | StackedSample, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Columns the update needs beyond the sampled data (DQN: the PER sampling probabilities)."""
         del sample, batch
         return {}
 
-    def _host_outputs(self, metrics: dict[str, Any]) -> dict[str, Any]:
+    def _host_outputs(self, metrics: Metrics) -> Metrics:
         """The metrics a caller gets (DQN: |TD| priorities brought to the host for a prioritized table)."""
         return metrics
 
@@ -113,8 +136,8 @@ class JaxLearner:
         """Number of SGD steps taken."""
         return self._steps
 
-    def step(self, sample: Any) -> dict[str, Any]:
-        """One SGD step on a `quarl.replay.table.Sample` (or a plain mapping of columns)."""
+    def step(self, sample: Batch) -> Metrics:
+        """One SGD step on a `quarl.replay.items.Sample` (or a plain mapping of columns)."""
         batch = self._coerce(sample)
         self._state, metrics = self._update(*self._split(), batch)
         self._steps += 1
@@ -124,10 +147,10 @@ class JaxLearner:
         """Blocks until every dispatched update has run on the device (updates are asynchronous)."""
         jax.block_until_ready(self._state)
 
-    def prepare(self, samples: Sequence[Any] | StackedSample) -> Block:
+    def prepare(self, samples: Sequence[Batch] | StackedSample) -> Block:
         """K samples checked, stacked and copied to the device (thread-safe: touches no learner state).
 
-        A `quarl.replay.table.StackedSample` (the replay's `sample_stacked`) is already stacked, and its float columns
+        A `quarl.replay.items.StackedSample` (the replay's `sample_stacked`) is already stacked, and its float columns
         were checked finite by the table at insert: only dtypes and shapes are checked, no pass over the data."""
         if isinstance(samples, StackedSample):
             columns = self._coerce(samples, lead=2, check_finite=False)
@@ -147,7 +170,7 @@ class JaxLearner:
         keys_arr = None if any(k is None for k in keys) else np.stack([np.asarray(k, np.int64) for k in keys])
         return Block(jax.device_put(columns), keys_arr, len(samples))
 
-    def run_block(self, block: Block) -> dict[str, Any]:
+    def run_block(self, block: Block) -> Metrics:
         """`block.size` SGD steps in one jitted `lax.scan`; the same arithmetic as that many `step` calls.
         Metrics come back stacked ([K]; per-item ones [K, B]), except for a one-batch block (as `step`)."""
         if block.size == 1:
@@ -157,7 +180,7 @@ class JaxLearner:
         self._steps += block.size
         return self._host_outputs(dict(metrics))
 
-    def _coerce(self, sample: Any, lead: int = 1, check_finite: bool = True) -> dict[str, np.ndarray]:
+    def _coerce(self, sample: Batch | StackedSample, lead: int = 1, check_finite: bool = True) -> dict[str, np.ndarray]:
         """Columns as the dtypes and item shapes the update was compiled for (else ValueError). `lead` leading axes
         index items ([B] or [K, B]); `check_finite=False` only for data a replay table checked at insert."""
         data = getattr(sample, "data", sample)
@@ -186,11 +209,11 @@ class JaxLearner:
 
     # ------------------------------------------------------------------ weights
 
-    def policy_params(self) -> dict:
+    def policy_params(self) -> ArrayTree:
         """The fp32 haiku tree of the policy actors run (NumPy copies), for `quarl.quant.quantization.quantize_params`."""
         return to_numpy(self._policy_tree())
 
-    def policy_snapshot(self) -> Any:
+    def policy_snapshot(self) -> ArrayTree:
         """The same tree as device arrays that stay valid after later updates: a reference when the tree is one of
         `kept_fields` (never donated) or the update donates nothing, else a device-side copy (one asynchronous
         dispatch). No device-to-host copy either way: what the training thread hands to the publisher."""
@@ -201,10 +224,10 @@ class JaxLearner:
 
     # ------------------------------------------------------------------ checkpoints
 
-    def get_state(self) -> dict:
+    def get_state(self) -> dict[str, ArrayTree]:
         """Everything needed to resume, as nested dicts/lists of NumPy arrays (orbax-checkpointable). Optimizer
         states are namedtuples; their leaves are stored as a list, so checkpoints hold only plain containers."""
-        out: dict[str, Any] = {}
+        out: dict[str, ArrayTree] = {}
         for name, value in self._state._asdict().items():
             if name == "steps":
                 continue
@@ -213,11 +236,11 @@ class JaxLearner:
         return out
 
     @property
-    def state(self) -> dict:
+    def state(self) -> dict[str, ArrayTree]:
         """Alias of `get_state()` (the short contract name)."""
         return self.get_state()
 
-    def restore(self, state: Mapping[str, Any]) -> None:
+    def restore(self, state: Mapping[str, ArrayTree]) -> None:
         """Load a `get_state()` tree; ValueError if it does not match this learner's networks or is non-finite."""
         name = self.agent_name
         try:
@@ -243,7 +266,7 @@ class JaxLearner:
         self._state = type(self._state)(**fields, steps=jnp.asarray(steps, jnp.int32))
         self._steps = steps
 
-    def _match(self, template: Any, value: Any, field: str) -> Any:
+    def _match(self, template: ArrayTree, value: ArrayTree, field: str) -> ArrayTree:
         """`value` as device arrays with `template`'s structure, shapes and dtypes (else ValueError)."""
         name = self.agent_name
         t_leaves, t_def = jax.tree_util.tree_flatten(template)

@@ -218,7 +218,7 @@ def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
 # ------------------------------------------------------------------------------------------------ outputs
 
 
-def _fmt(value: Any) -> Any:
+def _fmt(value: object) -> object:
     return repr(float(value)) if isinstance(value, (float, np.floating)) else value
 
 

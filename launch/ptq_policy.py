@@ -15,12 +15,13 @@ import dataclasses
 import json
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
+from dm_env import specs
 
 import agents
-from quarl.acting.evaluation import check_compatible, make_greedy_policy
+from quarl.acting.evaluation import GreedyPolicy, check_compatible, make_greedy_policy
 from quarl.quant.calibration import quantize_for_actors, rollout_observations
 from quarl.quant.precision import MAX_KERNEL_BITS, parse_precision
 from quarl.quant.quantization import fake_quantize_params, quantize_params
@@ -100,8 +101,8 @@ def sweep_grid(bits: Sequence[int], include: Sequence[str],
     return points
 
 
-def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: Any, backend: str,
-                    observations: np.ndarray | None = None) -> tuple[Any, str]:
+def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: specs.Array, backend: str,
+                    observations: np.ndarray | None = None) -> tuple[GreedyPolicy, str]:
     """The greedy policy for one row and how it executes: 'int-kernel', 'native' or 'simulated'. Conv policies'
     int rows calibrate their activation ranges on `observations` (`calibration_observations`)."""
     prec = parse_precision(point.precision)

@@ -31,7 +31,7 @@ import shutil
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from analysis.runs import PANELS, is_finished, read_summary
 from analysis.upgrade_summaries import is_old_single_process
@@ -40,6 +40,11 @@ from launch.grid.runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, P
 from launch.report_guard import describe, finished_in_report, finished_on_disk, lost_runs, subset_dir
 from launch.grid.runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
 from quarl.ops.io import jsonable, read_json_object
+
+if TYPE_CHECKING:  # loaded when used: a bad flag fails before them
+    from tqdm import tqdm
+
+    from analysis.report import ReportFiles
 
 PROG = "launch.reproduce"
 EXIT_OK, EXIT_FAILED, EXIT_INTERRUPTED = 0, 1, 130
@@ -290,7 +295,7 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     return len(todo), failures
 
 
-def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: Any, failures: list[str]) -> None:
+def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: tqdm, failures: list[str]) -> None:
     """`todo` as Ray tasks on the cluster (`launch.grid.cluster`), reported as they finish."""
     from launch.grid.cluster import run_on_cluster  # pylint: disable=import-outside-toplevel
 
@@ -317,7 +322,7 @@ def report_is_current(inv: Invocation) -> bool:
         finished_on_disk(inv.root)
 
 
-def draw(inv: Invocation) -> Any:
+def draw(inv: Invocation) -> ReportFiles:
     """The report over every run of the grid (only the requested panels/precisions/seeds when narrowed)."""
     import pandas as pd  # pylint: disable=import-outside-toplevel
     from analysis import report  # pylint: disable=import-outside-toplevel

@@ -9,7 +9,6 @@ The ActorQ paper's larger policy is one call away: `D4PGConfig.paper()` (policy 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from agents.base import error_buffer
 from quarl.nets.qat import check_qat_bits
@@ -86,7 +85,7 @@ class D4PGConfig:
             raise ConfigError(_field("batch_size"), f"({self.batch_size}) must be <= max_replay_size")
 
     @classmethod
-    def paper(cls, **overrides: Any) -> "D4PGConfig":
+    def paper(cls, **overrides: object) -> "D4PGConfig":
         """The ActorQ paper's D4PG setting: a 2048x3 policy (critic and the rest as Acme's defaults)."""
         return cls(**{"policy_layer_sizes": (2048, 2048, 2048), **overrides})
 

@@ -8,8 +8,9 @@ discounted n-step sum and `discount` already includes gamma^n (0 at termination)
 """
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from typing import Mapping, NamedTuple
 
+import haiku as hk
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,12 +22,12 @@ from agents.d4pg.networks import D4PGNetworks, critic_mean
 from agents.learner_base import JaxLearner
 
 class TrainingState(NamedTuple):
-    policy_params: Any
-    critic_params: Any
-    target_policy_params: Any
-    target_critic_params: Any
-    policy_opt_state: Any
-    critic_opt_state: Any
+    policy_params: hk.Params
+    critic_params: hk.Params
+    target_policy_params: hk.Params
+    target_critic_params: hk.Params
+    policy_opt_state: optax.OptState
+    critic_opt_state: optax.OptState
     steps: jax.Array
 
 
@@ -150,7 +151,7 @@ class D4PGLearner(JaxLearner):
         )
         super().__init__(state, make_update_fn(networks, config, optimizer), donate=True)
 
-    def _policy_tree(self) -> Any:
+    def _policy_tree(self) -> hk.Params:
         """The policy actors run. With `config.actor_policy == "target"` (the default) that is the target policy,
         as Acme's D4PG learner serves it (`get_variables("policy")` returns `target_policy_params`): actors and
         evaluators act with weights that change only every `target_update_period` steps. "online" serves the

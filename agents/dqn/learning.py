@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any, Mapping, NamedTuple
+from typing import Mapping, NamedTuple
 
 import haiku as hk
 import jax
@@ -21,8 +21,9 @@ import rlax
 
 from agents.dqn.config import DQNConfig
 from agents.dqn.networks import init_params, q_apply_fn
-from agents.learner_base import JaxLearner
+from agents.learner_base import Batch, JaxLearner, Metrics
 from quarl.policy.spec import PolicySpec
+from quarl.replay.items import StackedSample
 
 CALIBRATION_BATCHES = 4  # sampled batches whose observations calibrate int conv actors (quarl.quant.calibration)
 
@@ -118,7 +119,7 @@ class DQNLearner(JaxLearner):
     def spec(self) -> PolicySpec:
         return self._spec
 
-    def _policy_tree(self) -> Any:
+    def _policy_tree(self) -> hk.Params:
         return self._state.params
 
     def calibration_batches(self) -> tuple[np.ndarray, ...]:
@@ -131,7 +132,7 @@ class DQNLearner(JaxLearner):
         recent = self.calibration_batches()
         return np.concatenate(recent) if recent else None
 
-    def _extra_columns(self, sample: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _extra_columns(self, sample: Batch | StackedSample, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         obs = batch["observation"]  # [B, ...], or [K, B, ...] from a stacked sample: one entry per batch
         self._recent_obs.extend(obs if batch["reward"].ndim == 2 else (obs,))
         if not self._config.prioritized_replay:
@@ -141,7 +142,7 @@ class DQNLearner(JaxLearner):
             raise ValueError("prioritized sample needs one positive probability per item")
         return {"probabilities": probs}
 
-    def _host_outputs(self, metrics: dict[str, Any]) -> dict[str, Any]:
+    def _host_outputs(self, metrics: Metrics) -> Metrics:
         # |TD| stays a device array: reading it waits for the update, so a caller that can act meanwhile (the
         # single-process loop steps the environment) reads it only when the table next samples.
         td_abs = metrics.pop("td_abs")

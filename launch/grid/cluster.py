@@ -19,15 +19,18 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from launch.program.devices import CPU_ONLY_ENV
 from launch.program.graph import SINGLE_THREAD_ENV
 
+if TYPE_CHECKING:
+    from launch.grid.runs import PlannedRun
+
 _SLICE_S = 0.2  # longest uninterruptible wait in the driver (Ctrl-C)
 
 
-def _run_packed(run: Any, backend: str) -> bytes:
+def _run_packed(run: PlannedRun, backend: str) -> bytes:
     """One grid run in a scratch folder on this node; its folder as a tar.gz archive."""
     from launch.grid.runs import run_single  # pylint: disable=import-outside-toplevel
     from analysis.runs import is_finished  # pylint: disable=import-outside-toplevel

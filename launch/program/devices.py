@@ -32,7 +32,7 @@ REPORTED_ENV = ("JAX_PLATFORMS", "CUDA_VISIBLE_DEVICES", "XLA_PYTHON_CLIENT_PREA
 ACCELERATOR_BY_DEVICE = {"cpu": "none", "auto": "auto", "gpu": "required"}
 
 
-def check_learner_device(device: Any) -> str:
+def check_learner_device(device: object) -> str:
     """`device` if it is one of LEARNER_DEVICES, else ValueError (one line)."""
     if device not in LEARNER_DEVICES:
         raise ValueError(f"{device!r} is not a learner device; valid: {', '.join(LEARNER_DEVICES)}")

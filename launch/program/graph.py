@@ -81,10 +81,10 @@ class NodeHandle(abc.ABC):
     """What a node holds to talk to another node. Methods must be safe to call from several threads."""
 
     @abc.abstractmethod
-    def submit(self, method: str, *args: Any, **kwargs: Any) -> CallFuture:
+    def submit(self, method: str, *args: object, **kwargs: object) -> CallFuture:
         """Start `method(*args, **kwargs)` on the node and return at once."""
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def call(self, method: str, *args: object, **kwargs: object) -> Any:
         """`method(*args, **kwargs)` on the node, waiting for the result."""
         return self.submit(method, *args, **kwargs).result()
 
@@ -107,7 +107,7 @@ class Node:
 
     name: str
     cls: type
-    kwargs: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    kwargs: Mapping[str, object] = dataclasses.field(default_factory=dict)
     kind: str = "service"
     num_cpus: float = 0.0
     accelerator: str = "none"  # one of ACCELERATOR_MODES (the learner: from --learner-device)
@@ -139,7 +139,7 @@ class Node:
         return sorted({h.name for h in _handles_in(self.kwargs)})
 
 
-def _handles_in(value: Any) -> Iterator[Handle]:
+def _handles_in(value: object) -> Iterator[Handle]:
     if isinstance(value, Handle):
         yield value
     elif isinstance(value, Mapping):
@@ -150,7 +150,7 @@ def _handles_in(value: Any) -> Iterator[Handle]:
             yield from _handles_in(v)
 
 
-def resolve_handles(value: Any, handles: Mapping[str, NodeHandle]) -> Any:
+def resolve_handles(value: object, handles: Mapping[str, NodeHandle]) -> object:
     """`value` with every `Handle` replaced by the runner's `NodeHandle` (lists, tuples, dicts walked)."""
     if isinstance(value, Handle):
         return handles[value.name]

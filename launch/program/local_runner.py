@@ -51,7 +51,7 @@ class DaemonPool:
         self._threads: list[threading.Thread] = []
         self._shutdown = False
 
-    def submit(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> concurrent.futures.Future:
+    def submit(self, fn: Callable[..., Any], *args: object, **kwargs: object) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._shutdown:
@@ -96,14 +96,14 @@ class DaemonPool:
 class LocalNodeHandle(NodeHandle):
     """Direct method calls; `submit` runs the call on the launch's thread pool."""
 
-    def __init__(self, obj: Any, pool: DaemonPool | None):
+    def __init__(self, obj: object, pool: DaemonPool | None):
         self.obj = obj
         self._pool = pool
 
-    def submit(self, method: str, *args: Any, **kwargs: Any) -> ThreadFuture:
+    def submit(self, method: str, *args: object, **kwargs: object) -> ThreadFuture:
         return ThreadFuture(self._pool.submit(getattr(self.obj, method), *args, **kwargs))
 
-    def call(self, method: str, *args: Any, **kwargs: Any) -> Any:
+    def call(self, method: str, *args: object, **kwargs: object) -> Any:
         return getattr(self.obj, method)(*args, **kwargs)
 
 

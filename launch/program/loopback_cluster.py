@@ -179,7 +179,7 @@ class LoopbackCluster:
     def __enter__(self) -> "LoopbackCluster":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     def start_head(self, num_cpus: int, resources: Mapping[str, float] | None = None) -> str:

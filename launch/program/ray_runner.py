@@ -24,9 +24,13 @@ import secrets
 import sys
 import time
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from launch.program.graph import CallFuture, NodeHandle, NodeLost, Program, resolve_handles
+
+if TYPE_CHECKING:  # Ray loads on first use, not at import (a CLI fails fast on a bad flag)
+    import ray
+    import ray.actor
 
 _SLICE_S = 0.2  # longest uninterruptible wait in the driver
 _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
@@ -39,7 +43,7 @@ class RayFuture(CallFuture):
     ActorDiedError says "an actor", not which one). A node that is restarting (ActorUnavailableError) is
     not lost: that error passes through unchanged."""
 
-    def __init__(self, ref: Any, node: str = ""):
+    def __init__(self, ref: ray.ObjectRef, node: str = ""):
         self.ref = ref
         self.node = node
 
@@ -92,7 +96,7 @@ class RayNodeHandle(NodeHandle):
     first use: Ray stores constructor arguments that contain actor handles in the object store, and a
     restartable actor (our actors) could then fail to restart once those objects are gone."""
 
-    def __init__(self, name: str, namespace: str, actor: Any = None):
+    def __init__(self, name: str, namespace: str, actor: ray.actor.ActorHandle | None = None):
         self.name, self.namespace = name, namespace
         self._actor = actor
 
@@ -100,14 +104,14 @@ class RayNodeHandle(NodeHandle):
         return (RayNodeHandle, (self.name, self.namespace))
 
     @property
-    def actor(self) -> Any:
+    def actor(self) -> ray.actor.ActorHandle:
         if self._actor is None:
             import ray  # pylint: disable=import-outside-toplevel
 
             self._actor = ray.get_actor(self.name, namespace=self.namespace)
         return self._actor
 
-    def submit(self, method: str, *args: Any, **kwargs: Any) -> RayFuture:
+    def submit(self, method: str, *args: object, **kwargs: object) -> RayFuture:
         try:
             actor = self.actor
         except ValueError as e:  # ray.get_actor: no live actor of that name (it died and was cleaned up)
