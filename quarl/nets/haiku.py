@@ -3,7 +3,7 @@ the same spec (`quarl.runtimes`), so the trained network and the deployed int8 g
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import haiku as hk
 import jax
@@ -11,19 +11,23 @@ import jax.numpy as jnp
 
 from quarl.policy.spec import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
 
+if TYPE_CHECKING:
+    from quarl.nets.qat import LayerClass
 
-def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable:
+
+def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable[[jax.Array], jax.Array]:
     """The spec as a haiku function; call it inside `hk.transform` (top level, so names are unprefixed).
 
     `qat_bits` (2..8) makes every Linear and Conv2D compute as an int-`qat_bits` actor does (fake-quantized weights,
     8-bit activations, straight-through gradients; see `quarl.nets.qat`) for quantization-aware training. The
     parameter tree and its initialisation are the same either way."""
-    linear_cls, conv_cls = hk.Linear, hk.Conv2D
+    linear_cls: type[hk.Linear] = hk.Linear
+    conv_cls: LayerClass = hk.Conv2D
     if qat_bits is not None:
         from quarl.nets.qat import qat_conv2d, qat_linear  # pylint: disable=import-outside-toplevel (AQT: QAT only)
         linear_cls, conv_cls = qat_linear(qat_bits), qat_conv2d(qat_bits)
 
-    def forward(x):
+    def forward(x: jax.Array) -> jax.Array:
         if not jnp.issubdtype(x.dtype, jnp.floating):  # uint8 pixels from replay or an env
             x = x.astype(jnp.float32)
         if spec.input_shape is not None:  # flat rows or [B, H, W, C] batches alike

@@ -42,12 +42,22 @@ column whose max |w| is below ~1e-36 may get a different scale than quarl's floa
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, TypeAlias
 
 import numpy as np
 
 from quarl.ops.checks import ConfigError
 from quarl.policy.im2col import conv_windows
+
+if TYPE_CHECKING:  # JAX, haiku and AQT load lazily here (only QAT learners need them): types for the checker only
+    import haiku as hk
+    import jax
+    from jax.typing import ArrayLike
+
+# What `make_qat_dense` returns: `dense(x[..., in], w[in, out]) -> x @ w`, computed as an int-B actor computes it.
+QATDense: TypeAlias = "Callable[[ArrayLike, ArrayLike], jax.Array]"
+# A haiku module class as `quarl.nets.haiku` uses one: constructed with the layer's arguments, then applied to x.
+LayerClass: TypeAlias = "Callable[..., Callable[[jax.Array], jax.Array]]"
 
 QAT_MIN_BITS, QAT_MAX_BITS = 2, 8  # the int kernels the runtimes deploy (wider ints are simulated in fp32)
 ACTIVATION_BITS = 8  # as `quarl.runtimes.jax_backend`: an int4 actor is W4A8
@@ -57,7 +67,7 @@ _LOW_MANTISSA_MASK = np.uint32(0xFFFFF000)  # keeps 12 significant bits of a flo
 _SCALE_SEARCH_STEPS = 4  # from 2 ulps below the (+-1 ulp) quotient up to the rounded-up exact one
 
 
-def check_qat_bits(value: Any, field: str = "qat_bits") -> int | None:
+def check_qat_bits(value: object, field: str = "qat_bits") -> int | None:
     """`value` as an int in [2, 8] or None; anything else is a one-line ValueError naming `field`.
 
     The range is what the actors can run as integers: int2..int8 (AQT s8 dot, ONNX MatMulInteger)."""
@@ -69,7 +79,7 @@ def check_qat_bits(value: Any, field: str = "qat_bits") -> int | None:
     return int(value)
 
 
-def _sign_of_residual(a: Any, h: Any, s: Any) -> Any:
+def _sign_of_residual(a: jax.Array, h: jax.Array, s: jax.Array) -> jax.Array:
     """Exact sign(a - h * s) for float32 arrays, without float64 (disabled in JAX by default).
 
     Preconditions: `h` has at most 12 significant bits (a small integer or half-integer), `s` > 0 is a
@@ -89,17 +99,17 @@ def _sign_of_residual(a: Any, h: Any, s: Any) -> Any:
     return jnp.where(d > p2, 1, jnp.where(d < p2, -1, 0))
 
 
-def weight_codes(w: Any, bits: int) -> tuple[Any, Any]:
+def weight_codes(w: ArrayLike, bits: int) -> tuple[jax.Array, jax.Array]:
     """`quarl.quant.quantization.quantize(w, bits, symmetric=True, axis=-1)` in jnp: (int8 codes [in, out],
     float32 scale [1, out]), bit-identical to the NumPy reference. No gradient (codes are integers)."""
     import jax
     import jax.numpy as jnp
 
-    bits = check_qat_bits(bits, "bits")
-    if bits is None:
+    checked = check_qat_bits(bits, "bits")
+    if checked is None:
         raise ValueError("weight_codes needs bits in [2, 8], got None")
     w = jax.lax.stop_gradient(jnp.asarray(w, jnp.float32))
-    hi = float(2 ** (bits - 1) - 1)
+    hi = float(2 ** (checked - 1) - 1)
     amax = jnp.max(jnp.abs(w), axis=tuple(range(w.ndim - 1)), keepdims=True)
     # Scale: the smallest float32 s with s * hi >= amax (quarl divides in float64 and rounds up), at least
     # the smallest normal float32; 1.0 for an all-zero column. XLA's float32 division on CPU is within one
@@ -123,7 +133,7 @@ def weight_codes(w: Any, bits: int) -> tuple[Any, Any]:
     return codes, scale.astype(jnp.float32)
 
 
-def fake_quantize_weight(w: Any, bits: int) -> Any:
+def fake_quantize_weight(w: ArrayLike, bits: int) -> jax.Array:
     """The float32 weights an int-`bits` actor effectively multiplies by: codes * scale (no gradient)."""
     import jax.numpy as jnp
 
@@ -131,17 +141,17 @@ def fake_quantize_weight(w: Any, bits: int) -> Any:
     return codes.astype(jnp.float32) * scale
 
 
-def make_qat_dense(bits: int) -> Callable:
+def make_qat_dense(bits: int) -> QATDense:
     """`dense(x[..., in], w[in, out]) -> x @ w` as an int-`bits` actor computes it (W`bits`A8 through AQT
     v2, see the module docstring), differentiable in x and w by the straight-through estimator."""
-    bits = check_qat_bits(bits, "bits")
-    if bits is None:
+    checked = check_qat_bits(bits, "bits")
+    if checked is None:
         raise ValueError("make_qat_dense needs bits in [2, 8], got None")
     import jax.numpy as jnp
     from aqt.jax.v2 import aqt_tensor
     from aqt.jax.v2 import config as aqt_config
 
-    def dense(x: Any, w: Any) -> Any:
+    def dense(x: ArrayLike, w: ArrayLike) -> jax.Array:
         x = jnp.asarray(x, jnp.float32)
         w = jnp.asarray(w, jnp.float32)
         if w.ndim != 2 or x.shape[-1] != w.shape[0]:
@@ -149,20 +159,20 @@ def make_qat_dense(bits: int) -> Callable:
                              f"got {x.shape} and {w.shape}")
         lead = x.shape[:-1]
         x2 = x.reshape((-1, x.shape[-1]))
-        codes, scale = weight_codes(w, bits)
+        codes, scale = weight_codes(w, checked)
         rhs_qt = aqt_tensor.QTensor(qvalue=codes, scale=[scale], scale_t=None, bias=[],
                                     dequant_dtype=jnp.float32)
         # A fresh config per call: AQT initialises calibration state inside its custom VJP.
         # allow_dummy_gradients: the rhs QTensor is given (serving style) yet we differentiate; AQT then
         # uses its own quantizer's STE for the rhs cotangent, which is the identity we want.
-        dg = aqt_config.dot_general_make(lhs_bits=ACTIVATION_BITS, rhs_bits=bits, allow_dummy_gradients=True)
+        dg = aqt_config.dot_general_make(lhs_bits=ACTIVATION_BITS, rhs_bits=checked, allow_dummy_gradients=True)
         out, _ = dg.dg_core(lhs=x2, rhs=w, lhs_qt=None, rhs_qt=rhs_qt, dimension_numbers=_DN)
         return out.reshape((*lead, w.shape[1]))
 
     return dense
 
 
-def qat_linear(bits: int) -> type:
+def qat_linear(bits: int) -> type[hk.Linear]:
     """A haiku `Linear` whose matmul is `make_qat_dense(bits)`: same parameter names, shapes and
     initialisers as `hk.Linear`, so QAT and fp32 networks share one parameter tree."""
     import haiku as hk
@@ -173,7 +183,7 @@ def qat_linear(bits: int) -> type:
     class QATLinear(hk.Linear):
         """hk.Linear with the deployed int-B matmul (W fake-quantized per output channel, A8, STE)."""
 
-        def __call__(self, inputs: Any, *, precision: Any = None) -> Any:
+        def __call__(self, inputs: jax.Array, *, precision: jax.lax.Precision | None = None) -> jax.Array:
             del precision  # the arithmetic is fixed by the deployment, not by a matmul precision flag
             inputs = jnp.asarray(inputs)
             if not inputs.shape:
@@ -192,7 +202,7 @@ def qat_linear(bits: int) -> type:
     return QATLinear
 
 
-def qat_conv2d(bits: int) -> type:
+def qat_conv2d(bits: int) -> LayerClass:
     """A haiku `Conv2D` (VALID padding, NHWC, the only form `PolicySpec` has) computed as the int-`bits` JAX
     actor computes it: the k x k x C_in windows (`quarl.policy.im2col.conv_windows`, the im2col the JAX runtime runs)
     times the [k*k*C_in, out] weights through `make_qat_dense(bits)`, so each window is quantized to int8 on its
@@ -214,7 +224,7 @@ def qat_conv2d(bits: int) -> type:
                 raise ValueError("QAT conv supports square kernels, int strides and VALID padding only")
             self.output_channels, self.kernel, self.stride = int(output_channels), kernel_shape, stride
 
-        def __call__(self, inputs: Any) -> Any:
+        def __call__(self, inputs: jax.Array) -> jax.Array:
             inputs = jnp.asarray(inputs)
             if inputs.ndim != 4:
                 raise ValueError(f"QAT conv takes [B, H, W, C] inputs, got shape {inputs.shape}")

@@ -8,10 +8,12 @@ from typing import Callable
 import numpy as np
 
 from quarl.policy.im2col import image_patches
-from quarl.policy.spec import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.policy.spec import (
+    LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, ParamTree, PolicySpec, TanhToSpec,
+)
 
 
-def reference_apply(spec: PolicySpec, params: dict, obs: np.ndarray, *, dtype: type[np.floating] = np.float64,
+def reference_apply(spec: PolicySpec, params: ParamTree, obs: np.ndarray, *, dtype: type[np.floating] = np.float64,
                     on_input: Callable[[str, np.ndarray], None] | None = None) -> np.ndarray:
     """Float64 NumPy evaluation of the spec: the ground truth the runtimes are tested against.
 

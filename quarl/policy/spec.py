@@ -13,15 +13,21 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Any, Sequence, Union
+from typing import Iterable, Mapping, Sequence, TypeAlias, Union
 
 import numpy as np
+import numpy.typing as npt
 
 ACTIVATIONS = ("relu", "elu", "tanh")
 INITS = ("variance_scaling", "uniform_scaling")
 # Acme's LayerNormMLP initialiser (acme/jax/networks/continuous.py: `hk.initializers.UniformScaling(0.333)`),
 # used by D4PG's policy torso and critic.
 ACME_UNIFORM_SCALE = 0.333
+
+# A policy's parameters in haiku's layout: {layer name: {"w" | "b" | "scale" | "offset": array}} (`Linear` and
+# `Conv2D` layers have `w` and `b`, `LayerNorm` `scale` and `offset`). Leaves are NumPy arrays on actors and
+# jax.Arrays on the learner; every consumer converts them (np.asarray, jnp.asarray) and checks dtype and shape.
+ParamTree: TypeAlias = Mapping[str, Mapping[str, npt.ArrayLike]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -265,7 +271,7 @@ def layer_norm_mlp_policy(
     return PolicySpec(obs_dim, tuple(layers))
 
 
-def parse_bounds(bounds: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def parse_bounds(bounds: Iterable[Iterable[float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-feature bounds ((lows), (highs)) as two tuples of floats (lists arrive from JSON/CLI); ValueError
     (naming no field: callers add theirs) unless as many finite lows as highs, each low < high."""
     try:
@@ -279,7 +285,8 @@ def parse_bounds(bounds: Any) -> tuple[tuple[float, ...], tuple[float, ...]]:
     return low, high
 
 
-def _checked_bounds(bounds: Any, spec: "PolicySpec") -> tuple[tuple[float, ...], tuple[float, ...]]:
+def _checked_bounds(bounds: Iterable[Iterable[float]],
+                   spec: "PolicySpec") -> tuple[tuple[float, ...], tuple[float, ...]]:
     """`PolicySpec.input_bounds` parsed (`parse_bounds`), one pair per feature of a vector policy."""
     try:
         low, high = parse_bounds(bounds)

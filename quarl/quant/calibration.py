@@ -16,14 +16,18 @@ acts almost only at random, replaced from the next publish on.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
+import numpy.typing as npt
 
 from quarl.policy.reference import reference_apply
-from quarl.policy.spec import PolicySpec
+from quarl.policy.spec import ParamTree, PolicySpec
 from quarl.quant.precision import MAX_KERNEL_BITS, parse_precision
 from quarl.quant.quantization import QuantizedParams, dequantize_params, quantize_params
+
+if TYPE_CHECKING:
+    import dm_env
 
 # Observations a calibration uses at most (the most recent ones): enough for stable min/max on MinAtar and ALE
 # frames, few enough that a float32 host forward of the Nature torso stays a few tens of milliseconds.
@@ -41,7 +45,7 @@ def cold_start_observations(spec: PolicySpec, count: int = 64, seed: int = 0) ->
     return np.random.default_rng(seed).random((count, spec.input_dim), dtype=np.float32)
 
 
-def activation_ranges(spec: PolicySpec, params: Mapping[str, Any], observations: np.ndarray) -> dict[str, np.ndarray]:
+def activation_ranges(spec: PolicySpec, params: ParamTree, observations: np.ndarray) -> dict[str, np.ndarray]:
     """{layer name: float32 [lo, hi]} of every Linear and Conv2D layer's input over `observations` ([N, input_dim]
     or [N, *input_shape]), with lo <= 0 <= hi. `params` is a float tree (the dequantized actor weights)."""
     obs = np.asarray(observations, np.float32)
@@ -59,7 +63,7 @@ def activation_ranges(spec: PolicySpec, params: Mapping[str, Any], observations:
     return ranges
 
 
-def quantize_for_actors(spec: PolicySpec, params: Mapping[str, Any], precision: str,
+def quantize_for_actors(spec: PolicySpec, params: ParamTree, precision: str,
                         observations: np.ndarray | None = None, per_channel: bool = True) -> QuantizedParams:
     """`quantize_params`, plus the activation ranges int conv actors need (measured on `observations`, or on
     `cold_start_observations` when None). Every learner-side publish goes through here."""
@@ -76,20 +80,21 @@ def with_activation_ranges(spec: PolicySpec, qp: QuantizedParams,
     return dataclasses.replace(qp, activation_ranges=activation_ranges(spec, dequantize_params(qp), obs))
 
 
-def learner_observations(learner: Any) -> np.ndarray | None:
+def learner_observations(learner: object) -> np.ndarray | None:
     """The replay observations a learner last trained on (`calibration_observations()`, where it has one), or
     None (nothing sampled yet, or an agent without image policies)."""
     fn = getattr(learner, "calibration_observations", None)
     return None if fn is None else fn()
 
 
-def rollout_observations(env: Any, policy: Any, steps: int = MAX_CALIBRATION_OBS) -> np.ndarray:
+def rollout_observations(env: dm_env.Environment, policy: Callable[[np.ndarray], npt.ArrayLike],
+                         steps: int = MAX_CALIBRATION_OBS) -> np.ndarray:
     """`steps` observations [steps, *obs_shape] met by `policy(observation) -> action` acting in `env` (episodes
     restarted as they end): calibration data for a trained policy without a replay (post-training
     quantization sweeps of a saved policy)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps must be a positive int, got {steps!r}")
-    out = []
+    out: list[np.ndarray] = []
     ts = env.reset()
     while len(out) < steps:
         out.append(np.asarray(ts.observation))

@@ -15,18 +15,22 @@ a trained policy has none, and the host path is always available (`quantize_para
 from __future__ import annotations
 
 import functools
-from typing import Any, Mapping
+from typing import Callable, Mapping, TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from quarl.policy.spec import ParamTree
 from quarl.quant.precision import parse_precision
 from quarl.quant.quantization import (
     QTensor, QuantizedParams, is_quantized_leaf, path_str, qrange, storage_dtype, tree_items,
 )
 
 _F32_TINY = float(np.finfo(np.float32).tiny)
+# The jitted tree quantizer: (leaves, which leaves are weight matrices) -> (per leaf: (codes, scale) for a weight
+# matrix, the float32 leaf otherwise; whether each leaf is finite).
+_TreeQuantizer: TypeAlias = Callable[[tuple[jax.Array, ...], tuple[bool, ...]], tuple[tuple, jax.Array]]
 
 
 def _quantize_leaf(w: jax.Array, bits: int, per_channel: bool) -> tuple[jax.Array, jax.Array]:
@@ -46,7 +50,7 @@ def _quantize_leaf(w: jax.Array, bits: int, per_channel: bool) -> tuple[jax.Arra
 
 
 @functools.lru_cache(maxsize=None)
-def _jitted(bits: int, per_channel: bool) -> Any:
+def _jitted(bits: int, per_channel: bool) -> _TreeQuantizer:
     def run(leaves: tuple[jax.Array, ...], quantized: tuple[bool, ...]) -> tuple[tuple, jax.Array]:
         out = tuple(_quantize_leaf(w, bits, per_channel) if q else w.astype(jnp.float32)
                     for w, q in zip(leaves, quantized))
@@ -56,7 +60,7 @@ def _jitted(bits: int, per_channel: bool) -> Any:
     return jax.jit(run, static_argnums=1)
 
 
-def quantize_params_on_device(params: Mapping, precision: str) -> QuantizedParams:
+def quantize_params_on_device(params: ParamTree, precision: str) -> QuantizedParams:
     """`quarl.quant.quantization.quantize_params(params, precision)` (per channel) for an integer precision, computed
     on the device holding `params` (a haiku tree of jax or NumPy float32 arrays). ValueError names a non-finite
     leaf, as the host quantizer does. Blocks until the codes are on the host."""

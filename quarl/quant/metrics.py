@@ -5,14 +5,15 @@ All metrics are computed in float64 so the metric itself adds no rounding noise.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 import numpy as np
 
-from quarl.quant.quantization import QTensor, QuantizedParams, dequantize, is_quantized_leaf, path_str, tree_items
+from quarl.policy.spec import ParamTree
+from quarl.quant.quantization import (
+    ParamLeaf, QTensor, QuantizedParams, dequantize, is_quantized_leaf, path_str, tree_items,
+)
 
 
-def _pair(x: Any, x_hat: Any) -> tuple[np.ndarray, np.ndarray]:
+def _pair(x: ParamLeaf, x_hat: ParamLeaf) -> tuple[np.ndarray, np.ndarray]:
     a = np.asarray(dequantize(x) if isinstance(x, QTensor) else x).astype(np.float64)
     b = np.asarray(dequantize(x_hat) if isinstance(x_hat, QTensor) else x_hat).astype(np.float64)
     if a.shape != b.shape:
@@ -22,7 +23,7 @@ def _pair(x: Any, x_hat: Any) -> tuple[np.ndarray, np.ndarray]:
     return a, b
 
 
-def sqnr_db(x: Any, x_hat: Any) -> float:
+def sqnr_db(x: ParamLeaf, x_hat: ParamLeaf) -> float:
     """Signal-to-quantization-noise ratio `10 log10(sum x^2 / sum (x - x_hat)^2)` in dB.
 
     +inf when `x_hat` is exact (including all-zero x == x_hat); -inf when x is all zero but x_hat is not.
@@ -38,7 +39,7 @@ def sqnr_db(x: Any, x_hat: Any) -> float:
     return float(10.0 * np.log10(signal / noise))
 
 
-def tensor_errors(x: Any, x_hat: Any) -> dict[str, float]:
+def tensor_errors(x: ParamLeaf, x_hat: ParamLeaf) -> dict[str, float]:
     """max/mean absolute error, the same relative to max|x|, and SQNR.
 
     Relative errors divide by the tensor's max|x| rather than elementwise |x| (elementwise would blow up
@@ -59,7 +60,7 @@ def tensor_errors(x: Any, x_hat: Any) -> dict[str, float]:
     }
 
 
-def layer_errors(params: Mapping, qparams: QuantizedParams) -> dict[str, dict[str, float]]:
+def layer_errors(params: ParamTree, qparams: QuantizedParams) -> dict[str, dict[str, float]]:
     """`{leaf path: tensor_errors}` for every weight matrix the precision touched (`module/w`)."""
     if not isinstance(qparams, QuantizedParams):
         raise ValueError(f"layer_errors expects QuantizedParams, got {type(qparams).__name__}")

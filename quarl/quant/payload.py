@@ -30,17 +30,16 @@ import dataclasses
 import hashlib
 import math
 import struct
-from typing import Any
 
 import msgpack
 import numpy as np
 
-from quarl.policy.spec import PolicySpec
+from quarl.policy.spec import ParamTree, PolicySpec
 from quarl.quant.precision import parse_precision
-from quarl.quant.quantization import QTensor, QuantizedParams, is_quantized_leaf, path_str, tree_items
+from quarl.quant.quantization import ParamLeaf, QTensor, QuantizedParams, is_quantized_leaf, path_str, tree_items
 from quarl.quant.wire import (
-    FLOAT_NAMES, PayloadError, decode_array, decode_qtensor, encode_array, encode_values, exact_keys, expect, is_int,
-    short,
+    FLOAT_NAMES, PayloadError, Unpacked, decode_array, decode_qtensor, encode_array, encode_values, exact_keys, expect,
+    is_int, short,
 )
 
 MAGIC = b"QRLP"
@@ -66,7 +65,7 @@ class Payload:
 # --------------------------------------------------------------------------------------------------- encode
 
 
-def _encode_leaf(path: tuple[str, ...], leaf: Any) -> dict:
+def _encode_leaf(path: tuple[str, ...], leaf: ParamLeaf) -> dict:
     where = f"param {path_str(path)!r}"
     if isinstance(leaf, QTensor):
         if leaf.symmetric and np.any(np.asarray(leaf.zero_point) != 0):
@@ -101,7 +100,7 @@ def encode_payload(qp: QuantizedParams, *, version: int, spec: PolicySpec | None
     return _HEADER.pack(MAGIC, FORMAT_VERSION, len(packed), hashlib.sha256(packed).digest()) + packed
 
 
-def _encode_ranges(ranges: Any) -> dict | None:
+def _encode_ranges(ranges: object) -> dict | None:
     if ranges is None:
         return None
     if not isinstance(ranges, dict) or not all(isinstance(k, str) for k in ranges):
@@ -115,7 +114,7 @@ def _encode_ranges(ranges: Any) -> dict | None:
     return out
 
 
-def _decode_ranges(d: Any) -> dict[str, np.ndarray] | None:
+def _decode_ranges(d: Unpacked) -> dict[str, np.ndarray] | None:
     if d is None:
         return None
     expect(isinstance(d, dict) and all(isinstance(k, str) for k in d), "activation_ranges is not a map")
@@ -149,7 +148,7 @@ def _is_digest(text: str) -> bool:
     return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
-def fp32_payload_nbytes(params: dict, *, version: int = 0, spec_hash: str | None = None) -> int:
+def fp32_payload_nbytes(params: ParamTree, *, version: int = 0, spec_hash: str | None = None) -> int:
     """Size of the fp32 payload of a params tree (the baseline quantized payloads are compared to), computed
     from the leaves' shapes: the msgpack skeleton with empty data plus each leaf's 4 bytes per value and its
     longer bin header. Exactly `len(encode_payload(quantize_params(params, "fp32"), ...))`, without making
@@ -174,7 +173,7 @@ def _bin_header(n: int) -> int:
 # --------------------------------------------------------------------------------------------------- decode
 
 
-def _insert(tree: dict, path: list, leaf: Any) -> None:
+def _insert(tree: dict, path: list[str], leaf: QTensor | np.ndarray) -> None:
     node = tree
     for key in path[:-1]:
         node = node.setdefault(key, {})
@@ -218,8 +217,9 @@ def _decode_body(body: dict, nbytes: int, packed: bool, fmt: int) -> Payload:
         expect(isinstance(path, list) and path and all(isinstance(k, str) for k in path),
                 f"leaf #{i} has a bad path {short(path)}")
         where = f"param {short(path_str(tuple(path)))}"
+        leaf: QTensor | np.ndarray
         if "qtensor" in entry:
-            leaf: Any = decode_qtensor(entry["qtensor"], where, packed=packed)
+            leaf = decode_qtensor(entry["qtensor"], where, packed=packed)
             expect(precision.is_int and leaf.bits == precision.bits,
                     f"{where}: {leaf.bits}-bit QTensor in a {precision.name} payload")
         elif "array" in entry:

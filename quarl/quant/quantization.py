@@ -14,12 +14,14 @@ result is serialised (`quarl.quant.payload`), and the runtimes consume the integ
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, TypeAlias
 
 import jax
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
+from quarl.policy.spec import ParamTree
 from quarl.quant.precision import MAX_BITS, MIN_BITS, Precision, parse_precision
 
 _F32 = np.float32
@@ -30,6 +32,10 @@ _F32_TINY = float(np.finfo(_F32).tiny)  # smallest normal float32: scales never 
 # --------------------------------------------------------------------------------------------------------
 # QTensor
 # --------------------------------------------------------------------------------------------------------
+
+# A QTensor's arrays: NumPy on the host (`quantize`, payloads, the ONNX runtime), jax.Arrays once a pytree
+# transform has moved or traced them (`jax.device_put`, `jax.jit`).
+TensorData: TypeAlias = np.ndarray | jax.Array
 
 
 @jax.tree_util.register_pytree_node_class
@@ -45,18 +51,19 @@ class QTensor:
     arbitrary leaves (tracers, ShapeDtypeStructs); `quantize` is where inputs are checked.
     """
 
-    values: Any
-    scale: Any
-    zero_point: Any
+    values: TensorData
+    scale: TensorData
+    zero_point: TensorData
     bits: int
     axis: int | None
     symmetric: bool
 
-    def tree_flatten(self) -> tuple[tuple[Any, Any, Any], tuple[int, int | None, bool]]:
+    def tree_flatten(self) -> tuple[tuple[TensorData, TensorData, TensorData], tuple[int, int | None, bool]]:
         return (self.values, self.scale, self.zero_point), (self.bits, self.axis, self.symmetric)
 
     @classmethod
-    def tree_unflatten(cls, aux: tuple[int, int | None, bool], children: tuple[Any, Any, Any]) -> "QTensor":
+    def tree_unflatten(cls, aux: tuple[int, int | None, bool],
+                       children: tuple[TensorData, TensorData, TensorData]) -> "QTensor":
         return cls(*children, *aux)
 
     @property
@@ -67,6 +74,11 @@ class QTensor:
     def nbytes(self) -> int:
         """Bytes of values + scale + zero point (what a payload carries for this tensor)."""
         return int(sum(np.asarray(a).nbytes for a in (self.values, self.scale, self.zero_point)))
+
+
+# One leaf of a parameter tree at an actor precision: a QTensor (a weight matrix at an int precision) or an
+# array (fp16/bf16 weight matrices, fp32 biases and LayerNorm parameters, whole fp32 trees).
+ParamLeaf: TypeAlias = QTensor | npt.ArrayLike
 
 
 def storage_dtype(bits: int, symmetric: bool) -> np.dtype:
@@ -98,7 +110,7 @@ def _is_float_dtype(dtype: np.dtype) -> bool:
     return np.issubdtype(dtype, np.floating) or dtype in (np.dtype(ml_dtypes.bfloat16),)
 
 
-def _as_float_array(x: Any, what: str = "x") -> np.ndarray:
+def _as_float_array(x: npt.ArrayLike, what: str = "x") -> np.ndarray:
     """Host float64 copy of `x`, rejecting non-float, NaN/inf and beyond-float32 inputs."""
     arr = np.asarray(x)
     if not _is_float_dtype(arr.dtype):
@@ -130,7 +142,7 @@ def _scale_to_f32(scale64: np.ndarray) -> np.ndarray:
     return np.maximum(s, _F32(_F32_TINY)).astype(_F32)
 
 
-def quantize(x: Any, bits: int, *, symmetric: bool = True, axis: int | None = None) -> QTensor:
+def quantize(x: npt.ArrayLike, bits: int, *, symmetric: bool = True, axis: int | None = None) -> QTensor:
     """Uniformly quantize a float tensor to `bits` bits, rounding to nearest-even (`np.rint`).
 
     symmetric: zero point 0, `scale = max|x| / (2^(b-1) - 1)`, codes in `[-(2^(b-1)-1), 2^(b-1)-1]`;
@@ -176,7 +188,7 @@ def dequantize(q: QTensor) -> np.ndarray:
     return np.clip(out, -_F32_MAX, _F32_MAX).astype(_F32)
 
 
-def fake_quantize(x: Any, bits: int, *, symmetric: bool = True, axis: int | None = None) -> np.ndarray:
+def fake_quantize(x: npt.ArrayLike, bits: int, *, symmetric: bool = True, axis: int | None = None) -> np.ndarray:
     """`dequantize(quantize(x, ...))`: the fp32 tensor an integer kernel effectively computes with."""
     return dequantize(quantize(x, bits, symmetric=symmetric, axis=axis))
 
@@ -218,7 +230,7 @@ def path_str(path: tuple[str, ...]) -> str:
     return "/".join(path)
 
 
-def is_quantized_leaf(path: tuple[str, ...], leaf: Any) -> bool:
+def is_quantized_leaf(path: tuple[str, ...], leaf: npt.ArrayLike) -> bool:
     """Which leaves get the actor precision: weight matrices (`w`, ndim >= 2). The rest stays fp32."""
     return bool(path) and path[-1] == "w" and np.ndim(leaf) >= 2
 
@@ -232,7 +244,7 @@ def _map_tree(tree: Mapping, fn: Callable[[tuple[str, ...], Any], Any], prefix: 
     return out
 
 
-def _checked_leaf(path: tuple[str, ...], leaf: Any) -> np.ndarray:
+def _checked_leaf(path: tuple[str, ...], leaf: object) -> np.ndarray:
     arr = np.asarray(leaf)
     if not _is_float_dtype(arr.dtype):
         raise ValueError(f"param {path_str(path)!r} has dtype {arr.dtype}; expected floating point")
@@ -241,7 +253,7 @@ def _checked_leaf(path: tuple[str, ...], leaf: Any) -> np.ndarray:
     return arr
 
 
-def quantize_params(params: Mapping, precision: str | Precision, per_channel: bool = True) -> QuantizedParams:
+def quantize_params(params: ParamTree, precision: str | Precision, per_channel: bool = True) -> QuantizedParams:
     """Convert an fp32 haiku params tree to `precision` for actors.
 
     Only weight matrices (`w`, ndim >= 2) change. int<b>: symmetric `QTensor`, one scale per output column
@@ -257,7 +269,7 @@ def quantize_params(params: Mapping, precision: str | Precision, per_channel: bo
         raise ValueError(f"params must be a nested mapping (haiku tree), got {type(params).__name__}")
     checked = _map_tree(params, _checked_leaf)  # validate everything before converting anything
 
-    def convert(path: tuple[str, ...], arr: np.ndarray) -> Any:
+    def convert(path: tuple[str, ...], arr: np.ndarray) -> np.ndarray | QTensor:
         if not is_quantized_leaf(path, arr) or prec.name == "fp32":
             return arr.astype(_F32)  # astype copies: the caller's arrays are never aliased
         if prec.is_int:
@@ -276,7 +288,7 @@ def dequantize_params(qp: QuantizedParams) -> dict:
     if not isinstance(qp, QuantizedParams):
         raise ValueError(f"dequantize_params expects QuantizedParams, got {type(qp).__name__}")
 
-    def widen(path: tuple[str, ...], leaf: Any) -> np.ndarray:
+    def widen(path: tuple[str, ...], leaf: ParamLeaf) -> np.ndarray:
         if isinstance(leaf, QTensor):
             if not np.all(np.isfinite(np.asarray(leaf.scale, np.float64))):
                 raise ValueError(f"param {path_str(path)!r} has a NaN or inf scale")
@@ -286,6 +298,6 @@ def dequantize_params(qp: QuantizedParams) -> dict:
     return _map_tree(qp.tree, widen)
 
 
-def fake_quantize_params(params: Mapping, precision: str | Precision, per_channel: bool = True) -> dict:
+def fake_quantize_params(params: ParamTree, precision: str | Precision, per_channel: bool = True) -> dict:
     """fp32 tree with the weights rounded as `precision` would round them (post-training-quant evaluation)."""
     return dequantize_params(quantize_params(params, precision, per_channel))

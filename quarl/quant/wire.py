@@ -7,16 +7,21 @@ byte travel bit-packed (`quarl.quant.bitpack`). Every decode problem is a `Paylo
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, TypeAlias, TypeGuard
 
 import ml_dtypes
 import numpy as np
+import numpy.typing as npt
 
 from quarl.quant.bitpack import MAX_PACKED_BITS, pack_bits, packed_nbytes, signed_offset, unpack_bits
 from quarl.quant.quantization import QTensor, qrange, storage_dtype
 
 MAX_NDIM = 8
 
+# What msgpack decoded from a peer's bytes: maps, lists, bytes, str, numbers, bools and None, nested, in any shape
+# a corrupted or hostile payload gives. Untrusted, hence Any: every decoder checks it field by field (`expect`,
+# `exact_keys`) before it uses a value.
+Unpacked: TypeAlias = Any
 
 
 # Storage dtypes a payload may carry, by wire name. Explicit little-endian so payloads are host-independent.
@@ -46,7 +51,7 @@ def wire_name(arr: np.ndarray, where: str) -> str:
     return name
 
 
-def encode_array(value: Any, where: str, *, floats_only: bool = False) -> dict:
+def encode_array(value: npt.ArrayLike, where: str, *, floats_only: bool = False) -> dict:
     arr = np.asarray(value)
     name = wire_name(arr, where)
     if floats_only and name not in FLOAT_NAMES:
@@ -83,22 +88,22 @@ def expect(cond: bool, msg: str) -> None:
         raise PayloadError(f"malformed payload: {msg}")
 
 
-def is_int(v: Any) -> bool:
+def is_int(v: object) -> TypeGuard[int]:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
-def short(value: Any) -> str:
+def short(value: object) -> str:
     """repr capped in length: error messages must stay one readable line even for hostile input."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def exact_keys(d: Any, required: set[str], what: str) -> None:
+def exact_keys(d: Unpacked, required: set[str], what: str) -> None:
     expect(isinstance(d, dict), f"{what} is not a map")
     expect(set(d) == required, f"{what} has keys {short(sorted(map(str, d)))}, expected {sorted(required)}")
 
 
-def decode_array(d: Any, where: str, *, packed_bits: int | None = None, signed: bool = False) -> np.ndarray:
+def decode_array(d: Unpacked, where: str, *, packed_bits: int | None = None, signed: bool = False) -> np.ndarray:
     """One array; with `packed_bits`, `data` holds bit-packed codes (offset by 2^(bits-1) when `signed`)."""
     exact_keys(d, {"dtype", "shape", "data"}, where)
     name, shape, data = d["dtype"], d["shape"], d["data"]
@@ -134,7 +139,7 @@ def decode_array(d: Any, where: str, *, packed_bits: int | None = None, signed: 
     return arr
 
 
-def decode_qtensor(d: Any, where: str, *, packed: bool = True) -> QTensor:
+def decode_qtensor(d: Unpacked, where: str, *, packed: bool = True) -> QTensor:
     exact_keys(d, {"values", "scale", "zero_point", "bits", "axis", "symmetric"}, where)
     bits, axis, symmetric = d["bits"], d["axis"], d["symmetric"]
     expect(is_int(bits) and 2 <= bits <= 16, f"{where}: bad bits {short(bits)}")
