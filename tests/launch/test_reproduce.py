@@ -2,6 +2,7 @@
 launch.reproduce end to end on a tiny grid (files written, finished runs skipped, interrupted runs redone)."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -354,11 +355,39 @@ def test_tiny_grid_on_the_distributed_runner(tmp_path: Path) -> None:
 # ------------------------------------------------------------------------------------------------ nothing lost
 
 
-REPO = Path(__file__).resolve().parents[2]
-
-
 def _snapshot(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+EXECUTED = {"fp32": "fp32 weights, fp32 compute", "fp16": "fp16 weights, fp32 compute (simulated)",
+            "int8": "int8 weights, integer kernel (u8u8)"}
+
+
+def make_finished_small_grid(out: Path, name: str = "small") -> set[tuple[str, str, int]]:
+    """OUT/NAME as a finished `--budget small` grid leaves it: the README example's runs (cartpole_balance and
+    CartPole x fp32, fp16, int8 x seeds 0-2) plus two Acrobot runs outside that selection, grid.json as the grid
+    writes it, and the report drawn over them. Returns the runs it made."""
+    from quarl.ops.io import jsonable, write_json_atomic
+
+    root = out / name
+    made = set()
+    t = [10.0, 20.0, 30.0, 40.0]
+    for panel, scale in (("cartpole_balance", 900.0), ("CartPole", 500.0)):
+        for i, precision in enumerate(("fp32", "fp16", "int8")):
+            for seed in range(3):
+                returns = [scale * f for f in (0.1, 0.5 + 0.05 * (i + seed), 0.9, 1.0)]
+                write_run(root, panel, precision, seed, t, returns, executed=EXECUTED[precision])
+                made.add((panel, precision, seed))
+    for precision in ("fp32", "int8"):
+        write_run(root, "Acrobot", precision, 0, t, [-500.0, -300.0, -120.0, -100.0], executed=EXECUTED[precision])
+        made.add(("Acrobot", precision, 0))
+    budgets = reproduce.BUDGETS["small"]
+    write_json_atomic(root / "grid.json", {
+        "budget": "small", "runner": "single", "backend": "auto",
+        "budgets": {panel: jsonable(dataclasses.asdict(budgets[panel])) for panel, _, _ in sorted(made)},
+        "cluster": False, "cpus_per_run": None})
+    assert reproduce.main(["--report-only", "--out", str(out), "--name", name]) == 0
+    return made
 
 
 @pytest.mark.parametrize("argv", [
@@ -366,25 +395,29 @@ def _snapshot(root: Path) -> dict[str, bytes]:
     ["--panels", "cartpole_balance,CartPole", "--precisions", "32,16,8", "--seeds", "0,1,2", "--budget", "small"],
     ["--panels", "CartPole", "--precisions", "32,8", "--seeds", "0", "--budget", "small"],
 ])
-def test_readme_reproduce_example_on_a_copy_of_results_small_loses_nothing(
+def test_readme_reproduce_example_on_a_finished_grid_loses_nothing(
         tmp_path: Path, capsys: pytest.CaptureFixture, argv: list[str]) -> None:
-    import shutil
-    shutil.copytree(REPO / "results" / "small", tmp_path / "small")
-    before = _snapshot(tmp_path / "small")
+    """On a finished grid (made here, so re-running results/small changes nothing in this test), the README's
+    command runs nothing and rewrites nothing, and a narrowed redraw leaves the grid's report whole."""
+    made = make_finished_small_grid(tmp_path)
+    root = tmp_path / "small"
+    before = _snapshot(root)
+    capsys.readouterr()
     assert reproduce.main([*argv, "--out", str(tmp_path), "--no-progress"]) == 0
     err = capsys.readouterr().err
     assert "0 run(s) ran" in err and "left as it is" in err
-    assert _snapshot(tmp_path / "small") == before  # every file, byte for byte (grid.json's format too)
+    assert _snapshot(root) == before  # every file, byte for byte (grid.json's format too)
 
     # A narrowed redraw goes to its own folder; the grid's report keeps all its runs.
     assert reproduce.main(["--report-only", "--panels", "CartPole", "--precisions", "32,8", "--seeds", "0",
                            "--out", str(tmp_path), "--name", "small"]) == 0
-    sub = tmp_path / "small" / "subsets" / "CartPole_fp32-int8_seed0"
+    sub = root / "subsets" / "CartPole_fp32-int8_seed0"
     assert sorted(pd.read_csv(sub / "grid.csv")["precision"]) == ["fp32", "int8"]
     assert (sub / "figure.png").stat().st_size > 0 and "figure.png" in (sub / "report.md").read_text()
-    assert {k: v for k, v in _snapshot(tmp_path / "small").items() if not k.startswith("subsets")} == before
-    grid = pd.read_csv(tmp_path / "small" / "grid.csv")
-    assert len(grid) == len(pd.read_csv(REPO / "results" / "small" / "grid.csv")) == 45
+    assert {k: v for k, v in _snapshot(root).items() if not k.startswith("subsets")} == before
+    grid = pd.read_csv(root / "grid.csv")
+    assert len(grid) == len(made) == 20 and set(grid["state"]) == {"finished"}
+    assert {(r.panel, r.precision, int(r.seed)) for r in grid.itertuples()} == made
 
 
 def test_a_grid_merges_into_the_folder_and_only_force_drops_runs(tmp_path: Path,
