@@ -23,13 +23,17 @@ converts with plain ufuncs; the results are identical either way (tests/quarl/te
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 import dm_env
 import numpy as np
 from dm_env import specs
 
+from quarl.envs.spec import BatchActions
 from quarl.envs.wrappers import canonical_to_bounds, check_finite
+
+if TYPE_CHECKING:  # envpool is optional and imported lazily
+    from envpool.python.protocol import DMEnvPool
 
 # Our task name -> envpool's, for the tasks whose equivalence to dm_control a test proves.
 ENVPOOL_TASKS = {
@@ -42,7 +46,17 @@ _STEP_TYPES = tuple(dm_env.StepType)  # index = envpool's step_type code (FIRST 
 _DIRECT_ACTION_KEYS = ("env_id", "players.env_id", "action")
 
 
-def _direct_layout(pool: Any, keys: list[str]) -> dict[str, Any] | None:
+class _DirectLayout(TypedDict):
+    """Where `step` finds its fields in the list envpool's C++ `_recv` returns (indices into that list)."""
+
+    env_id: int | None  # None: the pool reports no env ids (then only K=1 steps directly)
+    step_type: int
+    reward: int
+    discount: int
+    obs: list[int]  # the observation fields, in `EnvpoolVectorEnvironment._keys` order
+
+
+def _direct_layout(pool: DMEnvPool, keys: list[str]) -> _DirectLayout | None:
     """Positions of the fields `step` reads in the list envpool's C++ `_recv` returns, or None when the pool
     is not laid out as envpool 1.2.5's single-player DM tasks are (then `step` uses the public API)."""
     try:
@@ -112,8 +126,8 @@ class EnvpoolVectorEnvironment:
         """Whether `step` calls envpool's C++ send/receive directly (see the module docstring)."""
         return self._direct is not None
 
-    def _rows(self, ids: Any, obs_parts: list[Any], step_types: Any = None, rewards: Any = None,
-              discounts: Any = None) -> list[dm_env.TimeStep]:
+    def _rows(self, ids: np.ndarray, obs_parts: list[np.ndarray], step_types: np.ndarray | None = None,
+              rewards: np.ndarray | None = None, discounts: np.ndarray | None = None) -> list[dm_env.TimeStep]:
         """One TimeStep per environment, in env-id order, from envpool's batch fields (observation fields in
         `self._keys` order; FIRST timesteps when `step_types` is None), in a few numpy ops."""
         n = len(ids)
@@ -142,7 +156,7 @@ class EnvpoolVectorEnvironment:
     def reset_one(self, index: int) -> dm_env.TimeStep:
         return self._first(self._pool.reset(np.array([index], np.int32)))[0]
 
-    def step(self, actions: Any) -> list[dm_env.TimeStep]:
+    def step(self, actions: BatchActions) -> list[dm_env.TimeStep]:
         if len(actions) != self._k:
             raise ValueError(f"got {len(actions)} actions for {self._k} environments")
         scaled = canonical_to_bounds(actions, self._low, self._high, self._act_dtype, batch=self._k)

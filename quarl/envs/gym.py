@@ -2,13 +2,17 @@
 `truncated` (a time limit) a LAST step with discount 1, so n-step targets keep bootstrapping through a time limit."""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 import dm_env
 import numpy as np
+import numpy.typing as npt
 from dm_env import specs
 
 from quarl.envs.wrappers import check_finite
+
+if TYPE_CHECKING:  # gymnasium is imported lazily (only its tasks need it)
+    import gymnasium
 
 GYM_TASKS = ("CartPole-v1", "MountainCar-v0", "Acrobot-v1", "Pendulum-v1")
 
@@ -21,7 +25,7 @@ class GymWrapper(dm_env.Environment):
     prescribes.
     """
 
-    def __init__(self, env: Any, seed: int):
+    def __init__(self, env: gymnasium.Env, seed: int):
         import gymnasium  # pylint: disable=import-outside-toplevel
 
         self._env = env
@@ -42,7 +46,7 @@ class GymWrapper(dm_env.Environment):
         else:
             raise ValueError(f"unsupported action space {act_space!r}")
 
-    def _observation(self, obs: Any) -> np.ndarray:
+    def _observation(self, obs: npt.ArrayLike) -> np.ndarray:
         return check_finite(np.asarray(obs, dtype=np.float32))
 
     def reset(self) -> dm_env.TimeStep:
@@ -54,14 +58,14 @@ class GymWrapper(dm_env.Environment):
             obs, _ = self._env.reset()
         return dm_env.restart(self._observation(obs))
 
-    def step(self, action: Any) -> dm_env.TimeStep:
+    def step(self, action: npt.ArrayLike) -> dm_env.TimeStep:
         if self._reset_next_step:
             return self.reset()
         if isinstance(self._action_spec, specs.DiscreteArray):
             a = np.asarray(action)
             if a.size != 1 or not np.issubdtype(a.dtype, np.integer):
                 raise ValueError(f"discrete action must be one integer, got {action!r}")
-            env_action: Any = int(a.reshape(()))
+            env_action: int | np.ndarray = int(a.reshape(()))
             if not 0 <= env_action < self._action_spec.num_values:
                 raise ValueError(f"action {env_action} outside [0, {self._action_spec.num_values})")
         else:

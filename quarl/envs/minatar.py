@@ -18,13 +18,16 @@ Contract (as `quarl.envs.factory` for the vector tasks, except the observation):
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import dm_env
 import numpy as np
 from dm_env import specs
 
 from quarl.envs.pixel import PixelEnvironment, check_task_and_seed
+
+if TYPE_CHECKING:  # MinAtar is imported lazily (see `_minatar_environment`)
+    import minatar
 
 MINATAR_PREFIX = "MinAtar/"
 # Task name -> MinAtar's module name.
@@ -37,7 +40,7 @@ STICKY_ACTION_PROB = 0.1
 MAX_EPISODE_STEPS = 10_000
 
 
-def _minatar_environment(game: str, sticky_action_prob: float, ramping: bool) -> Any:
+def _minatar_environment(game: str, sticky_action_prob: float, ramping: bool) -> minatar.Environment:
     """MinAtar's `Environment`; its import logs a warning when seaborn (rendering only) is missing: silenced."""
     root = logging.getLogger()
     level = root.level
@@ -82,6 +85,8 @@ class MinAtarEnvironment(PixelEnvironment):
 
 
 
-def make_minatar(task: str, seed: int = 0, **kwargs: Any) -> MinAtarEnvironment:
-    """The MinAtar game `task` ("MinAtar/Breakout", ...), seeded."""
-    return MinAtarEnvironment(task, seed, **kwargs)
+def make_minatar(task: str, seed: int = 0, *, max_episode_steps: int = MAX_EPISODE_STEPS,
+                 sticky_action_prob: float = STICKY_ACTION_PROB, difficulty_ramping: bool = True) -> MinAtarEnvironment:
+    """The MinAtar game `task` ("MinAtar/Breakout", ...), seeded; the options are `MinAtarEnvironment`'s."""
+    return MinAtarEnvironment(task, seed, max_episode_steps=max_episode_steps, sticky_action_prob=sticky_action_prob,
+                              difficulty_ramping=difficulty_ramping)

@@ -7,14 +7,15 @@ episode's end resets) in one place, and the episode-end rule is written once: a 
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Sequence
 
 import dm_env
 import numpy as np
+import numpy.typing as npt
 from dm_env import specs
 
 
-def check_task_and_seed(task: str, tasks: Sequence[str], family: str, seed: Any) -> None:
+def check_task_and_seed(task: str, tasks: Sequence[str], family: str, seed: object) -> None:
     """ValueError naming the valid tasks for an unknown `task`, or for a seed that is not a non-negative int."""
     if task not in tasks:
         raise ValueError(f"unknown {family} task {task!r}; valid: {', '.join(tasks)}")
@@ -45,12 +46,12 @@ class PixelEnvironment(dm_env.Environment):
         self._reset_next_step = False
         return dm_env.restart(self._observation())
 
-    def step(self, action: Any) -> dm_env.TimeStep:
+    def step(self, action: npt.ArrayLike) -> dm_env.TimeStep:
         if self._reset_next_step:
             return self.reset()
         return self._act(self._check_action(action))
 
-    def _check_action(self, action: Any) -> int:
+    def _check_action(self, action: npt.ArrayLike) -> int:
         """The action as an index in [0, num_actions); ValueError for anything else."""
         a = np.asarray(action)
         if a.size != 1 or not np.issubdtype(a.dtype, np.integer):

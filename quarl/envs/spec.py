@@ -3,10 +3,18 @@ and replay signatures are built from."""
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping, Sequence, TypeAlias
 
 import dm_env
 import numpy as np
+import numpy.typing as npt
 from dm_env import specs
+
+# An observation spec as environments give it: one array spec, or DM Control's {name: array spec} (before
+# `quarl.envs.wrappers.ConcatObservationWrapper` flattens it into one vector).
+ObservationSpec: TypeAlias = specs.Array | Mapping[str, specs.Array]
+# The actions of K environments stepped together (`quarl.envs.vector`): a [K, ...] array, or K actions in a sequence.
+BatchActions: TypeAlias = np.ndarray | Sequence[npt.ArrayLike]
 
 
 @dataclasses.dataclass(frozen=True)

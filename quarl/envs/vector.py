@@ -15,12 +15,37 @@ envpool instead when it is installed (several times cheaper per env step), same 
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Protocol, Sequence
 
 import dm_env
 import numpy as np
+from dm_env import specs
 
 from quarl.envs.factory import make_environment
+from quarl.envs.spec import BatchActions
+
+
+class VectorEnv(Protocol):
+    """What an actor steps: K environments of one task behind one interface (see the module docstring), whichever
+    implementation runs them (`VectorEnvironment`, `quarl.envs.envpool.EnvpoolVectorEnvironment`)."""
+
+    @property
+    def num_envs(self) -> int: ...
+
+    def observation_spec(self) -> specs.Array: ...
+
+    def action_spec(self) -> specs.Array: ...
+
+    def reset(self) -> list[dm_env.TimeStep]:
+        """K FIRST timesteps, one per environment."""
+
+    def reset_one(self, index: int) -> dm_env.TimeStep:
+        """Environment `index`'s next FIRST timestep (after its LAST step)."""
+
+    def step(self, actions: BatchActions) -> list[dm_env.TimeStep]:
+        """Environment i's next timestep for `actions[i]`, for every i."""
+
+    def close(self) -> None: ...
 
 
 def env_seeds(seed: int, num_envs: int) -> list[int]:
@@ -52,10 +77,10 @@ class VectorEnvironment:
     def num_envs(self) -> int:
         return len(self._envs)
 
-    def observation_spec(self) -> Any:
+    def observation_spec(self) -> specs.Array:
         return self._envs[0].observation_spec()
 
-    def action_spec(self) -> Any:
+    def action_spec(self) -> specs.Array:
         return self._envs[0].action_spec()
 
     @property
@@ -71,7 +96,7 @@ class VectorEnvironment:
         """Starts a new episode in environment `index` (after its LAST step)."""
         return self._envs[index].reset()
 
-    def step(self, actions: Any) -> list[dm_env.TimeStep]:
+    def step(self, actions: BatchActions) -> list[dm_env.TimeStep]:
         """Steps environment i with `actions[i]`; `actions` has a leading axis of length K."""
         if len(actions) != len(self._envs):
             raise ValueError(f"got {len(actions)} actions for {len(self._envs)} environments")
@@ -107,7 +132,7 @@ def env_implementation(task: str, requested: str = "auto") -> str:
     return "gymnasium" if task in GYM_TASKS else "dm_control"
 
 
-def make_vector_environment(task: str, seed: int, num_envs: int, implementation: str = "auto") -> Any:
+def make_vector_environment(task: str, seed: int, num_envs: int, implementation: str = "auto") -> VectorEnv:
     """K environments of `task` (see `env_seeds` for their seeds) on the implementation `env_implementation`
     picks; raises ValueError on a bad task, K or implementation."""
     seeds = env_seeds(seed, num_envs)

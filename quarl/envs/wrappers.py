@@ -4,11 +4,12 @@ observation dict concatenated in sorted key order, as Acme's `ConcatObservationW
 instead of poisoning replay."""
 from __future__ import annotations
 
-from typing import Any
-
 import dm_env
 import numpy as np
+import numpy.typing as npt
 from dm_env import specs
+
+from quarl.envs.spec import BatchActions, ObservationSpec
 
 
 def check_finite(observation: np.ndarray) -> np.ndarray:
@@ -26,19 +27,19 @@ class Wrapper(dm_env.Environment):
     def reset(self) -> dm_env.TimeStep:
         return self._environment.reset()
 
-    def step(self, action: Any) -> dm_env.TimeStep:
+    def step(self, action: npt.ArrayLike) -> dm_env.TimeStep:
         return self._environment.step(action)
 
-    def observation_spec(self) -> Any:
+    def observation_spec(self) -> ObservationSpec:
         return self._environment.observation_spec()
 
-    def action_spec(self) -> Any:
+    def action_spec(self) -> specs.Array:
         return self._environment.action_spec()
 
-    def reward_spec(self) -> Any:
+    def reward_spec(self) -> specs.Array:
         return self._environment.reward_spec()
 
-    def discount_spec(self) -> Any:
+    def discount_spec(self) -> specs.Array:
         return self._environment.discount_spec()
 
     @property
@@ -68,15 +69,15 @@ class ConcatObservationWrapper(Wrapper):
     def reset(self) -> dm_env.TimeStep:
         return self._convert(self._environment.reset())
 
-    def step(self, action: Any) -> dm_env.TimeStep:
+    def step(self, action: npt.ArrayLike) -> dm_env.TimeStep:
         return self._convert(self._environment.step(action))
 
     def observation_spec(self) -> specs.Array:
         return self._spec
 
 
-def canonical_to_bounds(action: Any, low: np.ndarray, high: np.ndarray, dtype: Any, *,
-                        batch: int | None = None) -> np.ndarray:
+def canonical_to_bounds(action: npt.ArrayLike | BatchActions, low: np.ndarray, high: np.ndarray,
+                        dtype: npt.DTypeLike, *, batch: int | None = None) -> np.ndarray:
     """An action in [-1, 1] (clipped there first) mapped affinely onto [low, high], as `dtype`; with `batch=K`,
     K such actions stacked on a leading axis, mapped in one go.
 
@@ -113,11 +114,11 @@ class CanonicalActionWrapper(Wrapper):
             raise ValueError("canonical actions need finite action bounds")
         self._spec = specs.BoundedArray(spec.shape, np.float32, -1.0, 1.0, name="action")
 
-    def to_env_action(self, action: Any) -> np.ndarray:
+    def to_env_action(self, action: npt.ArrayLike) -> np.ndarray:
         """Maps an agent action in [-1, 1] onto the wrapped environment's bounds (clipping first)."""
         return canonical_to_bounds(action, self._low, self._high, self._inner_spec.dtype)
 
-    def step(self, action: Any) -> dm_env.TimeStep:
+    def step(self, action: npt.ArrayLike) -> dm_env.TimeStep:
         return self._environment.step(self.to_env_action(action))
 
     def action_spec(self) -> specs.BoundedArray:
@@ -136,7 +137,7 @@ class SinglePrecisionWrapper(Wrapper):
     def reset(self) -> dm_env.TimeStep:
         return self._convert(self._environment.reset())
 
-    def step(self, action: Any) -> dm_env.TimeStep:
+    def step(self, action: npt.ArrayLike) -> dm_env.TimeStep:
         return self._convert(self._environment.step(action))
 
     def observation_spec(self) -> specs.Array:

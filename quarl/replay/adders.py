@@ -19,15 +19,19 @@ from __future__ import annotations
 import collections
 import math
 import numbers
-from typing import Any, Mapping
+from typing import Mapping
 
 import dm_env
 import numpy as np
+import numpy.typing as npt
+
+from quarl.replay.items import Signature
 
 TRANSITION_KEYS = ("observation", "action", "reward", "discount", "next_observation")
 
 
-def transition_signature(obs_dim: int, action_shape: tuple[int, ...], action_dtype: Any) -> dict:
+def transition_signature(obs_dim: int, action_shape: tuple[int, ...],
+                         action_dtype: npt.DTypeLike) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
     """The replay signature of the transitions `NStepTransitionAdder` emits: {column: (shape, dtype)}."""
     if not isinstance(obs_dim, (int, np.integer)) or obs_dim < 1:
         raise ValueError(f"obs_dim must be a positive int, got {obs_dim!r}")
@@ -69,7 +73,7 @@ class NStepTransitionAdder:
         self._observation = _observation(timestep.observation)
         self._from_start = True  # the oldest open window still starts at s_0 (none has reached n steps yet)
 
-    def add(self, action: Any, next_timestep: dm_env.TimeStep) -> list[dict[str, np.ndarray]]:
+    def add(self, action: npt.ArrayLike, next_timestep: dm_env.TimeStep) -> list[dict[str, np.ndarray]]:
         """Records one step; returns the transitions that became complete (possibly none)."""
         if self._observation is None:
             raise ValueError("add called before add_first (or after an episode ended)")
@@ -140,18 +144,18 @@ class TransitionBuffer:
     exactly what the table expects.
     """
 
-    def __init__(self, batch_size: int, signature: Mapping[str, tuple[tuple[int, ...], Any]] | None = None):
+    def __init__(self, batch_size: int, signature: Signature | None = None):
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = int(batch_size)
         self._signature = None if signature is None else {
             k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in signature.items()}
-        self._items: list[Mapping[str, Any]] = []
+        self._items: list[Mapping[str, npt.ArrayLike]] = []
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def add(self, transition: Mapping[str, Any]) -> dict[str, np.ndarray] | None:
+    def add(self, transition: Mapping[str, npt.ArrayLike]) -> dict[str, np.ndarray] | None:
         """Adds one transition; returns a full batch when one is ready."""
         keys = set(self._signature) if self._signature is not None else set(TRANSITION_KEYS)
         if set(transition) != keys:
@@ -161,7 +165,7 @@ class TransitionBuffer:
             return self._stack(self.batch_size)
         return None
 
-    def extend(self, transitions: list[Mapping[str, Any]]) -> list[dict[str, np.ndarray]]:
+    def extend(self, transitions: list[Mapping[str, npt.ArrayLike]]) -> list[dict[str, np.ndarray]]:
         """Adds several transitions; returns every batch that became full."""
         batches = []
         for t in transitions:
@@ -190,7 +194,7 @@ class TransitionBuffer:
         return batch
 
 
-def _observation(obs: Any) -> np.ndarray:
+def _observation(obs: npt.ArrayLike) -> np.ndarray:
     """A copy of the observation: float32, or its own integer dtype (uint8 images stay one byte a value)."""
     arr = np.array(obs, copy=True)
     if arr.dtype.kind in "iub":
@@ -201,7 +205,7 @@ def _observation(obs: Any) -> np.ndarray:
     return arr
 
 
-def _scalar(value: Any, what: str) -> float:
+def _scalar(value: object, what: str) -> float:
     if isinstance(value, (float, np.floating)):  # the common case (rewards, discounts), without array round trips
         x = float(value)
         if not math.isfinite(x):

@@ -18,11 +18,12 @@ observation columns that are uint8 [H, W, K] with H * W >= `MIN_FRAME_PIXELS`.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator, Mapping, Unpack
 
 import numpy as np
 
-from quarl.replay.table import STATE_FORMAT_VERSION, Table
+from quarl.replay.items import Signature
+from quarl.replay.table import STATE_FORMAT_VERSION, Table, TableOptions
 
 FRAME_COLUMNS = ("observation", "next_observation")
 # Below this many pixels a frame is cheaper to copy than to hash and look up (MinAtar's 10x10 planes).
@@ -31,7 +32,7 @@ CHUNK_BYTES = 64 << 20
 RESTORE_BATCH = 1024  # items expanded at a time when a compact checkpoint is loaded
 
 
-def frame_columns(signature: Mapping[str, tuple[tuple[int, ...], Any]]) -> tuple[str, ...]:
+def frame_columns(signature: Signature) -> tuple[str, ...]:
     """The columns a `FrameTable` stores by frame for this signature (empty: a plain `Table` is as good)."""
     cols = tuple(c for c in FRAME_COLUMNS if c in signature)
     if not cols:
@@ -48,8 +49,7 @@ def frame_columns(signature: Mapping[str, tuple[tuple[int, ...], Any]]) -> tuple
 class FrameTable(Table):
     """`quarl.replay.table.Table` with the image columns stored as references into a deduplicated frame store."""
 
-    def __init__(self, name: str, capacity: int, signature: Mapping[str, tuple[tuple[int, ...], Any]],
-                 **kwargs: Any):
+    def __init__(self, name: str, capacity: int, signature: Signature, **kwargs: Unpack[TableOptions]):
         self._frame_cols = frame_columns(signature)
         if not self._frame_cols:
             raise ValueError("FrameTable needs uint8 [H, W, K] observation columns of at least "

@@ -1,9 +1,10 @@
 """What goes into and comes out of a replay table: the column signature, sampled batches, and their checks."""
 from __future__ import annotations
 
-from typing import Any, Mapping, NamedTuple
+from typing import Mapping, NamedTuple, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 
 class Sample(NamedTuple):
@@ -26,17 +27,18 @@ class StackedSample(NamedTuple):
     data: dict[str, np.ndarray]  # each [K, B, ...], C-contiguous
 
 
-Signature = Mapping[str, tuple[tuple[int, ...], Any]]
+# A table's columns: {name: (per-item shape, dtype)}, the dtype as anything np.dtype accepts.
+Signature: TypeAlias = Mapping[str, tuple[tuple[int, ...], npt.DTypeLike]]
 
 
-def check_counts(batch_size: Any, num_batches: Any) -> tuple[int, int]:
+def check_counts(batch_size: int, num_batches: int) -> tuple[int, int]:
     for name, value in (("num_batches", num_batches), ("batch_size", batch_size)):
         if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive int, got {value!r}")
     return int(batch_size), int(num_batches)
 
 
-def check_priorities(priorities: Any, n: int, what: str) -> np.ndarray:
+def check_priorities(priorities: npt.ArrayLike, n: int, what: str) -> np.ndarray:
     p = np.asarray(priorities, dtype=np.float64)
     if p.shape != (n,):
         raise ValueError(f"{what} must have shape ({n},), got {p.shape}")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-from typing import Any, Mapping
+from typing import Any, Iterable, Mapping, TypedDict
 
 import numpy as np
 
@@ -30,6 +30,15 @@ SAMPLERS = ("uniform", "prioritized")
 
 class TableClosed(RuntimeError):
     """The table was closed; blocked and later callers get this instead of waiting forever."""
+
+
+class TableOptions(TypedDict, total=False):
+    """`Table`'s optional settings by keyword, as a subclass (`quarl.replay.frames.FrameTable`) passes them on."""
+
+    sampler: str
+    priority_exponent: float
+    rate_limiter: RateLimiter | None
+    seed: int | None
 
 
 class Table:
@@ -270,7 +279,8 @@ class Table:
             raise ValueError("replay state keys/counters are inconsistent")
         return inserts, samples, deletes, size, check_priorities(prios, size, "state priorities")
 
-    def _restore(self, inserts: int, samples: int, deletes: int, size: int, parts: Any) -> None:
+    def _restore(self, inserts: int, samples: int, deletes: int, size: int,
+                 parts: Iterable[tuple[Mapping[str, np.ndarray], np.ndarray]]) -> None:
         """Empties the table, writes `parts` ((columns, priorities) batches of checked items, oldest first, `size`
         in all) and sets the counters: the tail of `load_state_dict`. `parts` may be a generator, so a subclass
         can expand a compact state one batch at a time."""
