@@ -16,9 +16,9 @@ Precisions without a native kernel on a backend run simulated in fp32 with the p
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Mapping
+from typing import Callable
 
-from quarl.policy.spec import PolicySpec
+from quarl.policy.spec import ParamTree, PolicySpec
 from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
 from quarl.quant.quantization import QuantizedParams, quantize_params
 from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
@@ -92,7 +92,7 @@ def make_executor(spec: PolicySpec, qparams: QuantizedParams, backend: str = "au
     return BACKENDS[name](spec, qparams, batch_size=batch_size, threads=threads)
 
 
-def make_executor_from_params(spec: PolicySpec, params: Mapping[str, Any], precision: str | Precision = "fp32",
+def make_executor_from_params(spec: PolicySpec, params: ParamTree, precision: str | Precision = "fp32",
                               backend: str = "auto", *, batch_size: int = 1, threads: int = 1,
                               per_channel: bool = True, kernel_form: str | None = None) -> PolicyExecutor:
     """Quantize a plain fp32 haiku tree to `precision` (per-channel by default), then `make_executor`."""

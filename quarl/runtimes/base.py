@@ -11,15 +11,43 @@ import abc
 import dataclasses
 import logging
 import threading
-from typing import Any, Mapping
+from typing import Mapping, NotRequired, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
-from quarl.policy.spec import Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.policy.spec import Activation, Conv2D, Flatten, Layer, LayerNorm, Linear, PolicySpec, TanhToSpec
 from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
 from quarl.quant.quantization import QTensor, QuantizedParams, dequantize
 
 log = logging.getLogger(__name__)
+
+
+class FormCheck(TypedDict):
+    """The record of one kernel form's numerics self-check (`quarl.runtimes.kernel_check.check_form`,
+    `quarl.runtimes.onnx_static.check_static_form`): `ok` when its worst relative error against an exact emulation
+    (`max_rel_err`) is within `tolerance`; when ONNX Runtime refused the graph, `max_rel_err` is None and `error`
+    says why."""
+
+    form: str
+    ok: bool
+    max_rel_err: float | None
+    tolerance: float
+    error: NotRequired[str]
+
+
+class FormChoice(TypedDict, total=False):
+    """How an executor's integer kernel form was chosen (`quarl.runtimes.kernel_check.select_form`,
+    `quarl.runtimes.onnx_static.select_static_form`): the form in use, the one requested ("auto" when none was), this
+    CPU's class, every self-check tried (in order, the last one passed) and whether the requested or most preferred
+    form was refused. Those fill every key; an executor that chose no integer form keeps it empty."""
+
+    form: str
+    requested: str
+    cpu_class: str
+    checks: list[FormCheck]
+    fallback: bool
+
 
 @dataclasses.dataclass(frozen=True)
 class DenseWeights:
@@ -52,7 +80,7 @@ class LoweredParams:
     activation_ranges: dict[str, tuple[float, float]] | None = None
 
 
-def layer_widths(spec: PolicySpec) -> list[tuple[Any, int, int]]:
+def layer_widths(spec: PolicySpec) -> list[tuple[Layer, int, int]]:
     """(layer, input width, output width) for every layer, widths as flat value counts per row (a Conv2D's
     are its image sizes H*W*C); also rejects layer kinds no runtime knows."""
     out = []
@@ -73,7 +101,7 @@ def weight_shape(layer: Linear | Conv2D, shape_in: tuple[int, ...]) -> tuple[int
     return (shape_in[0], layer.out)
 
 
-def _float_leaf(leaf: Any, shape: tuple[int, ...], what: str) -> np.ndarray:
+def _float_leaf(leaf: object, shape: tuple[int, ...], what: str) -> np.ndarray:
     arr = np.asarray(leaf)
     if arr.shape != shape:
         raise ValueError(f"{what} has shape {arr.shape}, the spec needs {shape}")
@@ -200,7 +228,7 @@ def _activation_ranges(spec: PolicySpec, qparams: QuantizedParams,
     return out
 
 
-def check_obs(obs: Any, input_dim: int, pixels: bool = False) -> np.ndarray:
+def check_obs(obs: npt.ArrayLike, input_dim: int, pixels: bool = False) -> np.ndarray:
     """obs as a C-contiguous float32 [B, input_dim] array (uint8 for `pixels` policies); ValueError on bad shape,
     NaN/inf, or pixels that are not integers in [0, 255].
 
@@ -229,7 +257,7 @@ def check_obs(obs: Any, input_dim: int, pixels: bool = False) -> np.ndarray:
     return np.ascontiguousarray(arr)
 
 
-def policy_rows(observations: Any, spec: PolicySpec) -> np.ndarray:
+def policy_rows(observations: npt.ArrayLike, spec: PolicySpec) -> np.ndarray:
     """A batch of observations [K, ...] (images [K, H, W, C] flattened) as `spec`'s executors take them:
     `check_obs`'s validated [K, input_dim] float32, or uint8 for `pixels` policies (an env's frames pass uncopied).
     What actors call before exploring, so a bad observation fails the same whether or not the policy runs."""
@@ -259,7 +287,7 @@ class PolicyExecutor(abc.ABC):
     native_floats: tuple[str, ...] = ()
     # The integer kernel form in use (None for float precisions) and how it was chosen/self-checked.
     kernel_form: str | None = None
-    kernel_check: dict[str, Any] = {}
+    kernel_check: FormChoice = {}
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, batch_size: int = 1, threads: int = 1):
         self._pending: threading.Thread | None = None

@@ -25,21 +25,28 @@ set through XLA_FLAGS before JAX starts.
 """
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable, Mapping, TypeAlias
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.typing import DTypeLike
 
 from quarl.policy.im2col import conv_windows
 from quarl.policy.spec import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.quant.quantization import QuantizedParams
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
 
 _DN = (((1,), (0,)), ((), ()))  # [B, in] x [in, out] -> [B, out]
 _ACTIVATION_BITS = 8
+# The lowered weights on the device, by layer name: {"w", "b"} (float layers), {"codes", "scale", "b"} (int
+# layers, codes as the [in, out] matrix of the dot) or {"scale", "offset"} (LayerNorm).
+DeviceParams: TypeAlias = Mapping[str, Mapping[str, jax.Array]]
+# x[B, in] float32, codes[in, out] int8, scale[1, out] -> x @ (codes * scale): the int8 dot of `_aqt_dense`.
+IntDense: TypeAlias = Callable[[jax.Array, jax.Array, jax.Array], jax.Array]
 
 
-def _aqt_dense(bits: int) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Array]:
+def _aqt_dense(bits: int) -> IntDense:
     """x[B, in] float32, codes[in, out] int8, scale[1, out] -> x @ (codes * scale) via an s8 x s8 dot."""
     from aqt.jax.v2 import aqt_tensor
     from aqt.jax.v2 import config as aqt_config
@@ -55,7 +62,8 @@ def _aqt_dense(bits: int) -> Callable[[jax.Array, jax.Array, jax.Array], jax.Arr
     return dense
 
 
-def _conv(x: jax.Array, p: Any, layer: Conv2D, int_dense: Callable | None, compute: Any) -> jax.Array:
+def _conv(x: jax.Array, p: Mapping[str, jax.Array], layer: Conv2D, int_dense: IntDense | None,
+          compute: DTypeLike) -> jax.Array:
     if "codes" in p:
         win = conv_windows(x.astype(jnp.float32), layer.kernel, layer.stride)
         rows = win.reshape(-1, win.shape[-1])
@@ -66,7 +74,7 @@ def _conv(x: jax.Array, p: Any, layer: Conv2D, int_dense: Callable | None, compu
     return y + p["b"]
 
 
-def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[Any, jax.Array], jax.Array]:
+def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[DeviceParams, jax.Array], jax.Array]:
     """The jittable forward(params, obs) for this spec; structure fixed by the first load."""
     compute = jnp.float32
     if not lowered.simulated:
@@ -75,7 +83,7 @@ def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[Any, jax.
         d.kind == "int" for d in lowered.dense.values()) else None
     activations = {"relu": jax.nn.relu, "elu": jax.nn.elu, "tanh": jnp.tanh}
 
-    def forward(params: Any, obs: jax.Array) -> jax.Array:
+    def forward(params: DeviceParams, obs: jax.Array) -> jax.Array:
         x = obs.astype(compute)
         if spec.input_shape is not None:
             x = x.reshape(x.shape[0], *spec.input_shape)
@@ -120,9 +128,9 @@ class JaxExecutor(PolicyExecutor):
     backend = "jax"
     native_floats = ("fp16", "bf16")
 
-    def __init__(self, spec: PolicySpec, qparams: Any, *, batch_size: int = 1, threads: int = 1):
-        self._jitted: Callable | None = None
-        self._params: Any = None
+    def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, batch_size: int = 1, threads: int = 1):
+        self._jitted: Callable[[DeviceParams, np.ndarray], jax.Array] | None = None
+        self._params: DeviceParams | None = None
         super().__init__(spec, qparams, batch_size=batch_size, threads=threads)
 
     def _load(self, lowered: LoweredParams) -> None:

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
-from quarl.runtimes.base import DenseWeights
+from quarl.runtimes.base import DenseWeights, FormCheck, FormChoice
 from quarl.runtimes.cpu import cpu_class, cpu_info
 from quarl.runtimes.kernel_forms import (
     Graph, KernelForm, candidates, get_form, lifted_bias_name, lifted_int_reference, opset_imports,
 )
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 _checks_lock = threading.Lock()
@@ -42,7 +45,7 @@ def _random_dense(bits: int, k: int, n: int, rng: np.random.Generator) -> DenseW
 
 
 def _check_graph(form: KernelForm, layers: list[DenseWeights], per_row: bool = True,
-                 floor: float | None = None) -> Any:
+                 floor: float | None = None) -> onnx.ModelProto:
     """One graph running each of `layers` on its own input x{i} -> y{i}; `floor` (forms with `lifted_inputs`,
     per-row graphs) makes every input a lifted one (>= 0) and adds the lifted bias, as `build_model` does."""
     from onnx import TensorProto, helper, numpy_helper
@@ -80,19 +83,19 @@ def relative_error(out: np.ndarray, ref: np.ndarray) -> float:
     return err if np.isfinite(err) else float("inf")
 
 
-def check_result(name: str, worst: float) -> dict[str, Any]:
+def check_result(name: str, worst: float) -> FormCheck:
     """A self-check's record: the form passes when its worst relative error is within CHECK_TOLERANCE."""
     return {"form": name, "ok": bool(worst <= CHECK_TOLERANCE), "max_rel_err": worst, "tolerance": CHECK_TOLERANCE}
 
 
-def check_refusal(name: str, error: BaseException) -> dict[str, Any]:
+def check_refusal(name: str, error: BaseException) -> FormCheck:
     """The record of a form ONNX Runtime could not build or run on this CPU (refused, not fatal)."""
     first = str(error).splitlines()[0] if str(error) else ""
     return {"form": name, "ok": False, "max_rel_err": None, "tolerance": CHECK_TOLERANCE,
             "error": f"{type(error).__name__}: {first}"}
 
 
-def run_check(name: str, measure: Callable[[], float]) -> dict[str, Any]:
+def run_check(name: str, measure: Callable[[], float]) -> FormCheck:
     """The record of form `name`'s self-check: `check_result` of the worst relative error `measure()` returns,
     or `check_refusal` when it raises (a form ORT cannot build or run on this CPU is refused, not fatal)."""
     try:
@@ -101,7 +104,7 @@ def run_check(name: str, measure: Callable[[], float]) -> dict[str, Any]:
         return check_refusal(name, e)
 
 
-def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int = 0) -> dict[str, Any]:
+def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int = 0) -> FormCheck:
     """Run form `name` on random int`bits` layers of these [in, out] shapes (each width capped at 512) through
     ORT and compare with the form's exact reference on uniform inputs at batch 1 and 8, its batch-1 graph
     (`Graph.per_row` False) at batch 1, and, for forms with `lifted_inputs`, the per-row graph again on lifted
@@ -116,7 +119,7 @@ def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int
     with _checks_lock:
         cached = _checks.get(key)
     if cached is not None:
-        return dict(cached)
+        return cached.copy()
     rng = np.random.default_rng(seed)
     layers = [_random_dense(bits, k, n, rng) for k, n in shapes]
     so = ort.SessionOptions()
@@ -148,14 +151,14 @@ def check_form(name: str, bits: int, shapes: list[tuple[int, int]], *, seed: int
     result = run_check(name, measure)
     with _checks_lock:
         _checks[key] = result
-    return dict(result)
+    return result.copy()
 
 
-_checks: dict[tuple, dict[str, Any]] = {}
+_checks: dict[tuple, FormCheck] = {}
 _warned: set[tuple] = set()
 
 
-def select_form(bits: int, shapes: list[tuple[int, int]], requested: str | None = None) -> dict[str, Any]:
+def select_form(bits: int, shapes: list[tuple[int, int]], requested: str | None = None) -> FormChoice:
     """The kernel form to use for int`bits` layers of `shapes` on this CPU, self-checked.
 
     `requested` None tries `candidates(bits)` in order; a name tries that form first, then the others.
@@ -168,7 +171,7 @@ def select_form(bits: int, shapes: list[tuple[int, int]], requested: str | None 
             raise ValueError(f"kernel form {requested!r} takes at most int{get_form(requested).max_bits} "
                              f"weights, not int{bits}")
         order = [requested] + [n for n in order if n != requested]
-    checks = []
+    checks: list[FormCheck] = []
     for name in order:
         result = check_form(name, bits, shapes)
         checks.append(result)
@@ -177,7 +180,7 @@ def select_form(bits: int, shapes: list[tuple[int, int]], requested: str | None 
     else:  # not even fp32 passed: ORT itself is broken here, say so rather than act on garbage
         raise RuntimeError(f"no kernel form passed the int{bits} self-check on this CPU: {checks}")
     chosen = checks[-1]["form"]
-    info = {"form": chosen, "requested": requested or "auto", "cpu_class": cpu_class(), "checks": checks,
+    info: FormChoice = {"form": chosen, "requested": requested or "auto", "cpu_class": cpu_class(), "checks": checks,
             "fallback": len(checks) > 1}
     if info["fallback"]:
         key = (bits, tuple(sorted(set(shapes))), requested)
@@ -190,7 +193,7 @@ def select_form(bits: int, shapes: list[tuple[int, int]], requested: str | None 
     return info
 
 
-def kernel_summary(executor: Any) -> dict[str, Any]:
+def kernel_summary(executor: object) -> dict[str, Any]:
     """What a run records about an executor's integer kernel (summary.json): the form in use, whether the
     self-check refused the preferred/requested one, and this CPU's class and flags. Float precisions: form None."""
     check = getattr(executor, "kernel_check", None) or {}

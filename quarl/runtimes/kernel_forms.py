@@ -19,6 +19,7 @@ import threading
 from typing import Any, Callable
 
 import numpy as np
+import numpy.typing as npt
 
 from quarl.runtimes.base import DenseWeights
 from quarl.runtimes.cpu import VNNI_FLAGS, cpu_info
@@ -46,7 +47,7 @@ class Graph:
         self.floors: dict[str, float] = {}
         self._n = 0
 
-    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: Any) -> list[str]:
+    def op(self, op_type: str, inputs: list[str], n_out: int = 1, **attrs: object) -> list[str]:
         from onnx import helper
 
         outs = []
@@ -56,7 +57,7 @@ class Graph:
         self.nodes.append(helper.make_node(op_type, inputs, outs, **attrs))
         return outs
 
-    def const(self, name: str, values: np.ndarray) -> str:
+    def const(self, name: str, values: npt.ArrayLike) -> str:
         self.inits[name] = np.ascontiguousarray(values)
         return name
 

@@ -33,12 +33,13 @@ builds it on a background thread while the actor keeps acting on the old session
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from quarl.policy.spec import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
-from quarl.runtimes.base import LoweredParams, PolicyExecutor
+from quarl.quant.quantization import QuantizedParams
+from quarl.runtimes.base import FormChoice, LoweredParams, PolicyExecutor
 from quarl.runtimes.kernel_check import select_form
 from quarl.runtimes.kernel_forms import ACTIVATION_FLOORS, Graph, KernelForm, get_form, lifted_bias_name, opset_imports
 from quarl.runtimes.onnx_nbits import FORM_NAME as NBITS_FORM, MAX_NBITS_PRECISION
@@ -46,6 +47,10 @@ from quarl.runtimes.onnx_static import (
     STATIC_FORMS, StaticForm, dequantized, emit_static, flatten_nchw, policy_input, select_static_form,
     static_initializers,
 )
+
+if TYPE_CHECKING:  # onnx and onnxruntime are imported where they are used
+    import onnx
+    import onnxruntime as ort
 
 _OPSET = 17  # LayerNormalization
 _IR_VERSION = 8
@@ -101,7 +106,7 @@ def _lifted_floor(spec: PolicySpec, lowered: LoweredParams, i: int, form: Kernel
 
 
 def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | None = None, *,
-                per_row: bool = True) -> Any:
+                per_row: bool = True) -> onnx.ModelProto:
     """The ONNX ModelProto of `spec` with `lowered` weights as initializers; dynamic batch dimension.
     Int layers are emitted by `form` (required when there are any). `per_row=False` lets the form quantize
     activations per tensor: only for a session that is only ever fed one row.
@@ -161,7 +166,7 @@ def build_model(spec: PolicySpec, lowered: LoweredParams, form: KernelForm | Non
     return _to_model(graph, spec)
 
 
-def build_static_model(spec: PolicySpec, lowered: LoweredParams, form: StaticForm) -> Any:
+def build_static_model(spec: PolicySpec, lowered: LoweredParams, form: StaticForm) -> onnx.ModelProto:
     """The static int8 ModelProto of a conv policy (`quarl.runtimes.onnx_static`); dynamic batch dimension."""
     graph = Graph()
     for name, arr in static_initializers(spec, lowered, form).items():
@@ -170,7 +175,7 @@ def build_static_model(spec: PolicySpec, lowered: LoweredParams, form: StaticFor
     return _to_model(graph, spec)
 
 
-def _to_model(graph: Graph, spec: PolicySpec) -> Any:
+def _to_model(graph: Graph, spec: PolicySpec) -> onnx.ModelProto:
     """The ModelProto of `graph` (its last node's output renamed to the graph output)."""
     from onnx import TensorProto, helper, numpy_helper
 
@@ -203,7 +208,7 @@ class OnnxExecutor(PolicyExecutor):
     backend = "onnx"
     native_floats = ()
 
-    def __init__(self, spec: PolicySpec, qparams: Any, *, batch_size: int = 1, threads: int = 1,
+    def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, batch_size: int = 1, threads: int = 1,
                  kernel_form: str | None = None):
         if kernel_form is not None:
             get_form(kernel_form)  # unknown names fail before any work
@@ -213,7 +218,7 @@ class OnnxExecutor(PolicyExecutor):
         self._conv_int = False
         self._static: StaticForm | None = None
         self.kernel_form: str | None = None
-        self.kernel_check: dict[str, Any] = {}
+        self.kernel_check: FormChoice = {}
         # Serialized graphs by kind: "row" (per-row activation quantization, any batch) and, where the form
         # has a cheaper one-row variant, "one" (per tensor; used only for batch-1 calls). Built once, on the
         # first weights; empty until then. Only the bytes are kept (a parsed copy would double the weights'
@@ -222,10 +227,10 @@ class OnnxExecutor(PolicyExecutor):
         self._kinds: set[str] = set()  # kinds whose sessions each update rebuilds (those called so far)
         self._state_lock = threading.Lock()
         # (sessions by kind, OrtValues they read by name), swapped as one; empty OrtValues: the model's own.
-        self._state: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+        self._state: tuple[dict[str, ort.InferenceSession], dict[str, ort.OrtValue]] = ({}, {})
         super().__init__(spec, qparams, batch_size=batch_size, threads=threads)
 
-    def _session_options(self) -> Any:
+    def _session_options(self) -> ort.SessionOptions:
         import onnxruntime as ort
 
         so = ort.SessionOptions()
@@ -254,7 +259,7 @@ class OnnxExecutor(PolicyExecutor):
         if not self._form.integer:
             self.simulated = True
 
-    def _conv_model(self, lowered: LoweredParams) -> Any:
+    def _conv_model(self, lowered: LoweredParams) -> onnx.ModelProto:
         if self._static is not None:
             return build_static_model(self.spec, lowered, self._static)
         return build_model(self.spec, dequantized(lowered))
@@ -267,7 +272,7 @@ class OnnxExecutor(PolicyExecutor):
             return static_initializers(self.spec, lowered, self._static)
         return _initializers(self.spec, dequantized(lowered), None)
 
-    def model(self, kind: str = "row") -> Any:
+    def model(self, kind: str = "row") -> onnx.ModelProto:
         """The ONNX ModelProto of graph `kind` ("row" or "one"), parsed from its serialized bytes: a fresh
         copy (editing it changes nothing here) whose initializers hold the first weights loaded."""
         from onnx import ModelProto  # pylint: disable=import-outside-toplevel
@@ -281,7 +286,7 @@ class OnnxExecutor(PolicyExecutor):
     def _kind(self, rows: int) -> str:
         return "one" if rows == 1 and "one" in self._models else "row"
 
-    def _session(self, kind: str, values: dict[str, Any]) -> Any:
+    def _session(self, kind: str, values: dict[str, ort.OrtValue]) -> ort.InferenceSession:
         import onnxruntime as ort
 
         so = self._session_options()
@@ -292,7 +297,7 @@ class OnnxExecutor(PolicyExecutor):
     def _load(self, lowered: LoweredParams) -> None:
         import onnxruntime as ort
 
-        values: dict[str, Any] = {}
+        values: dict[str, ort.OrtValue] = {}
         if not self._models:  # first weights: build and serialize the graphs
             self._choose_form(lowered)
             if self._conv_int:  # one graph for every batch size: static scales never couple rows

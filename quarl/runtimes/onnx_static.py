@@ -29,16 +29,19 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 
 from quarl.policy.im2col import image_patches
 from quarl.policy.spec import Activation, Conv2D, Flatten, Linear, PolicySpec
-from quarl.runtimes.base import DenseWeights, LoweredParams
+from quarl.runtimes.base import DenseWeights, FormCheck, FormChoice, LoweredParams
 from quarl.runtimes.cpu import VNNI_FLAGS, cpu_class, cpu_info
 from quarl.runtimes.kernel_check import CHECK_TOLERANCE, relative_error, run_check
 from quarl.runtimes.kernel_forms import FALLBACK_FORM, Graph
+
+if TYPE_CHECKING:
+    import onnx
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +89,7 @@ class StaticForm:
 
     name: str
     doc: str
-    weight_dtype: Any
+    weight_dtype: type[np.integer]  # np.int8 or np.uint8
     weight_zero_point: int
     rank: Callable[[dict[str, Any]], int | None]
 
@@ -273,7 +276,7 @@ def static_reference(x: np.ndarray, conv: DenseWeights, stride: int, linear: Den
 # ------------------------------------------------------------------------------------ the self-check
 
 _lock = threading.Lock()
-_checks: dict[tuple, dict[str, Any]] = {}
+_checks: dict[tuple, FormCheck] = {}
 _warned: set[tuple] = set()
 _CHECK_SHAPE = (10, 10, 8)  # a small conv (3x3, stride 2, 32 channels) + a 64-wide Linear: every MLAS path
 
@@ -297,7 +300,8 @@ def _check_case(bits: int, rng: np.random.Generator) -> tuple:
     return x, conv, stride, linear, ranges
 
 
-def _check_model(form: StaticForm, conv: DenseWeights, stride: int, linear: DenseWeights, ranges) -> Any:
+def _check_model(form: StaticForm, conv: DenseWeights, stride: int, linear: DenseWeights,
+                 ranges: tuple[tuple[float, float], tuple[float, float]]) -> onnx.ModelProto:
     from onnx import TensorProto, helper, numpy_helper
 
     from quarl.runtimes.kernel_forms import opset_imports  # pylint: disable=import-outside-toplevel
@@ -322,7 +326,7 @@ def _check_model(form: StaticForm, conv: DenseWeights, stride: int, linear: Dens
     return model
 
 
-def check_static_form(name: str, bits: int, seed: int = 0) -> dict[str, Any]:
+def check_static_form(name: str, bits: int, seed: int = 0) -> FormCheck:
     """Run form `name`'s static graph (QuantizeLinear -> QLinearConv -> Flatten -> MatMulIntegerToFloat) on
     random int`bits` weights through ORT at batch 1 and 8 and compare it with `static_reference`.
     Returns {"form", "ok", "max_rel_err", "tolerance"} (+ "error" when ORT refused the graph); cached."""
@@ -331,7 +335,7 @@ def check_static_form(name: str, bits: int, seed: int = 0) -> dict[str, Any]:
     key = (name, bits, seed)
     with _lock:
         if key in _checks:
-            return dict(_checks[key])
+            return _checks[key].copy()
     rng = np.random.default_rng(seed)
     x, conv, stride, linear, ranges = _check_case(bits, rng)
 
@@ -351,7 +355,7 @@ def check_static_form(name: str, bits: int, seed: int = 0) -> dict[str, Any]:
     result = run_check(name, measure)
     with _lock:
         _checks[key] = result
-    return dict(result)
+    return result.copy()
 
 
 def static_candidates(cpu: dict[str, Any] | None = None) -> list[str]:
@@ -361,14 +365,14 @@ def static_candidates(cpu: dict[str, Any] | None = None) -> list[str]:
     return [name for _, name in ranked] + [FALLBACK_FORM]
 
 
-def select_static_form(bits: int, requested: str | None = None) -> dict[str, Any]:
+def select_static_form(bits: int, requested: str | None = None) -> FormChoice:
     """The static form for int`bits` conv policies on this CPU, self-checked (the `select_form` contract:
     {"form", "requested", "cpu_class", "checks", "fallback"}). A requested name with no static form (e.g.
     `nbits4`) is tried as the ranked order instead."""
     order = static_candidates()
     if requested in order:
         order = [requested] + [n for n in order if n != requested]
-    checks = []
+    checks: list[FormCheck] = []
     for name in order:
         if name == FALLBACK_FORM:
             checks.append({"form": name, "ok": True, "max_rel_err": 0.0, "tolerance": CHECK_TOLERANCE})
@@ -378,7 +382,7 @@ def select_static_form(bits: int, requested: str | None = None) -> dict[str, Any
         if result["ok"]:
             break
     chosen = checks[-1]["form"]
-    info = {"form": chosen, "requested": requested or "auto", "cpu_class": cpu_class(), "checks": checks,
+    info: FormChoice = {"form": chosen, "requested": requested or "auto", "cpu_class": cpu_class(), "checks": checks,
             "fallback": len(checks) > 1}
     if info["fallback"] and (bits, requested) not in _warned:
         _warned.add((bits, requested))

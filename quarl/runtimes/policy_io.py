@@ -18,12 +18,12 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
-from quarl.ops.io import write_bytes_atomic
-from quarl.policy.spec import PolicySpec
+from quarl.ops.io import JSONValue, write_bytes_atomic
+from quarl.policy.spec import ParamTree, PolicySpec
 from quarl.quant.payload import decode_payload, encode_payload
 from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes.base import lower_params
@@ -43,7 +43,7 @@ class LoadedPolicy:
     params: dict
     task: str
     agent: str
-    meta: dict  # the sidecar: format, task, agent, steps, sha256, nbytes, extra
+    meta: dict[str, JSONValue]  # the sidecar: format, task, agent, steps, sha256, nbytes, extra
 
     @property
     def steps(self) -> int:
@@ -58,14 +58,14 @@ def policy_paths(path: str | os.PathLike) -> tuple[Path, Path]:
     return p / POLICY_FILE, p / META_FILE
 
 
-def _check_name(what: str, value: Any) -> str:
+def _check_name(what: str, value: object) -> str:
     if not isinstance(value, str) or not value.strip():
         raise ValueError(f"{what} must be a non-empty string, got {value!r}")
     return value
 
 
-def save_policy(path: str | os.PathLike, spec: PolicySpec, params: Mapping, *, task: str, agent: str,
-                steps: int = 0, extra: Mapping[str, Any] | None = None) -> Path:
+def save_policy(path: str | os.PathLike, spec: PolicySpec, params: ParamTree, *, task: str, agent: str,
+                steps: int = 0, extra: Mapping[str, JSONValue] | None = None) -> Path:
     """Write a trained fp32 policy for offline evaluation; returns the payload file's path.
 
     Call it at the end of a run with the run's log directory:
@@ -107,7 +107,7 @@ def save_policy(path: str | os.PathLike, spec: PolicySpec, params: Mapping, *, t
     return payload_path
 
 
-def _read_meta(meta_path: Path) -> dict:
+def _read_meta(meta_path: Path) -> dict[str, JSONValue]:
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
     except FileNotFoundError:
