@@ -34,8 +34,8 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable[[ja
             x = jnp.reshape(x, (x.shape[0], *spec.input_shape))
         if spec.input_scale is not None:
             x = x * spec.input_scale
-        if spec.input_bounds is not None:
-            offset, scale = spec.input_affine()
+        if (affine := spec.input_affine()) is not None:  # input_bounds set
+            offset, scale = affine
             x = (x - offset) * scale
         for layer in spec.layers:
             if isinstance(layer, Conv2D):

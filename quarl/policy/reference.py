@@ -24,8 +24,8 @@ def reference_apply(spec: PolicySpec, params: ParamTree, obs: np.ndarray, *, dty
         x = x.reshape((x.shape[0], *spec.input_shape))
     if spec.input_scale is not None:
         x = x * dtype(spec.input_scale)
-    if spec.input_bounds is not None:
-        offset, scale = spec.input_affine()
+    if (affine := spec.input_affine()) is not None:  # input_bounds set
+        offset, scale = affine
         x = (x - offset.astype(dtype)) * scale.astype(dtype)
     for layer in spec.layers:
         if on_input is not None and isinstance(layer, (Conv2D, Linear)):

@@ -89,8 +89,8 @@ def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[DevicePar
             x = x.reshape(x.shape[0], *spec.input_shape)
         if spec.input_scale is not None:
             x = x * jnp.asarray(spec.input_scale, x.dtype)
-        if spec.input_bounds is not None:
-            offset, scale = spec.input_affine()
+        if (affine := spec.input_affine()) is not None:  # input_bounds set
+            offset, scale = affine
             x = (x - jnp.asarray(offset, x.dtype)) * jnp.asarray(scale, x.dtype)
         for layer in spec.layers:
             if isinstance(layer, Conv2D):
