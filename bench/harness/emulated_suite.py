@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from bench.harness.results_io import write_text
+
 DEFAULT_TESTS = (
     "tests/quarl/test_runtimes.py",
     "-k", "matches_reference or update_swaps or other_batch or per_tensor or auto_picks",
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     result = run(args.cpu, tests, args.timeout)
     text = page(argv, args.cpu, tests, result)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(text, encoding="utf-8")
+    write_text(Path(args.out), text)
     print(text, end="")
     return 0 if result["returncode"] == 0 else 1
 

@@ -4,6 +4,8 @@
                                            [--eval-episodes 10] [--runner local] [--num-actors 1] [--out DIR]
     python -m bench.system.actorq_minatar returns --from-runs RUN_DIR ... [--out DIR]
 
+(`python -m bench.learning.actorq_minatar_returns ...` is the same program: the `returns` mode runs it.)
+
 Each run is the real distributed program, `python -m launch.actorq --agent dqn --task MinAtar/<game>
 --precision {fp32,int8} --seed S`, in its own process, one at a time (seeds outer, precisions inner, so load
 drift hits both precisions of a seed alike). Both precisions take exactly the same flags: the MinAtar authors'
@@ -17,7 +19,7 @@ more at its end; the returns are read from each run's evaluator.csv (`bench.lear
 "Within seed noise" is judged as: |mean over seeds of int8's final return - the same for fp32| is no larger
 than fp32's seed-to-seed range (max - min over seeds of fp32's final return), where a run's final return is the
 mean of its last 3 evaluations (the last ones, with the end-of-run one, are the least noisy single figure a
-run gives). Per-seed int8 - fp32 differences and their paired t-test p-value (`bench.learning.int8_vs_fp32.paired_test`) are
+run gives). Per-seed int8 - fp32 differences and their paired t-test p-value (`bench.harness.learning_runs.paired_test`) are
 shown beside it. ActorQ is asynchronous (actor, learner and evaluator run concurrently, and how many learner
 steps fit between two weight pulls depends on timing), so a rerun with the same seed is not bit-identical;
 seeds fix the environments, the initial weights and the exploration draws.
@@ -37,7 +39,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.learning.int8_vs_fp32 import _relative, paired_test
+from bench.harness.learning_runs import paired_test, relative_path
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info
 from bench.learning.minatar_dqn import AUTHORS_DQN, AUTHORS_SETTINGS, results_from_runs
 from bench.harness.results_io import command_line, write_json, write_results
@@ -236,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         results = results_from_runs(dirs)
         for r, d in zip(results, dirs):
-            r.update(run=run_info(d), logdir=_relative(d))
+            r.update(run=run_info(d), logdir=relative_path(d))
         config, summary = shared_config(dirs), summarize(results)
     except (OSError, ValueError, KeyError) as err:
         parser.error(str(err))

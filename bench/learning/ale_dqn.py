@@ -6,11 +6,11 @@ cannot reach.
 
 The Nature torso (convs 32-8-4 / 64-4-2 / 64-3-1, fc 512) on the standard preprocessing (`quarl.envs.ale`: v5
 sticky actions, frame skip 4 with max-pool, 84x84 grey, stack 4; rewards clipped for training only, so evaluations
-report the game score). Settings (`ALE_SETTINGS`) follow the usual DQN-on-Atari recipe scaled to one CPU
-machine, where the Nature update (~40 ms at batch 32 on the 2-core EPYC) and not acting sets the time: replay 200k
-transitions (each frame stored once: `quarl.replay.frames`, ~1.3 GiB), batch 32, one update per 4 env steps, Adam
-1e-4, 3-step double-DQN targets, and a shorter start than the 250k-step epsilon decay and 8k-step target period of
-the 200M-frame recipes: learning from 10k, epsilon 1 -> 0.01 over 100k env steps, target copy every 1,000 updates.
+report the game score). Settings (`bench.harness.rows.ALE_SETTINGS`) follow the usual DQN-on-Atari recipe scaled
+to one CPU machine, where the Nature update (~40 ms at batch 32 on the 2-core EPYC) and not acting sets the time:
+replay 200k transitions (each frame stored once: `quarl.replay.frames`, ~1.3 GiB), batch 32, one update per 4 env
+steps, Adam 1e-4, 3-step double-DQN targets, and a shorter start than the 250k-step epsilon decay and 8k-step
+target period of the 200M-frame recipes: learning from 10k, epsilon 1 -> 0.01 over 100k env steps, target copy every 1,000 updates.
 Steps are agent steps (4 emulator frames each).
 
 A random policy scores about -20.7 on Pong and 1.7 on Breakout (Mnih et al., 2015, Extended Data Table 2); the
@@ -28,18 +28,14 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.learning.int8_vs_fp32 import LearningRow, run_one
+from bench.harness.learning_runs import run_one
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.harness.results_io import command_line, write_results
+from bench.harness.rows import ALE_SETTINGS, LearningRow
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = {"Pong": -15.0, "Breakout": 10.0}
 RANDOM_RETURN = {"Pong": -20.7, "Breakout": 1.7}  # Mnih et al. (2015), Extended Data Table 2
-ALE_SETTINGS: dict[str, Any] = {
-    "batch_size": 32, "max_replay_size": 200_000, "min_replay_size": 10_000, "samples_per_insert": 8.0,
-    "target_update_period": 1_000, "epsilon_start": 1.0, "epsilon_end": 0.01, "epsilon_decay_steps": 100_000,
-    "learning_rate": 1e-4, "learning_rate_end": None, "n_step": 3, "discount": 0.99,
-}
 TINY_SETTINGS: dict[str, Any] = {**ALE_SETTINGS, "batch_size": 8, "samples_per_insert": 1.0, "max_replay_size": 1_000,
                                  "min_replay_size": 100, "epsilon_decay_steps": 200, "target_update_period": 20}
 

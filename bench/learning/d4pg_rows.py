@@ -24,7 +24,10 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.learning.int8_vs_fp32 import RESULTS, LearningRow, _write_csv, markdown_table, plot_curves
+from bench.harness.learning_runs import RESULTS
+from bench.harness.results_io import write_csv, write_text
+from bench.harness.rows import LearningRow
+from bench.learning.int8_vs_fp32_report import markdown_table, plot_curves
 
 _SUPPORT = {"num_atoms": 51, "vmin": -10.0, "vmax": 110.0}
 CARTPOLE_OVERRIDES = {"policy_layer_sizes": (64, 64), "critic_layer_sizes": (128, 128), **_SUPPORT,
@@ -84,11 +87,10 @@ def merge(dirs: Sequence[Path], outdir: Path, commands: Sequence[str], machine: 
     order = {(r.task, p): i for i, (r, p) in enumerate((r, p) for r in rows for p in ("fp32", "int8"))}
     results.sort(key=lambda x: (order.get((x["task"], x["precision"]), 99), x["seed"]))
     outdir.mkdir(parents=True, exist_ok=True)
-    _write_csv(outdir / "learning_d4pg.csv", results)
-    _write_csv(outdir / "learning_d4pg_curves.csv", curves)
+    write_csv(outdir / "learning_d4pg.csv", results)
+    write_csv(outdir / "learning_d4pg_curves.csv", curves)
     table = markdown_table(results, rows, "d4pg", "`; `".join(commands), machine)
-    (outdir / "learning_d4pg.md").write_text(table + ("\n" + notes.strip() + "\n" if notes.strip() else ""),
-                                             encoding="utf-8")
+    write_text(outdir / "learning_d4pg.md", table + ("\n" + notes.strip() + "\n" if notes.strip() else ""))
     plot_curves(curves, rows, outdir / "learning_d4pg.png")
     return results
 

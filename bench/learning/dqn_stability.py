@@ -1,10 +1,11 @@
-"""Does a DQN setting stay solved? Seeds x precisions of one bench.learning.int8_vs_fp32 DQN row, every run to its full budget.
+"""Does a DQN setting stay solved? Seeds x precisions of one learning-benchmark DQN row, every run to its full budget.
 
     python -m bench.learning.dqn_stability [--task CartPole-v1] [--seeds 0,1,2] [--precisions int8,fp32]
         [--set key=value ...] [--steps N] [--label NAME] [--out runs/bench/dqn_stability.jsonl] [--backend onnx]
 
-Each run is `bench.learning.int8_vs_fp32.run_one` at the row's step budget and evaluation cadence (what bench.peers.offpolicy runs), with
-the row's task overrides and then `--set`'s on top. Per run it prints and appends one JSON line: env steps to the
+Each run is `bench.harness.learning_runs.run_one` at the step budget and evaluation cadence of the task's row
+(`bench.harness.rows.DQN_ROWS`: what bench.learning.int8_vs_fp32 and bench.peers.offpolicy run), with the row's task
+overrides and then `--set`'s on top. Per run it prints and appends one JSON line: env steps to the
 first evaluation at or above the target, the mean of the last 3 evaluations, the fraction of evaluations after the
 first solve still at or above it, and every evaluation. Returns per env step are deterministic for a seed,
 precision, backend and setting, so this is meaningful on a busy machine; its seconds are not, and are not kept.
@@ -12,22 +13,23 @@ precision, backend and setting, so this is meaningful on a busy machine; its sec
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any, Iterator, Sequence
+
+from bench.harness.learning_runs import eval_metrics, read_our_evals, run_one
+from bench.harness.results_io import append_json_line
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def run_setting(task: str, overrides: dict[str, Any], seeds: Sequence[int], precisions: Sequence[str], *,
                 label: str, runs_dir: Path, backend: str, steps: int | None = None) -> Iterator[dict[str, Any]]:
-    """Every (seed, precision) of `task`'s bench.learning.int8_vs_fp32 row with `overrides` over its own: one record per run,
-    yielded as soon as the run ends (a long sweep keeps what it finished if stopped)."""
+    """Every (seed, precision) of `task`'s DQN row with `overrides` over its own: one record per run, yielded as
+    soon as the run ends (a long sweep keeps what it finished if stopped)."""
     import dataclasses  # pylint: disable=import-outside-toplevel
 
-    from bench.learning.int8_vs_fp32 import DQN_ROWS, run_one  # pylint: disable=import-outside-toplevel
-    from bench.peers.offpolicy import eval_metrics, read_our_evals  # pylint: disable=import-outside-toplevel
+    from bench.harness.rows import DQN_ROWS  # pylint: disable=import-outside-toplevel  # imports the agents
 
     base = next(r for r in DQN_ROWS if r.task == task)
     row = dataclasses.replace(base, overrides={**base.overrides, **overrides},
@@ -52,7 +54,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", default="auto", help="actor backend (auto, onnx, jax, ...)")
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "dqn_stability.jsonl")
     args = parser.parse_args(argv)
-    from bench.learning.int8_vs_fp32 import DQN_ROWS  # pylint: disable=import-outside-toplevel
+    from bench.harness.rows import DQN_ROWS  # pylint: disable=import-outside-toplevel  # imports the agents
     from launch.cli import UsageError, parse_overrides  # pylint: disable=import-outside-toplevel
 
     if args.task not in {r.task for r in DQN_ROWS}:
@@ -67,8 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for rec in run_setting(args.task, overrides, seeds, precisions, label=args.label,
                            runs_dir=args.out.parent / "dqn_stability", backend=args.backend,
                            steps=args.steps):
-        with open(args.out, "a", encoding="utf-8") as f:
-            f.write(json.dumps(rec, default=str) + "\n")
+        append_json_line(args.out, rec, default=str)
         print(f"{rec['label']} {rec['task']} {rec['precision']} s{rec['seed']}: first {rec['steps_to_target']} "
               f"last3 {rec['last3_mean']:.1f} stayed {rec['stay_fraction']} evals "
               + " ".join(f"{x:.0f}" for x in rec["eval_returns"]), flush=True)

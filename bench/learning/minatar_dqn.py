@@ -31,9 +31,10 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.learning.int8_vs_fp32 import LearningRow, run_one
+from bench.harness.learning_runs import run_one
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info
 from bench.harness.results_io import command_line, write_results
+from bench.harness.rows import LearningRow
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "bench"

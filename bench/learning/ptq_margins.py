@@ -16,7 +16,6 @@ Writes OUT/ptq_margins.md and OUT/ptq_margins.csv. No timing; the machine is rec
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench.harness.machine import machine_info
+from bench.harness.results_io import write_csv, write_text
 from bench.learning.ptq_study import EVAL_SEED_BASE, REPO
 
 FIELDS = ("algo", "task", "seed", "states", "median_margin", "median_error", "error_over_margin", "flipped")
@@ -92,12 +92,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: no trained runs under {args.runs} (bench.learning.ptq_study run makes them)\n")
     rows = [r for d in folders if (r := cell_margins(d, int(d.name[1:]), args.precision)) is not None]
     args.out.mkdir(parents=True, exist_ok=True)
-    with open(args.out / "ptq_margins.csv", "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(FIELDS))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(args.out / "ptq_margins.csv", rows, FIELDS)
     text = markdown(rows, args.precision, machine_info(True))
-    (args.out / "ptq_margins.md").write_text(text, encoding="utf-8")
+    write_text(args.out / "ptq_margins.md", text)
     print(text)
     return 0
 

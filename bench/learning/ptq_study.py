@@ -22,9 +22,9 @@ guard still applies, as for every benchmark; pass --allow-busy on a shared machi
 
 Writes OUT/ptq_study.csv (one row per cell and precision), OUT/ptq_study.md (algorithm x task x precision: mean
 reward over seeds, relative change from fp32 with its spread over seeds, policy bytes) and OUT/ptq_study.png
-(reward vs precision per algorithm and task). --quick (tiny networks and budgets, CartPole only) writes to
-runs/bench/ptq_study-quick. Agents this build does not have (e.g. PPO/A2C before they land) are left out of the
-default grid with a note; naming them in --algos is an error.
+(reward vs precision per algorithm and task; table and plot: bench.learning.ptq_study_report). --quick (tiny
+networks and budgets, CartPole only) writes to runs/bench/ptq_study-quick. Agents this build does not have (e.g.
+PPO/A2C before they land) are left out of the default grid with a note; naming them in --algos is an error.
 """
 from __future__ import annotations
 
@@ -32,27 +32,23 @@ import argparse
 import csv
 import dataclasses
 import json
-import math
 import shutil
-import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import agents
 from agents.ppo.config import CONTROL_OVERRIDES as PPO_CONTROL_OVERRIDES
+from bench.harness.machine import add_allow_busy, check_load, finish, machine_info, run_cli
+from bench.harness.results_io import write_csv, write_json, write_text
 from bench.learning.d4pg_rows import CARTPOLE_OVERRIDES
-from bench.harness.machine import add_allow_busy, check_load, describe_load, finish, machine_info, run_cli
-from bench.harness.results_io import write_json
+from bench.learning.ptq_study_report import CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE, markdown, plot
 from launch.cli import OneLineArgumentParser, UsageError
 from quarl.ops.io import read_json_list
 
 REPO = Path(__file__).resolve().parents[2]
-CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE = "ptq_study.csv", "ptq_study.md", "ptq_study.png", "ptq_study_sessions.json"
 EVAL_SEED_BASE = 500_000  # PTQ evaluation seeds: apart from training (seed) and its evaluator (seed + 10,000)
 RUN_TIMEOUT_S = 4 * 3600.0
-WITHIN = 0.05  # "int8 within a few percent of fp32": |relative change| <= 5%
 CSV_FIELDS = ("algo", "task", "seed", "train_steps", "precision", "bits", "granularity", "execution", "backend",
               "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "cpu")
 
@@ -206,7 +202,7 @@ def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool) -> list[s
 
 def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool) -> None:
     """Trains the cell's policy from scratch (a folder left by an interrupted run is cleared first)."""
-    from bench.peers.offpolicy import run_subprocess  # pylint: disable=import-outside-toplevel
+    from bench.harness.subprocess_runs import run_subprocess  # pylint: disable=import-outside-toplevel
 
     if logdir.exists():
         shutil.rmtree(logdir)
@@ -278,13 +274,10 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """The rows as OUT/ptq_study.csv, in cell and precision order, replacing the file whole (atomically)."""
     order = lambda r: (r["algo"], r["task"], r["seed"], -r["bits"], r["precision"])  # noqa: E731
-    tmp = path.with_suffix(".csv.tmp")
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(CSV_FIELDS))
-        writer.writeheader()
-        writer.writerows({k: ("" if r[k] is None else r[k]) for k in CSV_FIELDS} for r in sorted(rows, key=order))
-    tmp.replace(path)
+    write_csv(path, ({k: ("" if r[k] is None else r[k]) for k in CSV_FIELDS} for r in sorted(rows, key=order)),
+              CSV_FIELDS, atomic=True)
 
 
 def run_grid(args: argparse.Namespace) -> None:
@@ -335,152 +328,12 @@ def merge_folders(out: Path, folders: Sequence[str]) -> None:
     write_json(out / SESSIONS_FILE, sessions)
 
 
-# ------------------------------------------------------------------------------------------------ report
-
-
-def precision_order(name: str) -> tuple[int, str]:
-    """fp32, bf16, fp16, then integers from widest to narrowest: the plot's x axis and the table's row order."""
-    floats = {"fp32": 0, "bf16": 1, "fp16": 2}
-    return (floats[name], name) if name in floats else (100 - int(name.removeprefix("int")), name)
-
-
-def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per (algo, task, precision): mean reward over seeds, the per-seed relative change from the same
-    seed's fp32 reward, its mean and spread (sample std) over seeds, and the policy size."""
-    fp32 = {(r["algo"], r["task"], r["seed"]): r["mean_return"] for r in rows if r["precision"] == "fp32"}
-    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
-    for r in rows:
-        groups.setdefault((r["algo"], r["task"], r["precision"]), []).append(r)
-    out = []
-    for (algo, task, precision), rs in groups.items():
-        rewards = [r["mean_return"] for r in rs]
-        by_seed = {r["seed"]: (r["mean_return"] - fp32[k]) / abs(fp32[k]) for r in rs
-                   if (k := (algo, task, r["seed"])) in fp32 and fp32[k] != 0}
-        changes = [by_seed[seed] for seed in sorted(by_seed)]
-        out.append({"algo": algo, "task": task, "precision": precision, "seeds": len(rs),
-                    "seed_list": sorted(r["seed"] for r in rs), "episodes": min(r["episodes"] for r in rs),
-                    "train_steps": sorted({r["train_steps"] for r in rs}),
-                    "reward_mean": statistics.fmean(rewards),
-                    "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
-                    "change_mean": statistics.fmean(changes) if changes else math.nan,
-                    "change_std": statistics.stdev(changes) if len(changes) > 1 else (0.0 if changes else math.nan),
-                    "changes": changes, "changes_by_seed": by_seed, "policy_bytes": int(statistics.median(r["policy_bytes"] for r in rs)),
-                    "execution": rs[0]["execution"]})
-    return sorted(out, key=lambda s: (s["algo"], s["task"], precision_order(s["precision"])))
-
-
-def _pct(x: float) -> str:
-    return "n/a" if math.isnan(x) else f"{100 * x:+.1f}%"
-
-
-def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]]) -> str:
-    summary = summarize(rows)
-    cpus = sorted({r["cpu"] for r in rows})
-    loads = "; ".join(f"{s.get('cpu', '?')}: {describe_load(s)}" for s in sessions) or "none recorded"
-    lines = ["# PTQ across algorithms: reward vs precision (DQN, D4PG, PPO, A2C)", "",
-             f"`python -m bench.learning.ptq_study run ...` sessions: {loads}. Evaluated on: {', '.join(cpus)}. Written "
-             f"{time.strftime('%Y-%m-%d')}.", "",
-             "Each cell is one training run (`launch.train`, fp32 actors) at the env steps shown; its final fp32 "
-             "policy is evaluated greedily at every precision on the same environment seeds. Reward: mean over a "
-             "seed's evaluation episodes, then mean ± sample std over seeds. Change: (R_q - R_fp32) / |R_fp32| per "
-             "seed (negative = reward lost), mean ± sample std over seeds. Integer rows: weights per channel, the "
-             "integer kernel with 8-bit activations (W<b>A8); fp16/bf16 computed in that format. Policy bytes: the "
-             "payload an actor pulls (codes bit-packed; scales, biases and LayerNorm fp32; header). Returns do not "
-             "depend on machine load; no timing is reported.", "",
-             "## int8 vs fp32 (the paper's claim: int8 costs almost no reward)", "",
-             f"| algorithm | task | seeds | env steps | fp32 reward | int8 change | within {100 * WITHIN:.0f}%? |",
-             "|---|---|---:|---:|---:|---:|---|"]
-    by_key = {(s["algo"], s["task"], s["precision"]): s for s in summary}
-    for algo, task in dict.fromkeys((s["algo"], s["task"]) for s in summary):
-        base, q = by_key.get((algo, task, "fp32")), by_key.get((algo, task, "int8"))
-        if base is None or q is None:
-            continue
-        ok = not math.isnan(q["change_mean"]) and abs(q["change_mean"]) <= WITHIN
-        verdict = "yes" if ok else "no"
-        outside = [seed for seed, c in sorted(q["changes_by_seed"].items()) if abs(c) > WITHIN]
-        if outside:
-            verdict += (" on the mean" if ok else "") + "; " + "; ".join(
-                _seed_note(seed, q["changes_by_seed"][seed], [by_key.get((algo, task, f)) for f in ("bf16", "fp16")])
-                for seed in outside)
-        lines.append(f"| {algo} | {task} | {q['seeds']} | {_steps(q)} | {base['reward_mean']:.1f} ± "
-                     f"{base['reward_std']:.1f} | {_pct(q['change_mean'])} ± {100 * q['change_std']:.1f}% | {verdict} |")
-    lines += ["", "## Every precision", "",
-              "| algorithm | task | precision | seeds | episodes / seed | env steps | reward (mean ± std over seeds) | "
-              "change from fp32 (mean ± std over seeds) | policy bytes | execution |",
-              "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
-    for s in summary:
-        change = "—" if s["precision"] == "fp32" else f"{_pct(s['change_mean'])} ± {100 * s['change_std']:.1f}%"
-        lines.append(f"| {s['algo']} | {s['task']} | {s['precision']} | {s['seeds']} | {s['episodes']} | {_steps(s)} "
-                     f"| {s['reward_mean']:.1f} ± {s['reward_std']:.1f} | {change} | {s['policy_bytes']:,} | "
-                     f"{s['execution']} |")
-    lines += ["", "## Sizes and settings (`bench.learning.ptq_study.GRID`)", ""]
-    for algo, task in dict.fromkeys((s["algo"], s["task"]) for s in summary):
-        row = next((r for r in GRID if (r.algo, r.task) == (algo, task)), None)
-        if row is not None:
-            ran = _steps(by_key[(algo, task, "fp32")]) if (algo, task, "fp32") in by_key else "?"
-            sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the agent's defaults"
-            lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "
-                         f"{sets}" + (f" ({row.note})" if row.note else ""))
-    lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
-    return "\n".join(lines)
-
-
-def _seed_note(seed: int, change: float, floats: Sequence[dict[str, Any] | None]) -> str:
-    """Why a seed's int8 change may be large: if bf16/fp16 rounding alone moved the same seed's reward as much,
-    the fp32 policy sits on a knife edge (any perturbation flips episodes) rather than int8 being too coarse."""
-    note = f"seed {seed} {_pct(change)}"
-    moves = [(f["precision"], f["changes_by_seed"][seed]) for f in floats if f and seed in f["changes_by_seed"]]
-    big = [(name, c) for name, c in moves if abs(c) > WITHIN]
-    if big:
-        note += " (" + ", ".join(f"{name} {_pct(c)}" for name, c in big) + " on the same seed: fp32 policy fragile)"
-    return note
-
-
-def _steps(s: dict[str, Any]) -> str:
-    return " / ".join(f"{n:,}" for n in s["train_steps"])
-
-
-def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """One panel per (algorithm, task): each seed's reward vs precision (thin) and the mean over seeds (± std)."""
-    import matplotlib  # pylint: disable=import-outside-toplevel
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
-
-    summary = summarize(rows)
-    panels = list(dict.fromkeys((s["algo"], s["task"]) for s in summary))
-    cols = min(3, len(panels))
-    nrows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.0 * cols, 3.6 * nrows + 0.6), squeeze=False)
-    for ax, (algo, task) in zip(axes.flat, panels):
-        ss = [s for s in summary if (s["algo"], s["task"]) == (algo, task)]
-        names = [s["precision"] for s in ss]
-        x = list(range(len(names)))
-        for seed in sorted({r["seed"] for r in rows if (r["algo"], r["task"]) == (algo, task)}):
-            per = {r["precision"]: r["mean_return"] for r in rows if (r["algo"], r["task"], r["seed"]) == (algo, task, seed)}
-            ax.plot([i for i, n in enumerate(names) if n in per], [per[n] for n in names if n in per], color="grey",
-                    alpha=0.4, lw=0.8)
-        ax.errorbar(x, [s["reward_mean"] for s in ss], yerr=[s["reward_std"] for s in ss], marker="o", capsize=3,
-                    color="tab:blue", label=f"mean ± std over {max(s['seeds'] for s in ss)} seeds")
-        ax.set_xticks(x, names, fontsize=8)
-        ax.set_title(f"{algo} / {task} ({_steps(ss[0])} env steps)", fontsize=9)
-        ax.set_ylabel("reward")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(panels):]:
-        ax.axis("off")
-    fig.suptitle(f"Post-training quantization: reward vs precision (grey: one seed each); "
-                 f"{'; '.join(sorted({r['cpu'] for r in rows}))}", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def report(out: Path) -> str:
     rows = read_rows(out / CSV_FILE)
     if not rows:
         raise UsageError(f"no study rows in {out / CSV_FILE}")
-    text = markdown(rows, read_json_list(out / SESSIONS_FILE))
-    (out / MD_FILE).write_text(text, encoding="utf-8")
+    text = markdown(rows, read_json_list(out / SESSIONS_FILE), GRID)
+    write_text(out / MD_FILE, text)
     plot(rows, out / PNG_FILE)
     return text
 

@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bench.harness.machine import describe_load, finish, machine_info as base_machine_info
+from bench.harness.results_io import save_figure, write_json_sorted, write_text
 from quarl.ops.machine import package_versions
 
 TASK = "CartPole-v1"
@@ -328,7 +329,7 @@ def write_markdown(path: Path, result: dict[str, Any]) -> str:
         "",
     ]
     text = "\n".join(lines)
-    path.write_text(text)
+    write_text(path, text)
     return text
 
 
@@ -363,13 +364,10 @@ def plot(path: Path, result: dict[str, Any]) -> None:
                  f"± standard error over the {result['seeds']} seed means", fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save_figure(fig, path, dpi=120)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from quarl.ops.io import write_json_atomic  # pylint: disable=import-outside-toplevel
-
     args = list(sys.argv[1:] if argv is None else argv)
     if "--report-only" in args:  # redraw qat.png from OUT/qat.json (default results/bench): no training
         out = Path(args[args.index("--out") + 1]) if "--out" in args else Path("results/bench")
@@ -379,7 +377,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     plan = parse_args(argv)
     plan.out.mkdir(parents=True, exist_ok=True)
     result = run(plan)
-    write_json_atomic(plan.out / "qat.json", result)
+    write_json_sorted(plan.out / "qat.json", result)
     print(write_markdown(plan.out / "qat.md", result))
     plot(plan.out / "qat.png", result)
     print(f"[bench.learning.qat] wrote {plan.out}/qat.json, qat.md, qat.png", flush=True)

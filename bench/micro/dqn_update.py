@@ -3,9 +3,9 @@ constant) against one online pass over [s; s'], whose backward also runs over th
 
     python -m bench.micro.dqn_update [--repeats 30] [--quick] [--out DIR] [--allow-busy]
 
-Nets: the Nature torso on ALE frames (batch 32, `bench.learning.ale_dqn.ALE_SETTINGS`) and MLPs 64x64, 256x256 and
-2048x3 on 4-dim observations (batch 128). Each form is one `DQNLearner` whose loss is swapped in before it is
-built; both take the same batch, and the two forms alternate in rounds so that load drift hits both. Writes
+Nets: the Nature torso on ALE frames (batch 32, `bench.harness.rows.ALE_SETTINGS`: bench.learning.ale_dqn's
+settings) and MLPs 64x64, 256x256 and 2048x3 on 4-dim observations (batch 128). Each form is one `DQNLearner`
+whose loss is swapped in before it is built; both take the same batch, and the two forms alternate in rounds so that load drift hits both. Writes
 DIR/dqn_update.json and .md (default results/bench) with the machine record. Run it alone.
 """
 from __future__ import annotations
@@ -63,7 +63,7 @@ def cases(quick: bool) -> list[tuple[str, Any, Any, dict[str, np.ndarray]]]:
         cfg = DQNConfig(hidden_sizes=hidden)
         out.append(("mlp " + "x".join(map(str, hidden)), make_q_spec(4, 2, hidden), cfg, batch(128, (4,), np.float32, 2)))
     if not quick:
-        from bench.learning.ale_dqn import ALE_SETTINGS  # pylint: disable=import-outside-toplevel
+        from bench.harness.rows import ALE_SETTINGS  # pylint: disable=import-outside-toplevel
         from quarl.envs.spec import environment_spec
         from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
 

@@ -18,6 +18,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.harness.results_io import write_text
+
+
 def measure(bits: list[int], width: int) -> dict[str, Any]:
     """Check every registered form at each bit width on one [width, width] layer, in this process."""
     from quarl.runtimes.cpu import cpu_class, cpu_info
@@ -142,8 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if args.out:
         emulated = len(results) > 1
-        Path(args.out).write_text(header(list(argv if argv is not None else sys.argv[1:]), host, args.width,
-                                         emulated) + summary(results) + text + "\n", encoding="utf-8")
+        write_text(Path(args.out), header(list(argv if argv is not None else sys.argv[1:]), host, args.width,
+                                          emulated) + summary(results) + text + "\n")
     return 0
 
 

@@ -30,10 +30,11 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.learning.int8_vs_fp32 import empty_run_dir
+from bench.harness.learning_runs import REPO, empty_run_dir, eval_metrics, read_our_evals
 from bench.harness.machine import add_allow_busy, finish, machine_info, refuse_if_busy
-from bench.peers.offpolicy import REPO, dqn_markdown, eval_metrics, read_our_evals, run_subprocess
 from bench.harness.results_io import write_results
+from bench.harness.subprocess_runs import run_subprocess
+from bench.peers.offpolicy_results import dqn_markdown
 
 RUN_TIMEOUT_S = 3600.0
 

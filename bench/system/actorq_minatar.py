@@ -2,7 +2,8 @@
 
     python -m bench.system.actorq_minatar [--task MinAtar/Breakout] [--precisions fp32,int8] [--rounds 40]
                                    [--block 50] [--quick] [--out DIR] [--allow-busy]
-    python -m bench.system.actorq_minatar returns ...   (final returns of int8 vs fp32 runs: bench.learning.actorq_minatar_returns)
+    python -m bench.system.actorq_minatar returns ...   (final returns of int8 vs fp32 runs: runs
+                                                          `python -m bench.learning.actorq_minatar_returns ...`)
 
 One actor as ActorQ runs it (`agents.dqn` actor, `backend="auto"`, one compute thread), pinned to one core
 (`bench.harness.machine.pin_to_one_core`, so no runtime gets a second core), greedy: the policy runs on every observation.
@@ -20,9 +21,9 @@ The figure depends on the machine and its load: run it alone. The full run write
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, pin_to_one_core, refuse_if_busy
+from bench.harness.results_io import write_results
 
 REPO = Path(__file__).resolve().parents[2]
 FULL = {"rounds": 40, "block": 50}
@@ -121,12 +123,20 @@ def markdown(result: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def run_returns(argv: Sequence[str]) -> int:
+    """The `returns` mode: the learning benchmark `bench.learning.actorq_minatar_returns` with `argv`, run as the
+    program it is (a benchmark of another kind is run, never imported); its exit code. Its report quotes the
+    command as `bench.system.actorq_minatar returns`, the way this mode has always been called."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+    return subprocess.run([sys.executable, "-m", "bench.learning.actorq_minatar_returns", *argv], env=env,
+                          check=False).returncode
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["returns"]:  # the returns mode: whole training runs, its own flags
-        from bench.learning import actorq_minatar_returns  # pylint: disable=import-outside-toplevel
-
-        return actorq_minatar_returns.main(argv[1:])
+        return run_returns(argv[1:])
     parser = argparse.ArgumentParser(prog="bench.system.actorq_minatar", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="MinAtar/Breakout")
     parser.add_argument("--precisions", default="fp32,int8")
@@ -157,10 +167,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.exit(2, f"{parser.prog}: error: {err}\n")
     result["machine"] = finish(machine)
     default = REPO / "runs" / "bench" / "actorq-minatar-quick" if args.quick else REPO / "results" / "bench"
-    out = Path(args.out or default)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "actorq_minatar.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    (out / "actorq_minatar.md").write_text(markdown(result), encoding="utf-8")
+    write_results(Path(args.out or default), "actorq_minatar", result, markdown(result))
     print(markdown(result))
     return 0
 

@@ -9,7 +9,8 @@ Issue 20's learner targets, measured on one machine in one run, for D4PG at walk
 action 6; critic 256x3, batch 256, as `bench.micro.learner_throughput`), at 256x3 and (unless --no-paper) the paper's
 2048x3 policy:
 
-- (a) `learner.step`: `bench.micro.learner_throughput`'s host-batch-per-step loop (the reference);
+- (a) `learner.step`: `bench.micro.learner_throughput`'s host-batch-per-step loop (the reference; both time it with
+  `bench.harness.learner_timing`);
 - (b) `scan`: `bench.micro.learner_throughput`'s K device-resident batches per jit call (the device's ceiling);
 - (c) `node`: `launch.distributed.nodes.learner.LearnerNode` running in this process as in the program — a replay server
   pre-filled with random transitions whose rate limiter never holds it back (no actors), the counter and the
@@ -35,7 +36,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from bench.micro.learner_throughput import machine_info, measure
+from bench.harness.learner_timing import machine_info, measure
 from bench.harness.machine import add_allow_busy, refuse_if_busy
 from bench.harness.results_io import write_report
 

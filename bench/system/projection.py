@@ -29,6 +29,8 @@ import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from bench.harness.results_io import write_text
+
 REPO = Path(__file__).resolve().parents[2]
 BATCH, SAMPLES_PER_INSERT, PAPER_ACTORS = 256, 32.0, 4
 PAPER_RANGE = (1.5, 5.41)
@@ -172,7 +174,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             p.exit(2, f"bench.system.projection: error: a learner rate in {name} is not a positive number\n")
         parts.append(markdown(proj, {n: n for n in (name, *INPUTS[1:])}, heading=name == INPUTS[0]))
     out = Path(args.out) if args.out else results / "projection.md"
-    out.write_text("\n".join(parts), encoding="utf-8")
+    write_text(out, "\n".join(parts))
     print(f"wrote {out}")
     return 0
 

@@ -1,5 +1,5 @@
-"""bench.system.actorq_minatar returns at its smallest: real launch.actorq runs of both precisions, the report's structure,
-and one-line usage errors."""
+"""bench.system.actorq_minatar returns (bench.learning.actorq_minatar_returns) at its smallest: real launch.actorq runs
+of both precisions, the report's structure, and one-line usage errors, also through the system benchmark's mode."""
 from __future__ import annotations
 
 import json
@@ -12,10 +12,10 @@ from bench.learning import actorq_minatar_returns
 
 def test_tiny_run_reports_every_evaluation_per_seed_and_precision(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(actorq_minatar_returns, "RUNS", tmp_path / "runs")
-    argv = ["returns", "--seeds", "0", "--frames", "192", "--evals", "1", "--eval-episodes", "1",
-            "--out", str(tmp_path / "out")]
-    assert actorq_minatar.main(argv) == 0
+    argv = ["--seeds", "0", "--frames", "192", "--evals", "1", "--eval-episodes", "1", "--out", str(tmp_path / "out")]
+    assert actorq_minatar_returns.main(argv) == 0
     result = json.loads((tmp_path / "out" / "actorq_minatar_returns.json").read_text())
+    assert result["command"] == "python -m bench.system.actorq_minatar returns " + " ".join(argv)
     assert result["machine"]["cpu"] and result["machine"]["load_end"]
     assert result["config"]["settings"]["samples_per_insert"] == 32.0  # the MinAtar authors' settings
     rows = {r["precision"]: r for r in result["results"]}
@@ -32,12 +32,12 @@ def test_tiny_run_reports_every_evaluation_per_seed_and_precision(tmp_path, monk
     assert all(r["run"]["load_start"] and "--runner" in r["run"]["argv"] for r in result["results"])
     # The report again from the run directories: the same rows; one run given twice is refused in one line.
     dirs = [r["logdir"] for r in result["results"]]  # outside the repository: absolute paths
-    assert actorq_minatar.main(["returns", "--from-runs", *dirs, "--out", str(tmp_path / "again")]) == 0
+    assert actorq_minatar_returns.main(["--from-runs", *dirs, "--out", str(tmp_path / "again")]) == 0
     again = json.loads((tmp_path / "again" / "actorq_minatar_returns.json").read_text())
     assert again["machine"]["from_runs"] and again["summary"] == s and again["config"] == result["config"]
     capsys.readouterr()
     with pytest.raises(SystemExit) as exit_info:
-        actorq_minatar.main(["returns", "--from-runs", dirs[0], dirs[0], "--out", str(tmp_path / "twice")])
+        actorq_minatar_returns.main(["--from-runs", dirs[0], dirs[0], "--out", str(tmp_path / "twice")])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "share a seed and precision" in err and err.count("\n") == 1
 
@@ -62,6 +62,15 @@ def test_summary_judges_the_gap_against_fp32s_seed_range():
                                   ["--from-runs", "/nonexistent/Breakout_int8_s0"]])
 def test_bad_arguments_exit_2_with_one_line(argv, capsys, tmp_path):
     with pytest.raises(SystemExit) as exit_info:
-        actorq_minatar.main(["returns", *argv, "--out", str(tmp_path)])
+        actorq_minatar_returns.main([*argv, "--out", str(tmp_path)])
     err = capsys.readouterr().err
     assert exit_info.value.code == 2 and "error" in err and err.count("\n") == 1
+
+
+def test_the_system_benchmarks_returns_mode_runs_the_learning_benchmark(capfd, tmp_path):
+    """`bench.system.actorq_minatar returns ...` runs `bench.learning.actorq_minatar_returns` as a program: its exit
+    code and its one-line error come back, and nothing is written."""
+    assert actorq_minatar.main(["returns", "--frames", "0", "--out", str(tmp_path / "out")]) == 2
+    err = capfd.readouterr().err
+    assert "bench.system.actorq_minatar returns: error: --frames" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()

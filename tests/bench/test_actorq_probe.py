@@ -1,4 +1,5 @@
-"""bench.system.actorq's weight-update probe times an update through the actors' own client (`PolicyClient.fetch`)."""
+"""bench.system.actorq's weight-update probe (bench.system.actorq_probe) times an update through the actors' own client
+(`PolicyClient.fetch`); its report (bench.system.actorq_report) names each precision."""
 from __future__ import annotations
 
 from typing import Any
@@ -18,7 +19,7 @@ class LocalHandle:
 
 def test_update_cost_reports_each_stage_of_one_fetch(monkeypatch, tmp_path):
     import agents
-    from bench.system import actorq
+    from bench.system import actorq_probe as actorq
     from launch.experiments.agent_spec import AgentSpec
     from launch.distributed.nodes.services import WeightServer
     from launch.distributed.nodes.shared_blob import Blob
@@ -54,7 +55,7 @@ def test_throughput_steps_every_precision_on_its_auto_backend(monkeypatch, tmp_p
     """Part 1's probe runs fp32, int8 and int4 actors (each built by the update path on backend="auto",
     fp32 included: the fastest fp32 executor auto measures) on the same recorded env state sequence."""
     import agents
-    from bench.system import actorq
+    from bench.system import actorq_probe as actorq
     from launch.experiments.agent_spec import AgentSpec
     from launch.distributed.nodes.services import WeightServer
     from launch.distributed.nodes.shared_blob import Blob
@@ -99,12 +100,12 @@ def _block(fp32_policy: float, policy: dict[str, float], env_us: float = 200.0) 
 def test_ratios_table_and_target_verdict_name_each_precision(tmp_path):
     """Each precision's ratio vs fp32 is the median over rounds; the table has a column per precision and the
     verdict says which precision meets the 4x target on the CPU class given."""
-    from bench.system import actorq
+    from bench.system import actorq_probe, actorq_report
 
     rounds = [_block(1800, {"int8": 800, "int4": 300}), _block(1800, {"int8": 600, "int4": 200}),
               _block(1800, {"int8": 300, "int4": 100})]
-    blocks = {p: [r[p] for r in rounds] for p in actorq.PRECISIONS}
-    ratios = actorq.throughput_ratios(blocks)
+    blocks = {p: [r[p] for r in rounds] for p in actorq_probe.PRECISIONS}
+    ratios = actorq_probe.throughput_ratios(blocks)
     assert ratios["throughput_ratio_vs_fp32"]["int8"] == pytest.approx(2000 / 800)  # the middle round
     assert ratios["throughput_ratio_vs_fp32"]["int4"] == pytest.approx(2000 / 400)
     assert ratios["throughput_ratio_env_matched_vs_fp32"]["int4"] == pytest.approx(5.0)  # same env time here
@@ -115,21 +116,21 @@ def test_ratios_table_and_target_verdict_name_each_precision(tmp_path):
     a = {"throughput": {p: blocks[p][1] for p in blocks}, "update": update, "env_implementation": "envpool",
          "update_ratio_fp32_vs": {"int8": 3.0, "int4": 5.0}, "payload_ratio_fp32_vs": {"int8": 4.0, "int4": 8.0},
          **ratios}
-    table = actorq.actor_table(a)
+    table = actorq_report.actor_table(a)
     assert table[0] == "| | fp32 | int8 | int4 | int8 vs fp32 | int4 vs fp32 | target |"
     assert all(line.count("|") == table[0].count("|") for line in table)  # every row has every column
     assert "| backend (auto) | onnx | onnx | onnx-nbits |" in table[-1]
     a["auto"] = {"fp32": {"backend": "jax", "us_per_call": {"onnx": 3100.0, "jax": 2500.4}},
                  "int8": {"backend": "onnx", "us_per_call": {"onnx": 550.0, "jax": 4000.0, "onnx-dequantized": 3000.0}}}
-    with_auto = actorq.actor_table(a)
+    with_auto = actorq_report.actor_table(a)
     assert with_auto[-1].startswith("| auto's candidates, us/call at batch 1 | **jax 2500**, onnx 3100 | "
                                     "**onnx 550**, onnx-dequantized 3000, jax 4000 |  |")
     assert with_auto[-1].count("|") == table[0].count("|")
-    verdict = "\n".join(actorq.target_lines(a, "x86-vnni"))
+    verdict = "\n".join(actorq_report.target_lines(a, "x86-vnni"))
     assert "int8: **2.50x** fp32 env steps/s, misses" in verdict
     assert "int4: **5.00x** fp32 env steps/s, meets the >= 4x target on this CPU (x86-vnni)" in verdict
-    text = actorq.markdown({"actor": a, "cpu_flags": ["x86-vnni", "avx2"],
+    text = actorq_report.markdown({"actor": a, "cpu_flags": ["x86-vnni", "avx2"],
                             "machine": {"cpu": "Xeon", "cores": 2, "load_start": [0.1], "load_end": [0.2]}})
     assert table[0] in text and "meets the >= 4x target on this CPU (x86-vnni, avx2)" in text
-    actorq.plot({"actor": a}, tmp_path / "actorq.png")  # one bar per precision in both panels
+    actorq_report.plot({"actor": a}, tmp_path / "actorq.png")  # one bar per precision in both panels
     assert (tmp_path / "actorq.png").stat().st_size > 0

@@ -12,18 +12,18 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bench.peers import fidelity
+from bench.peers import fidelity, fidelity_report
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def test_sign_flip_p_is_the_exact_permutation_probability():
     # All 5 differences positive: only the all-plus and all-minus flips are as extreme -> 2 / 32.
-    assert fidelity.sign_flip_p([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2 / 32)
+    assert fidelity_report.sign_flip_p([1.0, 2.0, 3.0, 4.0, 5.0]) == pytest.approx(2 / 32)
     # Symmetric differences: every flip is at least as extreme as mean 0.
-    assert fidelity.sign_flip_p([1.0, -1.0, 2.0, -2.0]) == 1.0
+    assert fidelity_report.sign_flip_p([1.0, -1.0, 2.0, -2.0]) == 1.0
     # One large difference dominates: flips of the small ones do not change |mean| much.
-    p = fidelity.sign_flip_p([10.0, 0.1, -0.1, 0.2])
+    p = fidelity_report.sign_flip_p([10.0, 0.1, -0.1, 0.2])
     brute = np.mean([abs(np.mean(np.array(s) * [10.0, 0.1, -0.1, 0.2])) >= abs(np.mean([10.0, 0.1, -0.1, 0.2])) - 1e-9
                      for s in np.array(np.meshgrid(*[[1, -1]] * 4)).T.reshape(-1, 4)])
     assert p == pytest.approx(brute)
@@ -32,9 +32,9 @@ def test_sign_flip_p_is_the_exact_permutation_probability():
 def test_paired_t_p_matches_scipy():
     rng = np.random.default_rng(0)
     a, b = rng.normal(size=6), rng.normal(size=6) + 0.5
-    assert fidelity.paired_t_p(list(a - b)) == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-9)
-    assert fidelity.paired_t_p([0.0, 0.0, 0.0]) == 1.0
-    assert np.isnan(fidelity.paired_t_p([1.0]))
+    assert fidelity_report.paired_t_p(list(a - b)) == pytest.approx(stats.ttest_rel(a, b).pvalue, rel=1e-9)
+    assert fidelity_report.paired_t_p([0.0, 0.0, 0.0]) == 1.0
+    assert np.isnan(fidelity_report.paired_t_p([1.0]))
 
 
 def _fake_run(runs: Path, task: str, arm: str, seed: int, curve: list[tuple[int, float, float, float]]) -> None:
@@ -72,12 +72,12 @@ def test_report_pairs_seeds_per_checkpoint_and_over_the_curve(tmp_path):
     assert all(float(r["p_sign_flip"]) == pytest.approx(2 / 32) and float(r["p_t"]) < 1e-6 for r in fp32)
     int8 = [r for r in tests if r["arm"] == "int8"]
     assert all(float(r["diff_mean"]) == 0 and float(r["p_t"]) == 1.0 for r in int8)
-    aucs = {(r["arm"], r["protocol"]): r for r in fidelity.auc_tests(fidelity.load_curves(runs))}
-    assert fidelity.verdict(aucs[("fp32", "return")]) == "ours lower (significant)"
-    assert fidelity.verdict(aucs[("int8", "return_first")]) == "ours >= Acme"
+    aucs = {(r["arm"], r["protocol"]): r for r in fidelity_report.auc_tests(fidelity_report.load_curves(runs))}
+    assert fidelity_report.verdict(aucs[("fp32", "return")]) == "ours lower (significant)"
+    assert fidelity_report.verdict(aucs[("int8", "return_first")]) == "ours >= Acme"
     assert aucs[("int8", "return")]["time_ratio"] == pytest.approx(2.0)  # ours took half Acme's train seconds
     noisy = {"diff_mean": -3.0, "p_t": 0.4, "p_sign_flip": 0.5}
-    assert fidelity.verdict(noisy) == "within seed noise"
+    assert fidelity_report.verdict(noisy) == "within seed noise"
     assert "| cartpole:balance | fp32 |" in text and (out / "fidelity.png").stat().st_size > 10_000
     curves = list(csv.DictReader(open(out / "fidelity_curves.csv", encoding="utf-8")))
     assert len(curves) == 5 * 3 * 2 + 1 and statistics.fmean(float(r["return"]) for r in curves) > 0

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from bench.peers import offpolicy as peers
+from bench.harness.learning_runs import eval_metrics
+from bench.peers import offpolicy as peers, offpolicy_results
 
 ACME_LOG = """\
 \x1b[1;32m[learner/0] I1203 12:54:20.000000 1 courier_utils.py:50] Binding: step\x1b[0;0m
@@ -71,18 +72,18 @@ def _evals(returns, every=5000):
 
 
 def test_eval_metrics_tell_a_policy_that_stays_solved_from_one_that_collapses():
-    stays = peers.eval_metrics(_evals([100, 480, 500, 500, 490, 500]), 475)
+    stays = eval_metrics(_evals([100, 480, 500, 500, 490, 500]), 475)
     assert (stays["steps_to_target"], stays["wall_s_to_target"]) == (10_000, 4.0)
     assert stays["last3_mean"] == pytest.approx(496.67, abs=0.01) and stays["stay_fraction"] == 1.0
-    collapses = peers.eval_metrics(_evals([100, 480, 500, 127, 160, 188]), 475)  # the issue's seed 0
+    collapses = eval_metrics(_evals([100, 480, 500, 127, 160, 188]), 475)  # the issue's seed 0
     assert collapses["steps_to_target"] == 10_000 and collapses["last3_mean"] == pytest.approx(158.33, abs=0.01)
     assert collapses["stay_fraction"] == pytest.approx(0.25) and collapses["final_return"] == 188
-    never = peers.eval_metrics(_evals([-500, -300, -200]), -130)
+    never = eval_metrics(_evals([-500, -300, -200]), -130)
     assert not never["solved"] and never["steps_to_target"] is None and never["stay_fraction"] is None
     assert never["last3_mean"] == pytest.approx(-1000 / 3)
-    last_only = peers.eval_metrics(_evals([-200, -120]), -130)
+    last_only = eval_metrics(_evals([-200, -120]), -130)
     assert last_only["solved"] and last_only["stay_fraction"] is None  # nothing after the solve to judge
-    assert peers.eval_metrics([], 475)["last3_mean"] is None
+    assert eval_metrics([], 475)["last3_mean"] is None
 
 
 FAKE_SB3 = """\
@@ -104,7 +105,7 @@ def test_dqn_comparison_reports_time_to_solve_and_final_returns_at_tiny_size(tmp
     """bench_dqn end to end at a tiny budget: SB3's part from a stand-in script speaking run.py's output format,
     ours a real 1,000-step run per precision; every figure the table shows comes out of the runs' own logs."""
     import argparse
-    from bench.learning.int8_vs_fp32 import LearningRow
+    from bench.harness.rows import LearningRow
 
     anchors = tmp_path / "anchors"
     (anchors / "sb3_dqn").mkdir(parents=True)
@@ -120,7 +121,7 @@ def test_dqn_comparison_reports_time_to_solve_and_final_returns_at_tiny_size(tmp
         assert len(ours["eval_returns"]) == 4 and ours["overrides"] == {"min_replay_size": 200}
         assert ours["last3_mean"] == pytest.approx(sum(ours["eval_returns"][-3:]) / 3)
         assert ours["env_steps_per_s"] > 0
-    table = "\n".join(peers.dqn_markdown(rows))
+    table = "\n".join(offpolicy_results.dqn_markdown(rows))
     assert "| CartPole-v1 | sb3 | 1/1 | 500 | 3.0 | 60.0 / 60.0 | 80.0 / 80.0 | 1.00 |" in table
     assert table.count("| CartPole-v1 | ours ") == 2 and "SB3 run: sb3 2.9.2 fake" in table
     # A second sitting into the same folder reads only its own runs (run logs append: the old run is removed first).

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import agents
-from bench.learning import ptq_study
+from bench.learning import ptq_study, ptq_study_report
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
 from quarl.runtimes.policy_io import save_policy
@@ -67,7 +67,7 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
     ptq_study.write_rows(tmp_path / "ptq_study.csv", rows)
     assert ptq_study.read_rows(tmp_path / "ptq_study.csv") == sorted(
         rows, key=lambda r: (r["seed"], -r["bits"]))
-    by = {s["precision"]: s for s in ptq_study.summarize(rows)}
+    by = {s["precision"]: s for s in ptq_study_report.summarize(rows)}
     changes = [-0.05, 0.10, 0.0]
     assert by["int8"]["change_mean"] == pytest.approx(np.mean(changes))
     assert by["int8"]["change_std"] == pytest.approx(np.std(changes, ddof=1))
