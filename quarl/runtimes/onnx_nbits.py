@@ -21,6 +21,11 @@ block 32 / 128 / 256. Level 4 keeps the project's W4A8 meaning of "int4" (as the
 backend do) and its error stays within the int4 tolerance; block 128 is the largest block ORT's own
 quantizer defaults to, capped by K so small inputs are not padded far. At batch 16 MatMulInteger is faster
 again (195 vs 662 us), which is why `auto` measures both forms instead of assuming one.
+
+Rows: each row's block scales are its own, so a row's output never depends on the other rows. On AVX2
+without VNNI MLAS runs one row (M = 1) through its own kernel, which adds the block products in another
+float order: a row alone is float rounding (~1e-7 relative) apart from the same row in a batch, not bit for
+bit as with VNNI; every batch of two or more gives a row the same bits.
 """
 from __future__ import annotations
 

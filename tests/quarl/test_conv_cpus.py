@@ -14,7 +14,8 @@ from tests.quarl.helpers import QEMU_SKIP_REASON, qemu_available, run_under_qemu
 SCRIPT = """
 import json, numpy as np
 from quarl.quant.calibration import quantize_for_actors
-from quarl.policy.spec import minatar_q_network, reference_apply
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import minatar_q_network
 from quarl.quant.quantization import dequantize_params
 from quarl.runtimes import make_executor
 from tests.quarl.helpers import random_params

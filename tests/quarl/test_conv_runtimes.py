@@ -6,6 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from onnx import TensorProto
 
 from quarl.policy.reference import reference_apply
 from quarl.policy.spec import (
@@ -15,6 +16,7 @@ from quarl.quant.calibration import activation_ranges, needs_calibration, quanti
 from quarl.quant.payload import decode_payload, encode_payload
 from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes import make_executor
+from quarl.runtimes.onnx_backend import build_static_model
 from quarl.runtimes.onnx_static import (
     STATIC_FORMS, activation_qparams, check_static_form, fused_convs, select_static_form,
 )
@@ -96,19 +98,52 @@ def test_int8_matches_dequantized_reference(cases, backend, form, name):
         # Rows are independent (static scales): one row alone gives what it gives inside a batch.
         np.testing.assert_allclose(ex(obs[:1])[0], out[0], rtol=1e-5, atol=1e-6)
     if backend == "onnx":
-        assert ex.kernel_form == (form or ex.kernel_check["form"]) and ex.simulated == (ex.kernel_form == "fp32")
+        _assert_static_form_in_use(ex, form)
+        assert ex.simulated == (ex.kernel_form == "fp32")
 
 
-def test_onnx_int8_runs_qlinearconv_with_the_relu_folded(cases):
-    spec, params, calib, _ = cases["two_convs"]
-    qp = quantize_for_actors(spec, params, "int8", calib)
-    ex = make_executor(spec, qp, "onnx", kernel_form="u8s8")
-    ops = [n.op_type for n in ex.model().graph.node]
+def _assert_static_form_in_use(ex, requested: str | None) -> None:
+    """The executor runs the form its self-check settled on, and a requested form unless this CPU refused it.
+    Which forms are exact is per CPU class (u8s8 saturates int16 pair sums on AVX2 without VNNI), so a refusal
+    is allowed on any class, but only as the self-check's: the requested form's check comes first and failed,
+    the form in use passed its own, and `fallback` says so."""
+    info = ex.kernel_check
+    checks = info["checks"]
+    assert ex.kernel_form == info["form"] == checks[-1]["form"] and checks[-1]["ok"], info
+    assert not any(c["ok"] for c in checks[:-1]) and info["fallback"] == (len(checks) > 1), info
+    for c in checks:  # a refusal is a measured one: off the exact emulation, or ORT could not run the form
+        assert c["ok"] == (c.get("error") is None and c["max_rel_err"] <= c["tolerance"]), c
+    if requested is not None:
+        assert info["requested"] == requested and checks[0]["form"] == requested, info
+        assert (ex.kernel_form == requested) == (not info["fallback"]), info
+
+
+def _assert_static_graph(model, weight_type: int) -> None:
+    """The static int8 graph of `_two_convs`: both convs are QLinearConvs with their ReLU folded, the Linears
+    integer GEMMs, the weights integer codes of `weight_type` in the graph."""
+    ops = [n.op_type for n in model.graph.node]
     assert ops.count("QLinearConv") == 2 and ops.count("MatMulIntegerToFloat") == 2
     assert "Conv" not in ops and ops.count("Relu") == 1  # only the Linear's ReLU runs as an op
     assert ops.count("QuantizeLinear") == 2  # the observation, and the Linear after the float ReLU
-    codes = {i.name: i for i in ex.model().graph.initializer}
-    assert codes["conv_0.wq"].data_type == 3  # INT8: weights stay int8 in the graph
+    codes = {i.name: i for i in model.graph.initializer}
+    assert {codes[f"{n}.wq"].data_type for n in ("conv_0", "conv_1", "linear_0", "linear_1")} == {weight_type}
+
+
+@pytest.mark.parametrize("form", sorted(STATIC_FORMS))
+def test_onnx_int8_runs_qlinearconv_with_the_relu_folded(cases, form):
+    """Each static form's graph, built directly (the same on every CPU): INT8 codes for u8s8, codes + 128 as
+    UINT8 for u8u8. The executor asked for the form runs it, or the exact form this CPU's self-check fell
+    back to (u8s8 -> u8u8 on AVX2 without VNNI): still the integer graph, never the float one."""
+    weight_types = {np.dtype(np.int8): TensorProto.INT8, np.dtype(np.uint8): TensorProto.UINT8}
+    spec, params, calib, _ = cases["two_convs"]
+    qp = quantize_for_actors(spec, params, "int8", calib)
+    static = STATIC_FORMS[form]
+    _assert_static_graph(build_static_model(spec, ex_lowered(spec, qp), static),
+                         weight_types[np.dtype(static.weight_dtype)])
+    ex = make_executor(spec, qp, "onnx", kernel_form=form)
+    _assert_static_form_in_use(ex, form)
+    assert ex.kernel_form in STATIC_FORMS and not ex.simulated, ex.kernel_check
+    _assert_static_graph(ex.model(), weight_types[np.dtype(STATIC_FORMS[ex.kernel_form].weight_dtype)])
 
 
 def test_int_conv_params_without_calibration_are_refused(cases):

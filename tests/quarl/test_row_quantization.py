@@ -12,7 +12,7 @@ from quarl.policy.reference import reference_apply
 from quarl.policy.spec import layer_norm_mlp_policy, mlp_q_network
 from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes import make_executor
-from quarl.runtimes.kernel_check import _check_graph, _random_dense
+from quarl.runtimes.kernel_check import _check_graph, _random_dense, check_form
 from quarl.runtimes.kernel_forms import (
     exact_int_reference, get_form, lifted_int_reference, lifted_row_quantize, rowwise_quantize,
 )
@@ -30,14 +30,28 @@ def _mixed_rows(rows: int, k: int, rng: np.random.Generator) -> np.ndarray:
     return x
 
 
+# Forms whose op MLAS may run as another kernel for one row than for a batch: MatMulNBits has a one-row
+# (M = 1) kernel on AVX2 without VNNI, which adds the block products up in another float order (ORT 1.32:
+# ~2e-7 of the row's scale apart; its M >= 2 kernel gives every row the same bits at any batch size). There a
+# row alone matches the batched row to float rounding, not bit for bit; coupled rows (a per-tensor activation
+# scale) are whole code steps apart, ~1e-2 of the scale, so the bound below still catches them.
+ONE_ROW_KERNEL_FORMS = {NBITS_FORM}
+ONE_ROW_ROUNDING = 1e-5  # of the row's max |output|
+
+
 # u8s8 with |codes| <= 63: no CPU saturates it (AVX2's pmaddubsw only does past 63), so the row test below
 # holds on every CPU class; saturation itself is the self-check's business (test_kernel_forms).
 # floor -1: the lifted path (an input known to be >= -1, after ELU or tanh, arrives as x + 1 >= 0).
 @pytest.mark.parametrize("form, bits, floor", [("u8s8", 7, None), ("u8u8", 8, None), (NBITS_FORM, 4, None),
                                                ("u8s8", 7, -1.0), ("u8u8", 8, -1.0)])
 def test_each_row_is_bit_identical_alone_or_in_a_mixed_batch(form, bits, floor):
+    """In any batch of two or more, a row's output is the same bits whatever the other rows hold, on every
+    CPU class; alone it is the same bits too, except for `ONE_ROW_KERNEL_FORMS` (float rounding apart)."""
     rng = np.random.default_rng(0)
     layers = [_random_dense(bits, k, n, rng) for k, n in [(24, 256), (256, 3)]]
+    check = check_form(form, bits, [d.w.shape for d in layers])
+    if not check["ok"]:  # e.g. nbits4 on Arm (results/bench/kernel_forms.md): off its exact emulation there
+        pytest.skip(f"this CPU's self-check refuses {form} at int{bits} ({check}): no executor runs it here")
     session = ort.InferenceSession(_check_graph(get_form(form), layers, floor=floor).SerializeToString(),
                                    providers=["CPUExecutionProvider"])
     feeds = {f"x{i}": _mixed_rows(16, d.w.shape[0], rng) for i, d in enumerate(layers)}
@@ -46,8 +60,16 @@ def test_each_row_is_bit_identical_alone_or_in_a_mixed_batch(form, bits, floor):
     batched = session.run(None, feeds)
     for r in range(16):
         alone = session.run(None, {name: x[r:r + 1] for name, x in feeds.items()})
+        # Second of a pair, next to a row 100x larger or smaller: the batched kernel, other neighbours.
+        pair = session.run(None, {name: x[[(r + 1) % 16, r]] for name, x in feeds.items()})
         for i in range(len(layers)):
-            np.testing.assert_array_equal(alone[i][0], batched[i][r], err_msg=f"{form}: row {r}, layer {i}")
+            msg = f"{form}: row {r}, layer {i}"
+            np.testing.assert_array_equal(pair[i][1], batched[i][r], err_msg=msg)
+            if form in ONE_ROW_KERNEL_FORMS:
+                bound = ONE_ROW_ROUNDING * np.abs(batched[i][r]).max()
+                np.testing.assert_allclose(alone[i][0], batched[i][r], rtol=0, atol=bound, err_msg=msg)
+            else:
+                np.testing.assert_array_equal(alone[i][0], batched[i][r], err_msg=msg)
     # ...and the batch still matches the form's exact reference (small rows included, each to its own scale).
     for i, d in enumerate(layers):
         x = feeds[f"x{i}"]
