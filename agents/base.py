@@ -3,15 +3,20 @@ that is the same for every agent (config check, n-step adder, transition signatu
 builder only says what differs: its networks, learner, actor and action column.
 
 The runners in `launch/` depend only on `BuilderBase` (an ABC: the one builder type), and the `Learner` and
-`Actor` Protocols below (docs/ARCHITECTURE.md, "Builder details").
+`Actor` Protocols below (docs/ARCHITECTURE.md, "Builder details"): what they read of an actor (its backend, its
+integer kernel, its exploration) is part of the Protocol, not looked up by name. Every agent acts through the one
+loop (`quarl.acting.loop`); a builder says what its steps become (`make_sink`: n-step transitions for replay, or
+fixed-length rollouts for an on-policy learner) and how often its actors take new weights.
 """
 from __future__ import annotations
 
 import abc
+import math
 from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
+from quarl.acting.loop import AdderSink, Sink
 from quarl.envs.spec import EnvSpec
 from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
@@ -54,16 +59,52 @@ class Learner(Protocol):
 
 
 @runtime_checkable
+class OnPolicyLearner(Learner, Protocol):
+    """An on-policy learner (PPO, A2C): `step` takes one whole rollout; `log_std` is the Gaussian's log-std its
+    actors sample with (None on discrete tasks), handed to them beside the weights."""
+
+    def log_std(self) -> np.ndarray | None: ...
+
+
+@runtime_checkable
 class Actor(Protocol):
-    """An actor acting through a quantized policy executor; `update` swaps in new weights of the same spec."""
+    """An actor acting through a quantized policy executor; `update` swaps in new weights of the same spec.
+
+    `act` is what the acting loop calls: the actions for a batch [K, ...] of observations and the per-row
+    extras its agent's sink keeps (none for replay agents; the behaviour log-probs for on-policy ones).
+    `backend` and `kernel` say what ran the policy (summary.json); `exploration` is the setting the episode
+    log records (DQN's epsilon, the Gaussian's sigma; NaN for an actor without one)."""
 
     evaluation: bool
+
+    @property
+    def backend(self) -> str: ...
+
+    @property
+    def kernel(self) -> dict | None: ...
+
+    @property
+    def exploration(self) -> float: ...
+
+    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]: ...
 
     def select_action(self, observation: np.ndarray) -> np.ndarray: ...
 
     def select_actions(self, observations: np.ndarray) -> np.ndarray: ...
 
     def update(self, qparams: QuantizedParams) -> None: ...
+
+
+@runtime_checkable
+class OnPolicyActor(Actor, Protocol):
+    """An on-policy actor: `sample` returns the actions and their log-probabilities under the quantized policy;
+    a continuous one samples with the learner's log-std (`set_log_std`)."""
+
+    discrete: bool
+
+    def sample(self, observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def set_log_std(self, log_std: np.ndarray) -> None: ...
 
 
 # What makes an actor's executor: `quarl.runtimes.make_executor`'s signature (tests pass fakes).
@@ -114,6 +155,22 @@ class ExecutorActor:
 
         return kernel_summary(self._executor)
 
+    @property
+    def exploration(self) -> float:
+        """The exploration setting the episode log records: the actor's `epsilon` (DQN) or `sigma` (D4PG, PPO on
+        continuous tasks) where its class defines one, else NaN."""
+        for name in ("epsilon", "sigma"):
+            if isinstance(getattr(type(self), name, None), property):
+                return float(getattr(self, name))
+        return math.nan
+
+    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """`select_actions` and no extras: what a replay agent's sink takes."""
+        return self.select_actions(observations), {}
+
+    def select_actions(self, observations: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
+
     def update(self, qparams: QuantizedParams) -> None:
         """New policy weights (same spec); the executor swaps them in place."""
         self._executor.update(qparams)
@@ -128,7 +185,7 @@ class BuilderBase(abc.ABC):
 
     name: ClassVar[str]
     config_class: ClassVar[type]
-    # An on-policy agent (PPO, A2C) has no replay: the runners train it with `launch.experiments.onpolicy`.
+    # An on-policy agent (PPO, A2C) has no replay: its sink makes rollouts that go straight to the learner.
     on_policy: ClassVar[bool] = False
     config: Any  # an instance of `config_class` (a frozen dataclass)
 
@@ -160,6 +217,37 @@ class BuilderBase(abc.ABC):
     @abc.abstractmethod
     def sampler_settings(self) -> dict[str, Any]:
         """The table's `sampler` and `priority_exponent`."""
+
+    def num_envs(self, envs_per_actor: int = 1) -> int:
+        """Environments one actor steps together (`--envs-per-actor K`)."""
+        return int(envs_per_actor)
+
+    def steps_per_update(self, num_envs: int) -> int | None:
+        """Env steps the learner needs between two updates: one rollout's for an on-policy agent; None for a
+        replay agent (it learns whenever the rate limiter allows)."""
+        del num_envs
+        return None
+
+    def actor_update_period(self, num_envs: int) -> int:
+        """Env steps between an actor's weight pulls: the config's `actor_update_period`, or after every
+        rollout for an on-policy agent (its learner updates once per rollout)."""
+        rollout = self.steps_per_update(num_envs)
+        return int(rollout) if rollout else int(self.config.actor_update_period)
+
+    def run_steps(self, max_actor_steps: int, num_envs: int) -> int:
+        """The env steps a run of `max_actor_steps` takes: rounded up to whole rollouts for an on-policy agent."""
+        rollout = self.steps_per_update(num_envs)
+        return int(max_actor_steps) if not rollout else rollout * max(1, math.ceil(max_actor_steps / rollout))
+
+    def make_run_learner(self, env_spec: EnvSpec, seed: int, *, max_actor_steps: int, num_envs: int) -> Learner:
+        """The learner of a run of `max_actor_steps` env steps over `num_envs` environments per actor (an
+        on-policy learner sizes its rate schedule to the run's updates); by default `make_learner`."""
+        del max_actor_steps, num_envs
+        return self.make_learner(env_spec, seed)
+
+    def make_sink(self, num_envs: int) -> Sink:
+        """Where an actor's steps go (`quarl.acting.loop`): one n-step adder per environment by default."""
+        return AdderSink(self.make_adder, num_envs)
 
     def error_buffer_setting(self) -> float | tuple[float, float]:
         """The rate limiter's `error_buffer` (a number, or a (min_diff, max_diff) pair)."""

@@ -11,7 +11,8 @@ Every flag has a default, as launch.actorq's: --agent d4pg on cartpole:balance, 
 starts from a quick preset instead). --config reruns a recorded run (a summary.json's `experiment`) or an
 ExperimentConfig file. On a terminal it shows a progress bar, in a log one line every 10 s; it ends with the same
 table as launch.actorq and the run folder. Bad flags print one line on stderr and exit 2 before anything is
-written.
+written. SIGINT (Ctrl-C) or SIGTERM stops the run as launch.actorq's: logs flushed, the final policy and
+summary.json (status "interrupted") written, exit code 130 or 143.
 """
 from __future__ import annotations
 
@@ -91,10 +92,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         fail(f"{PROG}: error: {e}")
     from launch.experiments.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
     from launch.experiments.progress import print_summary  # pylint: disable=import-outside-toplevel
+    from launch.experiments.stopping import StopSignals, exit_code  # pylint: disable=import-outside-toplevel
 
-    summary = run_single_process(config, progress=not args.no_progress)  # PPO/A2C on-policy, the others replay
+    with StopSignals() as signals:  # SIGINT/SIGTERM: stop, then write the logs, the policy and summary.json
+        summary = run_single_process(config, progress=not args.no_progress, should_stop=signals.requested)
     print_summary(summary)
-    return 0
+    return exit_code(summary["status"], signals.signum)
 
 
 if __name__ == "__main__":

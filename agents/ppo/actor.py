@@ -19,8 +19,9 @@ HALF_LOG_2PI = 0.5 * float(np.log(2.0 * np.pi))
 
 
 class PPOActor(ExecutorActor):
-    """`sample(obs[K]) -> (actions, log_probs)`; `select_actions` / `select_action` for the runners and
-    evaluators; `update(qparams)` swaps weights and `set_log_std` the Gaussian's std (continuous tasks)."""
+    """`sample(obs[K]) -> (actions, log_probs)` and `act` (the same, as the acting loop takes it);
+    `select_actions` / `select_action` for evaluators; `update(qparams)` swaps weights and `set_log_std` the
+    Gaussian's std (continuous tasks). An `agents.base.OnPolicyActor`."""
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, discrete: bool, seed: int,
                  log_std: np.ndarray | None = None, evaluation: bool = False, backend: str = "auto",
@@ -78,6 +79,14 @@ class PPOActor(ExecutorActor):
         if self.discrete:
             return np.argmax(out, axis=1).astype(np.int32)
         return np.clip(out, -1.0, 1.0).astype(np.float32)
+
+    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """What the acting loop calls: sampled actions with their log-probabilities (`behaviour_logp`, what the
+        rollout sink keeps for PPO's ratio), or the greedy actions and nothing else in evaluation."""
+        if self.evaluation:
+            return self.greedy(observations), {}
+        actions, logp = self.sample(observations)
+        return actions, {"behaviour_logp": logp}
 
     def select_actions(self, observations: np.ndarray) -> np.ndarray:
         """Greedy in evaluation, sampled otherwise (the environment clips continuous samples to its bounds)."""

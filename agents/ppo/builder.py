@@ -1,11 +1,13 @@
 """PPO / A2C builder: the agent contract (docs/ARCHITECTURE.md, "Builder details") for an on-policy agent.
 
-PPO has no replay: `on_policy = True` tells the runners to train it with `launch.experiments.onpolicy` (rollouts of the
-quantized actor straight into the learner) instead of the adder/table loop, and the replay parts of the
-contract refuse with one line. Policy spec, learner and actors are built as for every other agent.
+PPO has no replay: its actors run the same acting loop as every agent with another sink (`make_sink`: rollouts of
+`num_steps` steps of the K environments, with the behaviour log-probs, straight into the learner, one update per
+rollout, then new weights), and the replay parts of the contract refuse with one line. Policy spec, learner and
+actors are built as for every other agent.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, ClassVar
 
 import numpy as np
@@ -15,6 +17,7 @@ from agents.ppo.actor import ExecutorFactory, PPOActor
 from agents.ppo.config import PPOConfig
 from agents.ppo.learning import PPOLearner
 from agents.ppo.networks import PPONetworks, make_networks
+from quarl.acting.loop import RolloutSink
 from quarl.envs.spec import EnvSpec
 from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
@@ -55,6 +58,19 @@ class Builder(BuilderBase):
         """`total_updates` (PPO updates in the run) lets `anneal_lr` decay the rate to 0 at the run's end."""
         return PPOLearner(self.networks(env_spec), self.config, seed, total_updates)
 
+    def steps_per_update(self, num_envs: int) -> int:
+        """One rollout: `num_steps` steps of each of the K environments."""
+        return int(num_envs) * self.config.num_steps
+
+    def make_run_learner(self, env_spec: EnvSpec, seed: int, *, max_actor_steps: int, num_envs: int) -> PPOLearner:
+        """The learner of a run: as many updates as whole rollouts fit `max_actor_steps` (rounded up)."""
+        total_updates = max(1, math.ceil(max_actor_steps / self.steps_per_update(num_envs)))
+        return self.make_learner(env_spec, seed, total_updates=total_updates)
+
+    def make_sink(self, num_envs: int) -> RolloutSink:
+        """Rollouts of [num_steps, K] steps with the actor's behaviour log-probs (`PPOActor.act`)."""
+        return RolloutSink(self.config.num_steps, num_envs, extras=("behaviour_logp",))
+
     def make_actor(self, env_spec: EnvSpec, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
                    evaluation: bool = False, backend: str = "auto", num_actors: int = 1,
                    executor_factory: ExecutorFactory | None = None, batch_size: int = 1) -> PPOActor:
@@ -73,8 +89,8 @@ class Builder(BuilderBase):
         return (env_spec.action_dim,), np.dtype(np.float32)
 
     def _no_replay(self) -> Any:
-        raise ValueError(f"{self.name} is on-policy and has no replay: train it with launch.train "
-                         "(launch.experiments.onpolicy), not the replay-based actor/learner graph")
+        raise ValueError(f"{self.name} is on-policy and has no replay: its actors' steps go into rollouts "
+                         "(make_sink), not into adders and a replay table")
 
     def sampler_settings(self) -> dict[str, Any]:
         return self._no_replay()

@@ -16,6 +16,11 @@ once and publishes the bytes), N quantized actors and an evaluator (see `launch.
                   payload), sends n-step transitions in batches, and times every stage of its loop
     Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
 
+An on-policy agent (PPO, A2C) has no replay: its actors are `RolloutActorNode`s (`add_rollout_actors`), the same
+acting loop with the rollout sink, handing out fixed-length rollouts with the behaviour log-probs and the weights
+version they were collected with. A learner node that takes them is not written yet, so `build_actorq_program`
+refuses such an agent with one line (and `launch.actorq` before it).
+
 Nodes talk only through `NodeHandle.call/submit` (see `launch.program.graph`) with plain values: NumPy arrays,
 dicts, and `launch.distributed.nodes.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.quant.payload`): no fp32
 tree crosses a process boundary for acting. What went wrong, and what was done about it (an actor restarted,
@@ -30,11 +35,12 @@ from typing import Sequence
 from launch.distributed.nodes.actor import ActorNode
 from launch.distributed.nodes.evaluator import Evaluator
 from launch.distributed.nodes.learner import LearnerNode
+from launch.distributed.nodes.rollout_actor import RolloutActorNode
 from launch.distributed.nodes.services import Counter, ReplayServer, WeightServer
 from launch.experiments.agent_spec import AgentSpec, derive_seed, table_spec
 from launch.experiments.config import ExperimentConfig
 from launch.program.devices import ACCELERATOR_BY_DEVICE, CPU_ONLY_ENV, learner_env
-from launch.program.graph import SINGLE_THREAD_ENV, Node, Program
+from launch.program.graph import SINGLE_THREAD_ENV, Handle, Node, Program
 
 
 LEARNER_STREAM, ACTOR_STREAM, EVAL_STREAM, REPLAY_STREAM = 0, 1, 2, 3
@@ -59,6 +65,7 @@ class NodeClasses:  # pylint: disable=invalid-name  (the fields are class names)
     LearnerNode: type[LearnerNode] = LearnerNode
     ActorNode: type[ActorNode] = ActorNode
     Evaluator: type[Evaluator] = Evaluator
+    RolloutActorNode: type[RolloutActorNode] = RolloutActorNode
 
 
 def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | None = None) -> Program:
@@ -66,6 +73,9 @@ def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | N
     nc = NodeClasses() if node_classes is None else node_classes
     spec = AgentSpec(config.agent, config.task, dict(config.overrides))
     builder, env_spec = spec.builder(), spec.env_spec()
+    if builder.on_policy:
+        raise ValueError(f"{config.agent} is on-policy: the ActorQ graph has replay; its actors are rollout actors "
+                         "(add_rollout_actors), its distributed learner is not written yet")
     logdir = os.path.abspath(config.logdir)
     program = Program("actorq")
     dist = config.distributed
@@ -112,3 +122,21 @@ def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | N
 
 def actor_names(program: Program) -> Sequence[str]:
     return program.names(kind="worker", prefix="actor_")
+
+
+def add_rollout_actors(program: Program, config: ExperimentConfig, counter: Handle, weights: Handle,
+                       node_classes: NodeClasses | None = None, **node_kwargs: object) -> list[Handle]:
+    """Adds `config.distributed.num_actors` on-policy actors ("actor_<i>", `RolloutActorNode`) pulling weights
+    from `weights` and counting into `counter`, placed as ActorQ's actors are; returns their handles.
+    `node_kwargs` go to each node (e.g. `outbox_size`, `sync`)."""
+    nc = NodeClasses() if node_classes is None else node_classes
+    spec = AgentSpec(config.agent, config.task, dict(config.overrides))
+    dist = config.distributed
+    return [program.add(Node(
+        f"actor_{i}", nc.RolloutActorNode,
+        {"spec": spec, "actor_id": i, "num_actors": dist.num_actors, "seed": derive_seed(config.seed, ACTOR_STREAM, i),
+         "precision": config.precision, "backend": config.backend, "kernel_form": config.kernel_form,
+         "counter": counter, "weights": weights, "logdir": os.path.abspath(config.logdir),
+         "max_actor_steps": config.max_actor_steps, "envs_per_actor": config.envs_per_actor, **node_kwargs},
+        kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV,
+        resources=dict(dist.actor_resources))) for i in range(dist.num_actors)]

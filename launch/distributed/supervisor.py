@@ -1,14 +1,12 @@
 """Supervision of an ActorQ program, whatever runs it (the same loop drives Ray and the local runner): start the
 workers, poll progress, notice failures and lost nodes, stop every node in dependency order within a bounded time
-(also on Ctrl-C), and write summary.json."""
+(also on SIGINT or SIGTERM, as every runner stops: `launch.experiments.stopping`), and write summary.json."""
 from __future__ import annotations
 
 import dataclasses
 import signal
-import threading
 import time
 from pathlib import Path
-from types import FrameType
 from typing import Any, Callable, Mapping, Sequence
 
 from analysis.schema import solved_at
@@ -17,6 +15,7 @@ from launch.distributed.program import NodeClasses, actor_names, build_actorq_pr
 from launch.distributed.replay_log import ReplayLog
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.progress import ProgressView, Snapshot
+from launch.experiments.stopping import StopSignals, exit_code
 from launch.experiments.summary import make_summary
 from launch.program.devices import learner_device_error, pin_driver_to_cpu
 from launch.program.graph import CallFuture, Launch, NodeLost, Runner
@@ -35,20 +34,6 @@ class _Interrupted(Exception):
     def __init__(self, signum: int):
         super().__init__(signal.Signals(signum).name)
         self.signum = signum
-
-
-_SIGNALS_RECEIVED: list[int] = []
-
-
-def _defer_signal(signum: int, _frame: FrameType | None) -> None:
-    _SIGNALS_RECEIVED.append(signum)
-
-
-def _raise_interrupt(signum: int, _frame: FrameType | None) -> None:
-    # Recorded as well as raised: raised inside Ray's C extension, the exception can come out wrapped (as a
-    # SystemError), and the run must still count as interrupted.
-    _SIGNALS_RECEIVED.append(signum)
-    raise _Interrupted(signum)
 
 
 def make_runner(kind: str, ray_address: str | None = None) -> Runner:
@@ -79,20 +64,15 @@ def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = Fa
     futures: dict[str, CallFuture] = {}
     results: dict[str, Any] = {}
     stats: dict[str, Any] = {}
-    previous = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    in_main = _in_main_thread()
-    _SIGNALS_RECEIVED.clear()
-    if in_main:  # no exception may land inside ray.init (half-started Ray crashes at exit): defer
-        for s in previous:
-            signal.signal(s, _defer_signal)
+    # No exception may land inside ray.init (half-started Ray crashes at exit): signals are only recorded until
+    # the program is up, then raise in the main thread (ray.init installs its own SIGTERM handler; ours must win).
+    signals = StopSignals().__enter__()
     try:
         try:
             launch = runner.launch(program)
-            if in_main:  # ray.init installs its own SIGTERM handler; ours must win
-                for s in previous:
-                    signal.signal(s, _raise_interrupt)
-            if _SIGNALS_RECEIVED:
-                raise _Interrupted(_SIGNALS_RECEIVED[-1])
+            signals.raise_with(_Interrupted)
+            if signals.requested():
+                raise _Interrupted(signals.received[-1])
             launch.wait_ready()
             placement = dict(launch.placement())
             learner_device = launch.handles["learner"].call("device_report")
@@ -106,8 +86,8 @@ def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = Fa
             title = f"ActorQ {config.agent} · {config.task} · actors {config.precision} x{config.distributed.num_actors}"
             with ProgressView(progress, title) as view:
                 while True:
-                    if _SIGNALS_RECEIVED:  # a signal whose exception some library code swallowed
-                        raise _Interrupted(_SIGNALS_RECEIVED[-1])
+                    if signals.requested():  # a signal whose exception some library code swallowed
+                        raise _Interrupted(signals.received[-1])
                     snap, evals = _poll(launch, config, replay_log)
                     view.update(snap)
                     error = _check_hosts(launch, config.logdir, lost_hosts) or _check_workers(futures, actors)
@@ -127,13 +107,11 @@ def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = Fa
         except NodeLost as e:  # a service the driver polls died
             status, error = "failed", _lost_message(e)
         except Exception as e:  # pylint: disable=broad-except
-            if _SIGNALS_RECEIVED:
-                status, signum = "interrupted", _SIGNALS_RECEIVED[-1]
+            if signals.requested():
+                status, signum = "interrupted", signals.received[-1]
             else:
                 status, error = "failed", f"{type(e).__name__}: {_first_line(e)}"
-        if in_main:  # the shutdown below is bounded; a second Ctrl-C must not cut it short
-            for s in previous:
-                signal.signal(s, signal.SIG_IGN)
+        signals.ignore()  # the shutdown below is bounded; a second Ctrl-C must not cut it short
         if launch is not None and status == "failed":
             # Whatever surfaced first (an actor's insert, the learner's sample, the driver's poll), name
             # the node that is gone: that is what the user has to know.
@@ -154,18 +132,15 @@ def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = Fa
             launch.shutdown()
         else:
             runner.close()
-        if in_main:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        signals.__exit__(None, None, None)
     summary = make_summary(config, status, error, results, stats, time.monotonic() - t_start, _agent_config(config))
     summary["lost_nodes"] = sorted(lost)
     summary["placement"] = placement
     summary["lost_hosts"] = sorted(lost_hosts)
     summary["learner_device"] = learner_device
     write_json_atomic(Path(config.logdir) / "summary.json", summary)
-    code = EXIT_OK if status == "completed" else EXIT_FAILED
+    code = exit_code(status, signum)
     if status == "interrupted":
-        code = 128 + (signum or signal.SIGINT)
         log_event(config.logdir, "driver", f"interrupted by {signal.Signals(signum or signal.SIGINT).name}; "
                                            f"nodes stopped, exit code {code}")
     elif status == "failed":
@@ -182,10 +157,6 @@ def _agent_config(config: ExperimentConfig) -> dict[str, Any] | None:
         return jsonable(dataclasses.asdict(config.builder().config))
     except (TypeError, ValueError):
         return None
-
-
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
 
 
 def _poll(launch: Launch, config: ExperimentConfig, replay_log: ReplayLog | None = None) -> tuple[Snapshot, list[dict]]:

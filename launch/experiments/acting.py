@@ -1,9 +1,12 @@
-"""The one acting loop and the one evaluation record of both runners (Acme's `EnvironmentLoop` idea,
-`acme/environment_loop.py`: one loop object owns stepping, the update cadence and the episode bookkeeping, and
-the caller only says where transitions go and how weights are pulled).
+"""The one acting loop and the one evaluation record of both runners and every agent (Acme's `EnvironmentLoop`
+idea, `acme/environment_loop.py`: one loop object owns stepping, the update cadence and the episode bookkeeping,
+and the caller only says where the steps go and how weights are pulled).
 
-The single-process runner (`launch.experiments.run_experiment`), every actor node (`launch.distributed.nodes.actor`) and the
-evaluator node (`launch.distributed.nodes.evaluator`) use it, so that:
+The single-process runner (`launch.experiments.run_experiment`, replay and on-policy agents alike), every actor
+node (`launch.distributed.nodes.actor`, `launch.distributed.nodes.rollout_actor`) and the evaluator node
+(`launch.distributed.nodes.evaluator`) use it, so that:
+- what an agent's steps become is its builder's sink (`quarl.acting.loop`: n-step transitions, or fixed-length
+  rollouts with the behaviour log-probs), handed to the caller's `insert`;
 - a periodic action happens when a count crosses a multiple of its period (`crossed`): weight pulls every
   `actor_update_period` env steps, evaluations every `eval_every` actor steps, whatever the step size K;
 - the actor's stages are timed in one place (`launch.experiments.stages.StageTimes`: env, policy, adders + insert);
@@ -12,15 +15,17 @@ evaluator node (`launch.distributed.nodes.evaluator`) use it, so that:
 """
 from __future__ import annotations
 
-import math
 import time
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from launch.experiments.stages import StageTimes
 from quarl.acting.evaluation import run_episode
-from quarl.acting.loop import VectorEnvLoop, VectorStep
+from quarl.acting.loop import Sink, VectorEnvLoop, VectorStep
+
+if TYPE_CHECKING:  # agents.base imports JAX; the loop only needs the Protocol's names
+    from agents.base import Actor
 
 # evaluator.csv, both runners. train_clock_s: the run's clock without evaluation time (the distributed evaluator
 # works on the side, so there it is the wall clock); return_first: the first, noiseless episode (Acme's usual
@@ -39,23 +44,15 @@ def crossed(before: int, after: int, period: int) -> bool:
     return int(after) // int(period) > int(before) // int(period)
 
 
-def exploration(actor: Any) -> float:
-    """The actor's current exploration setting: epsilon (DQN) or Gaussian sigma (D4PG); NaN if neither."""
-    for name in ("epsilon", "sigma"):
-        value = getattr(actor, name, None)
-        if isinstance(value, (int, float, np.floating)):
-            return round(float(value), 5)
-    return math.nan
-
-
 class ActingLoop:
-    """One actor's loop over K environments: one batched policy call per step, stage times, episode rows and
-    the weight-pull cadence. The caller supplies `insert(transitions)` (an in-memory table or a replay server;
-    it times its own insert into `times.insert_s`) and `pull()` (a payload made in this process or fetched)."""
+    """One actor's loop over K environments: one batched policy call per step (`actor.act`), stage times,
+    episode rows and the weight-pull cadence. `sink` is the agent's (`BuilderBase.make_sink`); the caller
+    supplies `insert(items)` (transitions into an in-memory table or a replay server, rollouts into a learner
+    or an outbox; it times its own work) and `pull()` (a payload made in this process or fetched)."""
 
-    def __init__(self, env: Any, make_adder: Callable[[], Any], times: StageTimes, *, update_period: int,
+    def __init__(self, env: Any, sink: Sink, times: StageTimes, *, update_period: int,
                  episode_log: Any, clock: Callable[[], float]):
-        self.env_loop = VectorEnvLoop(env, make_adder)
+        self.env_loop = VectorEnvLoop(env, sink=sink)
         self.num_envs = self.env_loop.num_envs
         self.times = times
         self.update_period = int(update_period)
@@ -65,18 +62,18 @@ class ActingLoop:
         self._episode_start: list[float] = []
 
     @property
-    def adders(self) -> Sequence[Any]:
-        return self.env_loop.adders
+    def sink(self) -> Sink:
+        return self.env_loop.sink
 
     def reset(self) -> None:
         self.times.env_step_s += self.env_loop.reset()
         self._episode_start = [time.monotonic()] * self.num_envs
 
-    def step(self, actor: Any, insert: Callable[[list], None], pull: Callable[[], None], *,
+    def step(self, actor: "Actor", insert: Callable[[list], None], pull: Callable[[], None], *,
              weights_version: int, total_actor_steps: Callable[[], int] | None = None) -> VectorStep:
-        """One iteration: act, hand the transitions to `insert`, log finished episodes, and `pull()` when the
-        env-step count crossed a multiple of the update period."""
-        out = self.env_loop.step(actor.select_actions)
+        """One iteration: act, hand the sink's finished items to `insert`, log finished episodes, and `pull()`
+        when the env-step count crossed a multiple of the update period."""
+        out = self.env_loop.step(actor.act)
         times = self.times
         times.policy_s += out.policy_s
         times.env_step_s += out.env_s
@@ -91,7 +88,7 @@ class ActingLoop:
             pull()
         return out
 
-    def _log_episodes(self, out: VectorStep, actor: Any, weights_version: int, total: int) -> None:
+    def _log_episodes(self, out: VectorStep, actor: "Actor", weights_version: int, total: int) -> None:
         now = time.monotonic()
         for episode in out.episodes:
             self.episodes += 1
@@ -100,7 +97,7 @@ class ActingLoop:
             self._log.write({"actor_steps": self.steps, "wall_clock_s": round(self._clock(), 3),
                              "episode": self.episodes, "return": episode.episode_return, "length": episode.length,
                              "steps_per_s": round(self.num_envs * episode.length / seconds, 2),
-                             "exploration": exploration(actor), "weights_version": weights_version,
+                             "exploration": round(float(actor.exploration), 5), "weights_version": weights_version,
                              "total_actor_steps": total})
 
     def close(self) -> None:

@@ -236,13 +236,20 @@ def insert_split(summary: Mapping[str, Any]) -> tuple[float | None, float | None
 
 def actor_tables(summary: Mapping[str, Any]) -> list[Any]:
     """The paper's runtime breakdown: where each actor's time went (seconds), then what one weight update cost
-    it (ms). An actor's insert includes any time the replay's rate limiter held it back; the "all actors" row
-    splits that out (the table's own count of it)."""
+    it (ms). With replay, an actor's insert includes any time the replay's rate limiter held it back, and the
+    "all actors" row splits that out (the table's own count of it); a run without replay (on-policy: PPO, A2C)
+    has no limiter, and its actors' third stage is filling the rollout buffer."""
     from rich.table import Table  # pylint: disable=import-outside-toplevel
 
-    times = Table(title="actor time (s)", caption="insert: adders + replay insert; per actor it includes the "
-                                                  "rate limiter's hold, which the all-actors row splits out")
-    for col in ("actor", "steps/s", "env", "policy", "insert", "held by the rate limiter"):
+    replay = bool(summary.get("replay"))
+    if replay:
+        times = Table(title="actor time (s)", caption="insert: adders + replay insert; per actor it includes the "
+                                                      "rate limiter's hold, which the all-actors row splits out")
+        columns: tuple[str, ...] = ("actor", "steps/s", "env", "policy", "insert", "held by the rate limiter")
+    else:
+        times = Table(title="actor time (s)", caption="rollout: filling the rollout buffer (no replay)")
+        columns = ("actor", "steps/s", "env", "policy", "rollout")
+    for col in columns:
         times.add_column(col, justify="right")
     updates = Table(title="weight updates (ms per update)")
     for col in ("actor", "updates", "pull", "deserialize", "load"):
@@ -250,12 +257,13 @@ def actor_tables(summary: Mapping[str, Any]) -> list[Any]:
     for a in summary.get("actors") or []:
         tm = a.get("times") or {}  # None for an actor that never reported (lost)
         name = f"{a.get('actor_id')} ({a.get('backend') or '?'})"
-        times.add_row(name, _fmt(a.get("steps_per_s"), ",.0f"), _fmt(tm.get("env_step_s"), ".1f"),
-                      _fmt(tm.get("policy_s"), ".1f"), _fmt(tm.get("insert_s"), ".1f"), "in insert")
+        cells = [name, _fmt(a.get("steps_per_s"), ",.0f"), _fmt(tm.get("env_step_s"), ".1f"),
+                 _fmt(tm.get("policy_s"), ".1f"), _fmt(tm.get("insert_s"), ".1f")]
+        times.add_row(*cells, *(["in insert"] if replay else []))
         updates.add_row(name, _fmt(tm.get("updates")), _fmt(tm.get("pull_ms_per_update"), ".2f"),
                         _fmt(tm.get("deserialize_ms_per_update"), ".2f"), _fmt(tm.get("load_ms_per_update"), ".2f"))
     insert, held = insert_split(summary)
-    if insert is not None:
+    if insert is not None and replay:
         summed = (summary.get("runtime") or {}).get("summed_s") or {}
         times.add_row("all actors", _fmt(summary.get("actor_steps_per_s"), ",.0f"),
                       _fmt(summed.get("env_step_s"), ".1f"), _fmt(summed.get("policy_s"), ".1f"), _fmt(insert, ".1f"),

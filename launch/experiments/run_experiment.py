@@ -1,10 +1,14 @@
-"""Single-process ActorQ run (Acme's `run_experiment`): one env loop, one learner, one in-memory table.
+"""Single-process ActorQ run (Acme's `run_experiment`) of every agent: one acting loop, one learner, and the
+agent's learning side (`launch.experiments.feeds`: an in-memory replay table, or rollouts straight into an
+on-policy learner).
 
 It runs the same pieces, in the same order, as the distributed runner, just in one thread: the actor only ever
 sees weights that went learner.policy_params() -> quantize_for_actors(precision) -> encode_payload -> bytes ->
 decode_payload -> actor.update, so quantization and the wire format are exercised on every pull, and each stage
-is timed. Acting and learning are interleaved under the table's samples-per-insert rate limiter: after every
-env step the learner takes as many steps as the limiter allows (never blocking).
+is timed. The actor acts through `launch.experiments.acting.ActingLoop` with its builder's sink, as a distributed
+actor does. With replay, acting and learning are interleaved under the table's samples-per-insert rate limiter:
+after every env step the learner takes as many steps as the limiter allows (never blocking). On-policy, each
+rollout of T steps of the K environments is one learner update, after which the actor takes the new weights.
 """
 from __future__ import annotations
 
@@ -13,9 +17,8 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
 
-import jax
 import numpy as np
 
 from analysis.schema import solved_at, sum_energy
@@ -23,9 +26,11 @@ from launch.experiments.acting import (
     EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns, evaluation_row,
 )
 from launch.experiments.config import ExperimentConfig
+from launch.experiments.feeds import make_feed
 from launch.experiments.stages import StageTimes, runtime_section
 from launch.experiments.summary import build_summary
 from launch.program.devices import device_report, use_learner_device
+from quarl.acting.evaluation import EpisodeInterrupted
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
 from quarl.envs.vector import make_vector_environment
@@ -36,8 +41,10 @@ from quarl.quant.calibration import learner_observations, quantize_for_actors
 from quarl.quant.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.runtimes.policy_io import save_policy
 
+if TYPE_CHECKING:
+    from agents.base import Actor, Learner
+
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes come from their own env instance and seed
-LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows
 
 
 class WeightChannel:
@@ -84,23 +91,27 @@ def _progress(total: int, enabled: bool) -> Iterator[Any]:
 
 def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: bool = True,
                    sync_learner: bool = False, on_eval: Callable[[dict[str, Any]], bool | None] | None = None,
-                   on_builder: Callable[[Any], None] | None = None) -> dict[str, Any]:
-    """Trains `config`'s agent on its task for `config.max_actor_steps` env steps; returns (and writes) the
-    summary, with the whole config under "experiment". `config.distributed` (ExperimentConfig) is
-    ignored here (one actor, no Ray, no checkpoints).
+                   on_builder: Callable[[Any], None] | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+    """Trains `config`'s agent, whatever it is, on its task for `config.max_actor_steps` env steps (an
+    on-policy agent's rounded up to whole rollouts); returns (and writes) the summary, with the whole config
+    under "experiment". `config.distributed` (ExperimentConfig) is ignored here (one actor, no Ray, no
+    checkpoints).
 
     Evaluations every `config.eval_every` actor steps run greedily at the deployed precision (plus fp32 with
     `eval_fp32`); a final one always runs. The run ends early once `target_streak` evaluations in a row reach
-    `target_return`, or when `on_eval(row)` (it sees every evaluator row) returns True.
+    `target_return`, or when `on_eval(row)` (it sees every evaluator row) returns True, or as soon as
+    `should_stop()` is true (a signal: `launch.experiments.stopping`), then with status "interrupted", no final
+    evaluation, and the logs, final policy and summary.json written as at any end.
     The keyword arguments are how this process runs the experiment, not part of it: `progress` (a bar),
     `energy` (the energy tracker), `on_builder(builder)` (sees the builder before anything is made from it:
     benchmarks wrap its factories to keep a handle on the learner). Learner updates are dispatched
     asynchronously (JAX), so their compute overlaps acting and part of it shows up in the stage that next waits
     on the device (usually `quantize_encode_s`); `sync_learner=True` waits for every update so each stage's
     time is its own, at some cost in throughput.
-    `envs_per_actor` K > 1 makes the actor step K environments and run its policy once per step on the batch
-    of K observations (`quarl.acting.loop`); every count (steps, evaluation and update periods) is in env steps,
-    so one loop iteration advances them by K.
+    The actor steps K environments (`envs_per_actor`, or an on-policy agent's `num_envs`) and runs its policy
+    once per step on the batch of K observations (`quarl.acting.loop`); every count (steps, evaluation and
+    update periods) is in env steps, so one loop iteration advances them by K.
     Writes evaluator.csv, learner.csv, actor.csv, summary.json and the final fp32 policy
     (policy_fp32.qrlp + .json, see `quarl.runtimes.policy_io`) under `config.logdir`.
     """
@@ -108,20 +119,19 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     builder = config.builder()
     if on_builder is not None:
         on_builder(builder)
-    task, prec, seed, num_envs = config.task, config.precision, config.seed, config.envs_per_actor
+    task, prec, seed = config.task, config.precision, config.seed
     max_actor_steps, eval_every, eval_episodes = config.max_actor_steps, int(config.eval_every), config.eval_episodes
     backend = config.backend
     agent_config = builder.config
-    update_period = int(agent_config.actor_update_period)
+    num_envs = builder.num_envs(config.envs_per_actor)
+    update_period = builder.actor_update_period(num_envs)
+    run_steps = builder.run_steps(max_actor_steps, num_envs)  # whole rollouts for an on-policy agent
 
     env = make_vector_environment(task, seed, num_envs)
     eval_env = make_environment(task, seed + EVAL_SEED_OFFSET)
     env_spec = environment_spec(env)
     spec = builder.policy_spec(env_spec)
-    learner = builder.make_learner(env_spec, seed)
-    table = builder.make_table(env_spec, seed=seed)
-    prioritized = getattr(table, "sampler", "uniform") == "prioritized"
-    batch_size = int(agent_config.batch_size)
+    learner = builder.make_run_learner(env_spec, seed, max_actor_steps=max_actor_steps, num_envs=num_envs)
 
     logdir = Path(config.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
@@ -148,10 +158,12 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     tracker = start_tracking(logdir, "run") if energy else None
     evals: list[dict[str, Any]] = []
     start = time.perf_counter()
-    learner_window = (start, 0)  # (time, learner steps) at the previous learner.csv row
-    loop = ActingLoop(env, builder.make_adder, times, update_period=update_period, episode_log=actor_log,
+    loop = ActingLoop(env, builder.make_sink(num_envs), times, update_period=update_period, episode_log=actor_log,
                       clock=lambda: time.perf_counter() - start)
+    feed = make_feed(builder, env_spec, learner, seed=seed, times=times, clock=clock, log=learner_log,
+                     steps=lambda: loop.steps, start=start, sync_learner=sync_learner)
     acting_version = [channel.version]  # the weights the actor acts with (an evaluation pulls newer ones)
+    stopping = should_stop if should_stop is not None else (lambda: False)
 
     best_policy: dict[str, Any] = {"file": None, "return": -math.inf}
 
@@ -163,12 +175,17 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
 
     def run_evaluation(actor_steps: int) -> bool:
         t = time.perf_counter()
-        eval_actor.update(channel.pull(count=False))
-        returns = evaluation_returns(eval_actor, eval_env, eval_episodes)
-        fp32_return = None
-        if fp32_actor is not None:
-            fp32_actor.update(fp32_channel.pull())
-            fp32_return = float(np.mean(evaluation_returns(fp32_actor, eval_env, eval_episodes)))
+        try:
+            eval_actor.update(channel.pull(count=False))
+            returns = evaluation_returns(eval_actor, eval_env, eval_episodes, should_stop=stopping)
+            fp32_return = None
+            if fp32_actor is not None:
+                fp32_actor.update(fp32_channel.pull())
+                fp32_return = float(np.mean(evaluation_returns(fp32_actor, eval_env, eval_episodes,
+                                                               should_stop=stopping)))
+        except EpisodeInterrupted:  # stopped mid-evaluation: no row for it
+            clock["evaluation_s"] += time.perf_counter() - t
+            return True
         # Clocks at the start of this evaluation; train_clock_s leaves out all evaluation time.
         row = evaluation_row(returns, actor_steps=actor_steps, learner_steps=learner.steps,
                              wall_clock_s=t - start, train_clock_s=t - start - clock["evaluation_s"],
@@ -181,81 +198,44 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
         stop = bool(on_eval(row)) if on_eval is not None else False
         return stop or solved
 
-    last_metrics: dict[str, Any] = {}
-
-    def log_learner() -> None:
-        nonlocal learner_window
-        now = time.perf_counter()
-        rate = (learner.steps - learner_window[1]) / max(now - learner_window[0], 1e-9)
-        row = {"learner_steps": learner.steps, "actor_steps": times.env_steps, "wall_clock_s": round(now - start, 3),
-               "steps_per_s": round(rate, 2)}
-        row.update({k: float(v) for k, v in last_metrics.items() if k != "priorities"})
-        learner_log.write(row)
-        learner_window = (now, learner.steps)
-
-    # Prioritized replay: the last update's (keys, |TD|), written to the table just before the next sample. Reading
-    # |TD| waits for the device, so deferring it lets the update run while the actor steps; the table is the same
-    # as with an immediate write (new items take priority 1, the sum tree recomputes exact sums), so is every draw.
-    pending_priorities: list = []
-
-    def flush_priorities() -> None:
-        if pending_priorities:
-            table.update_priorities(*pending_priorities.pop())
-
-    def learn() -> None:
-        while table.can_sample(batch_size):
-            t = time.perf_counter()
-            flush_priorities()
-            sample = table.sample(batch_size, timeout=0.0)
-            t1 = time.perf_counter()
-            metrics = learner.step(sample)
-            if sync_learner:
-                jax.block_until_ready(metrics)
-            if prioritized:
-                pending_priorities.append((sample.keys, metrics["priorities"]))
-            t2 = time.perf_counter()
-            clock["sample_s"] += t1 - t
-            clock["learner_s"] += t2 - t1
-            last_metrics.update(metrics)
-            if learner.steps % LEARNER_LOG_EVERY == 0:
-                log_learner()
-
-    def insert(transitions: list) -> None:
-        if transitions:
-            t = time.perf_counter()
-            _insert(table, transitions, learn)
-            times.insert_s += time.perf_counter() - t
-
     def pull() -> None:
         qp = channel.pull()
         t = time.perf_counter()
         actor.update(qp)
+        feed.on_pull((actor, eval_actor, fp32_actor))
         times.load_s += time.perf_counter() - t
         acting_version[0] = channel.version
         times.updates += 1
         times.pulls += 1
 
     loop.reset()
-    step = 0
+    step = evaluated_to = 0  # evaluated_to: the step of the last point where the learner was ready
+    status = "completed"
     try:
-        with _progress(max_actor_steps, progress) as bar:
-            while step < max_actor_steps:
-                prev = step
-                loop.step(actor, insert, pull, weights_version=acting_version[0])
-                step = loop.steps
-                learn()
-                stop = False
-                if crossed(prev, step, eval_every) or step >= max_actor_steps:
-                    stop = run_evaluation(step)
-                    bar.set_postfix(eval_return=f"{evals[-1]['return']:.1f}", learner_steps=learner.steps,
-                                    refresh=False)
-                if crossed(prev, step, 100) or step >= max_actor_steps or stop:
-                    bar.update(min(step, max_actor_steps) - bar.n)
-                if stop:
+        with _progress(run_steps, progress) as bar:
+            while step < run_steps:
+                if stopping():
+                    status = "interrupted"
                     break
-        flush_priorities()
-        if last_metrics and learner.steps % LEARNER_LOG_EVERY:
-            log_learner()  # the final state, whatever the log period
+                prev = step
+                loop.step(actor, feed.insert, pull, weights_version=acting_version[0])
+                step = loop.steps
+                feed.learn()
+                stop = False
+                if feed.ready():
+                    if crossed(evaluated_to, step, eval_every) or step >= max_actor_steps:
+                        stop = run_evaluation(step)
+                        if evals:
+                            bar.set_postfix(eval_return=f"{evals[-1]['return']:.1f}", learner_steps=learner.steps,
+                                            refresh=False)
+                    evaluated_to = step
+                if crossed(prev, step, 100) or step >= run_steps or stop:
+                    bar.update(min(step, run_steps) - bar.n)
+                if stop:
+                    if stopping():
+                        status = "interrupted"
+                    break
+        feed.finish()
     finally:
         for log in (evaluator_log, learner_log, actor_log):
             log.close()
@@ -264,9 +244,10 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
         eval_env.close()
 
     return finish_run(config, spec, learner, channel, evals, time.perf_counter() - start, times, clock,
-                      actor=actor, actor_build_s=actor_build_s, episodes=loop.episodes, table_info=table.info(),
+                      actor=actor, actor_build_s=actor_build_s, episodes=loop.episodes, table_info=feed.info(),
                       energy_result=energy_result, best_policy_file=best_policy["file"],
-                      sync_learner=sync_learner, update_period=update_period, agent_config=agent_config)
+                      sync_learner=sync_learner, update_period=update_period, agent_config=agent_config,
+                      status=status)
 
 
 def save_best_policy(config: ExperimentConfig, spec: Any, learner: Any, row: Mapping[str, Any]) -> str:
@@ -287,32 +268,34 @@ def save_final_policy(config: ExperimentConfig, spec: Any, learner: Any, channel
     fp32_bytes = fp32_payload_nbytes(final_params, version=max(channel.version, 0), spec_hash=spec.digest())
     path = save_policy(config.logdir, spec, final_params, task=config.task, agent=config.agent,
                        steps=int(learner.steps), extra={"seed": config.seed, "precision": config.precision,
-                                                        "final_eval_return": evals[-1]["return"]})
+                                                        "final_eval_return": evals[-1]["return"] if evals else None})
     return fp32_bytes, path.name
 
 
 def finish_run(config: ExperimentConfig, spec: Any, learner: Any, channel: WeightChannel,
                evals: list[dict[str, Any]], wall: float, times: StageTimes, clock: dict[str, float], *,
-               actor: Any, actor_build_s: float, episodes: int, table_info: dict[str, Any], energy_result: Any,
+               actor: "Actor", actor_build_s: float, episodes: int, table_info: dict[str, Any], energy_result: Any,
                best_policy_file: str | None, sync_learner: bool, update_period: int,
-               agent_config: Any) -> dict[str, Any]:
-    """Ends a single-process run the one way every agent's loop does (replay or on-policy): saves the final
-    policy, writes summary.json atomically (with where the learner ran) and returns the summary."""
+               agent_config: Any, status: str = "completed") -> dict[str, Any]:
+    """Ends a single-process run the one way every agent's run ends, whether it completed or was stopped
+    (`status` "interrupted"): saves the final policy, writes summary.json atomically (with where the learner
+    ran) and returns the summary."""
     fp32_bytes, policy_file = save_final_policy(config, spec, learner, channel, evals)
     summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
                        actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
                        table_info=table_info, energy_result=energy_result, policy_file=policy_file,
                        best_policy_file=best_policy_file, sync_learner=sync_learner, update_period=update_period,
-                       agent_config=jsonable(dataclasses.asdict(agent_config)))
+                       agent_config=jsonable(dataclasses.asdict(agent_config)), status=status)
     summary["learner_device"] = device_report()
     write_json_atomic(Path(config.logdir) / "summary.json", summary)
     return summary
 
 
 def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[str, float], *, channel: WeightChannel,
-             fp32_bytes: int, actor: Any, actor_build_s: float, episodes: int, learner: Any,
+             fp32_bytes: int, actor: "Actor", actor_build_s: float, episodes: int, learner: "Learner",
              evals: list[dict[str, Any]], table_info: dict[str, Any], energy_result: Any, policy_file: str,
-             best_policy_file: str | None, sync_learner: bool, update_period: int, agent_config: dict[str, Any]) -> dict[str, Any]:
+             best_policy_file: str | None, sync_learner: bool, update_period: int, agent_config: dict[str, Any],
+             status: str) -> dict[str, Any]:
     """This run in summary.json's one layout (`launch.experiments.summary.build_summary`): one actor, one learner, and a
     weight channel that publishes one version per update, all in this process."""
     steps, updates = int(learner.steps), times.updates
@@ -327,7 +310,7 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
     actor_entry = {"actor_id": 0, "attempt": 1, "starts": 1, "actor_steps": times.env_steps,
                    "total_steps": times.env_steps, "episodes": episodes, "envs_per_actor": run.envs_per_actor,
                    "elapsed_s": wall, "steps_per_s": times.env_steps / max(wall, 1e-9), "backend": actor.backend,
-                   "kernel": getattr(actor, "kernel", None),  # integer kernel form + self-check (None on floats)
+                   "kernel": actor.kernel,  # integer kernel form + self-check (None on floats)
                    "weights_version": channel.version, "first_weights_version": 0,
                    "transitions_inserted": int(table_info.get("inserts", 0)), "payloads_rejected": 0,
                    "last_payload_rejection": None, "build_s": actor_build_s, "times": times.summary(),
@@ -338,24 +321,11 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
                      "sample_wait_s": clock["sample_s"], "weights_version": channel.version,
                      "resumed_from": None, "policy_file": policy_file, "publish": publish, "energy": None}
     return build_summary(
-        run, runner="single", status="completed", error=None, wall_clock_s=wall, run_wall_clock_s=wall,
+        run, runner="single", status=status, error=None, wall_clock_s=wall, run_wall_clock_s=wall,
         counts={"actor_steps": times.env_steps, "learner_steps": steps, "episodes": episodes}, evals=evals,
-        final_eval_return=evals[-1]["return"], actors=[actor_entry], learner=learner_entry,
+        final_eval_return=evals[-1]["return"] if evals else None, actors=[actor_entry], learner=learner_entry,
         runtime=runtime_section([times.summary()], times.quantize_encode_s, updates), payload=payload,
         replay=table_info, energy=sum_energy({"run": energy_result}), agent_config=agent_config,
         train_clock_s=round(wall - clock["evaluation_s"], 3), evaluation_s=clock["evaluation_s"],
-        sync_learner=bool(sync_learner), final_eval_return_fp32=evals[-1].get("return_fp32"),
+        sync_learner=bool(sync_learner), final_eval_return_fp32=evals[-1].get("return_fp32") if evals else None,
         actor_update_period=update_period, policy_file=policy_file, best_policy_file=best_policy_file)
-
-
-def _insert(table: Any, transitions: Any, learn: Callable[[], None]) -> None:
-    """Stacks the adder's transitions into columns and inserts them, letting the learner catch up first if
-    the rate limiter would block (it cannot in this loop, but a stuck insert must never hang a run)."""
-    items = transitions if isinstance(transitions, (list, tuple)) else [transitions]
-    if len(items) == 1:  # the common case: a leading axis is a view, not a copy
-        batch = {k: np.asarray(v)[None] for k, v in items[0].items()}
-    else:
-        batch = {k: np.stack([np.asarray(t[k]) for t in items]) for k in items[0]}
-    if not table.can_insert(len(items)):
-        learn()
-    table.insert(batch, timeout=60.0)

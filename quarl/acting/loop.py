@@ -1,23 +1,35 @@
-"""The acting side of one actor with K environments: K n-step adders, one batched policy call per step.
+"""The one acting loop: K environments, one batched policy call per step, and a sink that turns the steps into
+what a learner takes (Acme's `EnvironmentLoop` with its adder: the loop owns stepping and episode bookkeeping,
+the sink says where the steps go).
 
-Both runners (`launch.experiments.run_experiment` in one process, `launch.distributed.nodes.actor.ActorNode` on Ray) drive an actor the same
-way, so the per-environment bookkeeping lives here once:
-- one `NStepTransitionAdder` per environment, so n-step windows never mix two environments' steps and an
-  episode boundary in one environment closes only that environment's windows (every transition kept);
-- an environment whose step was LAST is restarted at once (its adder gets the new FIRST timestep), and the
-  finished episode's return and length are reported;
-- the policy sees the K current observations as one `[K, obs_dim]` batch (`policy(observations)`).
-With K=1 this is exactly the single-environment loop the runners had before.
+Every runner drives every agent's actor through it (`launch.experiments.acting.ActingLoop` wraps it for the
+single-process runner and the distributed actor nodes); the agents differ only in their sink
+(`agents.base.BuilderBase.make_sink`):
+- `AdderSink`, the replay agents' (DQN, D4PG): one `NStepTransitionAdder` per environment, so n-step windows
+  never mix two environments' steps and an episode boundary in one environment closes only that environment's
+  windows (every transition kept); its items are n-step transitions for a replay table;
+- `RolloutSink`, the on-policy agents' (PPO, A2C): a buffer of fixed length [T steps x K environments] with the
+  behaviour log-probs the policy returned beside its actions; its item is one whole rollout.
+The loop: the policy sees the K current observations as one `[K, obs_dim]` batch (`policy(observations)`, which
+returns the actions, or `(actions, extras)` with per-environment extras such as the behaviour log-probs); an
+environment whose step was LAST is restarted at once (the sink gets the new FIRST timestep) and the finished
+episode's return and length are reported. With K=1 this is the single-environment loop.
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from quarl.envs.vector import VectorEnvironment
+
+# What an on-policy rollout holds besides the policy's extras, each [T, K, ...]: the observation acted on, the
+# action, the reward and discount of the step, whether it ended an episode, and the observation that followed
+# (an episode's final one on its LAST step, so a time limit can still bootstrap from it).
+ROLLOUT_COLUMNS = ("observation", "action", "reward", "discount", "last", "next_observation")
+Extras = Mapping[str, np.ndarray]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,11 +43,12 @@ class EpisodeEnd:
 
 @dataclasses.dataclass
 class VectorStep:
-    """What one `VectorEnvLoop.step` produced: n-step transitions (all environments, each environment's in
-    order), finished episodes, the sum of this step's rewards, and the seconds spent in the policy, in the
-    environments (steps and restarts) and in the adders."""
+    """What one `VectorEnvLoop.step` produced: the sink's finished items (`transitions`: n-step transitions,
+    all environments, each environment's in order; or whole rollouts), finished episodes, the sum of this
+    step's rewards, and the seconds spent in the policy, in the environments (steps and restarts) and in the
+    sink."""
 
-    transitions: list[dict[str, np.ndarray]]
+    transitions: list[Any]
     episodes: list[EpisodeEnd]
     reward_sum: float
     policy_s: float
@@ -43,27 +56,145 @@ class VectorStep:
     adder_s: float
 
 
-class VectorEnvLoop:
-    """Steps K environments with one batched policy call; see the module docstring."""
+class Sink(Protocol):
+    """Where the loop's steps go: `start` with the K first timesteps, `add` after every step of the K
+    environments (returns the items finished by it), `restart` when environment i began a new episode, `flush`
+    for what is still held (an actor that stops); `pending` counts the steps held."""
 
-    def __init__(self, env: VectorEnvironment, make_adder: Callable[[], Any]):
+    @property
+    def pending(self) -> int: ...
+
+    def start(self, timesteps: Sequence[Any]) -> None: ...
+
+    def add(self, actions: Any, extras: Extras, timesteps: Sequence[Any]) -> list[Any]: ...
+
+    def restart(self, index: int, timestep: Any) -> None: ...
+
+    def flush(self) -> list[Any]: ...
+
+
+class AdderSink:
+    """The replay agents' sink: one adder per environment (`make_adder()`, e.g. an `NStepTransitionAdder`)."""
+
+    def __init__(self, make_adder: Callable[[], Any], num_envs: int):
+        self.adders = tuple(make_adder() for _ in range(int(num_envs)))
+
+    @property
+    def pending(self) -> int:
+        return sum(int(adder.pending) for adder in self.adders)
+
+    def start(self, timesteps: Sequence[Any]) -> None:
+        for adder, timestep in zip(self.adders, timesteps):
+            adder.add_first(timestep)
+
+    def add(self, actions: Any, extras: Extras, timesteps: Sequence[Any]) -> list[Any]:
+        del extras  # transitions carry no policy extras
+        out: list[Any] = []
+        for adder, action, timestep in zip(self.adders, actions, timesteps):
+            out.extend(adder.add(action, timestep))
+        return out
+
+    def restart(self, index: int, timestep: Any) -> None:
+        self.adders[index].add_first(timestep)
+
+    def flush(self) -> list[Any]:
+        """Every open n-step window, as truncated transitions."""
+        return [t for adder in self.adders for t in adder.flush()]
+
+
+class RolloutSink:
+    """The on-policy agents' sink: every `num_steps` steps of the K environments, one rollout of [T, K, ...]
+    columns (`ROLLOUT_COLUMNS` plus the policy's `extras`, e.g. `behaviour_logp`). `discount` is the
+    environment's (0 at a termination, 1 otherwise); observations keep the environment's dtype."""
+
+    def __init__(self, num_steps: int, num_envs: int, extras: Sequence[str] = ("behaviour_logp",)):
+        for name, value in (("num_steps", num_steps), ("num_envs", num_envs)):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        self.num_steps, self.num_envs, self.extras = int(num_steps), int(num_envs), tuple(extras)
+        self._obs: np.ndarray | None = None  # [K, ...]: what the policy acts on next
+        self._columns: dict[str, list[np.ndarray]] = {}
+        self._clear()
+
+    def _clear(self) -> None:
+        self._columns = {k: [] for k in (*ROLLOUT_COLUMNS, *self.extras)}
+
+    @property
+    def pending(self) -> int:
+        """Env steps in the unfinished rollout (dropped at a stop: a learner takes whole rollouts only)."""
+        return len(self._columns["reward"]) * self.num_envs
+
+    def start(self, timesteps: Sequence[Any]) -> None:
+        self._clear()
+        self._obs = np.stack([np.asarray(t.observation) for t in timesteps])
+
+    def add(self, actions: Any, extras: Extras, timesteps: Sequence[Any]) -> list[Any]:
+        if self._obs is None:
+            raise ValueError("the rollout sink was not started (VectorEnvLoop.reset)")
+        missing = [k for k in self.extras if k not in extras]
+        if missing:
+            raise ValueError(f"the rollout needs the policy's {missing} beside its actions (an on-policy actor's "
+                             "`act` returns them)")
+        cols = self._columns
+        next_obs = np.stack([np.asarray(t.observation) for t in timesteps])  # a copy: safe from the env's buffers
+        cols["observation"].append(self._obs)
+        cols["action"].append(actions)
+        for key in self.extras:
+            cols[key].append(np.asarray(extras[key]))
+        cols["reward"].append(np.array([float(t.reward) for t in timesteps], np.float32))
+        cols["discount"].append(np.array([float(t.discount) for t in timesteps], np.float32))
+        cols["last"].append(np.array([t.last() for t in timesteps]).astype(np.float32))
+        cols["next_observation"].append(next_obs)
+        self._obs = next_obs.copy()  # restarts overwrite rows of this one, never the column just stored
+        if len(cols["reward"]) < self.num_steps:
+            return []
+        rollout = {k: np.stack(v) for k, v in cols.items()}
+        self._clear()
+        return [rollout]
+
+    def restart(self, index: int, timestep: Any) -> None:
+        assert self._obs is not None
+        self._obs[index] = np.asarray(timestep.observation)
+
+    def flush(self) -> list[Any]:
+        """Nothing: a partial rollout is not one the learner can take (its steps were acted and counted)."""
+        self._clear()
+        return []
+
+
+def _split(out: Any) -> tuple[Any, Extras]:
+    """A policy's output as (actions, extras): `(actions, {name: [K] array})` or the actions alone."""
+    if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
+        return out[0], out[1]
+    return out, {}
+
+
+class VectorEnvLoop:
+    """Steps K environments with one batched policy call and hands every step to a sink; see the module
+    docstring. `VectorEnvLoop(env, make_adder)` is the replay agents' loop (an `AdderSink`); pass `sink=`
+    for any other."""
+
+    def __init__(self, env: VectorEnvironment, make_adder: Callable[[], Any] | None = None, *,
+                 sink: Sink | None = None):
+        if (make_adder is None) == (sink is None):
+            raise ValueError("VectorEnvLoop takes either make_adder or sink")
         self.env = env
         self.num_envs = env.num_envs
-        self._adders = [make_adder() for _ in range(self.num_envs)]
+        self.sink: Sink = AdderSink(make_adder, self.num_envs) if sink is None else sink
         self._timesteps: list[Any] = []
         self._returns = np.zeros(self.num_envs, np.float64)
         self._lengths = np.zeros(self.num_envs, np.int64)
 
     @property
     def adders(self) -> Sequence[Any]:
-        return tuple(self._adders)
+        """The replay sink's adders (empty for another sink)."""
+        return tuple(getattr(self.sink, "adders", ()))
 
     def reset(self) -> float:
         """Starts an episode in every environment; returns the seconds it took."""
         t0 = time.perf_counter()
         self._timesteps = self.env.reset()
-        for adder, timestep in zip(self._adders, self._timesteps):
-            adder.add_first(timestep)
+        self.sink.start(self._timesteps)
         self._returns[:] = 0.0
         self._lengths[:] = 0
         return time.perf_counter() - t0
@@ -78,18 +209,17 @@ class VectorEnvLoop:
         """One policy call on the K observations, then one step of every environment."""
         obs = self.observations()
         t0 = time.perf_counter()
-        actions = policy(obs)
+        actions, extras = _split(policy(obs))
         t1 = time.perf_counter()
         if len(actions) != self.num_envs:
             raise ValueError(f"the policy returned {len(actions)} actions for {self.num_envs} environments")
         timesteps = self.env.step(actions)
         t2 = time.perf_counter()
+        items = self.sink.add(actions, extras, timesteps)
         reset_s = 0.0
-        transitions: list[dict[str, np.ndarray]] = []
         episodes: list[EpisodeEnd] = []
         reward_sum = 0.0
-        for i, (adder, action, timestep) in enumerate(zip(self._adders, actions, timesteps)):
-            transitions.extend(adder.add(action, timestep))
+        for i, timestep in enumerate(timesteps):
             reward = float(timestep.reward)
             reward_sum += reward
             self._returns[i] += reward
@@ -100,11 +230,11 @@ class VectorEnvLoop:
                 t = time.perf_counter()
                 timestep = self.env.reset_one(i)
                 reset_s += time.perf_counter() - t
-                adder.add_first(timestep)
-            timesteps[i] = timestep
+                self.sink.restart(i, timestep)
+                timesteps[i] = timestep
         self._timesteps = timesteps
         t3 = time.perf_counter()
-        return VectorStep(transitions, episodes, reward_sum, policy_s=t1 - t0, env_s=t2 - t1 + reset_s,
+        return VectorStep(items, episodes, reward_sum, policy_s=t1 - t0, env_s=t2 - t1 + reset_s,
                           adder_s=t3 - t2 - reset_s)
 
     def close(self) -> None:

@@ -1,5 +1,6 @@
-"""launch.experiments.onpolicy through `launch.train`: PPO and A2C take the same flags as the replay agents, run at every actor
-precision, write the same run folder as a DQN run (so launch.ptq and analysis read it), and the rollout collector
+"""PPO and A2C through `launch.train`: they take the same flags as the replay agents, run at every actor precision,
+act through the same loop (`quarl.acting.loop` with the rollout sink), write the same run folder as a DQN run (so
+launch.ptq and analysis read it) and end with a table that shows only what applies to them; the rollout sink
 restarts finished environments and keeps their final observations."""
 from __future__ import annotations
 
@@ -9,8 +10,7 @@ import numpy as np
 import pytest
 
 from launch import train
-from launch.experiments.onpolicy import RolloutCollector
-from launch.experiments.stages import StageTimes
+from quarl.acting.loop import RolloutSink, VectorEnvLoop
 
 # The policy keeps its default 64x64: at 8 units the int payloads' per-channel scales outweigh their weights.
 PPO_TINY = ["--set", "value_hidden_sizes=8", "--set", "num_envs=2", "--set", "num_steps=16"]
@@ -89,17 +89,22 @@ class _CountingEnv:
         return out
 
 
-class _FirstAction:
-    discrete = True
-
-    def sample(self, obs):
-        return np.zeros(len(obs), np.int32), np.full(len(obs), -0.5, np.float32)
+def _first_action(obs):
+    return np.zeros(len(obs), np.int32), {"behaviour_logp": np.full(len(obs), -0.5, np.float32)}
 
 
-def test_rollout_collector_keeps_final_observations_and_restarts():
-    collector = RolloutCollector(_CountingEnv(), StageTimes())
-    rollout, episodes = collector.collect(_FirstAction(), 4)
+def test_rollout_sink_keeps_final_observations_and_restarts():
+    loop = VectorEnvLoop(_CountingEnv(), sink=RolloutSink(4, 2))
+    loop.reset()
+    items, episodes = [], []
+    for _ in range(4):
+        out = loop.step(_first_action)
+        items += out.transitions
+        episodes += [(e.episode_return, e.length) for e in out.episodes]
+    assert len(items) == 1  # one rollout, handed out at its last step
+    rollout = items[0]
     assert rollout["observation"].shape == (4, 2, 1) and rollout["action"].shape == (4, 2)
+    np.testing.assert_array_equal(rollout["behaviour_logp"], np.full((4, 2), -0.5, np.float32))
     np.testing.assert_array_equal(rollout["observation"][:, 0, 0], [0, 1, -1, 1])
     np.testing.assert_array_equal(rollout["next_observation"][:, 0, 0], [1, 2, 1, 2])  # 2: the final observation
     np.testing.assert_array_equal(rollout["last"][:, 0], [0, 1, 0, 1])
@@ -107,3 +112,26 @@ def test_rollout_collector_keeps_final_observations_and_restarts():
     np.testing.assert_array_equal(rollout["last"][:, 1], [0, 0, 1, 0])
     np.testing.assert_array_equal(rollout["discount"][:, 1], [1, 1, 1, 1])  # a time limit keeps bootstrapping
     assert sorted(episodes) == [(2.0, 2), (2.0, 2), (3.0, 3)]
+    assert loop.sink.pending == 0
+
+
+def test_rollout_sink_refuses_a_policy_without_its_log_probs_and_hands_out_whole_rollouts_only():
+    loop = VectorEnvLoop(_CountingEnv(), sink=RolloutSink(3, 2))
+    loop.reset()
+    with pytest.raises(ValueError, match="behaviour_logp"):
+        loop.step(lambda obs: np.zeros(len(obs), np.int32))
+    loop.reset()
+    assert loop.step(_first_action).transitions == [] and loop.sink.pending == 2
+    assert loop.sink.flush() == [] and loop.sink.pending == 0  # a partial rollout is no learner's item
+
+
+def test_end_of_run_table_shows_no_rate_limiter_without_replay(tmp_path, capsys):
+    """PPO has no replay: the table's actor row names its rollout stage and no rate limiter."""
+    from launch.experiments.progress import print_summary
+
+    summary = _train(tmp_path / "ppo", "--agent", "ppo", "--task", "CartPole-v1", "--steps", "32", *PPO_TINY)
+    assert summary["replay"] == {}
+    capsys.readouterr()
+    print_summary(summary)
+    out = capsys.readouterr().out
+    assert "rollout" in out and "rate limiter" not in out and "in insert" not in out, out

@@ -17,6 +17,7 @@ from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
 from launch.program.graph import NodeHandle
 from quarl.envs.vector import make_vector_environment
+from quarl.acting.loop import Sink
 from quarl.ops.affinity import claim_core
 from quarl.ops.carbon import stop_tracking
 from quarl.replay.adders import TransitionBuffer
@@ -28,7 +29,7 @@ class _StoppedEarly(Exception):
     """Stopped before the first weights arrived."""
 
 
-class _CountReport:
+class CountReport:
     """This actor's steps and episodes not yet added to the run's counter; `send()` adds them (after every
     batched insert and at the end) and reads back the run's total actor steps, which ends the acting loop."""
 
@@ -97,7 +98,7 @@ class ActorNode(NodeBase):
             self._weights, times, spec=self._builder.policy_spec(self._env_spec),
             precision=precision_name(self._precision), logdir=self._logdir, node=name)
         env = self._make_environment(derive_seed(self._seed, ACTOR_ENV_STREAM, attempt))
-        update_period = int(self._builder.config.actor_update_period)
+        update_period = self._builder.actor_update_period(self._num_envs)
         built: list[Any] = []
         first_version = None
         try:
@@ -109,7 +110,7 @@ class ActorNode(NodeBase):
                 raise _StoppedEarly
             actor = built[-1]
             first_version = client.version
-            kernel = getattr(actor, "kernel", None) or {}
+            kernel = actor.kernel or {}
             if kernel.get("fallback"):  # the CPU's preferred int kernel was not exact here (summary.json has why)
                 log_event(self._logdir, name, f"integer kernel self-check refused "
                                               f"{[c['form'] for c in kernel['checks'][:-1]]}; acting with "
@@ -120,9 +121,9 @@ class ActorNode(NodeBase):
                                               f"{int(start.get(f'{name}_steps', 0))} steps of its own so far",
                           logging.WARNING)
             buffer = TransitionBuffer(self._insert_batch, self._builder.transition_signature(self._env_spec))
-            loop = ActingLoop(env, self._builder.make_adder, times, update_period=update_period, episode_log=log,
-                              clock=lambda: time.monotonic() - t_origin)
-            counts = _CountReport(self._counter, name, int(start["actor_steps"]))
+            loop = ActingLoop(env, self._builder.make_sink(self._num_envs), times, update_period=update_period,
+                              episode_log=log, clock=lambda: time.monotonic() - t_origin)
+            counts = CountReport(self._counter, name, int(start["actor_steps"]))
 
             def insert(transitions: list) -> None:
                 counts.steps += self._num_envs
@@ -141,17 +142,16 @@ class ActorNode(NodeBase):
                                     total_actor_steps=lambda: counts.total)
                     counts.episodes += len(out.episodes)
             except Exception as e:
-                self._flush_after_error(buffer, loop.adders, name, e)
+                self._flush_after_error(buffer, loop.sink, name, e)
                 raise
-            self._flush(buffer, loop.adders)
+            self._flush(buffer, loop.sink)
             counts.send()
             elapsed = time.monotonic() - t_run
             steps = loop.steps
             result = {"actor_id": self._id, "attempt": attempt, "actor_steps": steps, "episodes": loop.episodes,
                       "envs_per_actor": self._num_envs, "pinned_core": self.core,
                       "elapsed_s": elapsed, "steps_per_s": steps / elapsed if elapsed > 0 else 0.0,
-                      "backend": getattr(actor, "backend", self._backend), "weights_version": client.version,
-                      "kernel": getattr(actor, "kernel", None),
+                      "backend": actor.backend, "weights_version": client.version, "kernel": actor.kernel,
                       "transitions_inserted": self.inserted, "times": times.summary()}
         except _StoppedEarly:
             result = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0, "times": times.summary()}
@@ -178,21 +178,21 @@ class ActorNode(NodeBase):
         finally:
             self.times.insert_s += time.perf_counter() - t0
 
-    def _flush_after_error(self, buffer: Any, adders: Any, name: str, error: BaseException) -> None:
+    def _flush_after_error(self, buffer: Any, sink: Sink, name: str, error: BaseException) -> None:
         """`_flush` on the way out of a failed loop (e.g. the counter is gone but the replay server is not);
         never masks `error`: when the flush fails too, the loss is logged with its size."""
-        held = len(buffer) + sum(adder.pending for adder in adders)
+        held = len(buffer) + sink.pending
         try:
-            self._flush(buffer, adders)
+            self._flush(buffer, sink)
         except Exception as flush_error:  # pylint: disable=broad-except
             log_event(self._logdir, name, f"stopped by {type(error).__name__}; {held} transitions held by this "
                                           f"actor could not be inserted ({type(flush_error).__name__})",
                       logging.WARNING)
 
-    def _flush(self, buffer: Any, adders: Any) -> None:
+    def _flush(self, buffer: Any, sink: Sink) -> None:
         """Inserts everything still held on this side: the buffer's partial batch and every adder's open n-step
         windows (as truncated transitions). Called on every way out of the acting loop."""
-        for batch in buffer.extend([t for adder in adders for t in adder.flush()]):
+        for batch in buffer.extend(sink.flush()):
             self._insert(batch)
         rest = buffer.flush()
         if rest is not None:

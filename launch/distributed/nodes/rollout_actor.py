@@ -1,0 +1,150 @@
+"""The on-policy acting node (PPO, A2C): the one acting loop (`launch.experiments.acting.ActingLoop`) with the
+agent's rollout sink, handing out fixed-length rollouts instead of inserting transitions into replay.
+
+Each rollout is [T steps x K environments] of the builder's columns (`quarl.acting.loop.ROLLOUT_COLUMNS` plus the
+behaviour log-probs of the quantized policy that chose the actions) and carries the weights version it was
+collected with, so a learner can tell how far behind its own weights the data is (PPO's ratio pi / pi_actor is
+the importance weight for exactly that policy). Finished rollouts wait in a small outbox until a learner takes
+them (`take`); the actor stops acting while the outbox is full, so on-policy data never piles up. With
+`sync=True` (the default, synchronous PPO) the actor then waits for a weights version newer than the one it
+collected the rollout with before it acts again, as the single-process runner does.
+
+Continuous tasks need the learner's Gaussian log-std beside the weights, which the weight payload does not carry
+yet: this node acts on discrete tasks only.
+"""
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from typing import Any
+
+from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport
+from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
+from launch.distributed.nodes.weights_client import PolicyClient, precision_name
+from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
+from launch.experiments.agent_spec import AgentSpec, derive_seed
+from launch.experiments.config import executor_factory
+from launch.experiments.stages import StageTimes
+from launch.program.graph import NodeHandle
+from quarl.envs.vector import make_vector_environment
+from quarl.ops.carbon import stop_tracking
+
+
+class RolloutActorNode(NodeBase):
+    """One on-policy acting process; see the module docstring. `take(timeout)` hands out the oldest finished
+    rollout as {"rollout": columns, "weights_version", "actor_id", "actor_steps"} (None when none is ready)."""
+
+    LOG_FIELDS = list(EPISODE_FIELDS)
+
+    def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str, backend: str,
+                 counter: NodeHandle, weights: NodeHandle, logdir: str, max_actor_steps: int,
+                 envs_per_actor: int = 1, kernel_form: str | None = None, outbox_size: int = 2, sync: bool = True):
+        self._spec = spec
+        self._builder = spec.builder()
+        if not self._builder.on_policy:
+            raise ValueError(f"--agent {spec.agent} learns from replay: its actors are "
+                             "launch.distributed.nodes.actor.ActorNode, not rollout actors")
+        self._env_spec = spec.env_spec()
+        if not self._env_spec.discrete:
+            raise ValueError(f"{spec.task} has continuous actions: a distributed on-policy actor needs the learner's "
+                             "log-std with the weights, which the payload does not carry yet")
+        if int(outbox_size) < 1:
+            raise ValueError(f"outbox_size must be >= 1, got {outbox_size!r}")
+        self._id, self._num_actors, self._seed = int(actor_id), int(num_actors), int(seed)
+        self._precision, self._backend, self._kernel_form = precision, backend, kernel_form
+        self._counter, self._weights, self._logdir = counter, weights, logdir
+        self._max_steps, self._num_envs = int(max_actor_steps), self._builder.num_envs(int(envs_per_actor))
+        self._sync = bool(sync)
+        self._outbox: queue.Queue = queue.Queue(maxsize=int(outbox_size))
+        self._stop = threading.Event()
+        self.times = StageTimes()
+        self.rollouts = 0  # rollouts handed to the outbox (this process)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def take(self, timeout: float = POLL_S) -> dict[str, Any] | None:
+        """The oldest finished rollout, waiting up to `timeout` seconds for one; None if none came."""
+        try:
+            return self._outbox.get(timeout=max(0.0, float(timeout)))
+        except queue.Empty:
+            return None
+
+    def run(self) -> dict[str, Any]:
+        name = f"actor_{self._id}"
+        start = self._counter.call("increment", **{f"{name}_starts": 1})
+        attempt = int(start[f"{name}_starts"])
+        t_origin = time.monotonic() - start["wall_clock_s"]
+        tracker = energy_tracker(self._logdir, name)
+        log = csv_logger(self._logdir, name, self.LOG_FIELDS, "total_actor_steps")
+        times = self.times = StageTimes()
+        client = PolicyClient(self._weights, times, spec=self._builder.policy_spec(self._env_spec),
+                              precision=precision_name(self._precision), logdir=self._logdir, node=name)
+        env = make_vector_environment(self._spec.task, derive_seed(self._seed, ACTOR_ENV_STREAM, attempt),
+                                      self._num_envs)
+        built: list[Any] = []
+        result: dict[str, Any] = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0}
+        first_version = None
+        try:
+            payload = client.first(self._stop, apply=lambda p: built.append(self._builder.make_actor(
+                self._env_spec, p.params, seed=derive_seed(self._seed, attempt), actor_id=self._id,
+                evaluation=False, backend=self._backend, num_actors=self._num_actors, batch_size=self._num_envs,
+                executor_factory=executor_factory(self._kernel_form))))
+            if payload is not None:
+                actor, first_version = built[-1], client.version
+                loop = ActingLoop(env, self._builder.make_sink(self._num_envs), times,
+                                  update_period=self._builder.actor_update_period(self._num_envs), episode_log=log,
+                                  clock=lambda: time.monotonic() - t_origin)
+                counts = CountReport(self._counter, name, int(start["actor_steps"]))
+                acted_with = [client.version]
+
+                def insert(rollouts: list) -> None:
+                    counts.steps += self._num_envs
+                    for rollout in rollouts:
+                        self._hand_out({"rollout": rollout, "weights_version": acted_with[0], "actor_id": self._id,
+                                        "actor_steps": loop.steps})
+                        counts.send()
+
+                def pull() -> None:  # at every rollout's end; synchronous: until newer weights came
+                    while (client.fetch(apply=lambda p: actor.update(p.params)) is None and self._sync
+                           and not self._stop.wait(0.02)):
+                        pass
+                    acted_with[0] = client.version
+
+                t_run = time.monotonic()
+                loop.reset()
+                while not self._stop.is_set() and counts.total < self._max_steps:
+                    out = loop.step(actor, insert, pull, weights_version=client.version,
+                                    total_actor_steps=lambda: counts.total)
+                    counts.episodes += len(out.episodes)
+                loop.sink.flush()  # a partial rollout: acted and counted, but no learner takes part of one
+                counts.send()
+                elapsed = time.monotonic() - t_run
+                result.update(actor_steps=loop.steps, episodes=loop.episodes, envs_per_actor=self._num_envs,
+                              elapsed_s=elapsed, steps_per_s=loop.steps / elapsed if elapsed > 0 else 0.0,
+                              backend=actor.backend, kernel=actor.kernel, weights_version=client.version,
+                              rollouts=self.rollouts)
+        finally:
+            log.close()
+            env.close()
+            energy = stop_tracking(tracker)
+        return {**result, "times": times.summary(), "first_weights_version": first_version,
+                "payloads_rejected": client.rejected, "last_payload_rejection": client.last_rejection,
+                "energy": energy}
+
+    def _hand_out(self, item: dict[str, Any]) -> None:
+        """Puts a finished rollout in the outbox, waiting while it is full (re-checking the stop flag every
+        POLL_S); a stopping actor still leaves it there, for a learner to take, if there is room."""
+        t0 = time.perf_counter()
+        try:
+            while True:
+                try:
+                    self._outbox.put(item, timeout=POLL_S)
+                    self.rollouts += 1
+                    return
+                except queue.Full:
+                    if self._stop.is_set():
+                        return
+        finally:
+            self.times.insert_s += time.perf_counter() - t0

@@ -1,0 +1,167 @@
+"""The learner's side of the single-process runner (`launch.experiments.run_experiment`), one per kind of agent:
+what happens to the items the acting loop's sink hands out, and when the learner steps.
+
+- `ReplayFeed` (DQN, D4PG): n-step transitions go into an in-memory table; after every env step the learner
+  takes as many steps as the table's samples-per-insert rate limiter allows (never blocking).
+- `RolloutFeed` (PPO, A2C): each rollout [T, K] goes straight to the learner, one update per rollout; the actor
+  then pulls the new weights (its update period is one rollout), and continuous actors get the learner's log-std.
+
+Both time the learner into the runner's clock (`learner_s`, `sample_s`) and write learner.csv; `ready()` says
+whether the learner has taken what the actor produced, which is when the runner may evaluate (every env step
+with replay; at rollout boundaries on-policy, so an evaluation always sees the weights of the latest update).
+"""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+import jax
+import numpy as np
+
+from launch.experiments.stages import StageTimes
+from quarl.ops.logs import CSVLogger
+
+if TYPE_CHECKING:
+    from agents.base import Actor, BuilderBase, Learner
+
+LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows (replay agents; on-policy: every update)
+
+
+class ReplayFeed:
+    """Transitions -> in-memory replay table -> learner, under the table's rate limiter (see the module)."""
+
+    def __init__(self, builder: "BuilderBase", env_spec: Any, learner: "Learner", *, seed: int, times: StageTimes,
+                 clock: dict[str, float], log: CSVLogger, steps: Callable[[], int], start: float,
+                 sync_learner: bool = False):
+        self.learner, self._times, self._clock, self._log = learner, times, clock, log
+        self._steps, self._sync = steps, bool(sync_learner)
+        self.table = builder.make_table(env_spec, seed=seed)
+        self._prioritized = getattr(self.table, "sampler", "uniform") == "prioritized"
+        self._batch_size = int(builder.config.batch_size)
+        self._window = (start, 0)  # (time, learner steps) at the previous learner.csv row
+        self._start = start
+        self._last_metrics: dict[str, Any] = {}
+        # Prioritized replay: the last update's (keys, |TD|), written to the table just before the next sample.
+        # Reading |TD| waits for the device, so deferring it lets the update run while the actor steps; the table
+        # is the same as with an immediate write (new items take priority 1, the sum tree recomputes exact sums),
+        # so is every draw.
+        self._pending_priorities: list = []
+
+    def insert(self, transitions: list) -> None:
+        if transitions:
+            t = time.perf_counter()
+            _insert(self.table, transitions, self.learn)
+            self._times.insert_s += time.perf_counter() - t
+
+    def learn(self) -> None:
+        """As many learner steps as the rate limiter allows now."""
+        learner, clock = self.learner, self._clock
+        while self.table.can_sample(self._batch_size):
+            t = time.perf_counter()
+            self._flush_priorities()
+            sample = self.table.sample(self._batch_size, timeout=0.0)
+            t1 = time.perf_counter()
+            metrics = learner.step(sample)
+            if self._sync:
+                jax.block_until_ready(metrics)
+            if self._prioritized:
+                self._pending_priorities.append((sample.keys, metrics["priorities"]))
+            t2 = time.perf_counter()
+            clock["sample_s"] += t1 - t
+            clock["learner_s"] += t2 - t1
+            self._last_metrics.update(metrics)
+            if learner.steps % LEARNER_LOG_EVERY == 0:
+                self._log_row()
+
+    def ready(self) -> bool:
+        return True
+
+    def on_pull(self, actors: Sequence["Actor | None"]) -> None:
+        del actors  # the weights are all a replay actor takes
+
+    def finish(self) -> None:
+        """The last priorities, and the learner's final state in learner.csv whatever the log period."""
+        self._flush_priorities()
+        if self._last_metrics and self.learner.steps % LEARNER_LOG_EVERY:
+            self._log_row()
+
+    def info(self) -> dict[str, Any]:
+        return self.table.info()
+
+    def _flush_priorities(self) -> None:
+        if self._pending_priorities:
+            self.table.update_priorities(*self._pending_priorities.pop())
+
+    def _log_row(self) -> None:
+        now, steps = time.perf_counter(), self.learner.steps
+        rate = (steps - self._window[1]) / max(now - self._window[0], 1e-9)
+        row = {"learner_steps": steps, "actor_steps": self._steps(), "wall_clock_s": round(now - self._start, 3),
+               "steps_per_s": round(rate, 2)}
+        row.update({k: float(v) for k, v in self._last_metrics.items() if k != "priorities"})
+        self._log.write(row)
+        self._window = (now, steps)
+
+
+class RolloutFeed:
+    """Rollouts -> learner, one update each (see the module); no replay."""
+
+    def __init__(self, learner: Any, *, clock: dict[str, float], log: CSVLogger, steps: Callable[[], int],
+                 start: float, sync_learner: bool = False):
+        self.learner, self._clock, self._log = learner, clock, log
+        self._steps, self._start, self._sync = steps, start, bool(sync_learner)
+        self._updated = False
+
+    def insert(self, rollouts: list) -> None:
+        for rollout in rollouts:
+            t = time.perf_counter()
+            metrics = self.learner.step(rollout)
+            if self._sync:
+                jax.block_until_ready(metrics)
+            self._clock["learner_s"] += time.perf_counter() - t
+            self._log.write({"learner_steps": self.learner.steps, "actor_steps": self._steps(),
+                             "wall_clock_s": round(time.perf_counter() - self._start, 3),
+                             **{k: float(v) for k, v in metrics.items()}})
+            self._updated = True
+
+    def learn(self) -> None:
+        """Nothing between rollouts: the learner updates when one is complete (`insert`)."""
+
+    def ready(self) -> bool:
+        """Whether a rollout was learnt from since the last call (a rollout boundary)."""
+        updated, self._updated = self._updated, False
+        return updated
+
+    def on_pull(self, actors: Sequence[Any]) -> None:
+        """Continuous actors sample (and evaluate) with the learner's current log-std."""
+        log_std = self.learner.log_std()
+        for actor in actors:
+            if actor is not None and not actor.discrete:
+                actor.set_log_std(log_std)
+
+    def finish(self) -> None:
+        """Every update already has its learner.csv row."""
+
+    def info(self) -> dict[str, Any]:
+        return {}
+
+
+def make_feed(builder: "BuilderBase", env_spec: Any, learner: Any, **kwargs: Any) -> ReplayFeed | RolloutFeed:
+    """The feed of `builder`'s agent: rollouts for an on-policy agent, a replay table for the others."""
+    if builder.on_policy:
+        kwargs.pop("seed", None)
+        kwargs.pop("times", None)
+        return RolloutFeed(learner, **kwargs)
+    return ReplayFeed(builder, env_spec, learner, **kwargs)
+
+
+def _insert(table: Any, transitions: Any, learn: Callable[[], None]) -> None:
+    """Stacks the adder's transitions into columns and inserts them, letting the learner catch up first if
+    the rate limiter would block (it cannot in this loop, but a stuck insert must never hang a run)."""
+    items = transitions if isinstance(transitions, (list, tuple)) else [transitions]
+    if len(items) == 1:  # the common case: a leading axis is a view, not a copy
+        batch: Mapping[str, np.ndarray] = {k: np.asarray(v)[None] for k, v in items[0].items()}
+    else:
+        batch = {k: np.stack([np.asarray(t[k]) for t in items]) for k in items[0]}
+    if not table.can_insert(len(items)):
+        learn()
+    table.insert(batch, timeout=60.0)
