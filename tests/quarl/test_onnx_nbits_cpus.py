@@ -14,7 +14,8 @@ pytestmark = [
 
 SCRIPT = """
 import json, numpy as np
-from quarl.policy.spec import mlp_q_network, reference_apply
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import mlp_q_network
 from quarl.quant.quantization import dequantize_params, quantize_params
 from quarl.runtimes import make_executor
 from tests.quarl.helpers import random_params
