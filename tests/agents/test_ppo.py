@@ -238,3 +238,37 @@ def test_cli_errors_are_one_line_and_exit_2(argv, message, tmp_path):
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and message in proc.stderr, proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------------------------------------- runner contract
+
+
+@pytest.mark.parametrize("spec_fn", [_discrete_spec, _continuous_spec])
+def test_ppo_pieces_satisfy_the_runner_protocols_and_act_through_the_rollout_sink(spec_fn):
+    """What the one acting loop and the runners read: `act` gives the sampled actions with their log-probs (the
+    same draws as `sample`), the sink makes [T, K] rollouts, weights come after every rollout, runs take whole
+    rollouts, and the learner is sized to the run's updates."""
+    from agents.base import Actor, BuilderBase, OnPolicyActor, OnPolicyLearner
+    from quarl.acting.loop import RolloutSink
+
+    env_spec = spec_fn()
+    builder, learner, actor = _parts(PPOConfig(**SMALL), env_spec)
+    assert isinstance(builder, BuilderBase) and isinstance(learner, OnPolicyLearner)
+    assert isinstance(actor, Actor) and isinstance(actor, OnPolicyActor) and actor.backend == "jax"
+    twin = builder.make_actor(env_spec, quantize_params(learner.policy_params(), "fp32"), seed=0, backend="jax",
+                              batch_size=N)
+    obs = np.random.default_rng(1).normal(size=(N, OBS)).astype(np.float32)
+    actions, extras = actor.act(obs)
+    want_actions, want_logp = twin.sample(obs)
+    np.testing.assert_array_equal(actions, want_actions)
+    np.testing.assert_array_equal(extras["behaviour_logp"], want_logp)
+    assert math.isnan(actor.exploration) if env_spec.discrete else actor.exploration == pytest.approx(1.0)
+    sink = builder.make_sink(N)
+    assert isinstance(sink, RolloutSink) and (sink.num_steps, sink.num_envs) == (T, N)
+    assert builder.steps_per_update(N) == builder.actor_update_period(N) == T * N
+    assert builder.run_steps(T * N + 1, N) == 2 * T * N and builder.run_steps(1, N) == T * N
+    run_learner = builder.make_run_learner(env_spec, 0, max_actor_steps=3 * T * N, num_envs=N)
+    assert run_learner.steps == 0 and builder.num_envs(1) == N and builder.num_envs(3) == 3
+    greedy = builder.make_actor(env_spec, quantize_params(learner.policy_params(), "fp32"), seed=0, evaluation=True,
+                                backend="jax", batch_size=N)
+    assert greedy.act(obs)[1] == {}  # an evaluating actor samples nothing
