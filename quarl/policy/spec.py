@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from typing import Iterable, Mapping, Sequence, TypeAlias, Union
+from typing import Iterable, Mapping, Sequence, TypeAlias, Union, cast
 
 import numpy as np
 import numpy.typing as npt
@@ -271,11 +271,12 @@ def layer_norm_mlp_policy(
     return PolicySpec(obs_dim, tuple(layers))
 
 
-def parse_bounds(bounds: Iterable[Iterable[float]]) -> tuple[tuple[float, ...], tuple[float, ...]]:
+def parse_bounds(bounds: object) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """Per-feature bounds ((lows), (highs)) as two tuples of floats (lists arrive from JSON/CLI); ValueError
     (naming no field: callers add theirs) unless as many finite lows as highs, each low < high."""
     try:
-        low, high = (tuple(float(v) for v in side) for side in bounds)
+        # Untrusted (JSON, flags): whatever is not two iterables of numbers raises TypeError or ValueError here.
+        low, high = (tuple(float(v) for v in side) for side in cast(Iterable[Iterable[float]], bounds))
     except (TypeError, ValueError):
         raise ValueError(f"must be (low values, high values), got {bounds!r}") from None
     if len(low) != len(high) or not low:
