@@ -29,6 +29,7 @@ from quarl.policy.spec import layer_norm_mlp_policy
 from quarl.quant.payload import decode_payload, encode_payload, fp32_payload_nbytes
 from quarl.quant.quantization import quantize_params
 from quarl.runtimes.policy_io import load_policy
+from tests.agents.executed import assert_integer_kernel_ran
 from tests.launch.tiny import TINY_DQN, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -231,6 +232,7 @@ def test_local_runner_runs_the_program_and_resumes_from_its_checkpoint(tmp_path)
     evals = _read_csv(tmp_path / "run" / "evaluator.csv")
     assert evals and {"actor_steps", "wall_clock_s", "return"} <= set(evals[0])
     assert np.isfinite(summary["final_eval_return"]) and summary["final_eval_return"] >= 8  # CartPole floor
+    assert_integer_kernel_ran(summary)  # the int8 actors ran an integer kernel, not fp32 compute
     # One quantization per version, however many actors pulled it; actors only took new versions.
     payload = summary["payload"]
     assert payload["versions"] == payload["published"] >= 1  # each version encoded once, by the learner
