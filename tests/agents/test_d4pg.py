@@ -20,6 +20,7 @@ from quarl.nets.haiku import haiku_forward
 from quarl.policy.reference import reference_apply
 from quarl.quant.quantization import quantize_params
 from quarl.runtimes import make_executor
+from tests.agents.executed import assert_integer_kernel_ran
 
 SMALL = dict(policy_layer_sizes=(32, 32), critic_layer_sizes=(64, 64), num_atoms=21, vmin=-10.0, vmax=10.0,
              batch_size=32, min_replay_size=64, max_replay_size=10_000, samples_per_insert=8.0)
@@ -407,6 +408,7 @@ def test_d4pg_learns_cartpole_balance_with_int8_actors(tmp_path):
                                               eval_episodes=5, overrides=overrides),
                              progress=False, energy=False, on_eval=lambda row: row["return"] >= 850.0)
     assert summary["precision"] == "int8" and summary["backend"] == ["onnx"]
+    assert_integer_kernel_ran(summary)  # not a silent fallback to fp32 compute
     assert summary["learner_steps"] > 1000
     assert summary["best_eval_return"] >= 850.0, summary["best_eval_return"]
     assert summary["best_eval_return"] > untrained_return + 75.0, (summary["best_eval_return"], untrained_return)

@@ -14,6 +14,7 @@ from agents.dqn.actor import DQNActor, EpsilonSchedule
 from agents.dqn.learning import DQNLearner, double_q_targets, importance_weights
 from agents.dqn.networks import make_q_spec
 from launch.experiments.config import ExperimentConfig
+from tests.agents.executed import assert_integer_kernel_ran
 
 OBS_DIM, NUM_ACTIONS, BATCH = 4, 3, 32
 
@@ -382,6 +383,7 @@ def test_dqn_learns_cartpole_with_int8_actors(tmp_path):
                                               eval_episodes=5),
                              progress=False, energy=False, on_eval=lambda row: row["return"] >= 150.0)
     assert summary["precision"] == "int8" and summary["backend"] == ["onnx"]
+    assert_integer_kernel_ran(summary)  # not a silent fallback to fp32 compute
     assert summary["best_eval_return"] >= 150.0, summary["best_eval_return"]
     assert summary["best_eval_return"] > untrained_return + 100.0, (summary["best_eval_return"], untrained_return)
     assert summary["weight_updates"] == summary["actor_steps"] // builder.config.actor_update_period

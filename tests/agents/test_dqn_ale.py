@@ -8,6 +8,7 @@ from agents.dqn import Builder, DQNConfig
 from launch.experiments.config import ExperimentConfig
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
+from tests.agents.executed import assert_integer_kernel_ran
 
 
 def test_atari_frames_get_the_nature_torso_scaled_to_unit_range():
@@ -31,4 +32,8 @@ def test_dqn_runs_pong_with_int8_conv_actors(tmp_path):
                              progress=False, energy=False)
     assert summary["precision"] == "int8" and summary["actor_steps"] == 300 and summary["learner_steps"] > 0
     assert summary["kernel_form"] and summary["final_eval_return"] is not None
-    assert summary["final_eval_return"] >= -21  # the game score, unclipped (Pong: -21 .. 21)
+    assert_integer_kernel_ran(summary)  # the int8 conv actors ran int8 arithmetic, not a fallback to fp32 compute
+    # The game score of one whole game: Pong ends when a side reaches 21 points (no draw), so the return is a
+    # nonzero whole number of points in [-21, 21]; a game cut short before a point, or a scaled reward, is not.
+    score = summary["final_eval_return"]
+    assert summary["eval_episodes"] == 1 and float(score).is_integer() and 1 <= abs(score) <= 21, score

@@ -9,6 +9,7 @@ from launch.experiments.config import ExperimentConfig
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
 from quarl.policy.spec import Conv2D, Linear
+from tests.agents.executed import assert_integer_kernel_ran
 
 # The reduced-size MinAtar settings of the learning tests: one update per 4 env steps on batches of 32 (the
 # MinAtar authors update every step; a quarter of the updates learns Breakout as fast per env step here and
@@ -60,6 +61,7 @@ def test_dqn_runs_minatar_with_int8_conv_actors(tmp_path):
                              progress=False, energy=False)
     assert summary["precision"] == "int8" and summary["actor_steps"] == 800
     assert summary["learner_steps"] >= 100  # one update per 4 env steps after the 200-item warm-up
+    assert_integer_kernel_ran(summary)  # the conv actors ran int8 arithmetic, not a fallback to fp32 compute
 
 
 @pytest.mark.slow
@@ -73,6 +75,7 @@ def test_dqn_learns_minatar_breakout_with_int8_actors(tmp_path):
                                               eval_episodes=10, overrides=MINATAR_TEST_OVERRIDES),
                              progress=False, energy=False, on_eval=lambda row: row["return"] >= BREAKOUT_THRESHOLD)
     assert summary["best_eval_return"] >= BREAKOUT_THRESHOLD, summary["best_eval_return"]
+    assert_integer_kernel_ran(summary)
 
 
 def test_dqn_qat_trains_a_conv_network_through_the_int8_arithmetic(tmp_path):
@@ -90,6 +93,7 @@ def test_dqn_qat_trains_a_conv_network_through_the_int8_arithmetic(tmp_path):
                                                          "qat_bits": 8}),
                              progress=False, energy=False)
     assert summary["learner_steps"] >= 50
+    assert_integer_kernel_ran(summary)
     spec = Builder(DQNConfig()).policy_spec(environment_spec(make_environment("MinAtar/Breakout", 0)))
     params = init_params(spec, jax.random.PRNGKey(0))
     rng = np.random.default_rng(0)
@@ -114,3 +118,4 @@ def test_dqn_learns_minatar_breakout_with_conv_qat_and_int8_actors(tmp_path):
                              progress=False, energy=False, on_eval=lambda row: row["return"] >= BREAKOUT_THRESHOLD)
     assert summary["precision"] == "int8"
     assert summary["best_eval_return"] >= BREAKOUT_THRESHOLD, summary["best_eval_return"]
+    assert_integer_kernel_ran(summary)
