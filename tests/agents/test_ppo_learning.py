@@ -18,6 +18,7 @@ from launch.experiments.onpolicy import run_single_process
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
 from quarl.quant.quantization import quantize_params
+from tests.agents.executed import assert_integer_kernel_ran
 
 RUN_FILES = ("summary.json", "evaluator.csv", "learner.csv", "actor.csv", "policy_fp32.qrlp", "policy_fp32.json")
 
@@ -57,6 +58,7 @@ def test_ppo_solves_cartpole_with_int8_actors(tmp_path):
     summary = _run(tmp_path, "ppo", "CartPole-v1", 50_000, 475.0)
     assert summary["best_eval_return"] >= 475.0, _returns(tmp_path)
     assert summary["agent"] == "ppo" and summary["precision"] == "int8" and summary["backend"] == ["onnx"]
+    assert_integer_kernel_ran(summary)  # the rollouts came from int8 arithmetic, not a fallback to fp32 compute
     for name in (*RUN_FILES, "policy_best_int8.qrlp"):
         assert (tmp_path / name).is_file(), name
     assert summary["weight_updates"] == summary["learner_steps"]  # fresh weights after every update
@@ -76,12 +78,14 @@ def test_a2c_learns_cartpole(tmp_path):
     summary = _run(tmp_path, "a2c", "CartPole-v1", 40_000, 200.0)
     assert summary["best_eval_return"] >= 200.0, _returns(tmp_path)
     assert summary["config"]["update_epochs"] == 1 and summary["config"]["clip_coef"] is None
+    assert_integer_kernel_ran(summary)
 
 
 def test_ppo_learns_acrobot(tmp_path):
     """Acrobot-v1: a random or untrained policy scores -500 (never swings up in 500 steps)."""
     summary = _run(tmp_path, "ppo", "Acrobot-v1", 40_000, -120.0)
     assert summary["best_eval_return"] > -200.0, _returns(tmp_path)
+    assert_integer_kernel_ran(summary)
     assert _untrained_return("Acrobot-v1", episodes=2) == -500.0
 
 
@@ -91,6 +95,7 @@ def test_qat_policy_deploys_exactly_and_learns_cartpole(tmp_path):
     summary = _run(tmp_path, "ppo", "CartPole-v1", 50_000, 300.0, precision="int4", backend="jax",
                    overrides={"qat_bits": 4})
     assert summary["best_eval_return"] >= 300.0, _returns(tmp_path)
+    assert_integer_kernel_ran(summary)  # int4 actors through XLA's integer dot, not simulated in fp32
     from quarl.runtimes.policy_io import load_policy
     from quarl.runtimes import make_executor
     policy = load_policy(tmp_path / "policy_fp32.qrlp")
@@ -111,6 +116,7 @@ def test_ppo_learns_dm_control_cartpole_balance(tmp_path):
     summary = _run(tmp_path, "ppo", "cartpole:balance", 120_000, 900.0, eval_every=15_000,
                    overrides=CONTROL_OVERRIDES)
     assert summary["best_eval_return"] >= 900.0, _returns(tmp_path)
+    assert_integer_kernel_ran(summary)
     assert _untrained_return("cartpole:balance", CONTROL_OVERRIDES, episodes=2) < 800.0
 
 
@@ -124,4 +130,5 @@ def test_minatar_runs_end_to_end_with_int8_conv_actors(tmp_path):
     summary = run_single_process(config, progress=False, energy=False)
     assert summary["actor_steps"] == 96 and summary["learner_steps"] == 3 and summary["envs_per_actor"] == 2
     assert summary["kernel_form"] and summary["kernel_form"] != ["fp32"], summary["kernel_form"]
+    assert_integer_kernel_ran(summary)
     assert (tmp_path / "policy_fp32.qrlp").is_file()
