@@ -22,7 +22,7 @@ from launch.experiments.stages import StageTimes
 from quarl.ops.logs import CSVLogger
 
 if TYPE_CHECKING:
-    from agents.base import Actor, BuilderBase, Learner
+    from agents.base import Actor, BuilderBase, Learner, OnPolicyActor, OnPolicyLearner
 
 LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows (replay agents; on-policy: every update)
 
@@ -105,7 +105,7 @@ class ReplayFeed:
 class RolloutFeed:
     """Rollouts -> learner, one update each (see the module); no replay."""
 
-    def __init__(self, learner: Any, *, clock: dict[str, float], log: CSVLogger, steps: Callable[[], int],
+    def __init__(self, learner: "OnPolicyLearner", *, clock: dict[str, float], log: CSVLogger, steps: Callable[[], int],
                  start: float, sync_learner: bool = False):
         self.learner, self._clock, self._log = learner, clock, log
         self._steps, self._start, self._sync = steps, start, bool(sync_learner)
@@ -131,7 +131,7 @@ class RolloutFeed:
         updated, self._updated = self._updated, False
         return updated
 
-    def on_pull(self, actors: Sequence[Any]) -> None:
+    def on_pull(self, actors: Sequence["OnPolicyActor | None"]) -> None:
         """Continuous actors sample (and evaluate) with the learner's current log-std."""
         log_std = self.learner.log_std()
         for actor in actors:
@@ -145,12 +145,12 @@ class RolloutFeed:
         return {}
 
 
-def make_feed(builder: "BuilderBase", env_spec: Any, learner: Any, **kwargs: Any) -> ReplayFeed | RolloutFeed:
+def make_feed(builder: "BuilderBase", env_spec: Any, learner: "Learner", **kwargs: Any) -> ReplayFeed | RolloutFeed:
     """The feed of `builder`'s agent: rollouts for an on-policy agent, a replay table for the others."""
     if builder.on_policy:
         kwargs.pop("seed", None)
         kwargs.pop("times", None)
-        return RolloutFeed(learner, **kwargs)
+        return RolloutFeed(learner, **kwargs)  # type: ignore[arg-type]  (an on-policy builder's learner)
     return ReplayFeed(builder, env_spec, learner, **kwargs)
 
 
