@@ -1,5 +1,5 @@
 """The benchmark figures, drawn from results the tests write themselves in each benchmark's format, say what they
-show: the machine, what the spread is, column titles that differ, the paired p-values the README quotes, and error
+show: the machine, what the spread is, column titles that differ, the paired p-values docs/results.md quotes, and error
 bars that do not go below 0."""
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def test_fidelity_figure_titles_differ_and_carry_the_readmes_p_values(figures, t
         return stats.ttest_rel(mean(arm), mean("acme")).pvalue
 
     for task in ("cartpole:balance", "walker:stand"):
-        for protocol in fidelity_report.PROTOCOLS:  # the README quotes these for each protocol's panel
+        for protocol in fidelity_report.PROTOCOLS:  # docs/results.md quotes these for each protocol's panel
             quoted = f"fp32 p={auc_p(task, 'fp32', protocol):.2f}, int8 p={auc_p(task, 'int8', protocol):.2f}"
             assert quoted in text
     assert "Xeon" in fig._suptitle.get_text() and "standard error" in fig._suptitle.get_text()  # noqa: SLF001
