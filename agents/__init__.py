@@ -7,16 +7,12 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING
+
+from agents.configs import AgentConfig  # loads no agent: the config classes are named for type checkers only
 
 if TYPE_CHECKING:  # the agents package stays light to import (CLIs validate flags with it before JAX loads)
     from agents.base import BuilderBase
-    from agents.d4pg.config import D4PGConfig
-    from agents.dqn.config import DQNConfig
-    from agents.ppo.config import PPOConfig
-
-# Every agent's hyper-parameters: a frozen dataclass (A2C's is a PPOConfig).
-AgentConfig = Union["DQNConfig", "D4PGConfig", "PPOConfig"]
 
 # name -> (package, config class name inside `<package>.config`)
 _AGENTS: dict[str, tuple[str, str]] = {

@@ -12,28 +12,69 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import Any, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Protocol, Sequence, TypedDict, cast, runtime_checkable
 
 import numpy as np
+import numpy.typing as npt
 
+from agents.rate_limits import error_buffer  # noqa: F401  (re-exported: its home before the configs moved off it)
 from quarl.acting.loop import AdderSink, Sink
 from quarl.envs.spec import EnvSpec
 from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
 from quarl.replay import table_from_config
 from quarl.replay.adders import NStepTransitionAdder
-from quarl.replay.items import Sample
+from quarl.replay.items import StackedSample
 from quarl.replay.table import Table
-from quarl.runtimes.base import policy_rows
+from quarl.runtimes.base import PolicyExecutor, policy_rows
+
+if TYPE_CHECKING:  # JAX-side types, named for type checkers only: this module and the actors never load JAX
+    from chex import ArrayTree
+
+    from agents.configs import AgentConfig
+    from agents.learner_base import Batch, Block, Metrics
 
 Signature = dict[str, tuple[tuple[int, ...], np.dtype]]
 
 
-def error_buffer(batch_size: int, min_replay_size: int, samples_per_insert: float, tolerance: float) -> float:
-    """Rate-limiter slack in sampled items, for every agent: Acme's `min_replay_size * samples_per_insert *
-    tolerance`, but never less than one batch, so that a single-process loop can always alternate one insert and
-    one learner step."""
-    return max(float(batch_size), tolerance * samples_per_insert * min_replay_size)
+class SamplerSettings(TypedDict):
+    """How a replay agent's table samples: "uniform" or "prioritized", and the priority exponent."""
+
+    sampler: str
+    priority_exponent: float
+
+
+class TableConfig(SamplerSettings):
+    """A replay agent's table and rate limiter as plain data (`quarl.replay.table_from_config` builds the table from
+    it, in the runner's process or the replay server's)."""
+
+    capacity: int
+    samples_per_insert: float
+    min_size_to_sample: int
+    error_buffer: float | tuple[float, float]
+
+
+class KernelFormCheck(TypedDict, total=False):
+    """One integer kernel form's self-check as a run records it (`quarl.runtimes.base.FormCheck` without its
+    tolerance; `max_rel_err` and `error` only where known)."""
+
+    form: str
+    ok: bool
+    max_rel_err: float
+    error: str
+
+
+class KernelRecord(TypedDict, total=False):
+    """What ran an actor's policy, as summary.json records it (`quarl.runtimes.kernel_summary`): the integer kernel
+    form (None for a float precision), this CPU's class and flags, and, where a form was self-checked, the one
+    requested, whether it was refused (`fallback`) and every check tried, the last one the form in use."""
+
+    form: str | None
+    cpu_class: str
+    cpu_flags: list[str]
+    requested: str | None
+    fallback: bool
+    checks: list[KernelFormCheck]
 
 
 @runtime_checkable
@@ -41,21 +82,24 @@ class Learner(Protocol):
     """An fp32 learner: one jitted update per sampled batch (or K per call: `prepare` + `run_block`), its
     policy's weights and a checkpointable state (`agents.learner_base.JaxLearner` implements all of it)."""
 
-    steps: int
+    @property
+    def steps(self) -> int: ...
 
-    def step(self, sample: Sample) -> Mapping[str, Any]: ...
+    def step(self, sample: Batch) -> Metrics: ...
 
-    def prepare(self, samples: Sequence[Sample]) -> Any: ...
+    def prepare(self, samples: Sequence[Batch] | StackedSample) -> Block: ...
 
-    def run_block(self, block: Any) -> Mapping[str, Any]: ...
+    def run_block(self, block: Block) -> Metrics: ...
 
-    def policy_snapshot(self) -> Any: ...
+    def wait(self) -> None: ...
 
-    def policy_params(self) -> dict: ...
+    def policy_snapshot(self) -> ArrayTree: ...
 
-    def get_state(self) -> Any: ...
+    def policy_params(self) -> ArrayTree: ...
 
-    def restore(self, state: Any) -> None: ...
+    def get_state(self) -> dict[str, ArrayTree]: ...
+
+    def restore(self, state: Mapping[str, ArrayTree]) -> None: ...
 
 
 @runtime_checkable
@@ -81,7 +125,7 @@ class Actor(Protocol):
     def backend(self) -> str: ...
 
     @property
-    def kernel(self) -> dict | None: ...
+    def kernel(self) -> KernelRecord | None: ...
 
     @property
     def exploration(self) -> float: ...
@@ -108,15 +152,16 @@ class OnPolicyActor(Actor, Protocol):
 
 
 # What makes an actor's executor: `quarl.runtimes.make_executor`'s signature (tests pass fakes).
-ExecutorFactory = Callable[..., Any]
+ExecutorFactory = Callable[..., PolicyExecutor]
 
 
 class ExecutorActor:
     """What every agent's actor shares: the quantized policy executor it acts through (`self._executor`, made
     by the subclass with `_make_executor`, which also keeps its spec), what runs it (backend, precision, integer
-    kernel form) and the weight swap."""
+    kernel form) and the weight swap. Each agent's actor says itself how it acts (`act`, `select_actions`) and
+    what the episode log records of its exploration (`exploration`)."""
 
-    _executor: Any
+    _executor: PolicyExecutor
     _spec: PolicySpec
     _obs_dim: int
 
@@ -132,7 +177,7 @@ class ExecutorActor:
         self._spec = spec
         self._obs_dim = spec.input_dim
 
-    def _one_row(self, observation: Any) -> np.ndarray:
+    def _one_row(self, observation: npt.ArrayLike) -> np.ndarray:
         """One observation as the [1, input_dim] batch the executor takes (`quarl.runtimes.base.policy_rows`:
         validated; uint8 for pixel policies); ValueError naming the size when it has the wrong number of values."""
         obs = np.asarray(observation)
@@ -149,24 +194,16 @@ class ExecutorActor:
         return str(getattr(self._executor, "precision", "unknown"))
 
     @property
-    def kernel(self) -> dict:
+    def kernel(self) -> KernelRecord:
         """The executor's integer kernel form and self-check outcome (`quarl.runtimes.kernel_summary`)."""
         from quarl.runtimes import kernel_summary  # pylint: disable=import-outside-toplevel
 
-        return kernel_summary(self._executor)
+        return cast(KernelRecord, kernel_summary(self._executor))
 
     @property
     def exploration(self) -> float:
-        """The exploration setting the episode log records: the actor's `epsilon` (DQN) or `sigma` (D4PG, PPO on
-        continuous tasks) where its class defines one, else NaN."""
-        for name in ("epsilon", "sigma"):
-            if isinstance(getattr(type(self), name, None), property):
-                return float(getattr(self, name))
+        """NaN: an actor that explores says with what (DQN's epsilon, the Gaussian's sigma) by overriding this."""
         return math.nan
-
-    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """`select_actions` and no extras: what a replay agent's sink takes."""
-        return self.select_actions(observations), {}
 
     def select_actions(self, observations: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -187,9 +224,9 @@ class BuilderBase(abc.ABC):
     config_class: ClassVar[type]
     # An on-policy agent (PPO, A2C) has no replay: its sink makes rollouts that go straight to the learner.
     on_policy: ClassVar[bool] = False
-    config: Any  # an instance of `config_class` (a frozen dataclass)
+    config: AgentConfig  # an instance of `config_class` (a frozen dataclass)
 
-    def __init__(self, config: Any = None):
+    def __init__(self, config: AgentConfig | None = None):
         config = self.config_class() if config is None else config
         if not isinstance(config, self.config_class):
             raise ValueError(f"{self.name} Builder needs a {self.config_class.__name__}, got {type(config).__name__}")
@@ -206,7 +243,7 @@ class BuilderBase(abc.ABC):
     @abc.abstractmethod
     def make_actor(self, env_spec: EnvSpec, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
                    evaluation: bool = False, backend: str = "auto", num_actors: int = 1,
-                   executor_factory: Any = None, batch_size: int = 1) -> Actor:
+                   executor_factory: ExecutorFactory | None = None, batch_size: int = 1) -> Actor:
         """An actor acting through `qparams` on `backend` (`executor_factory`: how its policy executor is made,
         None for the default; `batch_size`: the K observations it acts on per call)."""
 
@@ -215,7 +252,7 @@ class BuilderBase(abc.ABC):
         """(per-item shape, dtype) of the action column."""
 
     @abc.abstractmethod
-    def sampler_settings(self) -> dict[str, Any]:
+    def sampler_settings(self) -> SamplerSettings:
         """The table's `sampler` and `priority_exponent`."""
 
     def num_envs(self, envs_per_actor: int = 1) -> int:
@@ -263,7 +300,7 @@ class BuilderBase(abc.ABC):
         return {"observation": obs, "action": self.action_column(env_spec), "reward": ((), np.dtype(np.float32)),
                 "discount": ((), np.dtype(np.float32)), "next_observation": obs}
 
-    def table_config(self) -> dict[str, Any]:
+    def table_config(self) -> TableConfig:
         """Sampler and rate-limiter settings (plain data, so a remote replay server can build the table)."""
         c = self.config
         return {"capacity": c.max_replay_size, **self.sampler_settings(), "samples_per_insert": c.samples_per_insert,

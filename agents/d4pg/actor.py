@@ -47,6 +47,11 @@ class D4PGActor(ExecutorActor):
         """Exploration std-dev in action units (unused while `evaluation` is set)."""
         return self._sigma
 
+    @property
+    def exploration(self) -> float:
+        """What the episode log records of this actor's exploration: its sigma."""
+        return self._sigma
+
     def policy_action(self, observation: np.ndarray) -> np.ndarray:
         """The quantized policy's deterministic action for one observation (no noise, no clipping)."""
         obs = np.asarray(observation, np.float32)
@@ -75,3 +80,7 @@ class D4PGActor(ExecutorActor):
         if self.evaluation or self._sigma == 0.0:
             return np.clip(actions, self._low, self._high)
         return actions + self._rng.normal(0.0, self._sigma, actions.shape).astype(np.float32)
+
+    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """What the acting loop calls: `select_actions` and no extras (replay transitions carry none)."""
+        return self.select_actions(observations), {}

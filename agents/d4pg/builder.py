@@ -1,11 +1,9 @@
 """D4PG builder: the agent-agnostic contract (docs/ARCHITECTURE.md, "Builder details") the runners use."""
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from agents.base import BuilderBase
+from agents.base import BuilderBase, SamplerSettings
 from agents.d4pg.actor import D4PGActor, ExecutorFactory
 from agents.d4pg.config import D4PGConfig, sigma_for_actor
 from agents.d4pg.learning import D4PGLearner
@@ -68,7 +66,7 @@ class Builder(BuilderBase):
         lo, _ = self._action_bounds(env_spec)
         return (lo.size,), np.dtype(np.float32)
 
-    def sampler_settings(self) -> dict[str, Any]:
+    def sampler_settings(self) -> SamplerSettings:
         return {"sampler": "uniform", "priority_exponent": 0.0}  # D4PG samples uniformly, as in Acme
 
     def error_buffer_setting(self) -> tuple[float, float]:

@@ -59,6 +59,11 @@ class DQNActor(ExecutorActor):
         return self._eval_epsilon if self.evaluation else self._schedule(self._steps)
 
     @property
+    def exploration(self) -> float:
+        """What the episode log records of this actor's exploration: its epsilon."""
+        return float(self.epsilon)
+
+    @property
     def steps(self) -> int:
         return self._steps
 
@@ -93,3 +98,7 @@ class DQNActor(ExecutorActor):
             q = np.asarray(self._executor(obs))
             actions[greedy] = np.argmax(q[greedy], axis=1)
         return actions
+
+    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """What the acting loop calls: `select_actions` and no extras (replay transitions carry none)."""
+        return self.select_actions(observations), {}

@@ -1,11 +1,9 @@
 """DQN builder: the agent-agnostic contract (docs/ARCHITECTURE.md, "Builder details") the runners use."""
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
-from agents.base import BuilderBase
+from agents.base import BuilderBase, SamplerSettings
 from agents.dqn.actor import DQNActor, EpsilonSchedule, ExecutorFactory
 from agents.dqn.config import DQNConfig, apex_epsilon
 from agents.dqn.learning import DQNLearner
@@ -57,7 +55,7 @@ class Builder(BuilderBase):
         self._check_env(env_spec)
         return (), np.dtype(np.int32)
 
-    def sampler_settings(self) -> dict[str, Any]:
+    def sampler_settings(self) -> SamplerSettings:
         c = self.config
         return {"sampler": "prioritized" if c.prioritized_replay else "uniform",
                 "priority_exponent": c.priority_exponent}

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from agents.base import error_buffer
+from agents.rate_limits import error_buffer
 from quarl.nets.qat import check_qat_bits
 from quarl.ops.checks import ConfigError, check_bool, check_int, check_number, check_sizes, is_int
 from quarl.policy.spec import parse_bounds
@@ -147,7 +147,7 @@ class DQNConfig:
 
     @property
     def error_buffer(self) -> float:
-        """Rate-limiter slack in sampled items (`agents.base.error_buffer`)."""
+        """Rate-limiter slack in sampled items (`agents.rate_limits.error_buffer`)."""
         return error_buffer(self.batch_size, self.min_replay_size, self.samples_per_insert,
                             self.samples_per_insert_tolerance)
 

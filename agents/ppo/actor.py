@@ -42,6 +42,11 @@ class PPOActor(ExecutorActor):
         """The mean exploration std-dev (continuous tasks; NaN for discrete ones), as D4PG's actor reports it."""
         return float(np.mean(np.exp(self._log_std))) if self._log_std is not None else float("nan")
 
+    @property
+    def exploration(self) -> float:
+        """What the episode log records of this actor's exploration: its sigma (NaN on discrete tasks)."""
+        return self.sigma
+
     def set_log_std(self, log_std: np.ndarray) -> None:
         """The learner's current Gaussian log-std, one value per action dimension."""
         value = np.asarray(log_std, np.float32).reshape(-1)

@@ -8,7 +8,7 @@ actors are built as for every other agent.
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import ClassVar, NoReturn
 
 import numpy as np
 
@@ -88,15 +88,15 @@ class Builder(BuilderBase):
             return (), np.dtype(np.int32)
         return (env_spec.action_dim,), np.dtype(np.float32)
 
-    def _no_replay(self) -> Any:
+    def _no_replay(self) -> NoReturn:
         raise ValueError(f"{self.name} is on-policy and has no replay: its actors' steps go into rollouts "
                          "(make_sink), not into adders and a replay table")
 
-    def sampler_settings(self) -> dict[str, Any]:
+    def sampler_settings(self) -> NoReturn:
         return self._no_replay()
 
-    def make_adder(self) -> Any:
+    def make_adder(self) -> NoReturn:
         return self._no_replay()
 
-    def table_config(self) -> dict[str, Any]:
+    def table_config(self) -> NoReturn:
         return self._no_replay()

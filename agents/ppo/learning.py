@@ -14,18 +14,23 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Any, Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from chex import ArrayTree
 
-from agents.learner_base import JaxLearner
+from agents.learner_base import Batch, JaxLearner
 from agents.ppo.config import PPOConfig
 from agents.ppo.networks import PPONetworks, entropy, log_prob
+from quarl.replay.items import StackedSample
 
 CALIBRATION_ROLLOUTS = 1  # rollouts whose observations calibrate int conv actors (quarl.quant.calibration)
+# (params, observations) -> (policy output, values): `PPONetworks.make_apply`'s function.
+ApplyFn = Callable[[dict, jax.Array], tuple[jax.Array, jax.Array]]
+ValueFn = Callable[[dict, jax.Array], jax.Array]  # (params, observations) -> values
 
 
 class TrainingState(NamedTuple):
@@ -54,7 +59,7 @@ def gae_advantages(rewards: jax.Array, values: jax.Array, next_values: jax.Array
     return advantages
 
 
-def ppo_loss(params: dict, apply: Any, batch: Mapping[str, jax.Array], config: PPOConfig) -> tuple[jax.Array, dict]:
+def ppo_loss(params: dict, apply: ApplyFn, batch: Mapping[str, jax.Array], config: PPOConfig) -> tuple[jax.Array, dict]:
     """cleanRL's PPO loss on one minibatch: policy loss - entropy_coef * entropy + value_coef * value loss.
 
     Without `clip_coef` the policy loss is -A * ratio, whose gradient at ratio 1 (one epoch, one minibatch: A2C)
@@ -87,14 +92,14 @@ def ppo_loss(params: dict, apply: Any, batch: Mapping[str, jax.Array], config: P
 def make_optimizer(config: PPOConfig, total_updates: int | None) -> optax.GradientTransformation:
     """Adam with global-norm clipping; with `anneal_lr` and a known run length the rate decays linearly to 0 over
     the run's gradient steps (cleanRL's anneal_lr)."""
-    lr: Any = config.learning_rate
+    lr: float | optax.Schedule = config.learning_rate
     if config.anneal_lr and total_updates:
         grad_steps = total_updates * config.update_epochs * config.num_minibatches
         lr = optax.linear_schedule(config.learning_rate, 0.0, grad_steps)
     return optax.chain(optax.clip_by_global_norm(config.max_gradient_norm), optax.adam(lr, eps=config.adam_eps))
 
 
-def _update(state: TrainingState, rollout: Mapping[str, jax.Array], *, apply: Any, value_apply: Any,
+def _update(state: TrainingState, rollout: Mapping[str, jax.Array], *, apply: ApplyFn, value_apply: ValueFn,
             optimizer: optax.GradientTransformation, config: PPOConfig) -> tuple[TrainingState, dict]:
     t, n = rollout["reward"].shape
     flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731  [T, N, ...] -> [T * N, ...]
@@ -161,7 +166,7 @@ class PPOLearner(JaxLearner):
     def networks(self) -> PPONetworks:
         return self._networks
 
-    def _policy_tree(self) -> Any:
+    def _policy_tree(self) -> ArrayTree:
         return self._state.params["policy"]
 
     def log_std(self) -> np.ndarray | None:
@@ -173,7 +178,7 @@ class PPOLearner(JaxLearner):
         """V(s) for a batch of observations (tests, diagnostics)."""
         return np.asarray(self._networks.make_apply()(self._state.params, jnp.asarray(observations, jnp.float32))[1])
 
-    def _extra_columns(self, sample: Any, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _extra_columns(self, sample: Batch | StackedSample, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         del sample
         rewards = batch["reward"]
         if rewards.ndim != 2:

@@ -19,17 +19,24 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Callable, Mapping, Protocol, Sequence, TypeAlias
 
+import dm_env
 import numpy as np
+import numpy.typing as npt
 
-from quarl.envs.vector import VectorEnvironment
+from quarl.envs.spec import BatchActions
+from quarl.envs.vector import VectorEnv
 
 # What an on-policy rollout holds besides the policy's extras, each [T, K, ...]: the observation acted on, the
 # action, the reward and discount of the step, whether it ended an episode, and the observation that followed
 # (an episode's final one on its LAST step, so a time limit can still bootstrap from it).
 ROLLOUT_COLUMNS = ("observation", "action", "reward", "discount", "last", "next_observation")
 Extras = Mapping[str, np.ndarray]
+# What a sink finishes: an n-step transition, or one whole rollout of [T, K, ...] columns.
+Item = dict[str, np.ndarray]
+# What a policy returns for a batch of observations: the actions, or (actions, per-environment extras).
+PolicyOutput: TypeAlias = BatchActions | tuple[BatchActions, Extras]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +55,7 @@ class VectorStep:
     step's rewards, and the seconds spent in the policy, in the environments (steps and restarts) and in the
     sink."""
 
-    transitions: list[Any]
+    transitions: list[Item]
     episodes: list[EpisodeEnd]
     reward_sum: float
     policy_s: float
@@ -64,40 +71,54 @@ class Sink(Protocol):
     @property
     def pending(self) -> int: ...
 
-    def start(self, timesteps: Sequence[Any]) -> None: ...
+    def start(self, timesteps: Sequence[dm_env.TimeStep]) -> None: ...
 
-    def add(self, actions: Any, extras: Extras, timesteps: Sequence[Any]) -> list[Any]: ...
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]: ...
 
-    def restart(self, index: int, timestep: Any) -> None: ...
+    def restart(self, index: int, timestep: dm_env.TimeStep) -> None: ...
 
-    def flush(self) -> list[Any]: ...
+    def flush(self) -> list[Item]: ...
+
+
+class Adder(Protocol):
+    """One environment's adder (`quarl.replay.adders.NStepTransitionAdder`): its FIRST timestep, then each action
+    with the timestep it led to; returns the items each step finished, `flush` the ones still open."""
+
+    @property
+    def pending(self) -> int: ...
+
+    def add_first(self, timestep: dm_env.TimeStep) -> None: ...
+
+    def add(self, action: npt.ArrayLike, next_timestep: dm_env.TimeStep) -> list[Item]: ...
+
+    def flush(self) -> list[Item]: ...
 
 
 class AdderSink:
     """The replay agents' sink: one adder per environment (`make_adder()`, e.g. an `NStepTransitionAdder`)."""
 
-    def __init__(self, make_adder: Callable[[], Any], num_envs: int):
+    def __init__(self, make_adder: Callable[[], Adder], num_envs: int):
         self.adders = tuple(make_adder() for _ in range(int(num_envs)))
 
     @property
     def pending(self) -> int:
         return sum(int(adder.pending) for adder in self.adders)
 
-    def start(self, timesteps: Sequence[Any]) -> None:
+    def start(self, timesteps: Sequence[dm_env.TimeStep]) -> None:
         for adder, timestep in zip(self.adders, timesteps):
             adder.add_first(timestep)
 
-    def add(self, actions: Any, extras: Extras, timesteps: Sequence[Any]) -> list[Any]:
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]:
         del extras  # transitions carry no policy extras
-        out: list[Any] = []
+        out: list[Item] = []
         for adder, action, timestep in zip(self.adders, actions, timesteps):
             out.extend(adder.add(action, timestep))
         return out
 
-    def restart(self, index: int, timestep: Any) -> None:
+    def restart(self, index: int, timestep: dm_env.TimeStep) -> None:
         self.adders[index].add_first(timestep)
 
-    def flush(self) -> list[Any]:
+    def flush(self) -> list[Item]:
         """Every open n-step window, as truncated transitions."""
         return [t for adder in self.adders for t in adder.flush()]
 
@@ -124,11 +145,11 @@ class RolloutSink:
         """Env steps in the unfinished rollout (dropped at a stop: a learner takes whole rollouts only)."""
         return len(self._columns["reward"]) * self.num_envs
 
-    def start(self, timesteps: Sequence[Any]) -> None:
+    def start(self, timesteps: Sequence[dm_env.TimeStep]) -> None:
         self._clear()
         self._obs = np.stack([np.asarray(t.observation) for t in timesteps])
 
-    def add(self, actions: Any, extras: Extras, timesteps: Sequence[Any]) -> list[Any]:
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]:
         if self._obs is None:
             raise ValueError("the rollout sink was not started (VectorEnvLoop.reset)")
         missing = [k for k in self.extras if k not in extras]
@@ -138,7 +159,7 @@ class RolloutSink:
         cols = self._columns
         next_obs = np.stack([np.asarray(t.observation) for t in timesteps])  # a copy: safe from the env's buffers
         cols["observation"].append(self._obs)
-        cols["action"].append(actions)
+        cols["action"].append(np.asarray(actions))  # an array stays itself (no copy), as np.stack takes it
         for key in self.extras:
             cols[key].append(np.asarray(extras[key]))
         cols["reward"].append(np.array([float(t.reward) for t in timesteps], np.float32))
@@ -152,17 +173,17 @@ class RolloutSink:
         self._clear()
         return [rollout]
 
-    def restart(self, index: int, timestep: Any) -> None:
+    def restart(self, index: int, timestep: dm_env.TimeStep) -> None:
         assert self._obs is not None
         self._obs[index] = np.asarray(timestep.observation)
 
-    def flush(self) -> list[Any]:
+    def flush(self) -> list[Item]:
         """Nothing: a partial rollout is not one the learner can take (its steps were acted and counted)."""
         self._clear()
         return []
 
 
-def _split(out: Any) -> tuple[Any, Extras]:
+def _split(out: PolicyOutput) -> tuple[BatchActions, Extras]:
     """A policy's output as (actions, extras): `(actions, {name: [K] array})` or the actions alone."""
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
         return out[0], out[1]
@@ -174,19 +195,19 @@ class VectorEnvLoop:
     docstring. `VectorEnvLoop(env, make_adder)` is the replay agents' loop (an `AdderSink`); pass `sink=`
     for any other."""
 
-    def __init__(self, env: VectorEnvironment, make_adder: Callable[[], Any] | None = None, *,
+    def __init__(self, env: VectorEnv, make_adder: Callable[[], Adder] | None = None, *,
                  sink: Sink | None = None):
         if (make_adder is None) == (sink is None):
             raise ValueError("VectorEnvLoop takes either make_adder or sink")
         self.env = env
         self.num_envs = env.num_envs
         self.sink: Sink = AdderSink(make_adder, self.num_envs) if sink is None else sink
-        self._timesteps: list[Any] = []
+        self._timesteps: list[dm_env.TimeStep] = []
         self._returns = np.zeros(self.num_envs, np.float64)
         self._lengths = np.zeros(self.num_envs, np.int64)
 
     @property
-    def adders(self) -> Sequence[Any]:
+    def adders(self) -> Sequence[Adder]:
         """The replay sink's adders (empty for another sink)."""
         return tuple(getattr(self.sink, "adders", ()))
 
@@ -205,7 +226,7 @@ class VectorEnvLoop:
             raise ValueError("call reset() before stepping a VectorEnvLoop")
         return np.stack([np.asarray(t.observation, np.float32) for t in self._timesteps])
 
-    def step(self, policy: Callable[[np.ndarray], Any]) -> VectorStep:
+    def step(self, policy: Callable[[np.ndarray], PolicyOutput]) -> VectorStep:
         """One policy call on the K observations, then one step of every environment."""
         obs = self.observations()
         t0 = time.perf_counter()
