@@ -27,19 +27,32 @@ import dataclasses
 import os
 import sys
 from pathlib import Path
-from typing import Any, NoReturn, Sequence
+from typing import NoReturn, NotRequired, Sequence, TypedDict, TypeVar
 
 from launch.experiments import checkpoint as ckpt
 import agents
 from launch.cli import (
     DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, OneLineArgumentParser, UsageError, add_qat_argument,
-    build_config, check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, check_precision,
-    fail, flag_names, parse_overrides, parse_resources, qat_overrides,
+    build_config, check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir,
+    check_positive, fail, flag_names, parse_overrides, parse_resources, qat_overrides,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
 from launch.experiments.config import SERVICE_SHARE, ExperimentConfig
 from launch.experiments.progress import print_summary
 from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
+from quarl.quant.precision import Precision
+
+T = TypeVar("T")
+
+
+class Preset(TypedDict):
+    """The quick preset of `quick_preset`: agent config fields, and for the default job its stopping rule."""
+
+    overrides: dict[str, object]
+    target_return: NotRequired[float]
+    eval_every: NotRequired[int]
+    target_streak: NotRequired[int]
+
 
 # The default job (`make run`; DEFAULT_TASKS and DEFAULT_STEPS are launch.cli's, shared with launch.train):
 # about two minutes on 2 cores, and it ends solved. D4PG: small networks, a value
@@ -50,7 +63,7 @@ from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
 # DQN's own defaults are already tuned for classic control (CartPole reaches 500 within ~25k steps).
 
 
-def quick_preset(agent: str, task: str) -> dict[str, Any]:
+def quick_preset(agent: str, task: str) -> Preset:
     """The quick laptop preset's ExperimentConfig fields for `agent` on `task` (what `--full-size` turns off).
 
     D4PG's agent config is the small one above on every task; on its default task the preset also sets the
@@ -59,7 +72,7 @@ def quick_preset(agent: str, task: str) -> dict[str, Any]:
     runs on the stop's slightly newer weights). Flags given explicitly win over every preset field."""
     if agent != "d4pg":
         return {"overrides": {}}
-    preset: dict[str, Any] = {"overrides": {
+    preset: Preset = {"overrides": {
         "policy_layer_sizes": (64, 64), "critic_layer_sizes": (128, 128), "vmin": -10.0, "vmax": 110.0,
         "batch_size": 128, "learning_rate": 1e-3, "min_replay_size": 1_000, "max_replay_size": 100_000,
         "samples_per_insert": 32.0}}
@@ -189,21 +202,22 @@ def validate(args: argparse.Namespace) -> Invocation:
 def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     agent = check_agent(args.agent)
     task = args.task or DEFAULT_TASKS[agent]
-    preset = {"overrides": {}} if args.full_size else quick_preset(agent, task)
+    preset: Preset = {"overrides": {}} if args.full_size else quick_preset(agent, task)
     # The agent's tuned settings for this task, the quick preset, then the user's --set values.
     overrides = {**agents.task_defaults(agent, task), **preset["overrides"], **parse_overrides(agent, args.overrides)}
-    overrides.update(qat_overrides(args.qat_bits, check_precision(args.precision)))
+    precision = check_actor_precision(args.precision)  # parsed once: the config carries the Precision
+    overrides.update(qat_overrides(args.qat_bits, precision))
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
     if period is not None:
         overrides["actor_update_period"] = period
     if any("=" in r for r in args.learner_resources):
         raise UsageError("--learner-resource takes a resource NAME (each node there asks for 0.01 of it)")
 
-    def given(value: Any, default: Any) -> Any:
+    def given(value: T | None, default: T) -> T:
         return default if value is None else value
 
     return build_config(
-        FLAGS, agent=agent, task=task, precision=args.precision, backend=args.backend,
+        FLAGS, agent=agent, task=task, precision=precision, backend=args.backend,
         kernel_form=args.kernel_form, num_actors=args.num_actors,
         envs_per_actor=args.envs_per_actor, max_actor_steps=given(args.max_actor_steps, DEFAULT_STEPS[agent]),
         seed=given(args.seed, 0), logdir=given(args.logdir, _UNSET), overrides=overrides,
@@ -217,7 +231,7 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
         learner_resources={k: SERVICE_SHARE for k in parse_resources("--learner-resource", args.learner_resources)})
 
 
-def _check_resume(path: str, agent: str, task: str, agent_config: Any) -> str:
+def _check_resume(path: str, agent: str, task: str, agent_config: agents.AgentConfig) -> str:
     try:
         directory = ckpt.find_checkpoint(path)
         manifest = ckpt.read_manifest(directory)
@@ -238,7 +252,7 @@ def _run_dir_of(resume: str) -> Path:
     return p
 
 
-def _choose_logdir(logdir: str | None, resume: str | None, agent: str, task: str, precision: str) -> Path:
+def _choose_logdir(logdir: str | None, resume: str | None, agent: str, task: str, precision: Precision) -> Path:
     if logdir is None and resume is not None:
         logdir = str(_run_dir_of(resume))
     if logdir is None:

@@ -15,11 +15,15 @@ import tempfile
 import types
 import typing
 from pathlib import Path
-from typing import Any, Mapping, NoReturn, Sequence
+from typing import TYPE_CHECKING, Mapping, NoReturn, Sequence
 
 import agents
 from launch.experiments.config import DISTRIBUTED_FIELDS, ExperimentConfig
 from quarl.ops.checks import ConfigError, check_int
+from quarl.quant.precision import Precision
+
+if TYPE_CHECKING:  # agents.base imports JAX, which a CLI loads only once its flags are valid
+    from agents.base import BuilderBase
 
 EXIT_USAGE = 2
 # Files a run writes; a logdir already holding any of them belongs to another run.
@@ -46,9 +50,9 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse, but errors are one line (`prog: error: ...`) instead of usage + error, still exit 2; --help
     shows the whole description and every default (`HelpFormatter`)."""
 
-    def __init__(self, *args: Any, **kwargs: Any):
-        kwargs.setdefault("formatter_class", HelpFormatter)
-        super().__init__(*args, **kwargs)
+    def __init__(self, prog: str | None = None, description: str | None = None,
+                 formatter_class: type[argparse.HelpFormatter] = HelpFormatter):
+        super().__init__(prog=prog, description=description, formatter_class=formatter_class)
 
     def error(self, message: str) -> NoReturn:
         fail(f"{self.prog}: error: {message}")
@@ -123,13 +127,19 @@ def check_agent(name: str) -> str:
     return name
 
 
-def check_precision(name: str) -> str:
-    """An actor precision (`ACTOR_PRECISIONS`: fp32, bf16, fp16, int2..int8, int16) as its canonical name."""
+def check_actor_precision(name: str) -> Precision:
+    """--precision, parsed once: an actor precision (`ACTOR_PRECISIONS`: fp32, bf16, fp16, int2..int8, int16)."""
     from launch.experiments.config import actor_precision  # pylint: disable=import-outside-toplevel
     try:
         return actor_precision(name)
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+def check_precision(name: str) -> str:
+    """`check_actor_precision`'s canonical name, for the CLIs that key their records by it (launch.ptq,
+    launch.reproduce)."""
+    return check_actor_precision(name).name
 
 
 def check_backend(name: str) -> str:
@@ -145,7 +155,7 @@ def check_positive(flag: str, value: int | None, *, optional: bool = False) -> i
     return _flag_int(flag, value, minimum=1)
 
 
-def _flag_int(flag: str, value: Any, *, minimum: int) -> int:
+def _flag_int(flag: str, value: object, *, minimum: int) -> int:
     """`quarl.ops.checks.check_int` on a flag's value, its ConfigError as the CLI's one-line UsageError."""
     try:
         return check_int(flag, value, minimum=minimum)
@@ -220,7 +230,7 @@ def _can_create_in(directory: Path) -> bool:
     return True
 
 
-def parse_overrides(agent: str, items: Sequence[str]) -> dict[str, Any]:
+def parse_overrides(agent: str, items: Sequence[str]) -> dict[str, object]:
     """`["key=value", ...]` -> typed config overrides, checked by building the agent's config.
 
     Values are parsed by the field's annotated type: int, float, bool (true/false/1/0/yes/no), str,
@@ -228,7 +238,7 @@ def parse_overrides(agent: str, items: Sequence[str]) -> dict[str, Any]:
     cls = agents.config_class(agent)
     hints = typing.get_type_hints(cls)
     fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    overrides: dict[str, Any] = {}
+    overrides: dict[str, object] = {}
     for item in items:
         key, sep, raw = item.partition("=")
         key = key.strip()
@@ -247,7 +257,8 @@ def parse_overrides(agent: str, items: Sequence[str]) -> dict[str, Any]:
     return overrides
 
 
-def _parse_value(raw: str, annotation: Any) -> Any:
+def _parse_value(raw: str, annotation: object) -> object:
+    """`raw` as a value of the type hint `annotation` (a class or a typing form; see `parse_overrides`)."""
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         if type(None) in args and raw.lower() in ("none", "null"):
@@ -298,7 +309,7 @@ def _groups(raw: str) -> list[str]:
     return [",".join(str(v) for v in g) for g in value]
 
 
-def check_agent_task(agent: str, task: str, overrides: dict[str, Any]) -> Any:
+def check_agent_task(agent: str, task: str, overrides: Mapping[str, object]) -> "BuilderBase":
     """Builds the env once to check the task exists and suits the agent; returns the ready builder."""
     from quarl.envs.spec import environment_spec
     from quarl.envs.factory import list_tasks, make_environment  # pylint: disable=import-outside-toplevel
@@ -324,7 +335,7 @@ def check_carbon_country() -> str:
         raise UsageError(str(e)) from None
 
 
-def qat_overrides(qat_bits: int | None, precision: str) -> dict[str, Any]:
+def qat_overrides(qat_bits: int | None, precision: Precision) -> dict[str, object]:
     """`--qat-bits B` as a config override; QAT trains for int-B actors, so an intK --precision must match."""
     if qat_bits is None:
         return {}
@@ -333,7 +344,7 @@ def qat_overrides(qat_bits: int | None, precision: str) -> dict[str, Any]:
         bits = check_qat_bits(qat_bits, "--qat-bits")
     except ValueError as e:
         raise UsageError(str(e)) from None
-    if precision.startswith("int") and precision != f"int{bits}":
+    if precision.is_int and precision.bits != bits:
         raise UsageError(f"--qat-bits {bits} trains for int{bits} actors but --precision is {precision}: "
                          f"pass --precision int{bits} (or fp32 to evaluate the trained weights unquantized)")
     return {"qat_bits": bits}
@@ -351,7 +362,7 @@ def flag_names(**renames: str) -> dict[str, str]:
     return names
 
 
-def build_config(flags: Mapping[str, str], **fields: Any) -> ExperimentConfig:
+def build_config(flags: Mapping[str, str], **fields: object) -> ExperimentConfig:
     """`ExperimentConfig.create(**fields)`; its one-line ConfigError becomes a UsageError naming the flag."""
     try:
         return ExperimentConfig.create(**fields)

@@ -8,14 +8,15 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 from launch.cli import RUN_FILES, UsageError, check_seed
 from launch.experiments.config import ExperimentConfig
 from quarl.ops.checks import ConfigError
+from quarl.quant.precision import Precision
 
 
-def default_logdir(runner: str, agent: str, task: str, precision: str) -> str:
+def default_logdir(runner: str, agent: str, task: str, precision: Precision) -> str:
     """runs/<runner>/<agent>-<task>-<precision>-<time>: where a run goes without --logdir (runs/ is gitignored)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
     return os.path.join("runs", runner, f"{agent}-{task.replace(':', '-')}-{precision}-{stamp}")
@@ -47,7 +48,7 @@ def config_with_overrides(path: str, logdir: str | None, seed: int | None) -> Ex
     """`load_config(path)` with --logdir/--seed applied; a config naming a folder that already holds a run (a
     summary.json's own) must be given a new --logdir."""
     config = load_config(path)
-    changes: dict[str, Any] = {}
+    changes: dict[str, object] = {}
     if logdir is not None:
         changes["logdir"] = logdir
     if seed is not None:

@@ -24,7 +24,7 @@ from typing import Sequence
 import agents
 from launch.cli import (
     DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError, add_common_arguments, build_config,
-    check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, check_precision, fail,
+    check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, fail,
     flag_names, parse_overrides, qat_overrides,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
@@ -70,7 +70,7 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
             raise UsageError(f"--actor-update-period does not apply to --agent {agent}: an on-policy actor gets new "
                              "weights after every update")
         overrides["actor_update_period"] = period
-    precision = check_precision(args.precision)
+    precision = check_actor_precision(args.precision)  # parsed once: the config carries the Precision
     overrides.update(qat_overrides(args.qat_bits, precision))
     return build_config(TRAIN_FLAGS, agent=agent, task=task, precision=precision, backend=args.backend,
                         kernel_form=args.kernel_form,

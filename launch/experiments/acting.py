@@ -16,26 +16,38 @@ node (`launch.distributed.nodes.actor`, `launch.distributed.nodes.rollout_actor`
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence, TypedDict
 
+import dm_env
 import numpy as np
 
 from launch.experiments.stages import StageTimes
 from quarl.acting.evaluation import run_episode
 from quarl.acting.loop import Sink, VectorEnvLoop, VectorStep
+from quarl.envs.vector import VectorEnv
 
 if TYPE_CHECKING:  # agents.base imports JAX; the loop only needs the Protocol's names
     from agents.base import Actor
 
 # evaluator.csv, both runners. train_clock_s: the run's clock without evaluation time (the distributed evaluator
 # works on the side, so there it is the wall clock); return_first: the first, noiseless episode (Acme's usual
-# one-episode protocol); return_fp32: the same episodes at fp32 (single process with --eval-fp32 only).
-EVAL_FIELDS = ("actor_steps", "learner_steps", "wall_clock_s", "train_clock_s", "return", "return_std",
-               "return_min", "return_max", "return_first", "episodes", "weights_version", "return_fp32")
+# one-episode protocol); return_fp32: the same episodes at fp32 (single process with --eval-fp32 only). One row
+# is an `EvalRow` (functional form: "return" is a keyword), its columns in this order.
+EvalRow = TypedDict("EvalRow", {
+    "actor_steps": int, "learner_steps": int, "wall_clock_s": float, "train_clock_s": float, "return": float,
+    "return_std": float, "return_min": float, "return_max": float, "return_first": float, "episodes": int,
+    "weights_version": int | None, "return_fp32": float | None})
+EVAL_FIELDS: tuple[str, ...] = tuple(EvalRow.__annotations__)
 # One row per finished episode: the actor's own env steps, its steps/s over the episode (its K environments step
 # together), exploration (DQN epsilon, D4PG sigma), the weights it acted with, and the run's total actor steps.
 EPISODE_FIELDS = ("actor_steps", "wall_clock_s", "episode", "return", "length", "steps_per_s", "exploration",
                   "weights_version", "total_actor_steps")
+
+
+class RowLog(Protocol):
+    """Where rows go: a CSV file (`quarl.ops.logs.CSVLogger`), or CSV plus TensorBoard on a node (`Logger`)."""
+
+    def write(self, values: Mapping[str, object]) -> None: ...
 
 
 def crossed(before: int, after: int, period: int) -> bool:
@@ -50,8 +62,8 @@ class ActingLoop:
     supplies `insert(items)` (transitions into an in-memory table or a replay server, rollouts into a learner
     or an outbox; it times its own work) and `pull()` (a payload made in this process or fetched)."""
 
-    def __init__(self, env: Any, sink: Sink, times: StageTimes, *, update_period: int,
-                 episode_log: Any, clock: Callable[[], float]):
+    def __init__(self, env: VectorEnv, sink: Sink, times: StageTimes, *, update_period: int,
+                 episode_log: RowLog, clock: Callable[[], float]):
         self.env_loop = VectorEnvLoop(env, sink=sink)
         self.num_envs = self.env_loop.num_envs
         self.times = times
@@ -104,7 +116,7 @@ class ActingLoop:
         self.env_loop.close()
 
 
-def evaluation_returns(actor: Any, env: Any, episodes: int,
+def evaluation_returns(actor: "Actor", env: dm_env.Environment, episodes: int,
                        should_stop: Callable[[], bool] | None = None) -> list[float]:
     """Undiscounted returns of `episodes` full episodes with the (evaluation-mode) actor; `should_stop` abandons
     the evaluation (`quarl.acting.evaluation.EpisodeInterrupted`)."""
@@ -113,14 +125,13 @@ def evaluation_returns(actor: Any, env: Any, episodes: int,
 
 def evaluation_row(returns: Sequence[float], *, actor_steps: int, learner_steps: int, wall_clock_s: float,
                    train_clock_s: float, weights_version: int | None,
-                   return_fp32: float | None = None) -> dict[str, Any]:
+                   return_fp32: float | None = None) -> EvalRow:
     """One evaluator.csv row (`EVAL_FIELDS`, in order) from the episodes' returns and the clocks at its start."""
     values = np.asarray(returns, np.float64)
-    row = {"actor_steps": int(actor_steps), "learner_steps": int(learner_steps),
-           "wall_clock_s": round(float(wall_clock_s), 3), "train_clock_s": round(float(train_clock_s), 3),
-           "return": float(values.mean()), "return_std": float(values.std()), "return_min": float(values.min()),
-           "return_max": float(values.max()), "return_first": float(values[0]), "episodes": len(values),
-           "weights_version": None if weights_version is None else int(weights_version),
-           "return_fp32": return_fp32}
-    return {k: row[k] for k in EVAL_FIELDS}
+    return {"actor_steps": int(actor_steps), "learner_steps": int(learner_steps),
+            "wall_clock_s": round(float(wall_clock_s), 3), "train_clock_s": round(float(train_clock_s), 3),
+            "return": float(values.mean()), "return_std": float(values.std()), "return_min": float(values.min()),
+            "return_max": float(values.max()), "return_first": float(values[0]), "episodes": len(values),
+            "weights_version": None if weights_version is None else int(weights_version),
+            "return_fp32": return_fp32}
 

@@ -3,13 +3,14 @@ per-node seeds of a run."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
 import agents
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import EnvSpec, environment_spec
+from quarl.ops.io import JSONValue
 
 if TYPE_CHECKING:  # agents.base imports JAX; the CLIs check their flags with this module before JAX loads
     from agents.base import BuilderBase
@@ -21,7 +22,7 @@ class AgentSpec:
 
     agent: str
     task: str
-    overrides: Mapping[str, Any]
+    overrides: Mapping[str, object]
 
     def builder(self) -> "BuilderBase":
         return agents.get_builder(self.agent, **dict(self.overrides))
@@ -40,7 +41,7 @@ def derive_seed(seed: int, *path: int) -> int:
     return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1, np.uint32)[0] & 0x7FFFFFFF)
 
 
-def table_spec(builder: "BuilderBase", env_spec: EnvSpec) -> dict[str, Any]:
+def table_spec(builder: "BuilderBase", env_spec: EnvSpec) -> dict[str, JSONValue]:
     """The replay table as plain data (rate limiter settings + column signature), so the replay server
     builds a `quarl.replay.table.Table` without importing the agent (and JAX) in its process."""
     signature = builder.transition_signature(env_spec)

@@ -31,11 +31,16 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
-from quarl.ops.io import atomic_output, jsonable, write_text_atomic
+from quarl.ops.io import JSONValue, atomic_output, jsonable, write_text_atomic
+
+if TYPE_CHECKING:  # JAX-free at import: launch.actorq checks --resume with this module before JAX loads
+    from chex import ArrayTree
+
+    from agents import AgentConfig
 
 FORMAT_VERSION = 2  # 2: per-file learner checksums and a manifest checksum
 CHECKPOINT_DIR = "checkpoints"
@@ -71,13 +76,13 @@ def _file_digests(root: Path) -> dict[str, str]:
     return {str(path.relative_to(root)): _sha256_file(path) for path in sorted(root.rglob("*")) if path.is_file()}
 
 
-def _manifest_digest(manifest: Mapping[str, Any]) -> str:
+def _manifest_digest(manifest: Mapping[str, JSONValue]) -> str:
     """SHA-256 of the manifest's canonical JSON, without its own digest field."""
     body = {k: v for k, v in manifest.items() if k != MANIFEST_DIGEST}
     return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 
 
-def _write_json_atomic(path: Path, obj: Any) -> None:
+def _write_json_atomic(path: Path, obj: JSONValue) -> None:
     write_text_atomic(path, json.dumps(obj, indent=2, sort_keys=True))
 
 
@@ -97,7 +102,7 @@ def _read_json(path: Path, what: str) -> dict:
 # ------------------------------------------------------------------------------------------------------
 
 
-def save_replay(path: str | os.PathLike, state: Mapping[str, Any]) -> dict[str, Any]:
+def save_replay(path: str | os.PathLike, state: Mapping[str, Any]) -> dict[str, JSONValue]:
     """Writes a `Table.state_dict()` to `path` (npz); returns {"sha256", "items"} for the manifest."""
     path = Path(path)
     arrays: dict[str, np.ndarray] = {}
@@ -133,7 +138,7 @@ def load_replay(path: str | os.PathLike, sha256: str | None = None) -> dict[str,
 # ------------------------------------------------------------------------------------------------------
 
 
-def save_learner(path: str | os.PathLike, state: Any) -> None:
+def save_learner(path: str | os.PathLike, state: ArrayTree) -> None:
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
     checkpointer = ocp.StandardCheckpointer()
@@ -144,7 +149,7 @@ def save_learner(path: str | os.PathLike, state: Any) -> None:
         checkpointer.close()
 
 
-def restore_learner(path: str | os.PathLike, template: Any) -> Any:
+def restore_learner(path: str | os.PathLike, template: ArrayTree) -> ArrayTree:
     """Restores into the structure of `template` (the fresh learner's `get_state()`)."""
     import orbax.checkpoint as ocp  # pylint: disable=import-outside-toplevel
 
@@ -167,8 +172,9 @@ def checkpoint_root(logdir: str | os.PathLike) -> Path:
     return Path(logdir) / CHECKPOINT_DIR
 
 
-def write_checkpoint(logdir: str | os.PathLike, *, step: int, learner_state: Any,
-                     save_replay_to: Callable[[str], Mapping[str, Any]], manifest: Mapping[str, Any]) -> Path:
+def write_checkpoint(logdir: str | os.PathLike, *, step: int, learner_state: ArrayTree,
+                     save_replay_to: Callable[[str], Mapping[str, JSONValue]],
+                     manifest: Mapping[str, JSONValue]) -> Path:
     """Writes checkpoint `step` (learner, then replay via `save_replay_to(path)`, then the manifest), lists
     it in latest.json and prunes older ones. Returns the checkpoint directory."""
     root = checkpoint_root(logdir)
@@ -262,8 +268,8 @@ def _verify_files(root: Path, expected: Mapping[str, str]) -> None:
             raise CheckpointError(f"learner checkpoint file {where} does not match its checksum in the manifest")
 
 
-def check_compatible(manifest: Mapping[str, Any], *, agent: str, task: str,
-                     agent_config: Mapping[str, Any]) -> None:
+def check_compatible(manifest: Mapping[str, JSONValue], *, agent: str, task: str,
+                     agent_config: Mapping[str, JSONValue]) -> None:
     """Rejects a checkpoint made for another agent, task or agent configuration (naming the field)."""
     saved = manifest["run_config"]
     for key, value in (("agent", agent), ("task", task)):
@@ -276,12 +282,12 @@ def check_compatible(manifest: Mapping[str, Any], *, agent: str, task: str,
                                   f"this run has {key}={agent_config.get(key)!r}")
 
 
-def _json_round_trip(value: Any) -> Any:
+def _json_round_trip(value: object) -> JSONValue:
     """Config values as they look after a JSON round trip (tuples become lists)."""
     return json.loads(json.dumps(jsonable(value)))
 
 
-def agent_config_dict(config: Any) -> dict:
+def agent_config_dict(config: AgentConfig) -> dict[str, JSONValue]:
     """A frozen agent config as JSON-able data (what the manifest stores and compares)."""
     import dataclasses  # pylint: disable=import-outside-toplevel
 

@@ -4,15 +4,21 @@
 distributed), and that both write whole into summary.json under "experiment".
 
 Plain data: importing this module costs nothing (no JAX, no Ray), so CLIs build and check a config before the
-heavy imports; the few checks that need a library (precision names, agent config keys) import it lazily.
+heavy imports (the precision is parsed by the JAX-free `quarl.quant.precision`); the few checks that need a
+library (backends, kernel forms, agent config keys) import it lazily.
 """
 from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from quarl.ops.checks import ConfigError, check_bool, check_int, check_number, is_finite
+from quarl.ops.io import JSONValue
+from quarl.quant.precision import Precision, parse_precision
+
+if TYPE_CHECKING:  # agents.base imports JAX; this module stays light (CLIs check their flags with it first)
+    from agents.base import BuilderBase, ExecutorFactory
 
 SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every service and the evaluator
 
@@ -62,11 +68,11 @@ class DistributedConfig:
         for name in ("num_actors", "publish_period", "insert_batch", "prefetch", "checkpoint_every"):
             object.__setattr__(self, name, int(getattr(self, name)))
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, JSONValue]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "DistributedConfig":
+    def from_dict(cls, data: Mapping[str, JSONValue]) -> "DistributedConfig":
         unknown = sorted(set(data) - set(DISTRIBUTED_FIELDS))
         if unknown:
             raise ConfigError("distributed", f"has unknown field(s) {', '.join(unknown)}")
@@ -83,6 +89,8 @@ class ExperimentConfig:
     `overrides` are agent config fields (`agents.get_builder(agent, **overrides)`); the actors' weight-pull
     period is one of them (`actor_update_period`), so the agent config is its single source of truth.
     `eval_every=None` is resolved at construction (max_actor_steps // 10), so a saved config is complete.
+    `precision` is a `Precision`, parsed once here from whatever text built the config (a flag, a JSON file:
+    "int8", "8"), so nothing downstream parses the name again; JSON (`to_dict`, summary.json) keeps its name.
     `distributed` (a `DistributedConfig`) is ignored by the single-process runner, fields marked [single] by the
     distributed one. `create(**fields)` takes the distributed fields flat (as the CLIs' flags name them).
     """
@@ -91,9 +99,10 @@ class ExperimentConfig:
     task: str
     max_actor_steps: int  # environment steps over all actors (with `resume`: including the steps before it)
     logdir: str  # a path (str or os.PathLike; stored as str)
-    precision: str = "int8"  # the actors' (deployed) precision; the learner is always fp32
+    # The actors' (deployed) precision; the learner is always fp32. Given as text, it is parsed at construction.
+    precision: Precision = parse_precision("int8")
     seed: int = 0
-    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
     backend: str = "auto"  # policy runtime of actors and evaluator: auto | jax | onnx | onnx-nbits
     # The ONNX integer kernel form actors and evaluator try first (`quarl.runtimes.kernel_forms`: u8s8, u8u8,
     # fp32 = the dequantized graph ...; still self-checked), None: this CPU's choice. With backend onnx it pins the
@@ -170,41 +179,43 @@ class ExperimentConfig:
 
     # ------------------------------------------------------------------------------------------ use
 
-    def builder(self) -> Any:
+    def builder(self) -> "BuilderBase":
         """The agent builder this experiment trains (`agents.get_builder(agent, **overrides)`)."""
         import agents  # pylint: disable=import-outside-toplevel
 
         return agents.get_builder(self.agent, **dict(self.overrides))
 
     @classmethod
-    def create(cls, **fields: Any) -> "ExperimentConfig":
+    def create(cls, **fields: object) -> "ExperimentConfig":
         """`ExperimentConfig(**fields)` with `DistributedConfig`'s fields given flat (`num_actors=2`), as the
-        CLIs' flags, the grid and the benchmarks name them."""
+        CLIs' flags, the grid and the benchmarks name them; `precision` may be text ("int8", "8") or a `Precision`."""
         return cls(**_nest(fields))
 
-    def replace(self, **changes: Any) -> "ExperimentConfig":
+    def replace(self, **changes: object) -> "ExperimentConfig":
         """A copy with `changes` (validated again); distributed fields may be named flat (`resume=...`)."""
         changes = _nest(changes)
         if isinstance(changes.get("distributed"), Mapping):
             changes["distributed"] = dataclasses.replace(self.distributed, **changes["distributed"])
         return dataclasses.replace(self, **changes)
 
-    def executor_factory(self) -> Any:
+    def executor_factory(self) -> "ExecutorFactory | None":
         """What builders make actors' executors with: None (the default) or `make_executor` pinned to
         `kernel_form`."""
         return executor_factory(self.kernel_form)
 
     # ------------------------------------------------------------------------------------------ JSON
 
-    def to_dict(self) -> dict[str, Any]:
-        """Plain JSON types (tuples become lists); `from_dict` restores the identical config."""
+    def to_dict(self) -> dict[str, JSONValue]:
+        """Plain JSON types (tuples become lists, the precision its name); `from_dict` restores the identical
+        config."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["precision"] = self.precision.name
         d["overrides"] = {k: _lists(v) for k, v in self.overrides.items()}
         d["distributed"] = self.distributed.to_dict()
         return d
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> "ExperimentConfig":
+    def from_dict(cls, data: Mapping[str, JSONValue]) -> "ExperimentConfig":
         """The config `to_dict` wrote (lists in overrides become tuples: agent configs hold tuples), or one written
         before the distributed fields were nested (flat, as in older summaries). Unknown or missing fields raise
         ConfigError."""
@@ -225,7 +236,7 @@ class ExperimentConfig:
 _INTS = ("max_actor_steps", "seed", "eval_every", "eval_episodes", "envs_per_actor", "target_streak")
 
 
-def _nest(fields: dict[str, Any]) -> dict[str, Any]:
+def _nest(fields: dict[str, object]) -> dict[str, object]:
     """`fields` with `DistributedConfig`'s fields, given flat, moved under "distributed" (one may not give both)."""
     flat = {k: fields.pop(k) for k in list(fields) if k in DISTRIBUTED_FIELDS}
     if flat:
@@ -235,7 +246,7 @@ def _nest(fields: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def executor_factory(kernel_form: str | None) -> Any:
+def executor_factory(kernel_form: str | None) -> "ExecutorFactory | None":
     """None, or `quarl.runtimes.make_executor` with its ONNX kernel form pinned (see ExperimentConfig.kernel_form)."""
     if kernel_form is None:
         return None
@@ -251,27 +262,26 @@ def executor_factory(kernel_form: str | None) -> Any:
 ACTOR_PRECISIONS = ("fp32", "bf16", "fp16", *(f"int{b}" for b in range(8, 1, -1)), "int16")
 
 
-def actor_precision(name: Any) -> str:
-    """The canonical name of an actor precision (shorthands 32, 16, 8 ... 2 accepted); ValueError otherwise."""
-    from quarl.quant.precision import parse_precision  # pylint: disable=import-outside-toplevel
-
-    canonical = parse_precision(str(name)).name
-    if canonical not in ACTOR_PRECISIONS:
-        raise ValueError(f"precision {canonical} is not an actor precision (no integer kernel; 2 bytes per weight): "
+def actor_precision(name: object) -> Precision:
+    """An actor precision, parsed from its name (shorthands 32, 16, 8 ... 2 accepted) or given as a `Precision`;
+    ValueError otherwise."""
+    precision = parse_precision(name if isinstance(name, Precision) else str(name))
+    if precision.name not in ACTOR_PRECISIONS:
+        raise ValueError(f"precision {precision} is not an actor precision (no integer kernel; 2 bytes per weight): "
                          "valid are fp32, bf16, fp16, int2..int8, int16 (shorthands 32, 16, 8..2)")
-    return canonical
+    return precision
 
 
-def _precision(name: Any) -> str:
+def _precision(name: object) -> Precision:
     try:
         return actor_precision(name)
     except ValueError as e:
         raise ConfigError("precision", f"is not valid: {' '.join(str(e).split())}") from None
 
 
-def _tuples(value: Any) -> Any:
+def _tuples(value: object) -> object:
     return tuple(_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
-def _lists(value: Any) -> Any:
+def _lists(value: object) -> JSONValue:
     return [_lists(v) for v in value] if isinstance(value, (list, tuple)) else value

@@ -17,20 +17,25 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import jax
 import numpy as np
+import numpy.typing as npt
 
 from launch.experiments.stages import StageTimes
+from quarl.envs.spec import EnvSpec
+from quarl.ops.io import JSONValue
 from quarl.ops.logs import CSVLogger
+from quarl.replay.table import Table
 
 if TYPE_CHECKING:
     from agents.base import Actor, BuilderBase, Learner, OnPolicyActor, OnPolicyLearner
 
 LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows (replay agents; on-policy: every update)
+Transition = Mapping[str, npt.ArrayLike]  # one n-step transition, as the adders emit it
 
 
 class ReplayFeed:
     """Transitions -> in-memory replay table -> learner, under the table's rate limiter (see the module)."""
 
-    def __init__(self, builder: "BuilderBase", env_spec: Any, learner: "Learner", *, seed: int, times: StageTimes,
+    def __init__(self, builder: "BuilderBase", env_spec: EnvSpec, learner: "Learner", *, seed: int, times: StageTimes,
                  clock: dict[str, float], log: CSVLogger, steps: Callable[[], int], start: float,
                  sync_learner: bool = False):
         self.learner, self._times, self._clock, self._log = learner, times, clock, log
@@ -47,7 +52,7 @@ class ReplayFeed:
         # so is every draw.
         self._pending_priorities: list = []
 
-    def insert(self, transitions: list) -> None:
+    def insert(self, transitions: list[Transition]) -> None:
         if transitions:
             t = time.perf_counter()
             _insert(self.table, transitions, self.learn)
@@ -85,7 +90,7 @@ class ReplayFeed:
         if self._last_metrics and self.learner.steps % LEARNER_LOG_EVERY:
             self._log_row()
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, JSONValue]:
         return self.table.info()
 
     def _flush_priorities(self) -> None:
@@ -141,20 +146,23 @@ class RolloutFeed:
     def finish(self) -> None:
         """Every update already has its learner.csv row."""
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> dict[str, JSONValue]:
         return {}
 
 
-def make_feed(builder: "BuilderBase", env_spec: Any, learner: "Learner", **kwargs: Any) -> ReplayFeed | RolloutFeed:
-    """The feed of `builder`'s agent: rollouts for an on-policy agent, a replay table for the others."""
-    if builder.on_policy:
-        kwargs.pop("seed", None)
-        kwargs.pop("times", None)
-        return RolloutFeed(learner, **kwargs)  # type: ignore[arg-type]  (an on-policy builder's learner)
-    return ReplayFeed(builder, env_spec, learner, **kwargs)
+def make_feed(builder: "BuilderBase", env_spec: EnvSpec, learner: "Learner", *, seed: int, times: StageTimes,
+              clock: dict[str, float], log: CSVLogger, steps: Callable[[], int], start: float,
+              sync_learner: bool = False) -> ReplayFeed | RolloutFeed:
+    """The feed of `builder`'s agent: rollouts for an on-policy agent (no table, so no seed; the learner's time
+    is all it clocks), a replay table for the others."""
+    if builder.on_policy:  # its learner is an OnPolicyLearner
+        return RolloutFeed(learner, clock=clock, log=log, steps=steps, start=start,  # type: ignore[arg-type]
+                           sync_learner=sync_learner)
+    return ReplayFeed(builder, env_spec, learner, seed=seed, times=times, clock=clock, log=log, steps=steps,
+                      start=start, sync_learner=sync_learner)
 
 
-def _insert(table: Any, transitions: Any, learn: Callable[[], None]) -> None:
+def _insert(table: Table, transitions: Sequence[Transition] | Transition, learn: Callable[[], None]) -> None:
     """Stacks the adder's transitions into columns and inserts them, letting the learner catch up first if
     the rate limiter would block (it cannot in this loop, but a stuck insert must never hang a run)."""
     items = transitions if isinstance(transitions, (list, tuple)) else [transitions]

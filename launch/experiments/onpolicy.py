@@ -12,13 +12,14 @@ takes whole rollouts, and evaluations happen at the first rollout boundary past 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Unpack
 
 from launch.experiments.config import ExperimentConfig
-from launch.experiments.run_experiment import run_experiment
+from launch.experiments.run_experiment import RunOptions, run_experiment
+from launch.experiments.summary import Summary
 
 
-def run_single_process(config: ExperimentConfig, **kwargs: Any) -> dict[str, Any]:
+def run_single_process(config: ExperimentConfig, **kwargs: Unpack[RunOptions]) -> Summary:
     """`config` in one process, whatever its agent (`launch.experiments.run_experiment.run_experiment`, whose
     keyword arguments `kwargs` are)."""
     return run_experiment(config, **kwargs)

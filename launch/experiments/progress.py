@@ -10,7 +10,15 @@ from __future__ import annotations
 import dataclasses
 import sys
 import time
-from typing import Any, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Mapping, TextIO
+
+if TYPE_CHECKING:  # rich and tqdm load only once something is drawn
+    from rich.live import Live
+    from rich.table import Table
+    from tqdm import tqdm
+
+    from quarl.ops.io import JSONValue
 
 REFRESH_PER_S = 2.0
 LINE_EVERY_S = 10.0  # one progress line this often when stdout is not a terminal
@@ -65,7 +73,7 @@ def progress_line(prog: str, snap: Snapshot, actor_rate: float, learner_rate: fl
 class LineProgress:
     """Prints `progress_line` at most every `every_s` seconds (and once at the end) to `stream`."""
 
-    def __init__(self, prog: str, every_s: float = LINE_EVERY_S, stream: Any = None):
+    def __init__(self, prog: str, every_s: float = LINE_EVERY_S, stream: TextIO | None = None):
         self._prog, self._every_s = prog, float(every_s)
         self._stream = sys.stdout if stream is None else stream
         self._last: float | None = None
@@ -100,15 +108,16 @@ class ProgressView:
         self._tty = sys.stdout.isatty() if tty is None else bool(tty)
         self._title = title
         self._rates = Rates()
-        self._live: Any = None
+        self._live: Live | None = None
         self._lines = LineProgress(prog, line_every_s) if self.enabled and not self._tty else None
 
     def __enter__(self) -> "ProgressView":
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
         if self._live is not None:
-            self._live.__exit__(*exc)
+            self._live.__exit__(exc_type, exc, tb)
             self._live = None
         if self._lines is not None:
             self._lines.close()
@@ -126,7 +135,7 @@ class ProgressView:
         elif self._live is not None:
             self._live.update(self._render(snap, actor_rate, learner_rate))
 
-    def _render(self, snap: Snapshot, actor_rate: float, learner_rate: float) -> Any:
+    def _render(self, snap: Snapshot, actor_rate: float, learner_rate: float) -> "Table":
         from rich.progress_bar import ProgressBar  # pylint: disable=import-outside-toplevel
         from rich.table import Table  # pylint: disable=import-outside-toplevel
 
@@ -151,14 +160,14 @@ class StepProgress:
     a tqdm bar on a terminal, `LineProgress` lines otherwise, nothing when disabled."""
 
     def __init__(self, total: int, enabled: bool, *, prog: str = "launch.train", line_every_s: float = LINE_EVERY_S,
-                 tty: bool | None = None, stream: Any = None):
+                 tty: bool | None = None, stream: TextIO | None = None):
         self.n, self.total = 0, int(total)
         self._t0 = time.monotonic()
         self._rates = Rates()
-        self._postfix: dict[str, Any] = {}
+        self._postfix: dict[str, str | int | float] = {}
         self._eval_at: int | None = None
         tty = sys.stdout.isatty() if tty is None else bool(tty)
-        self._bar: Any = None
+        self._bar: tqdm | None = None
         self._lines: LineProgress | None = None
         if enabled and tty:
             from tqdm import tqdm  # pylint: disable=import-outside-toplevel
@@ -166,7 +175,7 @@ class StepProgress:
         elif enabled:
             self._lines = LineProgress(prog, line_every_s, stream)
 
-    def set_postfix(self, refresh: bool = False, **values: Any) -> None:
+    def set_postfix(self, refresh: bool = False, **values: str | int | float) -> None:
         self._postfix.update(values)
         if "eval_return" in values:
             self._eval_at = self.n
@@ -214,7 +223,7 @@ def _solved_label(summary: dict) -> str:
     return "solved (first eval >= target)" if streak == 1 else f"solved ({streak} evals in a row >= target)"
 
 
-def _fmt(value: Any, spec: str = ",.1f") -> str:
+def _fmt(value: JSONValue, spec: str = ",.1f") -> str:
     if value is None:
         return "—"
     if isinstance(value, float):
@@ -222,7 +231,7 @@ def _fmt(value: Any, spec: str = ",.1f") -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def insert_split(summary: Mapping[str, Any]) -> tuple[float | None, float | None]:
+def insert_split(summary: Mapping[str, JSONValue]) -> tuple[float | None, float | None]:
     """(seconds inserting, seconds held by the replay table's rate limiter), summed over the actors. An actor's
     `insert_s` includes the time the limiter held it; the table counts that time (`replay.insert_blocked_s`)."""
     times = [a.get("times") or {} for a in summary.get("actors") or []]
@@ -234,7 +243,7 @@ def insert_split(summary: Mapping[str, Any]) -> tuple[float | None, float | None
     return insert - held, held
 
 
-def actor_tables(summary: Mapping[str, Any]) -> list[Any]:
+def actor_tables(summary: Mapping[str, JSONValue]) -> list["Table"]:
     """The paper's runtime breakdown: where each actor's time went (seconds), then what one weight update cost
     it (ms). With replay, an actor's insert includes any time the replay's rate limiter held it back, and the
     "all actors" row splits that out (the table's own count of it); a run without replay (on-policy: PPO, A2C)
@@ -271,7 +280,7 @@ def actor_tables(summary: Mapping[str, Any]) -> list[Any]:
     return [times, updates]
 
 
-def print_summary(summary: Mapping[str, Any]) -> None:
+def print_summary(summary: Mapping[str, JSONValue]) -> None:
     """The end-of-run table: outcome, throughput, weight traffic and the per-actor time breakdown."""
     from rich.console import Console  # pylint: disable=import-outside-toplevel
     from rich.table import Table  # pylint: disable=import-outside-toplevel

@@ -17,47 +17,64 @@ import dataclasses
 import math
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Callable, Iterator, TypedDict
 
 import numpy as np
 
 from analysis.schema import solved_at, sum_energy
 from launch.experiments.acting import (
-    EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, crossed, evaluation_returns, evaluation_row,
+    EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, EvalRow, crossed, evaluation_returns, evaluation_row,
 )
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.feeds import make_feed
 from launch.experiments.stages import StageTimes, runtime_section
-from launch.experiments.summary import build_summary
+from launch.experiments.summary import Summary, build_summary
 from launch.program.devices import device_report, use_learner_device
 from quarl.acting.evaluation import EpisodeInterrupted
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
 from quarl.envs.vector import make_vector_environment
 from quarl.ops.carbon import start_tracking, stop_tracking
-from quarl.ops.io import jsonable, write_json_atomic
+from quarl.ops.io import JSONValue, jsonable, write_json_atomic
 from quarl.ops.logs import CSVLogger
+from quarl.policy.spec import PolicySpec
 from quarl.quant.calibration import learner_observations, quantize_for_actors
 from quarl.quant.payload import decode_payload, encode_payload, fp32_payload_nbytes
+from quarl.quant.precision import Precision, parse_precision
+from quarl.quant.quantization import QuantizedParams
 from quarl.runtimes.policy_io import save_policy
 
 if TYPE_CHECKING:
-    from agents.base import Actor, Learner
+    from agents import AgentConfig
+    from agents.base import Actor, BuilderBase, Learner
+    from launch.experiments.progress import StepProgress
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes come from their own env instance and seed
+FP32 = parse_precision("fp32")  # the --eval-fp32 actor's
+
+
+class RunOptions(TypedDict, total=False):
+    """How this process runs an experiment (`run_experiment`'s keyword arguments), not part of it."""
+
+    progress: bool
+    energy: bool
+    sync_learner: bool
+    on_eval: Callable[[EvalRow], bool | None] | None
+    on_builder: Callable[["BuilderBase"], None] | None
+    should_stop: Callable[[], bool] | None
 
 
 class WeightChannel:
     """Learner -> actor weight transport in one process: exactly the bytes a remote actor would receive (the
     payload carries the learner step as its version and the policy spec's digest, as in the distributed run)."""
 
-    def __init__(self, learner: Any, spec: Any, precision: str, times: StageTimes):
+    def __init__(self, learner: "Learner", spec: PolicySpec, precision: Precision, times: StageTimes):
         self._learner, self._precision, self._times = learner, precision, times
         self._spec, self._spec_hash = spec, spec.digest()
         self.version = -1
         self.payload_bytes = 0
 
-    def pull(self, count: bool = True) -> Any:
+    def pull(self, count: bool = True) -> QuantizedParams:
         """Publishes the learner's current weights; returns the actor-side QuantizedParams."""
         t0 = time.perf_counter()
         version = int(self._learner.steps)
@@ -79,7 +96,7 @@ class WeightChannel:
 
 
 @contextlib.contextmanager
-def _progress(total: int, enabled: bool) -> Iterator[Any]:
+def _progress(total: int, enabled: bool) -> Iterator["StepProgress"]:
     """A bar on a terminal, plain lines every few seconds in a log (`launch.experiments.progress.StepProgress`)."""
     from launch.experiments.progress import StepProgress  # pylint: disable=import-outside-toplevel
     bar = StepProgress(total, enabled)
@@ -90,9 +107,9 @@ def _progress(total: int, enabled: bool) -> Iterator[Any]:
 
 
 def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: bool = True,
-                   sync_learner: bool = False, on_eval: Callable[[dict[str, Any]], bool | None] | None = None,
-                   on_builder: Callable[[Any], None] | None = None,
-                   should_stop: Callable[[], bool] | None = None) -> dict[str, Any]:
+                   sync_learner: bool = False, on_eval: Callable[[EvalRow], bool | None] | None = None,
+                   on_builder: Callable[["BuilderBase"], None] | None = None,
+                   should_stop: Callable[[], bool] | None = None) -> Summary:
     """Trains `config`'s agent, whatever it is, on its task for `config.max_actor_steps` env steps (an
     on-policy agent's rounded up to whole rollouts); returns (and writes) the summary, with the whole config
     under "experiment". `config.distributed` (ExperimentConfig) is ignored here (one actor, no Ray, no
@@ -146,9 +163,9 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     actor_build_s = time.perf_counter() - t0  # includes `auto` measuring backends; not an update
     eval_actor = builder.make_actor(env_spec, qparams, seed=seed + 1, actor_id=0, evaluation=True,
                                     backend=backend, executor_factory=pinned)
-    fp32_channel = WeightChannel(learner, spec, "fp32", StageTimes())
+    fp32_channel = WeightChannel(learner, spec, FP32, StageTimes())
     fp32_actor = None
-    if config.eval_fp32 and prec != "fp32":
+    if config.eval_fp32 and prec != FP32:
         fp32_actor = builder.make_actor(env_spec, fp32_channel.pull(), seed=seed + 2, actor_id=0,
                                         evaluation=True, backend=backend, executor_factory=pinned)
 
@@ -156,7 +173,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     learner_log = CSVLogger(logdir / "learner.csv")
     actor_log = CSVLogger(logdir / "actor.csv", EPISODE_FIELDS)
     tracker = start_tracking(logdir, "run") if energy else None
-    evals: list[dict[str, Any]] = []
+    evals: list[EvalRow] = []
     start = time.perf_counter()
     loop = ActingLoop(env, builder.make_sink(num_envs), times, update_period=update_period, episode_log=actor_log,
                       clock=lambda: time.perf_counter() - start)
@@ -165,13 +182,15 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     acting_version = [channel.version]  # the weights the actor acts with (an evaluation pulls newer ones)
     stopping = should_stop if should_stop is not None else (lambda: False)
 
-    best_policy: dict[str, Any] = {"file": None, "return": -math.inf}
+    best_file: str | None = None
+    best_return = -math.inf
 
-    def keep_best(row: Mapping[str, Any]) -> None:
+    def keep_best(row: EvalRow) -> None:
         """The policy of the best evaluation so far, beside the final one (a QAT or DQN run can peak early and
         end lower): policy_best_<precision>.qrlp, fp32 weights as `launch.ptq` reads them."""
-        if row["return"] > best_policy["return"]:
-            best_policy.update(file=save_best_policy(config, spec, learner, row), **{"return": row["return"]})
+        nonlocal best_file, best_return
+        if row["return"] > best_return:
+            best_file, best_return = save_best_policy(config, spec, learner, row), row["return"]
 
     def run_evaluation(actor_steps: int) -> bool:
         t = time.perf_counter()
@@ -245,38 +264,38 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
 
     return finish_run(config, spec, learner, channel, evals, time.perf_counter() - start, times, clock,
                       actor=actor, actor_build_s=actor_build_s, episodes=loop.episodes, table_info=feed.info(),
-                      energy_result=energy_result, best_policy_file=best_policy["file"],
+                      energy_result=energy_result, best_policy_file=best_file,
                       sync_learner=sync_learner, update_period=update_period, agent_config=agent_config,
                       status=status)
 
 
-def save_best_policy(config: ExperimentConfig, spec: Any, learner: Any, row: Mapping[str, Any]) -> str:
+def save_best_policy(config: ExperimentConfig, spec: PolicySpec, learner: "Learner", row: EvalRow) -> str:
     """The policy of the best evaluation so far, beside the final one (a QAT or DQN run can peak early and end
     lower): policy_best_<precision>.qrlp, fp32 weights as `launch.ptq` reads them; returns the file name."""
     path = save_policy(Path(config.logdir) / f"policy_best_{config.precision}.qrlp", spec, learner.policy_params(),
                        task=config.task, agent=config.agent, steps=int(learner.steps),
-                       extra={"seed": config.seed, "evaluated_at": config.precision, "eval_return": row["return"],
+                       extra={"seed": config.seed, "evaluated_at": config.precision.name, "eval_return": row["return"],
                               "actor_steps": row["actor_steps"]})
     return path.name
 
 
-def save_final_policy(config: ExperimentConfig, spec: Any, learner: Any, channel: WeightChannel,
-                      evals: list[dict[str, Any]]) -> tuple[int, str]:
+def save_final_policy(config: ExperimentConfig, spec: PolicySpec, learner: "Learner", channel: WeightChannel,
+                      evals: list[EvalRow]) -> tuple[int, str]:
     """Writes the trained fp32 policy into the run folder, for offline analysis (`python -m launch.ptq
     --checkpoint LOGDIR`); returns its fp32 payload size and its file name."""
     final_params = learner.policy_params()  # one device-to-host copy, for the fp32 size and the saved policy
     fp32_bytes = fp32_payload_nbytes(final_params, version=max(channel.version, 0), spec_hash=spec.digest())
     path = save_policy(config.logdir, spec, final_params, task=config.task, agent=config.agent,
-                       steps=int(learner.steps), extra={"seed": config.seed, "precision": config.precision,
+                       steps=int(learner.steps), extra={"seed": config.seed, "precision": config.precision.name,
                                                         "final_eval_return": evals[-1]["return"] if evals else None})
     return fp32_bytes, path.name
 
 
-def finish_run(config: ExperimentConfig, spec: Any, learner: Any, channel: WeightChannel,
-               evals: list[dict[str, Any]], wall: float, times: StageTimes, clock: dict[str, float], *,
-               actor: "Actor", actor_build_s: float, episodes: int, table_info: dict[str, Any], energy_result: Any,
-               best_policy_file: str | None, sync_learner: bool, update_period: int,
-               agent_config: Any, status: str = "completed") -> dict[str, Any]:
+def finish_run(config: ExperimentConfig, spec: PolicySpec, learner: "Learner", channel: WeightChannel,
+               evals: list[EvalRow], wall: float, times: StageTimes, clock: dict[str, float], *,
+               actor: "Actor", actor_build_s: float, episodes: int, table_info: dict[str, JSONValue],
+               energy_result: dict[str, JSONValue] | None, best_policy_file: str | None, sync_learner: bool,
+               update_period: int, agent_config: "AgentConfig", status: str = "completed") -> Summary:
     """Ends a single-process run the one way every agent's run ends, whether it completed or was stopped
     (`status` "interrupted"): saves the final policy, writes summary.json atomically (with where the learner
     ran) and returns the summary."""
@@ -293,9 +312,9 @@ def finish_run(config: ExperimentConfig, spec: Any, learner: Any, channel: Weigh
 
 def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[str, float], *, channel: WeightChannel,
              fp32_bytes: int, actor: "Actor", actor_build_s: float, episodes: int, learner: "Learner",
-             evals: list[dict[str, Any]], table_info: dict[str, Any], energy_result: Any, policy_file: str,
-             best_policy_file: str | None, sync_learner: bool, update_period: int, agent_config: dict[str, Any],
-             status: str) -> dict[str, Any]:
+             evals: list[EvalRow], table_info: dict[str, JSONValue], energy_result: dict[str, JSONValue] | None,
+             policy_file: str, best_policy_file: str | None, sync_learner: bool, update_period: int,
+             agent_config: dict[str, JSONValue], status: str) -> Summary:
     """This run in summary.json's one layout (`launch.experiments.summary.build_summary`): one actor, one learner, and a
     weight channel that publishes one version per update, all in this process."""
     steps, updates = int(learner.steps), times.updates
@@ -303,7 +322,7 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
                "payload_bytes": channel.payload_bytes,
                "quantize_encode_ms_per_version": 1e3 * times.quantize_encode_s / updates if updates else None,
                "put_ms_per_version": None}  # no weight server to put the bytes on
-    payload = {"precision": run.precision, "bytes": channel.payload_bytes, "fp32_bytes": fp32_bytes,
+    payload = {"precision": run.precision.name, "bytes": channel.payload_bytes, "fp32_bytes": fp32_bytes,
                "compression": round(fp32_bytes / max(1, channel.payload_bytes), 3), **publish,
                "published": updates, "requests": updates, "payloads_served": updates, "not_modified": 0}
     del payload["payload_bytes"]

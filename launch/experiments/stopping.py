@@ -13,9 +13,11 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType, TracebackType
-from typing import Any, Callable
+from typing import Callable, TypeAlias
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# What `signal.signal` takes and `signal.getsignal` returns (None: a handler not installed from Python).
+SignalHandler: TypeAlias = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 
 
 class StopSignals:
@@ -24,7 +26,7 @@ class StopSignals:
 
     def __init__(self) -> None:
         self.received: list[int] = []
-        self._previous: dict[int, Any] = {}
+        self._previous: dict[int, SignalHandler] = {}
         self._raise: Callable[[int], BaseException] | None = None
 
     @property
@@ -44,7 +46,7 @@ class StopSignals:
             signal.signal(s, handler)
         self._previous = {}
 
-    def _install(self, handler: Any) -> None:
+    def _install(self, handler: SignalHandler) -> None:
         if self.active:
             for s in STOP_SIGNALS:
                 signal.signal(s, handler)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, TypeAlias
 
 from analysis.execution import run_execution
 from analysis.schema import (
@@ -13,14 +13,22 @@ from analysis.schema import (
     sum_energy,
 )
 from launch.experiments.stages import runtime_section
+from quarl.ops.io import JSONValue
+
+if TYPE_CHECKING:
+    from launch.experiments.config import ExperimentConfig
+
+# summary.json as a record: its keys are `analysis.schema.SUMMARY_KEYS`, its values plain JSON.
+Summary: TypeAlias = dict[str, JSONValue]
 
 
-def build_summary(config: Any, *, runner: str, status: str, error: str | None, wall_clock_s: float,
-                  run_wall_clock_s: float, counts: Mapping[str, Any], evals: Sequence[Mapping[str, Any]],
-                  final_eval_return: float | None, actors: Sequence[Mapping[str, Any]], learner: Mapping[str, Any],
-                  runtime: Mapping[str, Any], payload: Mapping[str, Any], replay: Mapping[str, Any],
-                  energy: Mapping[str, Any], agent_config: Mapping[str, Any] | None = None,
-                  **runner_facts: Any) -> dict[str, Any]:
+def build_summary(config: "ExperimentConfig", *, runner: str, status: str, error: str | None, wall_clock_s: float,
+                  run_wall_clock_s: float, counts: Mapping[str, JSONValue], evals: Sequence[Mapping[str, JSONValue]],
+                  final_eval_return: float | None, actors: Sequence[Mapping[str, JSONValue]],
+                  learner: Mapping[str, JSONValue], runtime: Mapping[str, JSONValue], payload: Mapping[str, JSONValue],
+                  replay: Mapping[str, JSONValue], energy: Mapping[str, JSONValue],
+                  agent_config: Mapping[str, JSONValue] | None = None,
+                  **runner_facts: JSONValue) -> Summary:
     """summary.json of either runner (the single-process one is one actor and one learner in one process).
 
     `config` is the run's `launch.experiments.config.ExperimentConfig` (written whole under "experiment");
@@ -47,14 +55,14 @@ def build_summary(config: Any, *, runner: str, status: str, error: str | None, w
         "runner": runner,
         "agent": config.agent,
         "task": config.task,
-        "precision": config.precision,
+        "precision": config.precision.name,
         "backend": sorted({str(a["backend"]) for a in actors if a.get("backend")}) or [config.backend],
         # The actors' integer kernel forms (per-actor self-check details under actors[i].kernel).
         "kernel_form": sorted({str(a["kernel"]["form"]) for a in actors if (a.get("kernel") or {}).get("form")}),
         "kernel_fallback": any(bool((a.get("kernel") or {}).get("fallback")) for a in actors),
         # What the actors executed, in words ("int8 weights, fp32 compute (dequantized)"), the executor `auto`
         # would name (onnx-dequantized ...) and the CPU class: with the seed, what fixes the run's numerics.
-        **run_execution({"precision": config.precision, "actors": actors}),
+        **run_execution({"precision": config.precision.name, "actors": actors}),
         "num_actors": 1 if runner == "single" else config.distributed.num_actors,  # ExperimentConfig.distributed
         "envs_per_actor": getattr(config, "envs_per_actor", 1),
         "seed": config.seed,
@@ -104,13 +112,13 @@ def build_summary(config: Any, *, runner: str, status: str, error: str | None, w
     return {k: summary[k] for k in SUMMARY_KEYS}
 
 
-def _int_or_none(value: Any) -> int | None:
+def _int_or_none(value: float | None) -> int | None:
     return None if value is None or (isinstance(value, float) and math.isnan(value)) else int(value)
 
 
-def make_summary(config: Any, status: str, error: str | None, results: Mapping[str, Any],
-                 stats: Mapping[str, Any], wall_clock_s: float,
-                 agent_config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def make_summary(config: "ExperimentConfig", status: str, error: str | None, results: Mapping[str, JSONValue],
+                 stats: Mapping[str, JSONValue], wall_clock_s: float,
+                 agent_config: Mapping[str, JSONValue] | None = None) -> Summary:
     """The distributed runner's summary.json, from its nodes' results and the services' final stats."""
     counts = stats.get("counts") or {}
     learner = results.get("learner", {}) or {}
@@ -126,7 +134,7 @@ def make_summary(config: Any, status: str, error: str | None, results: Mapping[s
         r["total_steps"] = int(counts.get(f"{name}_steps", 0))
         actors.append(r)
     payload_bytes, fp32_bytes = int(q.get("payload_bytes", 0)), int(q.get("fp32_payload_bytes", 0))
-    payload = {"precision": config.precision, "bytes": payload_bytes, "fp32_bytes": fp32_bytes,
+    payload = {"precision": config.precision.name, "bytes": payload_bytes, "fp32_bytes": fp32_bytes,
                "compression": round(fp32_bytes / payload_bytes, 3) if payload_bytes else None,
                **{k: v for k, v in q.items() if k not in ("payload_bytes", "fp32_payload_bytes")}}
     runtime = runtime_section([a.get("times") or {} for a in actors],

@@ -10,12 +10,15 @@ import dataclasses
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from agents.dqn.config import MOUNTAINCAR_OVERRIDES
 from analysis.runs import PANELS, is_finished, read_summary
 from launch.experiments.config import ExperimentConfig
 from quarl.ops.io import write_json_atomic
+
+if TYPE_CHECKING:
+    from launch.experiments.summary import Summary
 
 
 # ------------------------------------------------------------------------------------------------ budgets
@@ -29,7 +32,7 @@ class RunBudget:
     max_actor_steps: int  # actor (environment) steps, over all actors
     eval_every: int  # actor steps between evaluations (the figure's time resolution)
     eval_episodes: int  # episodes per evaluation (the figure's noise)
-    overrides: Mapping[str, Any]  # agent config fields (agents.get_builder(agent, **overrides))
+    overrides: Mapping[str, object]  # agent config fields (agents.get_builder(agent, **overrides))
     num_actors: int = 1  # ignored by the single-process runner
 
 
@@ -65,12 +68,12 @@ def _panel_budgets(d4pg: Mapping[str, RunBudget], dqn: Mapping[str, RunBudget]) 
     return out
 
 
-def _d4pg(steps: int, overrides: Mapping[str, Any], *, evals: int = 10, episodes: int = 2,
+def _d4pg(steps: int, overrides: Mapping[str, object], *, evals: int = 10, episodes: int = 2,
           actors: int = 1) -> RunBudget:
     return RunBudget(steps, max(1, steps // evals), episodes, overrides, actors)
 
 
-def _dqn(steps: int, overrides: Mapping[str, Any], *, evals: int = 20, episodes: int = 5,
+def _dqn(steps: int, overrides: Mapping[str, object], *, evals: int = 20, episodes: int = 5,
          actors: int = 1) -> RunBudget:
     return RunBudget(steps, max(1, steps // evals), episodes, overrides, actors)
 
@@ -147,7 +150,7 @@ class PlannedRun:
 # ------------------------------------------------------------------------------------------------ running
 
 
-def run_single(run: PlannedRun, run_dir: Path, backend: str) -> dict[str, Any]:
+def run_single(run: PlannedRun, run_dir: Path, backend: str) -> Summary:
     """One run in this process (`launch.experiments.onpolicy.run_single_process`: replay or on-policy by agent)."""
     from launch.experiments.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
 
@@ -166,7 +169,7 @@ def actorq_command(run: PlannedRun, run_dir: Path, backend: str) -> list[str]:
     return [sys.executable, "-m", "launch.actorq", "--config", str(path), "--no-progress"]
 
 
-def run_actorq(run: PlannedRun, run_dir: Path, backend: str) -> dict[str, Any]:
+def run_actorq(run: PlannedRun, run_dir: Path, backend: str) -> Summary:
     """One distributed run in its own process (its own private Ray), output kept in runner.log.
 
     A separate process keeps each run's Ray cluster, JAX state and memory from leaking into the next."""

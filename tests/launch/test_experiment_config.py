@@ -9,6 +9,7 @@ import pytest
 
 from launch import actorq, train
 from launch.experiments.config import DISTRIBUTED_FIELDS, ConfigError, DistributedConfig, ExperimentConfig
+from quarl.quant.precision import Precision, parse_precision
 from tests.launch.tiny import TINY_DQN, assert_one_line_exit_2, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -159,7 +160,11 @@ def test_both_runners_record_the_same_experiment_in_summary_json(tmp_path: Path)
                                              ("int16", "int16"), ("fp16", "fp16"), ("16", "fp16"),
                                              ("bf16", "bf16"), ("32", "fp32"), ("FP32", "fp32")])
 def test_actor_precisions_are_int2_to_int8_int16_and_the_floats(tmp_path: Path, name: str, canonical: str) -> None:
-    assert tiny_config(tmp_path / "run").replace(precision=name).precision == canonical
+    """Parsed once, at construction: the config carries a `Precision`, its JSON the canonical name."""
+    config = tiny_config(tmp_path / "run").replace(precision=name)
+    assert isinstance(config.precision, Precision) and config.precision == parse_precision(canonical)
+    assert str(config.precision) == canonical and config.to_dict()["precision"] == canonical
+    assert _roundtrip(config) == config and config.replace(precision=config.precision) == config
 
 
 @pytest.mark.parametrize("name", ["int9", "int12", "int15", "9", "15", "int1", "int17", "fp8", "int"])
