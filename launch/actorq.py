@@ -77,7 +77,7 @@ def quick_preset(agent: str, task: str) -> Preset:
         "batch_size": 128, "learning_rate": 1e-3, "min_replay_size": 1_000, "max_replay_size": 100_000,
         "samples_per_insert": 32.0}}
     if task == DEFAULT_TASKS[agent]:
-        preset.update(target_return=950.0, eval_every=2_500, target_streak=2)
+        preset.update({"target_return": 950.0, "eval_every": 2_500, "target_streak": 2})
     return preset
 
 

@@ -165,7 +165,7 @@ def make_feed(builder: "BuilderBase", env_spec: EnvSpec, learner: "Learner", *, 
 def _insert(table: Table, transitions: Sequence[Transition] | Transition, learn: Callable[[], None]) -> None:
     """Stacks the adder's transitions into columns and inserts them, letting the learner catch up first if
     the rate limiter would block (it cannot in this loop, but a stuck insert must never hang a run)."""
-    items = transitions if isinstance(transitions, (list, tuple)) else [transitions]
+    items = [transitions] if isinstance(transitions, Mapping) else transitions
     if len(items) == 1:  # the common case: a leading axis is a view, not a copy
         batch: Mapping[str, np.ndarray] = {k: np.asarray(v)[None] for k, v in items[0].items()}
     else:

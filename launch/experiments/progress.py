@@ -202,7 +202,7 @@ class StepProgress:
             self._lines.close()
 
 
-def _solved(summary: dict) -> str | None:
+def _solved(summary: Mapping[str, JSONValue]) -> str | None:
     """"at 22,500 actor / 5,100 learner steps, 61 s" for a solved run, "no" for one with a target it missed,
     and says so when the run had no target (nothing to solve: not a missing value)."""
     if summary.get("target_return") is None:
@@ -215,7 +215,7 @@ def _solved(summary: dict) -> str | None:
             f"steps, {solved['wall_clock_s']:.0f} s")
 
 
-def _solved_label(summary: dict) -> str:
+def _solved_label(summary: Mapping[str, JSONValue]) -> str:
     if summary.get("target_return") is None:
         return "solved"
     streak = (summary.get("solved") or {}).get("streak", summary.get("experiment", {}).get("target_streak", 1)
