@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from quarl.policy.reference import reference_apply
 from quarl.policy.spec import ParamTree, PolicySpec
-from quarl.quant.precision import MAX_KERNEL_BITS, parse_precision
+from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
 from quarl.quant.quantization import QuantizedParams, dequantize_params, quantize_params
 
 if TYPE_CHECKING:
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 MAX_CALIBRATION_OBS = 256
 
 
-def needs_calibration(spec: PolicySpec, precision: str) -> bool:
+def needs_calibration(spec: PolicySpec, precision: str | Precision) -> bool:
     """True for conv policies at int2..int8: their actors quantize activations with static scales."""
     prec = parse_precision(precision)
     return bool(spec.conv_layers) and prec.is_int and prec.bits <= MAX_KERNEL_BITS
@@ -63,7 +63,7 @@ def activation_ranges(spec: PolicySpec, params: ParamTree, observations: np.ndar
     return ranges
 
 
-def quantize_for_actors(spec: PolicySpec, params: ParamTree, precision: str,
+def quantize_for_actors(spec: PolicySpec, params: ParamTree, precision: str | Precision,
                         observations: np.ndarray | None = None, per_channel: bool = True) -> QuantizedParams:
     """`quantize_params`, plus the activation ranges int conv actors need (measured on `observations`, or on
     `cold_start_observations` when None). Every learner-side publish goes through here."""

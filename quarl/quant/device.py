@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from quarl.policy.spec import ParamTree
-from quarl.quant.precision import parse_precision
+from quarl.quant.precision import Precision, parse_precision
 from quarl.quant.quantization import (
     QTensor, QuantizedParams, is_quantized_leaf, path_str, qrange, storage_dtype, tree_items,
 )
@@ -60,7 +60,7 @@ def _jitted(bits: int, per_channel: bool) -> _TreeQuantizer:
     return jax.jit(run, static_argnums=1)
 
 
-def quantize_params_on_device(params: ParamTree, precision: str) -> QuantizedParams:
+def quantize_params_on_device(params: ParamTree, precision: str | Precision) -> QuantizedParams:
     """`quarl.quant.quantization.quantize_params(params, precision)` (per channel) for an integer precision, computed
     on the device holding `params` (a haiku tree of jax or NumPy float32 arrays). ValueError names a non-finite
     leaf, as the host quantizer does. Blocks until the codes are on the host."""
