@@ -297,7 +297,7 @@ def _stop_nodes(launch: Launch, futures: Mapping[str, CallFuture], actors: Seque
         except Exception as e:  # pylint: disable=broad-except
             results[name] = {"failed": f"{type(e).__name__}: {_first_line(e)}"}
 
-    def tell(name: str, method: str, *args: Any) -> None:
+    def tell(name: str, method: str, *args: object) -> None:
         if name in skip:
             return
         try:

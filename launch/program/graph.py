@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Iterator, Mapping, Protocol, runtime_checkable
+from typing import Any, Iterator, Mapping, Protocol, TypeAlias, runtime_checkable
 
 from launch.program.devices import CPU_ONLY_ENV
 
@@ -35,6 +35,10 @@ NODE_KINDS = ("service", "worker")
 # A node's GPU request on Ray: "none" (never; its environment hides the GPU, see launch.program.devices), "auto" (one
 # GPU when the cluster has one) or "required" (one GPU; a cluster without one is an error before anything starts).
 ACCELERATOR_MODES = ("none", "auto", "required")
+# What a call to another node returns: whatever that node's method returns, as the runner carried it across (Ray
+# deserializes it; the local runner hands the object itself). Nothing checks it on the way, so it stays dynamic here:
+# the calling node knows which method it called and reads the result as that method's return type.
+CallResult: TypeAlias = Any
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -73,7 +77,7 @@ class CallFuture(abc.ABC):
         """True once the call has finished (successfully or not)."""
 
     @abc.abstractmethod
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> CallResult:
         """The call's return value; raises its exception, or TimeoutError after `timeout` seconds."""
 
 
@@ -84,7 +88,7 @@ class NodeHandle(abc.ABC):
     def submit(self, method: str, *args: object, **kwargs: object) -> CallFuture:
         """Start `method(*args, **kwargs)` on the node and return at once."""
 
-    def call(self, method: str, *args: object, **kwargs: object) -> Any:
+    def call(self, method: str, *args: object, **kwargs: object) -> CallResult:
         """`method(*args, **kwargs)` on the node, waiting for the result."""
         return self.submit(method, *args, **kwargs).result()
 

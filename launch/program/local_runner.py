@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from launch.program.graph import CallFuture, NodeHandle, Program, resolve_handles
+from launch.program.graph import CallFuture, CallResult, NodeHandle, Program, resolve_handles
 
 
 class ThreadFuture(CallFuture):
@@ -28,7 +28,7 @@ class ThreadFuture(CallFuture):
     def done(self) -> bool:
         return self._future.done()
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> CallResult:
         try:
             return self._future.result(timeout=timeout)
         except concurrent.futures.TimeoutError:
@@ -103,7 +103,7 @@ class LocalNodeHandle(NodeHandle):
     def submit(self, method: str, *args: object, **kwargs: object) -> ThreadFuture:
         return ThreadFuture(self._pool.submit(getattr(self.obj, method), *args, **kwargs))
 
-    def call(self, method: str, *args: object, **kwargs: object) -> Any:
+    def call(self, method: str, *args: object, **kwargs: object) -> CallResult:
         return getattr(self.obj, method)(*args, **kwargs)
 
 

@@ -26,7 +26,7 @@ import time
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from launch.program.graph import CallFuture, NodeHandle, NodeLost, Program, resolve_handles
+from launch.program.graph import CallFuture, CallResult, NodeHandle, NodeLost, Program, resolve_handles
 
 if TYPE_CHECKING:  # Ray loads on first use, not at import (a CLI fails fast on a bad flag)
     import ray
@@ -53,7 +53,7 @@ class RayFuture(CallFuture):
         ready, _ = ray.wait([self.ref], timeout=0)
         return bool(ready)
 
-    def result(self, timeout: float | None = None) -> Any:
+    def result(self, timeout: float | None = None) -> CallResult:
         import ray  # pylint: disable=import-outside-toplevel
         from ray.exceptions import GetTimeoutError  # pylint: disable=import-outside-toplevel
 

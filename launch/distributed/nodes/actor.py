@@ -5,22 +5,26 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import numpy as np
 
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.distributed.nodes.weights_client import PolicyClient, precision_name
+from launch.distributed.nodes.weights_client import PolicyClient
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
 from launch.program.graph import NodeHandle
-from quarl.envs.vector import make_vector_environment
-from quarl.acting.loop import Sink
+from quarl.acting.loop import Item, Sink
+from quarl.envs.vector import VectorEnv, make_vector_environment
 from quarl.ops.affinity import claim_core
 from quarl.ops.carbon import stop_tracking
+from quarl.quant.precision import Precision, parse_precision
 from quarl.replay.adders import TransitionBuffer
+
+if TYPE_CHECKING:
+    from agents.base import Actor
 
 ACTOR_ENV_STREAM = 10
 
@@ -48,18 +52,19 @@ class CountReport:
 
 
 class ActorNode(NodeBase):
-    """One acting process: environment + quantized policy + n-step adder; see the module docstring."""
+    """One acting process: environment + quantized policy + n-step adder; see the module docstring. `precision`:
+    the actors' (a name still parses)."""
 
     LOG_FIELDS = list(EPISODE_FIELDS)
 
-    def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str,
+    def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: Precision,
                  backend: str, replay: NodeHandle, counter: NodeHandle, weights: NodeHandle, logdir: str,
                  max_actor_steps: int, insert_batch: int = 64, envs_per_actor: int = 1, pin: bool = False,
                  kernel_form: str | None = None):
         self._spec = spec
         self._id, self._num_actors = int(actor_id), int(num_actors)
         self._seed = int(seed)
-        self._precision, self._backend = precision, backend
+        self._precision, self._backend = parse_precision(precision), backend
         self._kernel_form = kernel_form  # ONNX integer kernel form pinned by the config (None: the CPU's choice)
         self._replay, self._counter, self._weights = replay, counter, weights
         self._logdir = logdir
@@ -77,7 +82,7 @@ class ActorNode(NodeBase):
     def stop(self) -> None:
         self._stop.set()
 
-    def _make_environment(self, seed: int) -> Any:
+    def _make_environment(self, seed: int) -> VectorEnv:
         """The actor's K environments (a separate method so tests can wrap it, e.g. to make an actor slow)."""
         return make_vector_environment(self._spec.task, seed, self._num_envs)
 
@@ -96,10 +101,10 @@ class ActorNode(NodeBase):
         times = self.times = StageTimes()
         client = PolicyClient(
             self._weights, times, spec=self._builder.policy_spec(self._env_spec),
-            precision=precision_name(self._precision), logdir=self._logdir, node=name)
+            precision=self._precision, logdir=self._logdir, node=name)
         env = self._make_environment(derive_seed(self._seed, ACTOR_ENV_STREAM, attempt))
         update_period = self._builder.actor_update_period(self._num_envs)
-        built: list[Any] = []
+        built: list[Actor] = []
         first_version = None
         try:
             payload = client.first(self._stop, apply=lambda p: built.append(self._builder.make_actor(
@@ -125,7 +130,7 @@ class ActorNode(NodeBase):
                               episode_log=log, clock=lambda: time.monotonic() - t_origin)
             counts = CountReport(self._counter, name, int(start["actor_steps"]))
 
-            def insert(transitions: list) -> None:
+            def insert(transitions: list[Item]) -> None:
                 counts.steps += self._num_envs
                 for batch in buffer.extend(transitions):
                     self._insert(batch)
@@ -178,7 +183,7 @@ class ActorNode(NodeBase):
         finally:
             self.times.insert_s += time.perf_counter() - t0
 
-    def _flush_after_error(self, buffer: Any, sink: Sink, name: str, error: BaseException) -> None:
+    def _flush_after_error(self, buffer: TransitionBuffer, sink: Sink, name: str, error: BaseException) -> None:
         """`_flush` on the way out of a failed loop (e.g. the counter is gone but the replay server is not);
         never masks `error`: when the flush fails too, the loss is logged with its size."""
         held = len(buffer) + sink.pending
@@ -189,7 +194,7 @@ class ActorNode(NodeBase):
                                           f"actor could not be inserted ({type(flush_error).__name__})",
                       logging.WARNING)
 
-    def _flush(self, buffer: Any, sink: Sink) -> None:
+    def _flush(self, buffer: TransitionBuffer, sink: Sink) -> None:
         """Inserts everything still held on this side: the buffer's partial batch and every adder's open n-step
         windows (as truncated transitions). Called on every way out of the acting loop."""
         for batch in buffer.extend(sink.flush()):

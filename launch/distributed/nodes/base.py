@@ -6,9 +6,9 @@ import logging
 import os
 import threading
 import time
-from typing import Any
-
-from quarl.ops.carbon import start_tracking, stop_tracking
+from launch.program.graph import CallFuture, CallResult
+from quarl.ops.carbon import EnergyTracker, start_tracking, stop_tracking
+from quarl.ops.io import JSONValue
 from quarl.ops.logs import Logger
 
 POLL_S = 0.25  # how long a blocked wait lasts before a node re-checks its stop flag
@@ -47,7 +47,7 @@ class NodeBase:
     def ping(self) -> bool:
         return True
 
-    def device_report(self) -> dict[str, Any]:
+    def device_report(self) -> dict[str, JSONValue]:
         """Where JAX runs in this node's process, read there (`launch.program.devices.device_report`)."""
         from launch.program.devices import device_report  # pylint: disable=import-outside-toplevel
 
@@ -57,13 +57,13 @@ class NodeBase:
         """Service nodes (no run()) measure from construction until `energy()` is called."""
         self._energy_tracker = energy_tracker(logdir, name) if logdir else None
 
-    def energy(self) -> dict[str, Any] | None:
+    def energy(self) -> dict[str, JSONValue] | None:
         """Stops this node's energy tracker and returns its report (None when nothing was measured)."""
         tracker, self._energy_tracker = getattr(self, "_energy_tracker", None), None
         return stop_tracking(tracker)
 
 
-def wait_or_stop(future: Any, stop: threading.Event, poll_s: float = POLL_S) -> tuple[bool, Any]:
+def wait_or_stop(future: CallFuture, stop: threading.Event, poll_s: float = POLL_S) -> tuple[bool, CallResult]:
     """Waits for `future` until it finishes or `stop` is set: (finished, result). Errors propagate."""
     while True:
         try:
@@ -73,7 +73,7 @@ def wait_or_stop(future: Any, stop: threading.Event, poll_s: float = POLL_S) -> 
                 return False, None
 
 
-def energy_tracker(logdir: str, node: str) -> Any:
+def energy_tracker(logdir: str, node: str) -> EnergyTracker | None:
     """The node's energy tracker, reports under LOGDIR/energy (None where tracking cannot run)."""
     return start_tracking(os.path.join(logdir, "energy"), node)
 

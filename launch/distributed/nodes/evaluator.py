@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import threading
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+import dm_env
 
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
-from launch.distributed.nodes.weights_client import PolicyClient, precision_name
+from launch.distributed.nodes.weights_client import PolicyClient
 from launch.experiments.acting import EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
@@ -14,20 +16,27 @@ from launch.program.graph import NodeHandle
 from quarl.acting.evaluation import EpisodeInterrupted
 from quarl.envs.factory import make_environment
 from quarl.ops.carbon import stop_tracking
+from quarl.ops.logs import Logger
+from quarl.quant.payload import Payload
+from quarl.quant.precision import Precision, parse_precision
+
+if TYPE_CHECKING:
+    from agents.base import Actor
 
 EVAL_ENV_STREAM = 11
 
 
 class Evaluator(NodeBase):
-    """Greedy episodes with the deployed (quantized) policy, every `eval_every` actor steps and at the end."""
+    """Greedy episodes with the deployed (quantized) policy, every `eval_every` actor steps and at the end.
+    `precision`: the actors' (a name still parses)."""
 
     LOG_FIELDS = list(EVAL_FIELDS)
 
-    def __init__(self, spec: AgentSpec, seed: int, precision: str, backend: str, weights: NodeHandle,
+    def __init__(self, spec: AgentSpec, seed: int, precision: Precision, backend: str, weights: NodeHandle,
                  counter: NodeHandle, logdir: str, eval_every: int, episodes: int, kernel_form: str | None = None):
         self._spec = spec
         self._seed = int(seed)
-        self._precision, self._backend = precision, backend
+        self._precision, self._backend = parse_precision(precision), backend
         self._kernel_form = kernel_form  # ONNX integer kernel form pinned by the config (None: the CPU's choice)
         self._weights, self._counter = weights, counter
         self._logdir = logdir
@@ -53,10 +62,10 @@ class Evaluator(NodeBase):
         log = csv_logger(self._logdir, "evaluator", self.LOG_FIELDS, "actor_steps")
         times = StageTimes()
         client = PolicyClient(self._weights, times, spec=self._builder.policy_spec(self._env_spec),
-                               precision=precision_name(self._precision), logdir=self._logdir,
+                               precision=self._precision, logdir=self._logdir,
                                node="evaluator")
         env = make_environment(self._spec.task, derive_seed(self._seed, EVAL_ENV_STREAM))
-        actor = None
+        actor: Actor | None = None
         try:
             last = int(self._counter.call("get")["actor_steps"])  # a resumed run continues its cadence
             while not self._stop.is_set():
@@ -75,9 +84,9 @@ class Evaluator(NodeBase):
         final = self._results[-1] if self._results else None
         return {"evaluations": len(self._results), "final": final, "energy": energy}
 
-    def _evaluate(self, client: PolicyClient, actor: Any, env: Any, totals: Mapping[str, float], log: Any,
-                  final: bool) -> Any:
-        def apply(payload: Any) -> None:
+    def _evaluate(self, client: PolicyClient, actor: Actor | None, env: dm_env.Environment,
+                  totals: Mapping[str, float], log: Logger, final: bool) -> Actor | None:
+        def apply(payload: Payload) -> None:
             nonlocal actor
             if actor is None:
                 actor = self._builder.make_actor(self._env_spec, payload.params, seed=self._seed, actor_id=0,

@@ -6,12 +6,13 @@ import collections
 import logging
 import threading
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 import jax
 import numpy as np
+from chex import ArrayTree
 
-from agents.learner_base import to_numpy
+from agents.learner_base import Metrics, to_numpy
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
@@ -21,14 +22,22 @@ from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments.agent_spec import AgentSpec
 from launch.program.graph import NodeHandle
 from quarl.ops.carbon import stop_tracking
+from quarl.ops.logs import Logger
 from quarl.quant.calibration import needs_calibration, with_activation_ranges
 from quarl.quant.device import quantize_params_on_device
 from quarl.quant.payload import encode_payload, fp32_payload_nbytes
-from quarl.quant.precision import parse_precision
+from quarl.quant.precision import Precision, parse_precision
 from quarl.quant.quantization import quantize_params
 from quarl.runtimes import policy_io
 
+if TYPE_CHECKING:
+    from agents.base import Learner
+
 FINAL_PUBLISH_TIMEOUT_S = 60.0
+INT8 = parse_precision("int8")  # the actors' precision unless the run says otherwise
+# What the training thread hands the publisher: the policy's device snapshot and the observations that calibrate
+# an int conv policy's activations (empty for every other policy).
+Offered = tuple[ArrayTree, tuple[np.ndarray, ...]]
 
 # SGD steps per learner call when the run does not set K (`steps_per_call=None`), by the learner's JAX platform.
 # CPU: K = 4. On the 2-core EPYC, D4PG 256x3 at batch 256, interleaved arms under the same load: `run_block`
@@ -64,14 +73,14 @@ class LearnerNode(NodeBase):
     The training thread runs blocks of `steps_per_call` SGD steps (by default chosen per device) that `BlockFeed`
     threads sampled and moved to the device ahead of time; every `publish_period` steps (at most once per
     `publish_min_interval_s` seconds) it hands a device snapshot of the policy to the `Publisher` thread, which
-    quantizes, encodes and publishes it."""
+    quantizes, encodes and publishes it. `precision`: the actors' (a name still parses)."""
 
     LOG_FIELDS = ["learner_steps", "wall_clock_s", "steps_per_s", "weights_version",
                   "sample_wait_frac", "loss", "critic_loss", "policy_loss", "q_mean", "td_abs_mean",
                   "grad_norm"]
 
     def __init__(self, spec: AgentSpec, seed: int, replay: NodeHandle, counter: NodeHandle,
-                 weights: NodeHandle, logdir: str, precision: str = "int8", publish_period: int = 10,
+                 weights: NodeHandle, logdir: str, precision: Precision = INT8, publish_period: int = 10,
                  prefetch: int = 2, checkpoint_every: int = 0, resume: str | None = None,
                  run_config: Mapping[str, Any] | None = None, log_every_s: float = 1.0,
                  steps_per_call: int | None = None, publish_min_interval_s: float = 0.0, publish: bool = True):
@@ -79,7 +88,7 @@ class LearnerNode(NodeBase):
         self._builder = spec.builder()
         env_spec = spec.env_spec()
         self._policy_spec = self._builder.policy_spec(env_spec)
-        self._learner = self._builder.make_learner(env_spec, seed)
+        self._learner: Learner = self._builder.make_learner(env_spec, seed)
         self._replay, self._counter, self._weights = replay, counter, weights
         self._precision = parse_precision(precision)
         self._spec_hash = self._policy_spec.digest()
@@ -101,9 +110,9 @@ class LearnerNode(NodeBase):
         # calls it itself.)
         self._lock = threading.Lock()
         # (steps, an output of the last dispatched block): when that output is ready, `steps` steps have run.
-        self._dispatched: tuple[int, Any] = (int(self._learner.steps), None)
+        self._dispatched: tuple[int, jax.Array | None] = (int(self._learner.steps), None)
         self._version = -1
-        self._publisher = Publisher(self._publish_version, publish_min_interval_s, name="publisher")
+        self._publisher: Publisher[Offered] = Publisher(self._publish_version, publish_min_interval_s, name="publisher")
         self.resumed_from: int | None = None
         if resume:
             directory = ckpt.find_checkpoint(resume)
@@ -159,12 +168,12 @@ class LearnerNode(NodeBase):
         t_first: float | None = None  # first learner step (after replay reached its minimum size)
         last_log = (time.monotonic(), start_steps, 0.0)
         priorities = PriorityUpdates(self._replay)
-        in_flight: collections.deque = collections.deque()  # one device array per dispatched block
+        in_flight: collections.deque[jax.Array] = collections.deque()  # one device array per dispatched block
         counter_future = None
         publish_owed = False
         last_report = 0.0
         policy_file: str | None = None
-        metrics: dict[str, Any] = {}
+        metrics: Metrics = {}
         try:
             while not self._stop.is_set():
                 self._publisher.check()  # a failed publication stops the learner with its error
@@ -240,13 +249,13 @@ class LearnerNode(NodeBase):
                 "energy": energy}
 
     @staticmethod
-    def _done_marker(metrics: Mapping[str, Any]) -> jax.Array | None:
+    def _done_marker(metrics: Metrics) -> jax.Array | None:
         """One device output of a block (ready once the block has run: outputs of one call become ready
         together), or None when its metrics were all brought to the host."""
         return next((v for v in metrics.values() if isinstance(v, jax.Array)), None)
 
     @classmethod
-    def _bound_in_flight(cls, in_flight: collections.deque, metrics: Mapping[str, Any]) -> None:
+    def _bound_in_flight(cls, in_flight: collections.deque[jax.Array], metrics: Metrics) -> None:
         """Waits until at most `MAX_BLOCKS_IN_FLIGHT` dispatched blocks have not yet run on the device."""
         done = cls._done_marker(metrics)
         if done is not None:
@@ -293,13 +302,13 @@ class LearnerNode(NodeBase):
         self._offer()
         self._publisher.flush(timeout)
 
-    def _calibration_batches(self) -> tuple:
+    def _calibration_batches(self) -> tuple[np.ndarray, ...]:
         if not needs_calibration(self._policy_spec, self._precision.name):
             return ()
         batches = getattr(self._learner, "calibration_batches", None)
         return () if batches is None else tuple(batches())
 
-    def _publish_version(self, version: int, offered: tuple[Any, tuple]) -> None:
+    def _publish_version(self, version: int, offered: Offered) -> None:
         """Publisher thread: quantizes the policy at the actors' precision (integer codes computed on the learner's
         device, only they come to the host), encodes the bytes once, and publishes them (a `Blob`: on Ray one
         object-store object that every actor reads) to the weight server. Non-finite weights fail here: the
@@ -309,7 +318,7 @@ class LearnerNode(NodeBase):
         jax.block_until_ready(params)  # the steps dispatched before the snapshot: timed apart (no CPU spent)
         t0 = time.perf_counter()
         qparams = (quantize_params_on_device(params, self._precision.name) if self._precision.is_int
-                   else quantize_params(params, self._precision.name))
+                   else quantize_params(params, self._precision))
         qparams = with_activation_ranges(self._policy_spec, qparams,
                                          np.concatenate(observations) if observations else None)
         data = encode_payload(qparams, version=version, spec_hash=self._spec_hash)
@@ -323,7 +332,7 @@ class LearnerNode(NodeBase):
                                ready_wait_s=t0 - t_offered)
         self._version = max(self._version, version)
 
-    def _log_row(self, log: Any, metrics: Mapping[str, Any], steps: int, wall_clock_s: float,
+    def _log_row(self, log: Logger, metrics: Metrics, steps: int, wall_clock_s: float,
                  last: tuple[float, int, float], now: float, wait_s: float) -> None:
         """One learner.csv row; a block's stacked metrics are logged at its last step (the only host read)."""
         window = max(now - last[0], 1e-9)

@@ -11,25 +11,29 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from launch.distributed.nodes.base import POLL_S, wait_or_stop
-from launch.program.graph import NodeHandle
+from launch.program.graph import CallFuture, NodeHandle
+from quarl.replay.items import StackedSample
 from quarl.replay.table import TableClosed
+
+if TYPE_CHECKING:  # the learner's JAX side: its node has loaded JAX before it starts a feed
+    from agents.learner_base import Block
 
 
 class BlockFeed:
     """`threads` prefetch threads filling a queue of at most `depth` prepared blocks of `steps_per_call` batches."""
 
-    def __init__(self, replay: NodeHandle, prepare: Callable[[Sequence[Any]], Any], batch_size: int,
+    def __init__(self, replay: NodeHandle, prepare: Callable[[StackedSample], Block], batch_size: int,
                  steps_per_call: int, threads: int = 2, depth: int | None = None):
         self._replay = replay
         self._prepare = prepare
         self._batch_size = int(batch_size)
         self._k = int(steps_per_call)
-        self._blocks: queue.Queue = queue.Queue(maxsize=max(1, depth if depth is not None else threads))
+        self._blocks: queue.Queue[Block] = queue.Queue(maxsize=max(1, depth if depth is not None else threads))
         self._stop = threading.Event()
         self._errors: list[BaseException] = []
         self._threads = [threading.Thread(target=self._loop, name=f"prefetch-{i}", daemon=True)
@@ -40,7 +44,7 @@ class BlockFeed:
             t.start()
         return self
 
-    def get(self, timeout: float = POLL_S) -> Any | None:
+    def get(self, timeout: float = POLL_S) -> Block | None:
         """The next prepared block, or None after `timeout` seconds without one. Raises a prefetch thread's error."""
         if self._errors:
             raise self._errors[0]
@@ -64,7 +68,7 @@ class BlockFeed:
                 break
         return not any(t.is_alive() for t in self._threads)
 
-    def _sample(self) -> tuple[bool, Any]:
+    def _sample(self) -> tuple[bool, StackedSample | None]:
         # One StackedSample ([K, B, ...]): `prepare` neither stacks it nor re-scans what the table checked at insert.
         return wait_or_stop(self._replay.submit("sample_stacked", self._batch_size, self._k), self._stop)
 
@@ -100,7 +104,7 @@ class PriorityUpdates:
     def __init__(self, replay: NodeHandle):
         self._replay = replay
         self._queued: list[tuple[np.ndarray, np.ndarray]] = []
-        self._in_flight: Any = None
+        self._in_flight: CallFuture | None = None
 
     def add(self, keys: np.ndarray, priorities: np.ndarray) -> None:
         self._queued.append((np.asarray(keys), np.asarray(priorities)))

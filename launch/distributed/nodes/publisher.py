@@ -14,9 +14,10 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable, Generic, TypeVar
 
-PublishFn = Callable[[int, Any], None]  # (version, params) -> publishes, raising on failure
+Params = TypeVar("Params")  # what the training thread offers and the publish function takes, passed through as is
+PublishFn = Callable[[int, Params], None]  # (version, params) -> publishes, raising on failure
 
 
 @dataclasses.dataclass
@@ -58,17 +59,17 @@ class PublishTimes:
                 "ms_per_version": 1e3 * self.handoff_s / max(self.offered, 1)}
 
 
-class Publisher:
+class Publisher(Generic[Params]):
     """One background thread running `publish(version, params)` on the newest offered version ("latest wins"),
     at most once every `min_interval_s` seconds."""
 
-    def __init__(self, publish: PublishFn, min_interval_s: float = 0.0, name: str = "publisher"):
+    def __init__(self, publish: PublishFn[Params], min_interval_s: float = 0.0, name: str = "publisher"):
         if not min_interval_s >= 0:
             raise ValueError(f"min_interval_s must be >= 0, got {min_interval_s!r}")
         self._publish = publish
         self._min_interval_s = float(min_interval_s)
         self._cond = threading.Condition()
-        self._pending: tuple[int, Any] | None = None
+        self._pending: tuple[int, Params] | None = None
         self._busy = False
         self._closed = False
         self._error: BaseException | None = None
@@ -78,7 +79,7 @@ class Publisher:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def offer(self, version: int, params: Any) -> None:
+    def offer(self, version: int, params: Params) -> None:
         """Hands `params` (device arrays, never copied here) over as weights version `version`; returns at once.
         Raises the publisher thread's error, if it had one."""
         with self._cond:

@@ -17,27 +17,42 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
-from launch.distributed.nodes.weights_client import PolicyClient, precision_name
+from launch.distributed.nodes.weights_client import PolicyClient
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
 from launch.program.graph import NodeHandle
+from quarl.acting.loop import Item
 from quarl.envs.vector import make_vector_environment
 from quarl.ops.carbon import stop_tracking
+from quarl.quant.precision import Precision, parse_precision
+
+if TYPE_CHECKING:
+    from agents.base import OnPolicyActor
+
+
+class HandedRollout(TypedDict):
+    """What `RolloutActorNode.take` hands out: one rollout's [T, K, ...] columns, the weights version that acted
+    them, which actor, and the actor's env steps (this process) when it finished."""
+
+    rollout: Item
+    weights_version: int
+    actor_id: int
+    actor_steps: int
 
 
 class RolloutActorNode(NodeBase):
     """One on-policy acting process; see the module docstring. `take(timeout)` hands out the oldest finished
-    rollout as {"rollout": columns, "weights_version", "actor_id", "actor_steps"} (None when none is ready)."""
+    rollout (a `HandedRollout`; None when none is ready). `precision`: the actors' (a name still parses)."""
 
     LOG_FIELDS = list(EPISODE_FIELDS)
 
-    def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: str, backend: str,
+    def __init__(self, spec: AgentSpec, actor_id: int, num_actors: int, seed: int, precision: Precision, backend: str,
                  counter: NodeHandle, weights: NodeHandle, logdir: str, max_actor_steps: int,
                  envs_per_actor: int = 1, kernel_form: str | None = None, outbox_size: int = 2, sync: bool = True):
         self._spec = spec
@@ -52,11 +67,11 @@ class RolloutActorNode(NodeBase):
         if int(outbox_size) < 1:
             raise ValueError(f"outbox_size must be >= 1, got {outbox_size!r}")
         self._id, self._num_actors, self._seed = int(actor_id), int(num_actors), int(seed)
-        self._precision, self._backend, self._kernel_form = precision, backend, kernel_form
+        self._precision, self._backend, self._kernel_form = parse_precision(precision), backend, kernel_form
         self._counter, self._weights, self._logdir = counter, weights, logdir
         self._max_steps, self._num_envs = int(max_actor_steps), self._builder.num_envs(int(envs_per_actor))
         self._sync = bool(sync)
-        self._outbox: queue.Queue = queue.Queue(maxsize=int(outbox_size))
+        self._outbox: queue.Queue[HandedRollout] = queue.Queue(maxsize=int(outbox_size))
         self._stop = threading.Event()
         self.times = StageTimes()
         self.rollouts = 0  # rollouts handed to the outbox (this process)
@@ -64,7 +79,7 @@ class RolloutActorNode(NodeBase):
     def stop(self) -> None:
         self._stop.set()
 
-    def take(self, timeout: float = POLL_S) -> dict[str, Any] | None:
+    def take(self, timeout: float = POLL_S) -> HandedRollout | None:
         """The oldest finished rollout, waiting up to `timeout` seconds for one; None if none came."""
         try:
             return self._outbox.get(timeout=max(0.0, float(timeout)))
@@ -80,10 +95,10 @@ class RolloutActorNode(NodeBase):
         log = csv_logger(self._logdir, name, self.LOG_FIELDS, "total_actor_steps")
         times = self.times = StageTimes()
         client = PolicyClient(self._weights, times, spec=self._builder.policy_spec(self._env_spec),
-                              precision=precision_name(self._precision), logdir=self._logdir, node=name)
+                              precision=self._precision, logdir=self._logdir, node=name)
         env = make_vector_environment(self._spec.task, derive_seed(self._seed, ACTOR_ENV_STREAM, attempt),
                                       self._num_envs)
-        built: list[Any] = []
+        built: list[OnPolicyActor] = []
         result: dict[str, Any] = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0}
         first_version = None
         try:
@@ -99,7 +114,7 @@ class RolloutActorNode(NodeBase):
                 counts = CountReport(self._counter, name, int(start["actor_steps"]))
                 acted_with = [client.version]
 
-                def insert(rollouts: list) -> None:
+                def insert(rollouts: list[Item]) -> None:
                     counts.steps += self._num_envs
                     for rollout in rollouts:
                         self._hand_out({"rollout": rollout, "weights_version": acted_with[0], "actor_id": self._id,
@@ -133,7 +148,7 @@ class RolloutActorNode(NodeBase):
                 "payloads_rejected": client.rejected, "last_payload_rejection": client.last_rejection,
                 "energy": energy}
 
-    def _hand_out(self, item: dict[str, Any]) -> None:
+    def _hand_out(self, item: HandedRollout) -> None:
         """Puts a finished rollout in the outbox, waiting while it is full (re-checking the stop flag every
         POLL_S); a stopping actor still leaves it there, for a learner to take, if there is room."""
         t0 = time.perf_counter()

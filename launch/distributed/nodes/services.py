@@ -11,8 +11,9 @@ import numpy as np
 from launch.distributed.nodes.base import NodeBase
 from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments import checkpoint as ckpt
-from quarl.quant.precision import parse_precision
+from quarl.quant.precision import Precision, parse_precision
 from quarl.replay import table_from_config
+from quarl.replay.items import Sample, StackedSample
 from quarl.replay.limiter import RateLimiterTimeout
 
 
@@ -87,14 +88,14 @@ class ReplayServer(NodeBase):
         except RateLimiterTimeout as e:
             return int(e.inserted)
 
-    def sample(self, batch_size: int) -> Any:
+    def sample(self, batch_size: int) -> Sample:
         return self._table.sample(batch_size)
 
-    def sample_batches(self, batch_size: int, num_batches: int) -> list[Any]:
+    def sample_batches(self, batch_size: int, num_batches: int) -> list[Sample]:
         """`num_batches` batches in one call (a learner running K SGD steps per call: one round trip per K)."""
         return self._table.sample_batches(batch_size, num_batches)
 
-    def sample_stacked(self, batch_size: int, num_batches: int) -> Any:
+    def sample_stacked(self, batch_size: int, num_batches: int) -> StackedSample:
         """The same, as one `quarl.replay.table.StackedSample` ([K, B, ...] arrays): 2 + columns arrays cross the
         process boundary instead of K samples' worth, and the learner's feed stacks nothing."""
         return self._table.sample_stacked(batch_size, num_batches)
@@ -123,9 +124,10 @@ class WeightServer(NodeBase):
 
     The learner quantizes and encodes each version itself, once, and publishes it as a `Blob` (on Ray: one
     object-store object); this node only keeps the newest reference and answers `get_payload(have_version)`
-    with it, or None when the caller already has that version (one small round trip, no payload)."""
+    with it, or None when the caller already has that version (one small round trip, no payload). `precision`
+    (the actors', reported in `stats`): a name still parses."""
 
-    def __init__(self, precision: str, logdir: str | None = None):
+    def __init__(self, precision: Precision, logdir: str | None = None):
         self._precision = parse_precision(precision).name
         self._lock = threading.Lock()
         self._latest: tuple[int, Blob] | None = None

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # Ray is never imported here (see `Blob.put`)
+    import ray
 
 
 @dataclasses.dataclass(frozen=True)
 class Blob:
     """A published byte string: `ref` is a Ray ObjectRef when published inside a Ray process, else the bytes."""
 
-    ref: Any
+    ref: bytes | ray.ObjectRef
     nbytes: int
 
     @classmethod

@@ -6,13 +6,18 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from launch.distributed.nodes.base import log_event
 from launch.experiments.stages import StageTimes
 from launch.program.graph import NodeHandle
-from quarl.quant.payload import decode_payload
-from quarl.quant.precision import parse_precision
+from quarl.policy.spec import PolicySpec
+from quarl.quant.payload import Payload, decode_payload
+from quarl.quant.precision import Precision, parse_precision
+
+# What an actor does with a valid payload before taking it (build or update its policy executor); its result is
+# not used, and a ValueError from it rejects the payload.
+ApplyFn = Callable[[Payload], object]
 
 
 class PolicyClient:
@@ -24,14 +29,16 @@ class PolicyClient:
     `apply` (building or updating the policy executor) accepts its tree. Anything else is rejected: counted,
     logged (once per distinct payload: the weight server hands out the same bytes again at every pull until a
     newer version exists), and the caller keeps acting with its last good policy. This is the one place a
-    payload is validated: the learner that made it does not check it again."""
+    payload is validated: the learner that made it does not check it again.
 
-    def __init__(self, weights: NodeHandle, times: StageTimes, *, spec: Any = None, precision: str | None = None,
-                 logdir: str | None = None, node: str = "actor"):
+    `precision`: what the actor runs (a name still parses: `parse_precision` takes both), None to accept any."""
+
+    def __init__(self, weights: NodeHandle, times: StageTimes, *, spec: PolicySpec | None = None,
+                 precision: Precision | None = None, logdir: str | None = None, node: str = "actor"):
         self._weights = weights
         self._times = times
         self._spec_hash = None if spec is None else spec.digest()
-        self._precision = precision
+        self._precision = None if precision is None else parse_precision(precision).name
         self._logdir, self._node = logdir, node
         self.version = -1
         self.rejected = 0
@@ -43,7 +50,7 @@ class PolicyClient:
         """The stage times this client adds to (shared with the actor that owns it)."""
         return self._times
 
-    def fetch(self, apply: Callable[[Any], Any] | None = None) -> Any:
+    def fetch(self, apply: ApplyFn | None = None) -> Payload | None:
         """The newest payload if it is newer than ours and valid (decoded, and `apply(payload)` done), else
         None (nothing new, or rejected)."""
         t0 = time.perf_counter()
@@ -76,7 +83,7 @@ class PolicyClient:
         self.version = payload.version
         return payload
 
-    def _check(self, payload: Any) -> None:
+    def _check(self, payload: Payload) -> None:
         if payload.version <= self.version:
             raise ValueError(f"stale payload: version {payload.version} is not newer than the current "
                              f"version {self.version}")
@@ -96,7 +103,7 @@ class PolicyClient:
             log_event(self._logdir, self._node, f"rejected a weight payload ({first_line}); keeps acting with "
                                                 f"weights version {self.version}", logging.WARNING)
 
-    def first(self, stop: threading.Event, apply: Callable[[Any], Any] | None = None) -> Any:
+    def first(self, stop: threading.Event, apply: ApplyFn | None = None) -> Payload | None:
         """Waits for the first valid published weights (the learner publishes version 0 when it starts)."""
         while not stop.is_set():
             payload = self.fetch(apply=apply)
@@ -104,8 +111,3 @@ class PolicyClient:
                 return payload
             stop.wait(0.05)
         return None
-
-
-def precision_name(precision: str) -> str:
-    """The canonical precision name payloads carry ("8" -> "int8")."""
-    return parse_precision(precision).name
