@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Protocol, Sequenc
 import numpy as np
 import numpy.typing as npt
 
-from agents.rate_limits import error_buffer  # noqa: F401  (re-exported: its home before the configs moved off it)
+from agents.rate_limits import error_buffer  # noqa: F401  (re-exported: `agents.base.error_buffer` still works)
 from quarl.acting.loop import AdderSink, Sink
 from quarl.envs.spec import EnvSpec
 from quarl.policy.spec import PolicySpec
@@ -28,7 +28,7 @@ from quarl.replay.items import StackedSample
 from quarl.replay.table import Table
 from quarl.runtimes.base import PolicyExecutor, policy_rows
 
-if TYPE_CHECKING:  # JAX-side types, named for type checkers only: this module and the actors never load JAX
+if TYPE_CHECKING:  # for type checkers only: the learner's JAX types (actors never load JAX), and the configs
     from chex import ArrayTree
 
     from agents.configs import AgentConfig
