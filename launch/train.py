@@ -90,12 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         config = validate(args, parser)
     except UsageError as e:
         fail(f"{PROG}: error: {e}")
-    from launch.experiments.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
+    from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
     from launch.experiments.progress import print_summary  # pylint: disable=import-outside-toplevel
     from launch.experiments.stopping import StopSignals, exit_code  # pylint: disable=import-outside-toplevel
 
     with StopSignals() as signals:  # SIGINT/SIGTERM: stop, then write the logs, the policy and summary.json
-        summary = run_single_process(config, progress=not args.no_progress, should_stop=signals.requested)
+        summary = run_experiment(config, progress=not args.no_progress, should_stop=signals.requested)
     print_summary(summary)
     return exit_code(summary["status"], signals.signum)
 

@@ -151,10 +151,10 @@ class PlannedRun:
 
 
 def run_single(run: PlannedRun, run_dir: Path, backend: str) -> Summary:
-    """One run in this process (`launch.experiments.onpolicy.run_single_process`: replay or on-policy by agent)."""
-    from launch.experiments.onpolicy import run_single_process  # pylint: disable=import-outside-toplevel
+    """One run in this process (`launch.experiments.run_experiment.run_experiment`, every agent)."""
+    from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
 
-    return run_single_process(run.config(run_dir, backend), progress=False)
+    return run_experiment(run.config(run_dir, backend), progress=False)
 
 
 CONFIG_FILE = "experiment.json"  # the ExperimentConfig a `launch.actorq` grid run is started with

@@ -1,4 +1,4 @@
-"""PPO and A2C learn, through `launch.experiments.onpolicy.run_single_process` (what `launch.train --agent ppo|a2c` runs), with
+"""PPO and A2C learn, through `launch.experiments.run_experiment.run_experiment` (what `launch.train --agent ppo|a2c` runs), with
 quantized actors collecting the rollouts and evaluating; the run folder is the other agents' (summary.json,
 CSVs, final and best policies), QAT trains the policy `launch.ptq`-style int-B actors deploy, and a saved PPO
 policy evaluates offline with an int8 actor. Reduced sizes: each run stops at its first evaluation that reaches
@@ -14,7 +14,7 @@ from agents.ppo import Builder, PPOConfig
 from agents.ppo.config import CONTROL_OVERRIDES
 from launch.experiments.acting import evaluation_returns as evaluate
 from launch.experiments.config import ExperimentConfig
-from launch.experiments.onpolicy import run_single_process
+from launch.experiments.run_experiment import run_experiment
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
 from quarl.quant.quantization import quantize_params
@@ -28,7 +28,7 @@ def _run(tmp_path, agent: str, task: str, steps: int, threshold: float, *, preci
     config = ExperimentConfig(agent=agent, task=task, precision=precision, backend=backend, max_actor_steps=steps,
                               seed=seed, logdir=tmp_path, eval_every=eval_every, eval_episodes=5,
                               overrides=overrides or {})
-    return run_single_process(config, progress=False, energy=False, on_eval=lambda row: row["return"] >= threshold)
+    return run_experiment(config, progress=False, energy=False, on_eval=lambda row: row["return"] >= threshold)
 
 
 def _returns(logdir) -> list[float]:
@@ -127,7 +127,7 @@ def test_minatar_runs_end_to_end_with_int8_conv_actors(tmp_path):
     config = ExperimentConfig(agent="ppo", task="MinAtar/Breakout", precision="int8", backend="onnx",
                               max_actor_steps=96, seed=0, logdir=tmp_path, eval_episodes=1, envs_per_actor=2,
                               overrides={"num_steps": 16, "activation": "relu", "policy_hidden_sizes": (32,)})
-    summary = run_single_process(config, progress=False, energy=False)
+    summary = run_experiment(config, progress=False, energy=False)
     assert summary["actor_steps"] == 96 and summary["learner_steps"] == 3 and summary["envs_per_actor"] == 2
     assert summary["kernel_form"] and summary["kernel_form"] != ["fp32"], summary["kernel_form"]
     assert_integer_kernel_ran(summary)
