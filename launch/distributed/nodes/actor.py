@@ -24,13 +24,26 @@ from quarl.quant.precision import Precision, parse_precision
 from quarl.replay.adders import TransitionBuffer
 
 if TYPE_CHECKING:
-    from agents.base import Actor
+    from agents.base import Actor, BuilderBase
+    from quarl.envs.spec import EnvSpec
 
 ACTOR_ENV_STREAM = 10
 
 
 class _StoppedEarly(Exception):
     """Stopped before the first weights arrived."""
+
+
+def first_actor(builder: BuilderBase, env_spec: EnvSpec, client: PolicyClient, stop: threading.Event, *, seed: int,
+                attempt: int, actor_id: int, num_actors: int, num_envs: int, backend: str,
+                kernel_form: str | None) -> Actor | None:
+    """The actor built on the first weights `client` receives (None: stopped before any came), for every acting
+    node. Its seed comes from the attempt, so a process restarted after a crash explores anew."""
+    built: list[Actor] = []
+    payload = client.first(stop, apply=lambda p: built.append(builder.make_actor(
+        env_spec, p.params, seed=derive_seed(seed, attempt), actor_id=actor_id, evaluation=False, backend=backend,
+        num_actors=num_actors, batch_size=num_envs, executor_factory=executor_factory(kernel_form))))
+    return None if payload is None else built[-1]
 
 
 class CountReport:
@@ -104,16 +117,13 @@ class ActorNode(NodeBase):
             precision=self._precision, logdir=self._logdir, node=name)
         env = self._make_environment(derive_seed(self._seed, ACTOR_ENV_STREAM, attempt))
         update_period = self._builder.actor_update_period(self._num_envs)
-        built: list[Actor] = []
         first_version = None
         try:
-            payload = client.first(self._stop, apply=lambda p: built.append(self._builder.make_actor(
-                self._env_spec, p.params, seed=derive_seed(self._seed, attempt), actor_id=self._id,
-                evaluation=False, backend=self._backend, num_actors=self._num_actors, batch_size=self._num_envs,
-                executor_factory=executor_factory(self._kernel_form))))
-            if payload is None:
+            actor = first_actor(self._builder, self._env_spec, client, self._stop, seed=self._seed, attempt=attempt,
+                                actor_id=self._id, num_actors=self._num_actors, num_envs=self._num_envs,
+                                backend=self._backend, kernel_form=self._kernel_form)
+            if actor is None:
                 raise _StoppedEarly
-            actor = built[-1]
             first_version = client.version
             kernel = actor.kernel or {}
             if kernel.get("fallback"):  # the CPU's preferred int kernel was not exact here (summary.json has why)

@@ -17,14 +17,13 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
-from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport
+from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport, first_actor
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
 from launch.distributed.nodes.weights_client import PolicyClient
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
-from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
 from launch.program.graph import NodeHandle
 from quarl.acting.loop import Item
@@ -98,16 +97,15 @@ class RolloutActorNode(NodeBase):
                               precision=self._precision, logdir=self._logdir, node=name)
         env = make_vector_environment(self._spec.task, derive_seed(self._seed, ACTOR_ENV_STREAM, attempt),
                                       self._num_envs)
-        built: list[OnPolicyActor] = []
         result: dict[str, Any] = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0}
         first_version = None
         try:
-            payload = client.first(self._stop, apply=lambda p: built.append(self._builder.make_actor(
-                self._env_spec, p.params, seed=derive_seed(self._seed, attempt), actor_id=self._id,
-                evaluation=False, backend=self._backend, num_actors=self._num_actors, batch_size=self._num_envs,
-                executor_factory=executor_factory(self._kernel_form))))
-            if payload is not None:
-                actor, first_version = built[-1], client.version
+            actor = cast("OnPolicyActor | None", first_actor(
+                self._builder, self._env_spec, client, self._stop, seed=self._seed, attempt=attempt,
+                actor_id=self._id, num_actors=self._num_actors, num_envs=self._num_envs, backend=self._backend,
+                kernel_form=self._kernel_form))  # an on-policy builder's actor (checked in __init__)
+            if actor is not None:
+                first_version = client.version
                 loop = ActingLoop(env, self._builder.make_sink(self._num_envs), times,
                                   update_period=self._builder.actor_update_period(self._num_envs), episode_log=log,
                                   clock=lambda: time.monotonic() - t_origin)
