@@ -155,7 +155,7 @@ class OnPolicyActor(Actor, Protocol):
 ExecutorFactory = Callable[..., PolicyExecutor]
 
 
-class ExecutorActor:
+class ExecutorActor(abc.ABC):
     """What every agent's actor shares: the quantized policy executor it acts through (`self._executor`, made
     by the subclass with `_make_executor`, which also keeps its spec), what runs it (backend, precision, integer
     kernel form) and the weight swap. Each agent's actor says itself how it acts (`act`, `select_actions`) and
@@ -205,8 +205,9 @@ class ExecutorActor:
         """NaN: an actor that explores says with what (DQN's epsilon, the Gaussian's sigma) by overriding this."""
         return math.nan
 
+    @abc.abstractmethod
     def select_actions(self, observations: np.ndarray) -> np.ndarray:
-        raise NotImplementedError
+        """One action per row of `observations` [K, ...], exploring unless this is an evaluation actor."""
 
     def update(self, qparams: QuantizedParams) -> None:
         """New policy weights (same spec); the executor swaps them in place."""

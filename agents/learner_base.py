@@ -15,6 +15,7 @@ thread can prepare the next block while the current one trains (`launch.distribu
 """
 from __future__ import annotations
 
+import abc
 from typing import Callable, ClassVar, Mapping, NamedTuple, Protocol, Self, Sequence
 
 import jax
@@ -64,7 +65,7 @@ def to_numpy(tree: ArrayTree) -> ArrayTree:
     return jax.tree_util.tree_map(lambda x: np.array(x, copy=True), jax.device_get(tree))
 
 
-class JaxLearner:
+class JaxLearner(abc.ABC):
     """The scaffold; an agent subclass builds its initial `TrainingState` (a NamedTuple with a `steps` field) and
     its pure update `(state, batch) -> (state, metrics)`, then calls `super().__init__`.
 
@@ -116,9 +117,9 @@ class JaxLearner:
 
     # ------------------------------------------------------------------ hooks
 
+    @abc.abstractmethod
     def _policy_tree(self) -> ArrayTree:
         """The device tree of the policy actors run."""
-        raise NotImplementedError
 
     def _extra_columns(self, sample: Batch | StackedSample, batch: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Columns the update needs beyond the sampled data (DQN: the PER sampling probabilities)."""

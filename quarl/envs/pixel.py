@@ -7,6 +7,7 @@ episode's end resets) in one place, and the episode-end rule is written once: a 
 """
 from __future__ import annotations
 
+import abc
 from typing import Sequence
 
 import dm_env
@@ -30,16 +31,17 @@ class PixelEnvironment(dm_env.Environment):
     _num_actions: int
     _reset_next_step: bool = True
 
+    @abc.abstractmethod
     def _new_episode(self) -> None:
         """Starts the game's next episode (the observation is read afterwards)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _observation(self) -> np.ndarray:
-        raise NotImplementedError
+        """The current frame(s) as the observation spec's uint8 [H, W, C]."""
 
+    @abc.abstractmethod
     def _act(self, index: int) -> dm_env.TimeStep:
         """One environment step of action `index` (already checked), its TimeStep from `_end_step`."""
-        raise NotImplementedError
 
     def reset(self) -> dm_env.TimeStep:
         self._new_episode()
