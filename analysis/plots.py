@@ -26,6 +26,17 @@ def pyplot() -> Any:
     return plt
 
 
+def clipped_spread(means: Sequence[float], spreads: Sequence[float],
+                   bounds: tuple[float, float] | None) -> np.ndarray:
+    """[2, N] error-bar lengths (below, above) for mean +- spread, cut where they would pass the task's returns
+    (`quarl.envs.factory.return_range`): a std bar past CartPole's 500 shows a return no episode can have."""
+    m, s = np.asarray(means, float), np.abs(np.asarray(spreads, float))
+    lo, hi = m - s, m + s
+    if bounds is not None:  # a mean outside the bounds (not a return; a bug upstream) keeps its bar at the mean
+        lo, hi = np.maximum(lo, np.minimum(bounds[0], m)), np.minimum(hi, np.maximum(bounds[1], m))
+    return np.stack([m - lo, hi - m])
+
+
 BAND_MEANING = {"sem": "band: ± standard error of the mean over seeds",
                 "std": "band: ± standard deviation over seeds",
                 "minmax": "band: min..max over seeds"}
@@ -223,11 +234,15 @@ def plot_weight_stats(weights: pd.DataFrame, *, path: str | os.PathLike | None =
 
 def plot_ptq_returns(rows: Sequence[Mapping[str, Any]], title: str, *,
                      granularities: Sequence[str] = ("per-tensor", "per-channel"),
-                     machine: Mapping[str, Any] | None = None,
+                     machine: Mapping[str, Any] | None = None, task: str | None = None,
                      path: str | os.PathLike | None = None) -> Any:
     """`launch.ptq`'s rows: return vs bits per granularity with error bars of ± the std of the return over the
-    episodes (the title says how many, and the machine), float precisions as reference lines, and the bit widths
-    above the integer kernels' (simulated in fp32) shaded. Returns the Figure."""
+    episodes (the title says how many, and the machine), cut at `task`'s possible returns (`clipped_spread`),
+    float precisions as reference lines, and the bit widths above the integer kernels' (simulated in fp32)
+    shaded; the legend sits right of the axes. Returns the Figure."""
+    from quarl.envs.factory import return_range  # pylint: disable=import-outside-toplevel
+
+    bounds = return_range(task) if task else None
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -236,7 +251,7 @@ def plot_ptq_returns(rows: Sequence[Mapping[str, Any]], title: str, *,
         pts = sorted((r["bits"], r["mean_return"], r["std_return"]) for r in ints if r["granularity"] == granularity)
         if pts:
             b, m, s = map(np.asarray, zip(*pts))
-            ax.errorbar(b, m, yerr=s, marker=marker, capsize=3, label=f"int, {granularity}")
+            ax.errorbar(b, m, yerr=clipped_spread(m, s, bounds), marker=marker, capsize=3, label=f"int, {granularity}")
     styles = {"fp32": ("black", "-"), "fp16": ("tab:green", "--"), "bf16": ("tab:red", ":")}
     for r in rows:
         if not str(r["precision"]).startswith("int"):
@@ -251,10 +266,10 @@ def plot_ptq_returns(rows: Sequence[Mapping[str, Any]], title: str, *,
     episodes = sorted({int(r["episodes"]) for r in rows if r.get("episodes") is not None})
     ax.set_title(f"{title} ({machine_label(machine)})\nbars: ± std of the return over "
                  f"{'/'.join(map(str, episodes)) or '?'} episodes, the same env seeds at every precision", fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: never over a bar
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=120)
+        fig.savefig(path, dpi=120, bbox_inches="tight")
         plt.close(fig)
     return fig
 
@@ -298,6 +313,7 @@ def redraw_ptq_returns(ptq_dir: str | os.PathLike) -> Path:
     ptq, _ = load_ptq(d)
     heading = (d / "ptq.md").read_text(encoding="utf-8").splitlines()[0]
     title = "PTQ: " + heading.split(": ", 1)[-1] if ": " in heading else "PTQ"
+    task = title.rsplit(" on ", 1)[-1] if " on " in title else None  # "# Post-training quantization: dqn on <task>"
     try:
         machine = json.loads((d / "machine.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -305,5 +321,6 @@ def redraw_ptq_returns(ptq_dir: str | os.PathLike) -> Path:
     rows = [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
             for r in ptq.to_dict("records")]
     granularities = [g for g in dict.fromkeys(ptq["granularity"]) if isinstance(g, str) and g != "n/a"]
-    plot_ptq_returns(rows, title, granularities=granularities, machine=machine, path=d / "ptq_returns.png")
+    plot_ptq_returns(rows, title, granularities=granularities, machine=machine, task=task,
+                     path=d / "ptq_returns.png")
     return d / "ptq_returns.png"

@@ -32,12 +32,12 @@ from typing import NoReturn, NotRequired, Sequence, TypedDict, TypeVar
 from launch.experiments import checkpoint as ckpt
 import agents
 from launch.cli import (
-    DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, OneLineArgumentParser, UsageError, add_qat_argument,
-    build_config, check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir,
-    check_positive, fail, flag_names, parse_overrides, parse_resources, qat_overrides,
+    DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, TASK_HELP, ListTasksAction, OneLineArgumentParser, UsageError,
+    add_qat_argument, build_config, check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir,
+    check_positive, check_task, fail, flag_names, parse_overrides, parse_resources, qat_overrides,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
-from launch.experiments.config import SERVICE_SHARE, ExperimentConfig
+from launch.experiments.config import ALE_MIN_EVAL_EVERY, SERVICE_SHARE, ExperimentConfig
 from launch.experiments.progress import print_summary
 from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
 from quarl.quant.precision import Precision
@@ -93,8 +93,8 @@ def build_parser() -> OneLineArgumentParser:
                         "or a run's summary.json (its `experiment` object); only --logdir, --seed, --runner, "
                         "--ray-address and --no-progress may be given with it")
     p.add_argument("--agent", default="d4pg", help="d4pg (DM Control) or dqn (gym classic control, MinAtar, ALE)")
-    p.add_argument("--task", default=None, help="'domain:task', a gym id, MinAtar/<Game> or ALE/<Game> (default: cartpole:balance for "
-                                                "d4pg, CartPole-v1 for dqn)")
+    p.add_argument("--task", default=None, help=TASK_HELP)
+    p.add_argument("--list-tasks", action=ListTasksAction)
     p.add_argument("--precision", default="int8",
                    help="actor precision: fp32, fp16, bf16, int2..int8, int16 (shorthands 32, 16, 8..2)")
     p.add_argument("--num-actors", type=int, default=2, help="acting processes, one policy runtime each")
@@ -135,7 +135,7 @@ def build_parser() -> OneLineArgumentParser:
                    help="learner steps between checkpoints (0: only when the run ends)")
     p.add_argument("--eval-every", type=int, default=None,
                    help="actor steps between evaluations (default: 2500 for the default d4pg job, else a tenth of "
-                        "--max-actor-steps)")
+                        f"--max-actor-steps; ALE: at most once every {ALE_MIN_EVAL_EVERY:,} steps)")
     p.add_argument("--eval-episodes", type=int, default=2, help="greedy episodes per evaluation")
     p.add_argument("--target-return", type=float, default=None,
                    help=TARGET_RETURN_HELP + " (default: 950 for the default d4pg job on cartpole:balance, else "
@@ -201,7 +201,7 @@ def validate(args: argparse.Namespace) -> Invocation:
 
 def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     agent = check_agent(args.agent)
-    task = args.task or DEFAULT_TASKS[agent]
+    task = check_task(args.task or DEFAULT_TASKS[agent])
     preset: Preset = {"overrides": {}} if args.full_size else quick_preset(agent, task)
     # The agent's tuned settings for this task, the quick preset, then the user's --set values.
     overrides = {**agents.task_defaults(agent, task), **preset["overrides"], **parse_overrides(agent, args.overrides)}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, NoReturn, Sequence
 
 import agents
-from launch.experiments.config import DISTRIBUTED_FIELDS, ExperimentConfig
+from launch.experiments.config import ALE_EVAL_EPISODES, DISTRIBUTED_FIELDS, EVALUATION_HELP, ExperimentConfig
 from quarl.ops.checks import ConfigError, check_int
 from quarl.quant.precision import Precision
 
@@ -71,6 +71,9 @@ def fail(message: str) -> NoReturn:
 DEFAULT_AGENT = "d4pg"
 DEFAULT_TASKS = {"d4pg": "cartpole:balance", "dqn": "CartPole-v1", "ppo": "CartPole-v1", "a2c": "CartPole-v1"}
 DEFAULT_STEPS = {"d4pg": 60_000, "dqn": 25_000, "ppo": 100_000, "a2c": 100_000}
+TASK_HELP = ("a DM Control 'domain:task', a gym id (CartPole-v1), MinAtar/<Game>, or ALE/<Game> (gymnasium's "
+             "ALE/<Game>-v5 too); MinAtar and ALE tasks start from the agent's pixel preset (docs/pixel_tasks.md); "
+             "default: " + ", ".join(f"{t} for {a}" for a, t in DEFAULT_TASKS.items()))
 TARGET_RETURN_HELP = ("end the run once --target-streak evaluations in a row have a mean return at or above this; "
                       "summary.json's `solved` names the evaluation that ended that streak")
 
@@ -82,8 +85,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "(its `experiment` object); only --logdir, --seed and --no-progress may be added")
     parser.add_argument("--agent", default=None, help=f"one of {', '.join(agents.AGENT_NAMES)} (default: "
                                                       f"{DEFAULT_AGENT})")
-    parser.add_argument("--task", default=None, help="a DM Control 'domain:task', a gym id (CartPole-v1), MinAtar/<Game> or ALE/<Game> (default: "
-                        + ", ".join(f"{t} for {a}" for a, t in DEFAULT_TASKS.items()) + ")")
+    parser.add_argument("--task", default=None, help=TASK_HELP)
+    parser.add_argument("--list-tasks", action=ListTasksAction)
     parser.add_argument("--precision", default="int8", help="actor precision: fp32, fp16, bf16, int2..int8, int16 (shorthands 32, 16, 8..2)")
     parser.add_argument("--backend", default="auto",
                         help="actor runtime: auto, jax, onnx or onnx-nbits (int2..int4 on MatMulNBits)")
@@ -97,8 +100,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--logdir", default=None, help="new or empty directory for CSV logs and summary.json "
                                                        "(default: runs/train/<agent>-<task>-<precision>-<time>)")
     parser.add_argument("--eval-every", type=int, default=None,
-                        help="actor steps between evaluations (default: a tenth of --steps)")
-    parser.add_argument("--eval-episodes", type=int, default=10, help="greedy episodes per evaluation")
+                        help=f"actor steps between evaluations (default: {EVALUATION_HELP})")
+    parser.add_argument("--eval-episodes", type=int, default=None,
+                        help="greedy episodes per evaluation (default: 10; ALE: "
+                             f"{ALE_EVAL_EPISODES}, its episodes run to thousands of steps)")
     parser.add_argument("--target-return", type=float, default=None, help=TARGET_RETURN_HELP + " (default: none)")
     parser.add_argument("--target-streak", type=int, default=1,
                         help="evaluations in a row that must reach --target-return")
@@ -312,9 +317,8 @@ def _groups(raw: str) -> list[str]:
 def check_agent_task(agent: str, task: str, overrides: Mapping[str, object]) -> "BuilderBase":
     """Builds the env once to check the task exists and suits the agent; returns the ready builder."""
     from quarl.envs.spec import environment_spec
-    from quarl.envs.factory import list_tasks, make_environment  # pylint: disable=import-outside-toplevel
-    if task not in list_tasks():
-        raise UsageError(f"unknown task {task!r}; valid tasks: {', '.join(list_tasks())}")
+    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
+    task = check_task(task)
     builder = agents.get_builder(agent, **overrides)
     env = make_environment(task, 0)
     try:
@@ -324,6 +328,32 @@ def check_agent_task(agent: str, task: str, overrides: Mapping[str, object]) -> 
     finally:
         env.close()
     return builder
+
+
+def check_task(task: str) -> str:
+    """`task` as the environment factory names it (gymnasium's `ALE/Pong-v5` is `ALE/Pong`), or a one-line
+    UsageError naming the closest valid ids."""
+    from quarl.envs.factory import (  # pylint: disable=import-outside-toplevel
+        canonical_task, list_tasks, unknown_task_message)
+    name = canonical_task(task)
+    if name not in list_tasks():
+        raise UsageError(unknown_task_message(task) + "; --list-tasks prints them all")
+    return name
+
+
+class ListTasksAction(argparse.Action):
+    """--list-tasks: every task id, one per line by family, then exit 0 (before any other flag is checked)."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, **kwargs: object):
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS,
+                         help="print every valid --task id and exit")
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> NoReturn:
+        from quarl.envs.factory import list_tasks  # pylint: disable=import-outside-toplevel
+        for task in list_tasks():
+            print(task)
+        parser.exit(0)
 
 
 def check_carbon_country() -> str:

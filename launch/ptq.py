@@ -184,7 +184,7 @@ def paired_error(fp32_returns: np.ndarray, returns: np.ndarray) -> tuple[float, 
 
 def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Evaluates every grid point; returns (ptq.csv rows, ptq_episodes.csv rows)."""
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+    from launch.experiments.progress import ItemProgress  # pylint: disable=import-outside-toplevel
     from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
 
     env = make_environment(run.policy.task, 0)
@@ -195,8 +195,8 @@ def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
     fp32_returns: np.ndarray | None = None
     points = sweep_grid(run.bits, run.include)
     observations = calibration_observations(run.policy)
-    with tqdm(points, desc="ptq", unit="precision", disable=not run.progress, dynamic_ncols=True) as bar:
-        for point in bar:
+    with ItemProgress(len(points), run.progress, prog="launch.ptq", unit="precision") as bar:
+        for point in points:
             bar.set_postfix_str(f"{point.precision} {point.granularity}", refresh=True)
             greedy, execution = make_row_policy(point, run.policy, action_spec, run.backend, observations)
             stats = evaluate_seeds(run.policy.task, greedy, seeds)
@@ -212,6 +212,7 @@ def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
             episode_rows += [{"precision": point.precision, "granularity": point.granularity, "episode": i,
                               "seed": s, "return": float(r), "length": int(n)}
                              for i, (s, r, n) in enumerate(zip(seeds, stats.returns, stats.lengths))]
+            bar.update(1)
     return rows, episode_rows
 
 
@@ -298,7 +299,8 @@ def write_outputs(run: PTQArgs, rows: list[dict[str, Any]], episode_rows: list[d
     machine = machine_info()
     write_json_atomic(out / "machine.json", machine)
     plot_ptq_returns(rows, f"PTQ: {run.policy.agent} on {run.policy.task}",
-                     granularities=[g for g, _ in GRANULARITIES], machine=machine, path=out / "ptq_returns.png")
+                     granularities=[g for g, _ in GRANULARITIES], machine=machine, task=run.policy.task,
+                     path=out / "ptq_returns.png")
     plot_weight_histograms(run.policy.params, stats, path=out / "weights.png")
     return write_markdown(out / "ptq.md", run, rows)
 

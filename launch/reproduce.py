@@ -42,7 +42,7 @@ from launch.grid.runs import actorq_command  # noqa: F401 - part of this CLI's A
 from quarl.ops.io import jsonable, read_json_object
 
 if TYPE_CHECKING:  # loaded when used: a bad flag fails before them
-    from tqdm import tqdm
+    from launch.experiments.progress import ItemProgress
 
     from analysis.report import ReportFiles
 
@@ -252,7 +252,7 @@ def _clear(run_dir: Path) -> None:
 
 def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     """Runs every planned run that is not finished yet; returns (runs started, failure lines)."""
-    from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+    from launch.experiments.progress import ItemProgress  # pylint: disable=import-outside-toplevel
     from analysis.report import machine_info  # pylint: disable=import-outside-toplevel
     from quarl.ops.io import write_json_atomic  # pylint: disable=import-outside-toplevel
 
@@ -270,8 +270,7 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
         write_json_atomic(inv.root / "machine.json", machine_info())
     runner = run_single if inv.runner == "single" else run_actorq
     failures: list[str] = []
-    with tqdm(total=len(plan), initial=len(plan) - len(todo), disable=not inv.progress, unit="run",
-              desc="grid", dynamic_ncols=True, file=sys.stderr) as bar:
+    with ItemProgress(len(plan), inv.progress, prog=PROG, unit="run", initial=len(plan) - len(todo)) as bar:
         if inv.ray_address is not None:
             _run_grid_on_cluster(inv, todo, bar, failures)
             return len(todo), failures
@@ -295,7 +294,7 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     return len(todo), failures
 
 
-def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: tqdm, failures: list[str]) -> None:
+def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: "ItemProgress", failures: list[str]) -> None:
     """`todo` as Ray tasks on the cluster (`launch.grid.cluster`), reported as they finish."""
     from launch.grid.cluster import run_on_cluster  # pylint: disable=import-outside-toplevel
 

@@ -24,8 +24,8 @@ from typing import Sequence
 import agents
 from launch.cli import (
     DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError, add_common_arguments, build_config,
-    check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, fail,
-    flag_names, parse_overrides, qat_overrides,
+    check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, check_task,
+    fail, flag_names, parse_overrides, qat_overrides,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
 from launch.experiments.config import ExperimentConfig
@@ -61,7 +61,7 @@ def validate(args: argparse.Namespace, parser: argparse.ArgumentParser | None = 
 
 def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     agent = check_agent(args.agent or DEFAULT_AGENT)
-    task = args.task or DEFAULT_TASKS[agent]
+    task = check_task(args.task or DEFAULT_TASKS[agent])
     # The agent's tuned settings for this task first (agents.task_defaults), then the user's --set values.
     overrides = {**agents.task_defaults(agent, task), **parse_overrides(agent, args.overrides)}
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)

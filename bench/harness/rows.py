@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from agents.dqn.config import task_overrides as dqn_task_overrides
+from agents.dqn.config import ATARI_OVERRIDES, task_overrides as dqn_task_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +43,4 @@ QUICK_ROWS: tuple[LearningRow, ...] = (LearningRow("dqn", "CartPole-v1", 150.0, 
 
 # DQN on ALE (bench.learning.ale_dqn's docstring says why these values): the usual DQN-on-Atari recipe scaled
 # to one CPU machine, where the Nature update and not acting sets the time.
-ALE_SETTINGS: dict[str, Any] = {
-    "batch_size": 32, "max_replay_size": 200_000, "min_replay_size": 10_000, "samples_per_insert": 8.0,
-    "target_update_period": 1_000, "epsilon_start": 1.0, "epsilon_end": 0.01, "epsilon_decay_steps": 100_000,
-    "learning_rate": 1e-4, "learning_rate_end": None, "n_step": 3, "discount": 0.99,
-}
+ALE_SETTINGS: dict[str, Any] = dict(ATARI_OVERRIDES)  # the agent's ALE preset (`agents.dqn.config`)

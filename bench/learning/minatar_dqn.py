@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
+from agents.dqn.config import MINATAR_OVERRIDES
 from bench.harness.learning_runs import run_one
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info
 from bench.harness.results_io import command_line, write_results
@@ -41,13 +42,8 @@ RESULTS = REPO / "results" / "bench"
 RUNS = REPO / "runs" / "bench" / "minatar_dqn"
 GAMES = ("Breakout", "SpaceInvaders")
 
-# The authors' settings (examples/dqn.py) in this project's DQNConfig; samples_per_insert = batch_size is one
-# update per env step. The optimiser (Adam) and n_step (3) stay the project's.
-AUTHORS_SETTINGS: dict[str, Any] = {
-    "batch_size": 32, "max_replay_size": 100_000, "min_replay_size": 5_000, "samples_per_insert": 32.0,
-    "target_update_period": 1_000, "epsilon_start": 1.0, "epsilon_end": 0.1, "epsilon_decay_steps": 100_000,
-    "learning_rate": 2.5e-4, "learning_rate_end": None, "discount": 0.99,
-}
+# The authors' settings (examples/dqn.py) in this project's DQNConfig: the agent's MinAtar preset.
+AUTHORS_SETTINGS: dict[str, Any] = dict(MINATAR_OVERRIDES)
 
 # Authors' DQN (with replay), mean of 30 seeds, moving average of 100 training returns, read off their figure at
 # these frame counts (see the module docstring for the precision).

@@ -121,35 +121,49 @@ def _steps(s: dict[str, Any]) -> str:
     return " / ".join(f"{n:,}" for n in s["train_steps"])
 
 
-def plot(rows: Sequence[dict[str, Any]], path: Path) -> None:
-    """One panel per (algorithm, task): each seed's reward vs precision (thin) and the mean over seeds (± std)."""
+def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
+    """One panel per (algorithm, task): every seed's return at each precision as a point, the mean over seeds as
+    a line; no std bars (with three seeds they drew returns past the task's maximum). The y axis stays within
+    the task's possible returns (`quarl.envs.factory.return_range`); the legend sits below the panels. Returns
+    the (saved, closed) Figure."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+    from quarl.envs.factory import return_range  # pylint: disable=import-outside-toplevel
 
     summary = summarize(rows)
     panels = list(dict.fromkeys((s["algo"], s["task"]) for s in summary))
     cols = min(3, len(panels))
     nrows = math.ceil(len(panels) / cols)
-    fig, axes = plt.subplots(nrows, cols, figsize=(5.0 * cols, 3.6 * nrows + 0.6), squeeze=False)
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.0 * cols, 3.6 * nrows + 0.9), squeeze=False)
     for ax, (algo, task) in zip(axes.flat, panels):
         ss = [s for s in summary if (s["algo"], s["task"]) == (algo, task)]
         names = [s["precision"] for s in ss]
-        x = list(range(len(names)))
-        for seed in sorted({r["seed"] for r in rows if (r["algo"], r["task"]) == (algo, task)}):
-            per = {r["precision"]: r["mean_return"] for r in rows if (r["algo"], r["task"], r["seed"]) == (algo, task, seed)}
-            ax.plot([i for i, n in enumerate(names) if n in per], [per[n] for n in names if n in per], color="grey",
-                    alpha=0.4, lw=0.8)
-        ax.errorbar(x, [s["reward_mean"] for s in ss], yerr=[s["reward_std"] for s in ss], marker="o", capsize=3,
-                    color="tab:blue", label=f"mean ± std over {max(s['seeds'] for s in ss)} seeds")
-        ax.set_xticks(x, names, fontsize=8)
+        seeds = sorted({r["seed"] for r in rows if (r["algo"], r["task"]) == (algo, task)})
+        for k, seed in enumerate(seeds):
+            per = {r["precision"]: r["mean_return"] for r in rows
+                   if (r["algo"], r["task"], r["seed"]) == (algo, task, seed)}
+            dx = 0.12 * (k - (len(seeds) - 1) / 2)  # side by side, so equal returns do not hide each other
+            ax.plot([i + dx for i, n in enumerate(names) if n in per], [per[n] for n in names if n in per], "o",
+                    ms=3.5, color="grey", alpha=0.7, label="one seed")
+        ax.plot(range(len(names)), [s["reward_mean"] for s in ss], "-", marker="_", ms=14, color="tab:blue",
+                label="mean over seeds")
+        bounds = return_range(task)
+        if bounds is not None:
+            low, high = ax.get_ylim()
+            pad = 0.03 * (bounds[1] - bounds[0])
+            ax.set_ylim(max(low, bounds[0] - pad), min(high, bounds[1] + pad))
+        ax.set_xticks(range(len(names)), names, fontsize=8)
         ax.set_title(f"{algo} / {task} ({_steps(ss[0])} env steps)", fontsize=9)
         ax.set_ylabel("reward")
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    fig.suptitle(f"Post-training quantization: reward vs precision (grey: one seed each); "
+    handles, labels = axes.flat[0].get_legend_handles_labels()
+    unique = dict(zip(labels, handles))
+    fig.legend(list(unique.values()), list(unique), loc="lower center", ncol=len(unique), fontsize=8, frameon=False)
+    fig.suptitle(f"Post-training quantization: reward vs precision; "
                  f"{'; '.join(sorted({r['cpu'] for r in rows}))}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
     save_figure(fig, path, dpi=110)
+    return fig

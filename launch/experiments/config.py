@@ -82,13 +82,31 @@ class DistributedConfig:
 DISTRIBUTED_FIELDS = tuple(f.name for f in dataclasses.fields(DistributedConfig))
 
 
+# ALE episodes run to thousands of agent steps (up to 27,000): an evaluation of 10 of them every tenth of a short
+# run took 53 of a 2,000-step Pong run's 60 s. They get 3 episodes at most once every 25,000 steps.
+ALE_EVAL_EPISODES = 3
+ALE_MIN_EVAL_EVERY = 25_000
+EVALUATION_HELP = f"a tenth of the run; ALE games at most once every {ALE_MIN_EVAL_EVERY:,} steps"
+
+
+def default_evaluation(task: str, max_actor_steps: int) -> tuple[int, int]:
+    """(actor steps between evaluations, episodes per evaluation) when the run does not set them: 10 episodes
+    every tenth of the run, but ALE games' long episodes fewer and less often (`EVALUATION_HELP`)."""
+    from quarl.envs.factory import task_family  # pylint: disable=import-outside-toplevel  (no JAX)
+    every = max(1, int(max_actor_steps) // 10)
+    if isinstance(task, str) and task_family(task) == "ale":
+        return max(every, ALE_MIN_EVAL_EVERY), ALE_EVAL_EPISODES
+    return every, 10
+
+
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
     """Everything one ActorQ training run is made of. Validated at construction (`ConfigError`, one line).
 
     `overrides` are agent config fields (`agents.get_builder(agent, **overrides)`); the actors' weight-pull
     period is one of them (`actor_update_period`), so the agent config is its single source of truth.
-    `eval_every=None` is resolved at construction (max_actor_steps // 10), so a saved config is complete.
+    `eval_every=None` and `eval_episodes=None` are resolved at construction (`default_evaluation`), so a saved
+    config is complete.
     `precision` is a `Precision`, parsed once here from whatever text built the config (a flag, a JSON file:
     "int8", "8"), so nothing downstream parses the name again; JSON (`to_dict`, summary.json) keeps its name.
     `distributed` (a `DistributedConfig`) is ignored by the single-process runner, fields marked [single] by the
@@ -108,8 +126,8 @@ class ExperimentConfig:
     # fp32 = the dequantized graph ...; still self-checked), None: this CPU's choice. With backend onnx it pins the
     # executor, so a rerun computes the same numerics on another machine of the same CPU class.
     kernel_form: str | None = None
-    eval_every: int | None = None  # actor steps between evaluations (None: max_actor_steps // 10)
-    eval_episodes: int = 10
+    eval_every: int | None = None  # actor steps between evaluations (None: `default_evaluation`)
+    eval_episodes: int | None = None  # greedy episodes per evaluation (None: `default_evaluation`)
     envs_per_actor: int = 1  # environments each actor steps with one batched policy call (the paper: 1)
     target_return: float | None = None  # end the run once `target_streak` evaluations in a row reach it
     target_streak: int = 1
@@ -126,8 +144,11 @@ class ExperimentConfig:
         put(self, "precision", _precision(self.precision))
         put(self, "overrides", {k: _tuples(v) for k, v in dict(self.overrides).items()})
         put(self, "logdir", os.fspath(self.logdir))
+        every, episodes = default_evaluation(self.task, int(self.max_actor_steps))
         if self.eval_every is None:
-            put(self, "eval_every", max(1, int(self.max_actor_steps) // 10))
+            put(self, "eval_every", every)
+        if self.eval_episodes is None:
+            put(self, "eval_episodes", episodes)
         for name in _INTS:
             put(self, name, int(getattr(self, name)))
         if self.target_return is not None:
@@ -142,10 +163,11 @@ class ExperimentConfig:
         for name, value in (("task", self.task), ("logdir", self.logdir)):
             if not isinstance(value, (str, os.PathLike)) or not str(value):
                 raise ConfigError(name, f"must be a non-empty string, got {value!r}")
-        for name in ("max_actor_steps", "eval_episodes", "envs_per_actor", "target_streak"):
+        for name in ("max_actor_steps", "envs_per_actor", "target_streak"):
             check_int(name, getattr(self, name), minimum=1)
-        if self.eval_every is not None:
-            check_int("eval_every", self.eval_every, minimum=1)
+        for name in ("eval_every", "eval_episodes"):
+            if getattr(self, name) is not None:
+                check_int(name, getattr(self, name), minimum=1)
         check_int("seed", self.seed, minimum=0)
         if isinstance(self.distributed, Mapping):  # from JSON
             object.__setattr__(self, "distributed", DistributedConfig.from_dict(self.distributed))

@@ -202,6 +202,59 @@ class StepProgress:
             self._lines.close()
 
 
+class ItemProgress:
+    """Progress over a count of items (a PTQ sweep's precisions, a grid's runs) with the part of tqdm's interface
+    the CLIs use (`set_postfix_str`, `update`, `write`): a tqdm bar on `stream` when it is a terminal, else one
+    plain line per item done (what it was, n / total, seconds so far), never a carriage return; nothing when
+    disabled (`write` still prints)."""
+
+    def __init__(self, total: int, enabled: bool, *, prog: str, unit: str, initial: int = 0,
+                 stream: TextIO | None = None, tty: bool | None = None):
+        self._stream = sys.stderr if stream is None else stream
+        self._prog, self._unit, self.total, self.n = prog, unit, int(total), int(initial)
+        self._label = ""
+        self._t0 = time.monotonic()
+        tty = self._stream.isatty() if tty is None else bool(tty)
+        self._bar: tqdm | None = None
+        self._lines = enabled and not tty
+        if enabled and tty:
+            from tqdm import tqdm  # pylint: disable=import-outside-toplevel
+            self._bar = tqdm(total=total, initial=initial, unit=unit, desc=prog.rsplit(".", 1)[-1],
+                             dynamic_ncols=True, file=self._stream)
+
+    def __enter__(self) -> "ItemProgress":
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._bar is not None:
+            self._bar.close()
+
+    def set_postfix_str(self, label: str, refresh: bool = True) -> None:
+        self._label = label
+        if self._bar is not None:
+            self._bar.set_postfix_str(label, refresh=refresh)
+
+    def update(self, delta: int = 1) -> None:
+        self.n += int(delta)
+        if self._bar is not None:
+            self._bar.update(delta)
+        elif self._lines:
+            self._stream.write(f"{self._prog}: {self.n:,} / {self.total:,} {self._unit}s done"
+                               f"{f' ({self._label})' if self._label else ''}, "
+                               f"{time.monotonic() - self._t0:,.0f} s\n")
+            self._stream.flush()
+
+    def write(self, text: str, file: TextIO | None = None) -> None:
+        """A message that does not break the bar."""
+        if self._bar is not None:
+            self._bar.write(text, file=file or self._stream)
+        else:
+            out = file or self._stream
+            out.write(text + "\n")
+            out.flush()
+
+
 def _solved(summary: Mapping[str, JSONValue]) -> str | None:
     """"at 22,500 actor / 5,100 learner steps, 61 s" for a solved run, "no" for one with a target it missed,
     and says so when the run had no target (nothing to solve: not a missing value)."""

@@ -31,6 +31,8 @@ ALE_GAMES = {"Pong": "pong", "Breakout": "breakout", "SpaceInvaders": "space_inv
              "Qbert": "qbert", "BeamRider": "beam_rider", "Enduro": "enduro", "MsPacman": "ms_pacman",
              "Asterix": "asterix", "Freeway": "freeway"}
 ALE_TASKS = tuple(f"{ALE_PREFIX}{name}" for name in ALE_GAMES)
+# Gymnasium's ids for the same games and settings (`ALE/Pong-v5`): accepted as aliases (`quarl.envs.factory`).
+GYMNASIUM_ALE_SUFFIX = "-v5"
 FRAME_SKIP = 4
 FRAME_STACK = 4
 FRAME_SIZE = 84

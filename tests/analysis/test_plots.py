@@ -55,3 +55,29 @@ def test_ptq_figure_says_its_bars_are_std_over_the_episodes(tmp_path: Path) -> N
     assert path.stat().st_size > 0
     fig = plots.plot_ptq_returns(rows, "t")
     assert {t.get_text() for t in fig.axes[0].get_legend().texts} >= {"int, per-tensor", "int, per-channel"}
+
+
+def _bar_extents(ax) -> list[tuple[float, float]]:
+    """(lowest, highest) y of every error bar drawn on `ax`."""
+    out = []
+    for container in ax.containers:
+        for collection in container.lines[2]:
+            out += [(min(y0, y1), max(y0, y1)) for (_, y0), (_, y1) in collection.get_segments()]
+    return out
+
+
+def test_spread_bars_stop_at_the_tasks_possible_returns() -> None:
+    below_above = plots.clipped_spread([450.0, 20.0, 250.0], [200.0, 50.0, 10.0], (0.0, 500.0))
+    assert below_above.tolist() == [[200.0, 20.0, 10.0], [50.0, 50.0, 10.0]]
+    assert plots.clipped_spread([450.0], [200.0], None).tolist() == [[200.0], [200.0]]  # unbounded: as given
+    rows = [{"precision": "fp32", "bits": 32, "granularity": "n/a", "episodes": 5, "mean_return": 480.0,
+             "std_return": 40.0},
+            *({"precision": f"int{b}", "bits": b, "granularity": "per-channel", "episodes": 5, "mean_return": m,
+               "std_return": s} for b, m, s in ((8, 470.0, 90.0), (2, 30.0, 80.0)))]
+    extents = _bar_extents(plots.plot_ptq_returns(rows, "t", task="CartPole-v1").axes[0])
+    assert extents and all(0.0 <= lo and hi <= 500.0 for lo, hi in extents)
+    unclipped = _bar_extents(plots.plot_ptq_returns(rows, "t").axes[0])
+    assert max(hi for _, hi in unclipped) == 560.0  # no task: the plain mean ± std
+    fig = plots.plot_ptq_returns(rows, "t", task="CartPole-v1")
+    legend = fig.axes[0].get_legend()  # right of the axes, over no bar
+    assert legend.get_bbox_to_anchor().x0 >= fig.axes[0].get_window_extent().x1

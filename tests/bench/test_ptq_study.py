@@ -132,3 +132,18 @@ def test_agents_missing_from_the_build_are_left_out_of_the_default_grid():
     assert {r.algo for r in rows} == {r.algo for r in ptq_study.GRID} & set(agents.AGENT_NAMES)
     assert notes == [f"{a}: not in this build, left out" for a in dict.fromkeys(r.algo for r in ptq_study.GRID)
                      if a not in agents.AGENT_NAMES]
+
+
+def test_study_plot_draws_each_seed_within_the_tasks_returns_and_keeps_the_legend_off_the_panels(tmp_path):
+    rows = [{"algo": "a2c", "task": "CartPole-v1", "seed": seed, "train_steps": 1000, "precision": precision,
+             "bits": bits, "granularity": "n/a", "execution": "native", "backend": "jax", "episodes": 10,
+             "mean_return": ret, "std_return": 0.0, "policy_bytes": 1, "train_final_eval": None, "cpu": "test CPU"}
+            for seed, ret in ((0, 500.0), (1, 60.0), (2, 470.0)) for precision, bits in (("fp32", 32), ("int8", 8))]
+    fig = ptq_study_report.plot(rows, tmp_path / "study.png")
+    ax = fig.axes[0]
+    low, high = ax.get_ylim()
+    assert -15.0 <= low and high <= 515.0  # mean 343 ± std 243 would have drawn a bar to 586
+    points = sorted(y for line in ax.lines if line.get_linestyle() == "None" for y in line.get_ydata())
+    assert points == sorted([500.0, 60.0, 470.0] * 2)  # every seed's return, not a bar
+    assert ax.get_legend() is None and fig.legends  # one legend for the figure, below the panels
+    assert (tmp_path / "study.png").read_bytes().startswith(PNG_MAGIC)

@@ -23,7 +23,7 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n: \r,
 
 @pytest.mark.parametrize("module, needles", [
     (train, ["Every flag has a default", "--config runs/dqn/summary.json", "(default: int8)", "(default: 0)",
-             "(default: 60000 for d4pg, 25000 for dqn, 100000 for ppo, 100000 for a2c)", "greedy episodes per evaluation (default: 10)",
+             "(default: 60000 for d4pg, 25000 for dqn, 100000 for ppo, 100000 for a2c)", "greedy episodes per evaluation (default: 10; ALE: 3",
              "evaluations in a row"]),
     (actorq, ["Faults:", "(default: int8)", "(default: 0)", "(default: 2)", "(default: ray)",
               "learner steps between weight versions (default: 10)", "evaluations in a row"]),

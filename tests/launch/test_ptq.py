@@ -187,3 +187,15 @@ def test_an_earlier_sweep_is_replaced_only_with_force(sweep, checkpoint, tmp_pat
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # untouched
     assert ptq.main([*argv, "--force"]) == 0
     assert [r["precision"] for r in _read_csv(out / "ptq.csv")] == ["fp32", "int8", "int8"]
+
+
+def test_progress_into_a_log_is_one_plain_line_per_precision(checkpoint, tmp_path):
+    """stderr that is not a terminal (a log, CI) gets lines, never a carriage-return bar."""
+    out = tmp_path / "ptq"
+    proc = subprocess.run([sys.executable, "-m", "launch.ptq", "--checkpoint", str(checkpoint), "--bits", "8,4",
+                           "--include", "", "--episodes", "1", "--out", str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "\r" not in proc.stderr and "\x1b" not in proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("launch.ptq: ")]
+    assert len(lines) == 5 and lines[-1].startswith("launch.ptq: 5 / 5 precisions done")  # fp32 + 2 x (int8, int4)
