@@ -3,16 +3,20 @@ final fp32 policy of every run with launch.ptq's rows, and put reward against pr
 
     python -m bench.learning.ptq_study run [--algos dqn,d4pg,ppo,a2c] [--tasks CartPole-v1,...] [--seeds 0,1,2]
         [--episodes 10] [--bits 8,6,4,3,2] [--include fp16,bf16] [--steps ALGO/TASK=N,...] [--backend jax]
-        [--runs runs/bench/ptq_study] [--out results/bench] [--quick] [--allow-busy]
+        [--qat-bits 8,4,2|none] [--runs runs/bench/ptq_study] [--out results/bench] [--quick] [--allow-busy]
     python -m bench.learning.ptq_study report [--out DIR]      # the table and plot again from OUT/ptq_study.csv
     python -m bench.learning.ptq_study merge DIR... [--out DIR] # add other folders' cells (another session or machine)
 
-Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the agent's own settings plus the row's
-overrides, a subprocess of this checkout) followed by a greedy evaluation of its final fp32 policy at every
-precision, `--episodes` episodes per precision on the same environment seeds (so each precision's change from fp32
+Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the task's preset plus the row's
+overrides, a subprocess of this checkout) that stops at its first evaluation at or above the row's reference return
+(`StudyRow.reference`, with its source: gymnasium's solved thresholds, the MinAtar authors' DQN, the QuaRL paper's
+D4PG) or at its budget, followed by a greedy evaluation of its final fp32 policy at every precision, `--episodes` episodes per precision on the same environment seeds (so each precision's change from fp32
 is paired within a seed). Integer rows quantize the weights per channel, as actors do, and run the integer kernel
 (W<b>A8); fp16/bf16 run natively (`launch.ptq_policy.make_row_policy`). Policy size is the payload an actor pulls
-at that precision (`quarl.quant.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header).
+at that precision (`quarl.quant.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header). A seed
+whose fp32 policy evaluates below the reference is not converged: the report lists it and keeps it out of the
+tables. Beside PTQ, rows with QAT widths train one more run per width (`--qat-bits B`, int-B actors, the same
+budget and stopping rule) and evaluate it at int-B (rows "qat-intB").
 
 It resumes like bench.peers.fidelity: each finished cell's rows go into OUT/ptq_study.csv as soon as it is done, and a
 cell whose precisions are all there is not run again (its data are kept, also when its run folder is on another
@@ -41,7 +45,7 @@ import agents
 from agents.ppo.config import CONTROL_OVERRIDES as PPO_CONTROL_OVERRIDES
 from bench.harness.machine import add_allow_busy, check_load, finish, machine_info, run_cli
 from bench.harness.results_io import write_csv, write_json, write_text
-from bench.learning.d4pg_rows import CARTPOLE_OVERRIDES
+from bench.learning.d4pg_rows import CARTPOLE_OVERRIDES, WALKER_OVERRIDES
 from bench.learning.ptq_study_report import CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE, markdown, plot
 from launch.cli import OneLineArgumentParser, UsageError
 from quarl.ops.io import read_json_list
@@ -50,12 +54,16 @@ REPO = Path(__file__).resolve().parents[2]
 EVAL_SEED_BASE = 500_000  # PTQ evaluation seeds: apart from training (seed) and its evaluator (seed + 10,000)
 RUN_TIMEOUT_S = 4 * 3600.0
 CSV_FIELDS = ("algo", "task", "seed", "train_steps", "precision", "bits", "granularity", "execution", "backend",
-              "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "cpu")
+              "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "reference", "cpu")
+QAT_PREFIX = "qat-"  # a QAT run's row: "qat-int4" is the policy trained with --qat-bits 4, evaluated at int4
 
 
 @dataclasses.dataclass(frozen=True)
 class StudyRow:
-    """One (algorithm, task) of the grid: its training budget and the agent settings that differ from defaults."""
+    """One (algorithm, task) of the grid: its training budget, the agent settings that differ from the task's
+    preset, the reference return its fp32 policy must reach (and where that figure comes from), and the QAT bit
+    widths trained beside PTQ. Training stops at the first evaluation at or above the reference, else at the
+    budget; a seed whose fp32 policy then evaluates below it is not converged (shown, kept out of the table)."""
 
     algo: str
     task: str
@@ -63,20 +71,40 @@ class StudyRow:
     eval_every: int
     overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     note: str = ""
+    reference: float | None = None
+    source: str = ""
+    qat_bits: tuple[int, ...] = ()
 
 
-_MINATAR_DQN = {"batch_size": 32, "samples_per_insert": 8.0, "min_replay_size": 500, "epsilon_decay_steps": 5000,
-                "target_update_period": 250}
+# References: gymnasium's reward_threshold for its tasks (the return at which its registry calls the task solved);
+# the MinAtar authors' DQN at 200k frames (Young & Tian, 2019, the README figure: bench.learning.minatar_dqn); for
+# DM Control 95% of the fp32 D4PG return the QuaRL paper reports (arXiv 1910.01055: ~1000 cartpole_balance, ~970
+# walker_stand). Budgets: what each agent needed on the seeds measured so far, with room (int8_vs_fp32's rows,
+# bench.peers, bench.learning.minatar_dqn).
+_GYM = "gymnasium's reward_threshold"
+_MINATAR = "the MinAtar authors' DQN at 200k frames"
+_QUARL = "95% of the QuaRL paper's fp32 D4PG return"
+_QAT = (8, 4, 2)
 GRID: tuple[StudyRow, ...] = (
-    StudyRow("dqn", "CartPole-v1", 50_000, 5_000, note="bench.learning.int8_vs_fp32's row"),
-    StudyRow("dqn", "Acrobot-v1", 100_000, 10_000, note="bench.learning.int8_vs_fp32's row"),
-    StudyRow("dqn", "MinAtar/Breakout", 16_000, 4_000, _MINATAR_DQN, note="README's MinAtar settings (conv torso)"),
-    StudyRow("d4pg", "cartpole:balance", 60_000, 10_000, CARTPOLE_OVERRIDES,
-             note="bench.learning.d4pg_rows's small setting"),
-    StudyRow("ppo", "CartPole-v1", 100_000, 10_000),
-    StudyRow("ppo", "Acrobot-v1", 200_000, 20_000),
-    StudyRow("ppo", "cartpole:balance", 200_000, 20_000, PPO_CONTROL_OVERRIDES, note="PPO's DM Control settings"),
-    StudyRow("a2c", "CartPole-v1", 200_000, 20_000),
+    StudyRow("dqn", "CartPole-v1", 50_000, 2_500, reference=475.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("dqn", "Acrobot-v1", 100_000, 5_000, reference=-100.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("dqn", "MountainCar-v0", 120_000, 5_000, reference=-110.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("dqn", "MinAtar/Breakout", 200_000, 20_000, reference=6.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("dqn", "MinAtar/SpaceInvaders", 200_000, 20_000, reference=22.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("d4pg", "cartpole:balance", 60_000, 5_000, CARTPOLE_OVERRIDES, "bench.learning.d4pg_rows's small setting",
+             reference=950.0, source=_QUARL, qat_bits=_QAT),
+    StudyRow("d4pg", "walker:stand", 150_000, 5_000, WALKER_OVERRIDES, "bench.learning.d4pg_rows's setting",
+             reference=920.0, source=_QUARL, qat_bits=_QAT),
+    StudyRow("ppo", "CartPole-v1", 100_000, 5_120, reference=475.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("ppo", "Acrobot-v1", 200_000, 10_240, reference=-100.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("ppo", "cartpole:balance", 200_000, 20_480, PPO_CONTROL_OVERRIDES, "PPO's DM Control settings",
+             reference=950.0, source=_QUARL),
+    StudyRow("ppo", "MinAtar/Breakout", 200_000, 20_480, reference=6.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("ppo", "MinAtar/SpaceInvaders", 200_000, 20_480, reference=22.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("a2c", "CartPole-v1", 200_000, 10_000, reference=475.0, source=_GYM),
+    StudyRow("a2c", "Acrobot-v1", 200_000, 10_000, reference=-100.0, source=_GYM),
+    StudyRow("a2c", "MinAtar/Breakout", 200_000, 20_000, reference=6.0, source=_MINATAR),
+    StudyRow("a2c", "MinAtar/SpaceInvaders", 200_000, 20_000, reference=22.0, source=_MINATAR),
 )
 QUICK_OVERRIDES = {"dqn": {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32,
                            "samples_per_insert": 8.0},
@@ -151,6 +179,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     run.add_argument("--runs", default=None, help="run folders (default runs/bench/ptq_study[-quick])")
     run.add_argument("--out", default=None, help="results (default results/bench; runs/bench/ptq_study-quick)")
     run.add_argument("--quick", action="store_true", help="tiny networks and budgets, CartPole tasks (smoke run)")
+    run.add_argument("--qat-bits", default=None, metavar="B,...",
+                     help="QAT runs beside PTQ at these widths, for rows that have QAT ('none': PTQ only; default: "
+                          "each row's, none with --quick)")
     add_allow_busy(run)
     report = sub.add_parser("report", help="table and plot from OUT/ptq_study.csv")
     report.add_argument("--out", default=str(REPO / "results" / "bench"))
@@ -175,6 +206,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if max(args.bits) > 8:
             raise UsageError("--bits: the study covers the integer kernels, 2..8")
         args.include = parse_include(args.include)
+        if args.qat_bits is None or args.qat_bits.strip().lower() == "none":
+            args.qat_bits = None if args.qat_bits is None and not args.quick else []
+        else:
+            args.qat_bits = parse_bits(args.qat_bits)
+            if max(args.qat_bits) > 8:
+                raise UsageError("--qat-bits: QAT trains for the integer kernels, 2..8")
         args.backend = check_backend(args.backend)
         quick_dir = REPO / "runs" / "bench" / "ptq_study-quick"
         args.runs = Path(args.runs or (quick_dir / "runs" if args.quick else REPO / "runs" / "bench" / "ptq_study"))
@@ -185,30 +222,35 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------------ one cell
 
 
-def run_dir(runs: Path, algo: str, task: str, seed: int) -> Path:
-    return runs / algo / task.replace("/", "_").replace(":", "_") / f"s{seed}"
+def run_dir(runs: Path, algo: str, task: str, seed: int, qat_bits: int | None = None) -> Path:
+    """The cell's fp32 training run, or with `qat_bits` its QAT run beside it."""
+    name = f"s{seed}" + (f"-qat{qat_bits}" if qat_bits else "")
+    return runs / algo / task.replace("/", "_").replace(":", "_") / name
 
 
-def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool) -> list[str]:
-    """`launch.train` at fp32 for one cell (a subprocess of this checkout: `-m` imports from its cwd)."""
+def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits: int | None = None) -> list[str]:
+    """`launch.train` for one cell (a subprocess of this checkout: `-m` imports from its cwd): fp32 actors, or
+    int-B actors trained with `--qat-bits B`; either stops at the first evaluation reaching the row's reference."""
     sets = []
     for key, value in row_overrides(row, quick).items():
         text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
         sets += ["--set", f"{key}={text}"]
-    return [sys.executable, "-m", "launch.train", "--agent", row.algo, "--task", row.task, "--precision", "fp32",
+    precision = ["--precision", f"int{qat_bits}", "--qat-bits", str(qat_bits)] if qat_bits else ["--precision", "fp32"]
+    target = [] if row.reference is None or quick else ["--target-return", str(row.reference)]
+    return [sys.executable, "-m", "launch.train", "--agent", row.algo, "--task", row.task, *precision,
             "--steps", str(row.steps), "--seed", str(seed), "--eval-every", str(row.eval_every),
-            "--eval-episodes", "5", "--logdir", str(logdir), "--no-progress", *sets]
+            "--eval-episodes", "5", *target, "--logdir", str(logdir), "--no-progress", *sets]
 
 
-def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool) -> None:
+def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits: int | None = None) -> None:
     """Trains the cell's policy from scratch (a folder left by an interrupted run is cleared first)."""
     from bench.harness.subprocess_runs import run_subprocess  # pylint: disable=import-outside-toplevel
 
     if logdir.exists():
         shutil.rmtree(logdir)
     logdir.parent.mkdir(parents=True, exist_ok=True)
-    log = logdir.parent / f"s{seed}.log"
-    code, _, _ = run_subprocess(train_command(row, seed, logdir, quick), log, RUN_TIMEOUT_S, REPO)
+    log = logdir.parent / f"{logdir.name}.log"
+    code, _, _ = run_subprocess(train_command(row, seed, logdir, quick, qat_bits), log, RUN_TIMEOUT_S, REPO)
     if code != 0 or not (logdir / "summary.json").is_file():
         raise RuntimeError(f"{row.algo} {row.task} seed {seed}: training failed (exit {code}); see {log}")
 
@@ -223,9 +265,10 @@ def policy_bytes(policy: Any, precision: str, observations: Any) -> int:
 
 
 def sweep_cell(logdir: Path, seed: int, precisions: Sequence[str], episodes: int, backend: str,
-               cpu: str) -> list[dict[str, Any]]:
-    """Every precision in `precisions` of the cell's final fp32 policy: `episodes` greedy episodes each, on env
-    seeds EVAL_SEED_BASE + 1000 * seed + i (the same for every precision)."""
+               cpu: str, reference: float | None = None, label: str = "") -> list[dict[str, Any]]:
+    """Every precision in `precisions` of the cell's final policy (fp32 weights): `episodes` greedy episodes each,
+    on env seeds EVAL_SEED_BASE + 1000 * seed + i (the same for every precision). Rows are named
+    `label + precision` ("qat-int4" for a QAT run's policy)."""
     from launch.ptq_policy import (GridPoint, calibration_observations,  # pylint: disable=import-outside-toplevel
                                    load_trained_policy, make_row_policy)
     from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
@@ -244,11 +287,11 @@ def sweep_cell(logdir: Path, seed: int, precisions: Sequence[str], episodes: int
         greedy, execution = make_row_policy(point, policy, action_spec, backend, observations)
         stats = evaluate_seeds(policy.task, greedy, seeds)
         out.append({"algo": policy.agent, "task": policy.task, "seed": seed, "train_steps": summary["actor_steps"],
-                    "precision": precision, "bits": point.bits, "granularity": point.granularity,
+                    "precision": label + precision, "bits": point.bits, "granularity": point.granularity,
                     "execution": execution, "backend": greedy.backend, "episodes": episodes,
                     "mean_return": stats.mean, "std_return": stats.std,
                     "policy_bytes": policy_bytes(policy, precision, observations),
-                    "train_final_eval": summary.get("final_eval_return"), "cpu": cpu})
+                    "train_final_eval": summary.get("final_eval_return"), "reference": reference, "cpu": cpu})
     return out
 
 
@@ -268,7 +311,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
                 row[k] = int(r[k])
             for k in floats:
                 row[k] = float(r[k])
-            row["train_final_eval"] = float(r["train_final_eval"]) if r["train_final_eval"] else None
+            for k in ("train_final_eval", "reference"):  # empty (or a file from before references): None
+                row[k] = float(r[k]) if r.get(k) else None
             rows.append(row)
     return rows
 
@@ -276,12 +320,14 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
     """The rows as OUT/ptq_study.csv, in cell and precision order, replacing the file whole (atomically)."""
     order = lambda r: (r["algo"], r["task"], r["seed"], -r["bits"], r["precision"])  # noqa: E731
-    write_csv(path, ({k: ("" if r[k] is None else r[k]) for k in CSV_FIELDS} for r in sorted(rows, key=order)),
+    write_csv(path, ({k: ("" if r.get(k) is None else r[k]) for k in CSV_FIELDS} for r in sorted(rows, key=order)),
               CSV_FIELDS, atomic=True)
 
 
 def run_grid(args: argparse.Namespace) -> None:
-    """Every cell of the selection that is not already in OUT/ptq_study.csv, its rows saved as soon as it ends."""
+    """Every cell of the selection that is not already in OUT/ptq_study.csv, its rows saved as soon as they exist:
+    the fp32 run swept at every precision, then one QAT run per bit width of the row (`--qat-bits`), each
+    evaluated at its own width."""
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / CSV_FILE
     rows = read_rows(csv_path)
@@ -290,23 +336,27 @@ def run_grid(args: argparse.Namespace) -> None:
     cells = [(row, seed) for row in args.rows for seed in args.seeds]
     for i, (row, seed) in enumerate(cells, 1):
         tag = f"[{i}/{len(cells)}] {row.algo} {row.task} seed {seed}"
-        have = [r for r in rows if (r["algo"], r["task"], r["seed"]) == (row.algo, row.task, seed)]
-        missing = [p for p in precisions if p not in {r["precision"] for r in have}]
-        logdir = run_dir(args.runs, row.algo, row.task, seed)
-        if not missing:
+        have = {r["precision"] for r in rows if (r["algo"], r["task"], r["seed"]) == (row.algo, row.task, seed)}
+        widths = row.qat_bits if args.qat_bits is None else [b for b in args.qat_bits if b in row.qat_bits]
+        qat = [b for b in widths if f"{QAT_PREFIX}int{b}" not in have]
+        for bits, wanted in ((None, [p for p in precisions if p not in have]), *((b, [f"int{b}"]) for b in qat)):
+            if not wanted:
+                continue
+            logdir = run_dir(args.runs, row.algo, row.task, seed, bits)
+            what = f"{tag}{f' QAT int{bits}' if bits else ''}"
+            if bits is None and have and not (logdir / "policy_fp32.qrlp").is_file():
+                print(f"{what}: {', '.join(wanted)} missing, but its policy is not under {args.runs}; skipped",
+                      flush=True)
+                continue
+            if not (logdir / "summary.json").is_file():
+                print(f"{what}: training up to {row.steps:,} env steps ...", flush=True)
+                train_cell(row, seed, logdir, args.quick, bits)
+            print(f"{what}: evaluating {', '.join(wanted)} ...", flush=True)
+            rows += sweep_cell(logdir, seed, wanted, args.episodes, args.backend, machine["cpu"], row.reference,
+                               label=QAT_PREFIX if bits else "")
+            write_rows(csv_path, rows)
+        if not qat and not [p for p in precisions if p not in have]:
             print(f"{tag}: in {csv_path} already", flush=True)
-            continue
-        if have and have[0]["train_steps"] != row.steps:
-            print(f"{tag}: kept as recorded ({have[0]['train_steps']:,} env steps, not {row.steps:,})", flush=True)
-        if have and not (logdir / "policy_fp32.qrlp").is_file():
-            print(f"{tag}: {', '.join(missing)} missing, but its policy is not under {args.runs}; skipped", flush=True)
-            continue
-        if not (logdir / "summary.json").is_file():
-            print(f"{tag}: training {row.steps:,} env steps ...", flush=True)
-            train_cell(row, seed, logdir, args.quick)
-        print(f"{tag}: evaluating {', '.join(missing)} ...", flush=True)
-        rows += sweep_cell(logdir, seed, missing, args.episodes, args.backend, machine["cpu"])
-        write_rows(csv_path, rows)
     sessions = read_json_list(args.out / SESSIONS_FILE)
     sessions.append(finish(machine))
     write_json(args.out / SESSIONS_FILE, sessions)

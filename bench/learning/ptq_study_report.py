@@ -18,9 +18,20 @@ WITHIN = 0.05  # "int8 within a few percent of fp32": |relative change| <= 5%
 
 
 def precision_order(name: str) -> tuple[int, str]:
-    """fp32, bf16, fp16, then integers from widest to narrowest: the plot's x axis and the table's row order."""
+    """fp32, bf16, fp16, then integers from widest to narrowest, each QAT row ("qat-int4") after its PTQ width:
+    the plot's x axis and the table's row order."""
     floats = {"fp32": 0, "bf16": 1, "fp16": 2}
-    return (floats[name], name) if name in floats else (100 - int(name.removeprefix("int")), name)
+    return (floats[name], name) if name in floats else (100 - int(name.removeprefix("qat-").removeprefix("int")), name)
+
+
+def converged(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(rows of the seeds whose fp32 policy evaluates at or above their cell's reference return, the fp32 rows of
+    the seeds that do not or have no reference): the study's claims are made on the first only."""
+    ok = {(r["algo"], r["task"], r["seed"]) for r in rows
+          if r["precision"] == "fp32" and r.get("reference") is not None and r["mean_return"] >= r["reference"]}
+    kept = [r for r in rows if (r["algo"], r["task"], r["seed"]) in ok]
+    missed = [r for r in rows if r["precision"] == "fp32" and (r["algo"], r["task"], r["seed"]) not in ok]
+    return kept, missed
 
 
 def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -53,16 +64,22 @@ def _pct(x: float) -> str:
 
 
 def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]], grid: Sequence[Any] = ()) -> str:
-    """The study's page: int8 against fp32 per (algorithm, task), every precision, and the settings of the `grid`
-    rows (bench.learning.ptq_study.GRID) the cells ran."""
+    """The study's page, on the seeds whose fp32 policy reached its reference (`converged`): int8 against fp32
+    per (algorithm, task), QAT beside PTQ, every precision; then the seeds that did not converge, and the settings
+    of the `grid` rows (bench.learning.ptq_study.GRID) the cells ran."""
+    all_rows, (rows, missed) = rows, converged(rows)
     summary = summarize(rows)
-    cpus = sorted({r["cpu"] for r in rows})
+    cpus = sorted({r["cpu"] for r in all_rows})
     loads = "; ".join(f"{s.get('cpu', '?')}: {describe_load(s)}" for s in sessions) or "none recorded"
     lines = ["# PTQ across algorithms: reward vs precision (DQN, D4PG, PPO, A2C)", "",
              f"`python -m bench.learning.ptq_study run ...` sessions: {loads}. Evaluated on: {', '.join(cpus)}. Written "
              f"{time.strftime('%Y-%m-%d')}.", "",
-             "Each cell is one training run (`launch.train`, fp32 actors) at the env steps shown; its final fp32 "
-             "policy is evaluated greedily at every precision on the same environment seeds. Reward: mean over a "
+             "Each cell is one training run (`launch.train`, fp32 actors) that stops at its first evaluation at or "
+             "above the cell's reference return (else at its budget); its final fp32 policy is evaluated greedily "
+             "at every precision on the same environment seeds. Only seeds whose fp32 policy evaluates at or above "
+             "the reference enter the tables; the others are listed as not converged. QAT rows (qat-intB) are "
+             "separate runs trained with `--qat-bits B` and int-B actors at the same budget and stopping rule, "
+             "evaluated at int-B; their change is from the same seed's fp32 policy. Reward: mean over a "
              "seed's evaluation episodes, then mean ± sample std over seeds. Change: (R_q - R_fp32) / |R_fp32| per "
              "seed (negative = reward lost), mean ± sample std over seeds. Integer rows: weights per channel, the "
              "integer kernel with 8-bit activations (W<b>A8); fp16/bf16 computed in that format. Policy bytes: the "
@@ -85,6 +102,15 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
                 for seed in outside)
         lines.append(f"| {algo} | {task} | {q['seeds']} | {_steps(q)} | {base['reward_mean']:.1f} ± "
                      f"{base['reward_std']:.1f} | {_pct(q['change_mean'])} ± {100 * q['change_std']:.1f}% | {verdict} |")
+    qat = [s for s in summary if s["precision"].startswith("qat-")]
+    if qat:
+        lines += ["", "## QAT beside PTQ (change from the seed's fp32 reward, mean ± std over seeds)", "",
+                  "| algorithm | task | bits | PTQ | QAT | seeds (QAT) |", "|---|---|---:|---:|---:|---:|"]
+        for s in qat:
+            ptq = by_key.get((s["algo"], s["task"], s["precision"].removeprefix("qat-")))
+            ptq_text = "—" if ptq is None else f"{_pct(ptq['change_mean'])} ± {100 * ptq['change_std']:.1f}%"
+            lines.append(f"| {s['algo']} | {s['task']} | {s['precision'].removeprefix('qat-int')} | {ptq_text} | "
+                         f"{_pct(s['change_mean'])} ± {100 * s['change_std']:.1f}% | {s['seeds']} |")
     lines += ["", "## Every precision", "",
               "| algorithm | task | precision | seeds | episodes / seed | env steps | reward (mean ± std over seeds) | "
               "change from fp32 (mean ± std over seeds) | policy bytes | execution |",
@@ -94,14 +120,20 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
         lines.append(f"| {s['algo']} | {s['task']} | {s['precision']} | {s['seeds']} | {s['episodes']} | {_steps(s)} "
                      f"| {s['reward_mean']:.1f} ± {s['reward_std']:.1f} | {change} | {s['policy_bytes']:,} | "
                      f"{s['execution']} |")
+    lines += ["", "## Not converged (kept out of the tables above)", ""]
+    lines += [f"- {r['algo']} / {r['task']} seed {r['seed']}: fp32 {r['mean_return']:.1f} after {r['train_steps']:,} "
+              f"env steps, " + ("no reference return" if r.get("reference") is None else
+                                f"reference {r['reference']:g}") for r in missed] or ["- none"]
     lines += ["", "## Sizes and settings (`bench.learning.ptq_study.GRID`)", ""]
-    for algo, task in dict.fromkeys((s["algo"], s["task"]) for s in summary):
+    for algo, task in dict.fromkeys((r["algo"], r["task"]) for r in all_rows):
         row = next((r for r in grid if (r.algo, r.task) == (algo, task)), None)
         if row is not None:
-            ran = _steps(by_key[(algo, task, "fp32")]) if (algo, task, "fp32") in by_key else "?"
-            sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the agent's defaults"
+            ran = " / ".join(f"{n:,}" for n in sorted({r["train_steps"] for r in all_rows
+                                                         if (r["algo"], r["task"], r["precision"]) == (algo, task, "fp32")}))
+            sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the task's preset"
+            ref = "" if row.reference is None else f"; reference {row.reference:g} ({row.source})"
             lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "
-                         f"{sets}" + (f" ({row.note})" if row.note else ""))
+                         f"{sets}" + (f" ({row.note})" if row.note else "") + ref)
     lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
     return "\n".join(lines)
 
@@ -131,6 +163,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     from quarl.envs.factory import return_range  # pylint: disable=import-outside-toplevel
 
+    rows = converged(rows)[0] or rows  # the converged seeds; all of them before any converged
     summary = summarize(rows)
     panels = list(dict.fromkeys((s["algo"], s["task"]) for s in summary))
     cols = min(3, len(panels))

@@ -10,6 +10,7 @@ import csv
 import jax.numpy as jnp
 import numpy as np
 
+import agents
 from agents.ppo import Builder, PPOConfig
 from agents.ppo.config import CONTROL_OVERRIDES
 from launch.experiments.acting import evaluation_returns as evaluate
@@ -132,3 +133,37 @@ def test_minatar_runs_end_to_end_with_int8_conv_actors(tmp_path):
     assert summary["kernel_form"] and summary["kernel_form"] != ["fp32"], summary["kernel_form"]
     assert_integer_kernel_ran(summary)
     assert (tmp_path / "policy_fp32.qrlp").is_file()
+
+
+def _random_return(task: str, episodes: int = 20) -> float:
+    """A uniformly random policy's mean return on `task`: the bar a learning test must clear by a margin."""
+    env = make_environment(task, 321)
+    rng = np.random.default_rng(0)
+    num_actions = env.action_spec().num_values
+    returns = []
+    for _ in range(episodes):
+        step, total = env.reset(), 0.0
+        while not step.last():
+            step = env.step(np.int32(rng.integers(num_actions)))
+            total += float(step.reward)
+        returns.append(total)
+    env.close()
+    return float(np.mean(returns))
+
+
+def test_ppo_and_a2c_learn_minatar_breakout_with_int8_conv_actors(tmp_path):
+    """Both on-policy agents on MinAtar Breakout from their pixel presets (`launch.train --task MinAtar/...`
+    starts from them), int8 ONNX conv actors collecting every rollout: each reaches a 10-episode greedy mean of
+    2.5, five times a random policy's ~0.5 (measured here), within a reduced budget (PPO reached 2.9 by 26k env
+    steps, A2C 3.0 by 40k, seed 0)."""
+    random_return = _random_return("MinAtar/Breakout")
+    assert random_return < 1.0
+    threshold = 2.5
+    for agent, steps, every in (("ppo", 40_960, 5_120), ("a2c", 80_000, 10_000)):
+        logdir = tmp_path / agent
+        config = ExperimentConfig(agent=agent, task="MinAtar/Breakout", precision="int8", backend="onnx",
+                                  max_actor_steps=steps, seed=0, logdir=logdir, eval_every=every, eval_episodes=10,
+                                  overrides=agents.task_defaults(agent, "MinAtar/Breakout"))
+        summary = run_experiment(config, progress=False, energy=False, on_eval=lambda row: row["return"] >= threshold)
+        assert summary["best_eval_return"] >= threshold, (agent, _returns(logdir))
+        assert_integer_kernel_ran(summary)  # the conv rollouts came from int8 arithmetic

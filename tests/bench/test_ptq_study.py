@@ -41,7 +41,7 @@ def test_study_trains_sweeps_and_resumes(tmp_path, capsys):
     # A second session asks for one more seed: seed 0 is neither retrained nor re-evaluated.
     assert ptq_study.main([*flags, "--seeds", "0,1"]) == 0
     printed = capsys.readouterr().out
-    assert "dqn CartPole-v1 seed 0: in" in printed and "seed 1: training 600 env steps" in printed
+    assert "dqn CartPole-v1 seed 0: in" in printed and "seed 1: training up to 600 env steps" in printed
     assert summary.stat().st_mtime_ns == stamp
     second = _rows(out / "ptq_study.csv")
     assert second[:4] == first and len(second) == 8
@@ -51,7 +51,9 @@ def test_study_trains_sweeps_and_resumes(tmp_path, capsys):
     assert ptq_study.main([*flags, "--seeds", "0,1"]) == 0
     assert _rows(out / "ptq_study.csv") == second and not runs.exists()
     md = (out / "ptq_study.md").read_text()
-    assert "| dqn | CartPole-v1 | int8 | 2 | 2 | 600 |" in md
+    # 600 env steps are far from CartPole's reference (475): both seeds are listed as not converged, no table row.
+    assert "- dqn / CartPole-v1 seed 0: fp32" in md and "- dqn / CartPole-v1 seed 1: fp32" in md
+    assert "reference 475" in md and "| dqn | CartPole-v1 | int8 |" not in md
     assert (out / "ptq_study.png").read_bytes()[:8] == PNG_MAGIC
     assert len(json.loads((out / "ptq_study_sessions.json").read_text())) == 3
 
@@ -63,7 +65,8 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
             rows.append({"algo": "dqn", "task": "CartPole-v1", "seed": seed, "train_steps": 1000,
                          "precision": precision, "bits": {"fp32": 32, "bf16": 16}.get(precision, 8), "granularity": "n/a",
                          "execution": "native", "backend": "jax", "episodes": 10, "mean_return": ret,
-                         "std_return": 0.0, "policy_bytes": nbytes, "train_final_eval": None, "cpu": "test CPU"})
+                         "std_return": 0.0, "policy_bytes": nbytes, "train_final_eval": None, "reference": 50.0,
+                         "cpu": "test CPU"})
     ptq_study.write_rows(tmp_path / "ptq_study.csv", rows)
     assert ptq_study.read_rows(tmp_path / "ptq_study.csv") == sorted(
         rows, key=lambda r: (r["seed"], -r["bits"]))
@@ -147,3 +150,35 @@ def test_study_plot_draws_each_seed_within_the_tasks_returns_and_keeps_the_legen
     assert points == sorted([500.0, 60.0, 470.0] * 2)  # every seed's return, not a bar
     assert ax.get_legend() is None and fig.legends  # one legend for the figure, below the panels
     assert (tmp_path / "study.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_only_converged_seeds_enter_the_tables_and_qat_sits_beside_ptq(tmp_path):
+    """A seed whose fp32 policy is below the cell's reference is listed as not converged and kept out of every
+    table; QAT rows are compared with PTQ at the same width, each as a change from the seed's fp32 reward."""
+    rows = []
+    for seed, fp32, int4, qat4 in ((0, 500.0, 400.0, 490.0), (1, 480.0, 432.0, 480.0), (2, 150.0, 10.0, 20.0)):
+        for precision, bits, ret in (("fp32", 32, fp32), ("int4", 4, int4), ("qat-int4", 4, qat4)):
+            rows.append({"algo": "dqn", "task": "CartPole-v1", "seed": seed, "train_steps": 5000,
+                         "precision": precision, "bits": bits, "granularity": "n/a", "execution": "int-kernel",
+                         "backend": "jax", "episodes": 10, "mean_return": ret, "std_return": 0.0, "policy_bytes": 10,
+                         "train_final_eval": None, "reference": 475.0, "cpu": "test CPU"})
+    kept, missed = ptq_study_report.converged(rows)
+    assert {r["seed"] for r in kept} == {0, 1} and [r["seed"] for r in missed] == [2]
+    md = ptq_study_report.markdown(rows, [], ptq_study.GRID)
+    assert "- dqn / CartPole-v1 seed 2: fp32 150.0 after 5,000 env steps, reference 475" in md
+    assert "| dqn | CartPole-v1 | 4 | -15.0% ± 7.1% | -1.0% ± 1.4% | 2 |" in md  # (-20%, -10%) vs (-2%, 0%)
+    assert "| dqn | CartPole-v1 | fp32 | 2 |" in md and "| dqn | CartPole-v1 | fp32 | 3 |" not in md
+    assert "reference 475 (gymnasium's reward_threshold)" in md
+
+
+def test_qat_runs_train_beside_the_fp32_run_and_are_evaluated_at_their_width(tmp_path):
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "4", "--out", str(out), "--runs", str(runs)]) == 0
+    rows = _rows(out / "ptq_study.csv")
+    assert [r["precision"] for r in rows] == ["fp32", "fp16", "int8", "qat-int4", "int2"]
+    qat_run = json.loads((runs / "dqn" / "CartPole-v1" / "s0-qat4" / "summary.json").read_text())
+    assert qat_run["precision"] == "int4" and qat_run["experiment"]["overrides"]["qat_bits"] == 4
+    row = ptq_study.GRID[0]
+    command = ptq_study.train_command(row, 0, tmp_path / "x", quick=False, qat_bits=4)
+    assert command[command.index("--precision") + 1] == "int4" and command[command.index("--qat-bits") + 1] == "4"
+    assert command[command.index("--target-return") + 1] == str(row.reference)  # stops once it reaches it
