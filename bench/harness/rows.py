@@ -1,6 +1,5 @@
 """The training settings more than one kind of benchmark runs: the learning benchmark's rows (`LearningRow`,
-`DQN_ROWS`, `QUICK_ROWS`) that bench.peers.offpolicy and bench.learning.dqn_stability also run, and the ALE
-DQN settings (`ALE_SETTINGS`) that bench.learning.ale_dqn trains with and bench.micro.dqn_update times.
+`DQN_ROWS`, `QUICK_ROWS`) that bench.peers.offpolicy and bench.learning.dqn_stability also run.
 
 They live in the harness so that a peer comparison, a stability sweep and the learning benchmark run the same
 budget, cadence and target without one benchmark importing another.
@@ -10,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from agents.dqn.config import ATARI_OVERRIDES, task_overrides as dqn_task_overrides
+from agents.dqn.config import task_overrides as dqn_task_overrides
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,6 +40,3 @@ DQN_ROWS: tuple[LearningRow, ...] = (
 )
 QUICK_ROWS: tuple[LearningRow, ...] = (LearningRow("dqn", "CartPole-v1", 150.0, 15_000, 2_500, 5),)
 
-# DQN on ALE (bench.learning.ale_dqn's docstring says why these values): the usual DQN-on-Atari recipe scaled
-# to one CPU machine, where the Nature update and not acting sets the time.
-ALE_SETTINGS: dict[str, Any] = dict(ATARI_OVERRIDES)  # the agent's ALE preset (`agents.dqn.config`)

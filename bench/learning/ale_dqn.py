@@ -6,11 +6,9 @@ cannot reach.
 
 The Nature torso (convs 32-8-4 / 64-4-2 / 64-3-1, fc 512) on the standard preprocessing (`quarl.envs.ale`: v5
 sticky actions, frame skip 4 with max-pool, 84x84 grey, stack 4; rewards clipped for training only, so evaluations
-report the game score). Settings (`bench.harness.rows.ALE_SETTINGS`) follow the usual DQN-on-Atari recipe scaled
-to one CPU machine, where the Nature update (~40 ms at batch 32 on the 2-core EPYC) and not acting sets the time:
-replay 200k transitions (each frame stored once: `quarl.replay.frames`, ~1.3 GiB), batch 32, one update per 4 env
-steps, Adam 1e-4, 3-step double-DQN targets, and a shorter start than the 250k-step epsilon decay and 8k-step
-target period of the 200M-frame recipes: learning from 10k, epsilon 1 -> 0.01 over 100k env steps, target copy every 1,000 updates.
+report the game score). Settings: the agent's ALE preset (`agents.dqn.config.ATARI_OVERRIDES`, what
+`launch.train --task ALE/<Game>` starts from; its comment says why each value), the usual DQN-on-Atari recipe
+scaled to one CPU machine, where the Nature update and not acting sets the time.
 Steps are agent steps (4 emulator frames each).
 
 A random policy scores about -20.7 on Pong and 1.7 on Breakout (Mnih et al., 2015, Extended Data Table 2); the
@@ -31,13 +29,15 @@ from typing import Any, Sequence
 from bench.harness.learning_runs import run_one
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.harness.results_io import command_line, write_results
-from bench.harness.rows import ALE_SETTINGS, LearningRow
+from agents.dqn.config import ATARI_OVERRIDES
+from bench.harness.rows import LearningRow
 
 REPO = Path(__file__).resolve().parents[2]
 TARGETS = {"Pong": -15.0, "Breakout": 10.0}
 RANDOM_RETURN = {"Pong": -20.7, "Breakout": 1.7}  # Mnih et al. (2015), Extended Data Table 2
-TINY_SETTINGS: dict[str, Any] = {**ALE_SETTINGS, "batch_size": 8, "samples_per_insert": 1.0, "max_replay_size": 1_000,
-                                 "min_replay_size": 100, "epsilon_decay_steps": 200, "target_update_period": 20}
+TINY_SETTINGS: dict[str, Any] = {**ATARI_OVERRIDES, "batch_size": 8, "samples_per_insert": 1.0,
+                                 "max_replay_size": 1_000, "min_replay_size": 100, "epsilon_decay_steps": 200,
+                                 "target_update_period": 20}
 
 
 def report(result: dict[str, Any]) -> str:
@@ -82,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         refuse_if_busy(parser, args.allow_busy)
     machine = machine_info(args.allow_busy or args.tiny)
     target = TARGETS[args.game] if args.target is None else args.target
-    settings = TINY_SETTINGS if args.tiny else ALE_SETTINGS
+    settings = TINY_SETTINGS if args.tiny else ATARI_OVERRIDES
     row = LearningRow("dqn", f"ALE/{args.game}", target, args.steps, args.eval_every, args.eval_episodes, settings)
     runs = REPO / "runs" / "bench" / "ale_dqn" / time.strftime("%Y%m%d-%H%M%S")
     try:

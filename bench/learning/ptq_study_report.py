@@ -66,7 +66,7 @@ def _pct(x: float) -> str:
 def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]], grid: Sequence[Any] = ()) -> str:
     """The study's page, on the seeds whose fp32 policy reached its reference (`converged`): int8 against fp32
     per (algorithm, task), QAT beside PTQ, every precision; then the seeds that did not converge, and the settings
-    of the `grid` rows (bench.learning.ptq_study.GRID) the cells ran."""
+    of the `grid` rows (bench.learning.ptq_study_grid.GRID) the cells ran."""
     all_rows, (rows, missed) = rows, converged(rows)
     summary = summarize(rows)
     cpus = sorted({r["cpu"] for r in all_rows})
@@ -124,7 +124,7 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
     lines += [f"- {r['algo']} / {r['task']} seed {r['seed']}: fp32 {r['mean_return']:.1f} after {r['train_steps']:,} "
               f"env steps, " + ("no reference return" if r.get("reference") is None else
                                 f"reference {r['reference']:g}") for r in missed] or ["- none"]
-    lines += ["", "## Sizes and settings (`bench.learning.ptq_study.GRID`)", ""]
+    lines += ["", "## Sizes and settings (`bench.learning.ptq_study_grid.GRID`)", ""]
     for algo, task in dict.fromkeys((r["algo"], r["task"]) for r in all_rows):
         row = next((r for r in grid if (r.algo, r.task) == (algo, task)), None)
         if row is not None:

@@ -3,7 +3,7 @@ constant) against one online pass over [s; s'], whose backward also runs over th
 
     python -m bench.micro.dqn_update [--repeats 30] [--quick] [--out DIR] [--allow-busy]
 
-Nets: the Nature torso on ALE frames (batch 32, `bench.harness.rows.ALE_SETTINGS`: bench.learning.ale_dqn's
+Nets: the Nature torso on ALE frames (batch 32, `agents.dqn.config.ATARI_OVERRIDES`: bench.learning.ale_dqn's
 settings) and MLPs 64x64, 256x256 and 2048x3 on 4-dim observations (batch 128). Each form is one `DQNLearner`
 whose loss is swapped in before it is built; both take the same batch, and the two forms alternate in rounds so that load drift hits both. Writes
 DIR/dqn_update.json and .md (default results/bench) with the machine record. Run it alone.
@@ -63,11 +63,11 @@ def cases(quick: bool) -> list[tuple[str, Any, Any, dict[str, np.ndarray]]]:
         cfg = DQNConfig(hidden_sizes=hidden)
         out.append(("mlp " + "x".join(map(str, hidden)), make_q_spec(4, 2, hidden), cfg, batch(128, (4,), np.float32, 2)))
     if not quick:
-        from bench.harness.rows import ALE_SETTINGS  # pylint: disable=import-outside-toplevel
+        from agents.dqn.config import ATARI_OVERRIDES  # pylint: disable=import-outside-toplevel
         from quarl.envs.spec import environment_spec
         from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
 
-        cfg = DQNConfig(**ALE_SETTINGS)
+        cfg = DQNConfig(**ATARI_OVERRIDES)
         spec = Builder(cfg).policy_spec(environment_spec(make_environment("ALE/Pong", 0)))
         out.append(("nature torso", spec, cfg, batch(32, (84, 84, 4), np.uint8, 6)))
     return out

@@ -1,0 +1,72 @@
+"""bench.learning.ptq_study's grid: one `StudyRow` per (algorithm, task) with its budget, the settings that differ
+from the task's preset, the reference return its fp32 policy must reach (and that figure's source) and the QAT widths
+trained beside PTQ; the quick smoke run's tiny settings."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from agents.ppo.config import CONTROL_OVERRIDES as PPO_CONTROL_OVERRIDES
+from bench.learning.d4pg_rows import CARTPOLE_OVERRIDES, WALKER_OVERRIDES
+
+
+@dataclasses.dataclass(frozen=True)
+class StudyRow:
+    """One (algorithm, task) of the grid: its training budget, the agent settings that differ from the task's
+    preset, the reference return its fp32 policy must reach (and where that figure comes from), and the QAT bit
+    widths trained beside PTQ. Training stops at the first evaluation at or above the reference, else at the
+    budget; a seed whose fp32 policy then evaluates below it is not converged (shown, kept out of the table)."""
+
+    algo: str
+    task: str
+    steps: int
+    eval_every: int
+    overrides: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    note: str = ""
+    reference: float | None = None
+    source: str = ""
+    qat_bits: tuple[int, ...] = ()
+
+
+# References: gymnasium's reward_threshold for its tasks (the return at which its registry calls the task solved);
+# the MinAtar authors' DQN at 200k frames (Young & Tian, 2019, the README figure: bench.learning.minatar_dqn); for
+# DM Control 95% of the fp32 D4PG return the QuaRL paper reports (arXiv 1910.01055: ~1000 cartpole_balance, ~970
+# walker_stand). Budgets: what each agent needed on the seeds measured so far, with room (int8_vs_fp32's rows,
+# bench.peers, bench.learning.minatar_dqn).
+_GYM = "gymnasium's reward_threshold"
+_MINATAR = "the MinAtar authors' DQN at 200k frames"
+_QUARL = "95% of the QuaRL paper's fp32 D4PG return"
+_QAT = (8, 4, 2)
+GRID: tuple[StudyRow, ...] = (
+    StudyRow("dqn", "CartPole-v1", 50_000, 2_500, reference=475.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("dqn", "Acrobot-v1", 100_000, 5_000, reference=-100.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("dqn", "MountainCar-v0", 120_000, 5_000, reference=-110.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("dqn", "MinAtar/Breakout", 200_000, 20_000, reference=6.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("dqn", "MinAtar/SpaceInvaders", 200_000, 20_000, reference=22.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("d4pg", "cartpole:balance", 60_000, 5_000, CARTPOLE_OVERRIDES, "bench.learning.d4pg_rows's small setting",
+             reference=950.0, source=_QUARL, qat_bits=_QAT),
+    StudyRow("d4pg", "walker:stand", 150_000, 5_000, WALKER_OVERRIDES, "bench.learning.d4pg_rows's setting",
+             reference=920.0, source=_QUARL, qat_bits=_QAT),
+    StudyRow("ppo", "CartPole-v1", 100_000, 5_120, reference=475.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("ppo", "Acrobot-v1", 200_000, 10_240, reference=-100.0, source=_GYM, qat_bits=_QAT),
+    StudyRow("ppo", "cartpole:balance", 200_000, 20_480, PPO_CONTROL_OVERRIDES, "PPO's DM Control settings",
+             reference=950.0, source=_QUARL),
+    StudyRow("ppo", "MinAtar/Breakout", 200_000, 20_480, reference=6.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("ppo", "MinAtar/SpaceInvaders", 200_000, 20_480, reference=22.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("a2c", "CartPole-v1", 200_000, 10_000, reference=475.0, source=_GYM),
+    StudyRow("a2c", "Acrobot-v1", 200_000, 10_000, reference=-100.0, source=_GYM),
+    StudyRow("a2c", "MinAtar/Breakout", 200_000, 20_000, reference=6.0, source=_MINATAR),
+    StudyRow("a2c", "MinAtar/SpaceInvaders", 200_000, 20_000, reference=22.0, source=_MINATAR),
+)
+QUICK_OVERRIDES = {"dqn": {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32,
+                           "samples_per_insert": 8.0},
+                   "d4pg": {"policy_layer_sizes": (16, 16), "critic_layer_sizes": (16, 16), "num_atoms": 11,
+                            "batch_size": 32, "min_replay_size": 100, "samples_per_insert": 4.0, "n_step": 3}}
+QUICK_TASKS = ("CartPole-v1", "cartpole:balance")
+
+
+def row_overrides(row: StudyRow, quick: bool) -> dict[str, Any]:
+    """The row's agent overrides (quick: tiny networks instead, for a smoke run)."""
+    if quick:
+        return dict(QUICK_OVERRIDES.get(row.algo, {}))
+    return dict(row.overrides)
