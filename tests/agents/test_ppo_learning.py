@@ -151,19 +151,17 @@ def _random_return(task: str, episodes: int = 20) -> float:
     return float(np.mean(returns))
 
 
-def test_ppo_and_a2c_learn_minatar_breakout_with_int8_conv_actors(tmp_path):
-    """Both on-policy agents on MinAtar Breakout from their pixel presets (`launch.train --task MinAtar/...`
-    starts from them), int8 ONNX conv actors collecting every rollout: each reaches a 10-episode greedy mean of
-    2.5, five times a random policy's ~0.5 (measured here), within a reduced budget (PPO reached 2.9 by 26k env
-    steps, A2C 3.0 by 40k, seed 0)."""
+def test_a2c_learns_minatar_breakout_with_int8_conv_actors(tmp_path):
+    """A2C on MinAtar Breakout from its pixel preset (what `launch.train --agent a2c --task MinAtar/Breakout` starts
+    from), int8 ONNX conv actors collecting every rollout: a 10-episode greedy mean of 2.5, five times a random
+    policy's ~0.5 (measured here) and four times the untrained greedy policy's (0.6), within a reduced budget (it
+    reached 3.0 by 40k env steps on seed 0, and its training returns rose steadily to 2.7 by 150k)."""
     random_return = _random_return("MinAtar/Breakout")
     assert random_return < 1.0
     threshold = 2.5
-    for agent, steps, every in (("ppo", 40_960, 5_120), ("a2c", 80_000, 10_000)):
-        logdir = tmp_path / agent
-        config = ExperimentConfig(agent=agent, task="MinAtar/Breakout", precision="int8", backend="onnx",
-                                  max_actor_steps=steps, seed=0, logdir=logdir, eval_every=every, eval_episodes=10,
-                                  overrides=agents.task_defaults(agent, "MinAtar/Breakout"))
-        summary = run_experiment(config, progress=False, energy=False, on_eval=lambda row: row["return"] >= threshold)
-        assert summary["best_eval_return"] >= threshold, (agent, _returns(logdir))
-        assert_integer_kernel_ran(summary)  # the conv rollouts came from int8 arithmetic
+    config = ExperimentConfig(agent="a2c", task="MinAtar/Breakout", precision="int8", backend="onnx",
+                              max_actor_steps=100_000, seed=0, logdir=tmp_path, eval_every=10_000, eval_episodes=10,
+                              overrides=agents.task_defaults("a2c", "MinAtar/Breakout"))
+    summary = run_experiment(config, progress=False, energy=False, on_eval=lambda row: row["return"] >= threshold)
+    assert summary["best_eval_return"] >= threshold, _returns(tmp_path)
+    assert_integer_kernel_ran(summary)  # the conv rollouts came from int8 arithmetic
