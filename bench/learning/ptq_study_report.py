@@ -155,7 +155,7 @@ def _steps(s: dict[str, Any]) -> str:
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
     """One panel per (algorithm, task): every seed's return at each precision as a point, the mean over seeds as
-    a line; no std bars (with three seeds they drew returns past the task's maximum). The y axis stays within
+    a line over the PTQ precisions and as marks for the QAT runs; no std bars (with three seeds they drew returns past the task's maximum). The y axis stays within
     the task's possible returns (`quarl.envs.factory.return_range`); the legend sits below the panels. Returns
     the (saved, closed) Figure."""
     import matplotlib  # pylint: disable=import-outside-toplevel
@@ -179,8 +179,13 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
             dx = 0.12 * (k - (len(seeds) - 1) / 2)  # side by side, so equal returns do not hide each other
             ax.plot([i + dx for i, n in enumerate(names) if n in per], [per[n] for n in names if n in per], "o",
                     ms=3.5, color="grey", alpha=0.7, label="one seed")
-        ax.plot(range(len(names)), [s["reward_mean"] for s in ss], "-", marker="_", ms=14, color="tab:blue",
-                label="mean over seeds")
+        ptq = [i for i, n in enumerate(names) if not n.startswith("qat-")]  # one line: the same policy requantized
+        ax.plot(ptq, [ss[i]["reward_mean"] for i in ptq], "-", marker="_", ms=14, color="tab:blue",
+                label="mean over seeds (PTQ of one fp32 policy)")
+        qat = [i for i, n in enumerate(names) if n.startswith("qat-")]
+        if qat:  # separate training runs: marks, not joined to the PTQ line
+            ax.plot(qat, [ss[i]["reward_mean"] for i in qat], "D", ms=6, color="tab:orange",
+                    label="mean over seeds (QAT run at that width)")
         bounds = return_range(task)
         if bounds is not None:
             low, high = ax.get_ylim()
@@ -192,8 +197,10 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(panels):]:
         ax.axis("off")
-    handles, labels = axes.flat[0].get_legend_handles_labels()
-    unique = dict(zip(labels, handles))
+    unique: dict[str, Any] = {}
+    for ax in axes.flat:  # every kind of mark any panel drew, once
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            unique.setdefault(label, handle)
     fig.legend(list(unique.values()), list(unique), loc="lower center", ncol=len(unique), fontsize=8, frameon=False)
     fig.suptitle(f"Post-training quantization: reward vs precision; "
                  f"{'; '.join(sorted({r['cpu'] for r in rows}))}", fontsize=10)
