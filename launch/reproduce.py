@@ -294,7 +294,8 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     return len(todo), failures
 
 
-def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: "ItemProgress", failures: list[str]) -> None:
+def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: "ItemProgress",
+                         failures: list[str]) -> None:
     """`todo` as Ray tasks on the cluster (`launch.grid.cluster`), reported as they finish."""
     from launch.grid.cluster import run_on_cluster  # pylint: disable=import-outside-toplevel
 

@@ -40,9 +40,10 @@ def task_overrides(task: str, config_name: str = "PPOConfig") -> dict:
     """The settings for `task` over the defaults: `CONTROL_OVERRIDES` for PPO on DM Control tasks
     ("domain:task"), the pixel presets on MinAtar and ALE. A2C keeps its one epoch and one minibatch everywhere
     (they are what make it A2C)."""
-    pixels = task_family(task) in ("minatar", "ale")
+    family = task_family(task)
+    pixels = family in ("minatar", "ale")
     if config_name == "PPOConfig":
-        return dict(PIXEL_PPO_OVERRIDES if pixels else CONTROL_OVERRIDES if ":" in task else {})
+        return dict(PIXEL_PPO_OVERRIDES if pixels else CONTROL_OVERRIDES if family == "control" else {})
     return dict(PIXEL_A2C_OVERRIDES) if pixels else {}
 
 

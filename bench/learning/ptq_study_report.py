@@ -128,8 +128,8 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
     for algo, task in dict.fromkeys((r["algo"], r["task"]) for r in all_rows):
         row = next((r for r in grid if (r.algo, r.task) == (algo, task)), None)
         if row is not None:
-            ran = " / ".join(f"{n:,}" for n in sorted({r["train_steps"] for r in all_rows
-                                                         if (r["algo"], r["task"], r["precision"]) == (algo, task, "fp32")}))
+            steps = {r["train_steps"] for r in all_rows if (r["algo"], r["task"], r["precision"]) == (algo, task, "fp32")}
+            ran = " / ".join(f"{n:,}" for n in sorted(steps))
             sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the task's preset"
             ref = "" if row.reference is None else f"; reference {row.reference:g} ({row.source})"
             lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "
@@ -155,7 +155,8 @@ def _steps(s: dict[str, Any]) -> str:
 
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
     """One panel per (algorithm, task): every seed's return at each precision as a point, the mean over seeds as
-    a line over the PTQ precisions and as marks for the QAT runs; no std bars (with three seeds they drew returns past the task's maximum). The y axis stays within
+    a line over the PTQ precisions and as marks for the QAT runs;
+    no std bars (with three seeds they drew returns past the task's maximum). The y axis stays within
     the task's possible returns (`quarl.envs.factory.return_range`); the legend sits below the panels. Returns
     the (saved, closed) Figure."""
     import matplotlib  # pylint: disable=import-outside-toplevel

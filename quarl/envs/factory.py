@@ -47,7 +47,7 @@ def task_family(task: str) -> str:
 # The episode returns a task can give, where its rules bound them (plots clip spread to them): gym's caps on
 # episode length times the reward per step, DM Control's 1,000 steps of rewards in [0, 1], Pong's 21 points.
 GYM_RETURN_RANGES = {"CartPole-v1": (0.0, 500.0), "Acrobot-v1": (-500.0, 0.0), "MountainCar-v0": (-200.0, 0.0),
-                     "Pendulum-v1": (-200 * (3.1416 ** 2 + 0.1 * 8 ** 2 + 0.001 * 2 ** 2), 0.0)}
+                     "Pendulum-v1": (-200 * (np.pi ** 2 + 0.1 * 8 ** 2 + 0.001 * 2 ** 2), 0.0)}
 
 
 def return_range(task: str) -> tuple[float, float] | None:
