@@ -4,6 +4,13 @@ r"""Distributed ActorQ: an fp32 learner and N actors acting with a quantized pol
         --actor-update-period 100 --max-actor-steps 20000 --seed 0 --logdir runs/d4pg_int8 \
         [--backend auto --runner ray --ray-address ADDR --resume DIR --checkpoint-every K --set key=value]
 
+On-policy agents (PPO, A2C) run the same program without replay: N actors hand rollouts to the learner, which
+waits for one from every actor per update (`--rollout-mode sync`, PPO with N actors) or trains on each as it comes
+(`--rollout-mode async`, dropping rollouts more than `--max-staleness` versions old); `--correction none|tis|vtrace`
+picks how the update corrects for the quantized, possibly stale behaviour policy (docs/on_policy_actorq.md):
+
+    python -m launch.actorq --agent ppo --task CartPole-v1 --num-actors 2 --rollout-mode async --correction tis
+
 With no flags it runs a short D4PG job on cartpole:balance (2 actors, int8, a couple of minutes on a 2-core
 laptop) on a private local Ray and ends with a summary table. Every flag is checked before Ray starts: a bad
 one prints one line on stderr and exits 2 with nothing written. Ctrl-C stops every node within seconds,
@@ -37,7 +44,7 @@ from launch.cli import (
     check_positive, check_task, fail, flag_names, parse_overrides, parse_resources, qat_overrides,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
-from launch.experiments.config import ALE_MIN_EVAL_EVERY, SERVICE_SHARE, ExperimentConfig
+from launch.experiments.config import ALE_MIN_EVAL_EVERY, ROLLOUT_MODES, SERVICE_SHARE, ExperimentConfig
 from launch.experiments.progress import print_summary
 from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
 from quarl.quant.precision import Precision
@@ -92,7 +99,8 @@ def build_parser() -> OneLineArgumentParser:
                    help="run the experiment in this JSON file: an ExperimentConfig (what launch.reproduce writes) "
                         "or a run's summary.json (its `experiment` object); only --logdir, --seed, --runner, "
                         "--ray-address and --no-progress may be given with it")
-    p.add_argument("--agent", default="d4pg", help="d4pg (DM Control) or dqn (gym classic control, MinAtar, ALE)")
+    p.add_argument("--agent", default="d4pg", help="d4pg (DM Control), dqn (gym classic control, MinAtar, ALE), "
+                                                   "ppo or a2c (on-policy: rollouts, no replay)")
     p.add_argument("--task", default=None, help=TASK_HELP)
     p.add_argument("--list-tasks", action=ListTasksAction)
     p.add_argument("--precision", default="int8",
@@ -149,6 +157,17 @@ def build_parser() -> OneLineArgumentParser:
                    help="SGD steps per learner call, one lax.scan over K sampled batches (default: chosen for the "
                         "learner's device, 4 on CPU)")
     p.add_argument("--insert-batch", type=int, default=64, help="transitions per replay insert call")
+    p.add_argument("--rollout-mode", default="sync", choices=ROLLOUT_MODES,
+                   help="on-policy agents: sync (one rollout of the current weights from every actor per update: "
+                        "PPO with N actors) or async (each rollout as it comes, IMPALA-style)")
+    p.add_argument("--max-staleness", type=int, default=None, metavar="L",
+                   help="on-policy, async: drop rollouts acted with weights more than L versions old (default: "
+                        "2 x --num-actors + 2, what the pipeline itself holds)")
+    p.add_argument("--correction", default=None, metavar="{none,tis,vtrace}",
+                   help="on-policy agents: how updates correct for the quantized (and stale) behaviour policy: "
+                        "none (PPO's ratio against it), tis (truncated importance weights, cap --set is_cap=C) or "
+                        "vtrace (V-trace targets and advantages; --set vtrace_rho_bar=, vtrace_c_bar=); "
+                        "default: the agent config's (none)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="agent config override, repeatable (e.g. --set batch_size=128)")
     p.add_argument("--full-size", action="store_true",
@@ -187,8 +206,7 @@ def validate(args: argparse.Namespace) -> Invocation:
         raise UsageError("--actor-resource and --learner-resource need --runner ray")
     builder = check_agent_task(config.agent, config.task, dict(config.overrides))
     if builder.on_policy:
-        raise UsageError(f"--agent {config.agent} is on-policy (no replay, no actor fleet here): train it with "
-                         "python -m launch.train")
+        _check_on_policy(config)
     agent_config = builder.config
     resume = None if config.distributed.resume is None else _check_resume(config.distributed.resume, config.agent,
                                                                            config.task,
@@ -199,6 +217,14 @@ def validate(args: argparse.Namespace) -> Invocation:
     return Invocation(config, args.runner, args.ray_address, not args.no_progress)
 
 
+def _check_on_policy(config: ExperimentConfig) -> None:
+    """What an on-policy run cannot do: resume (its learner keeps no checkpoint, only its final policy)."""
+    dist = config.distributed
+    if dist.resume is not None or dist.checkpoint_every:
+        raise UsageError(f"--agent {config.agent} is on-policy: its distributed run keeps no checkpoints "
+                         "(--resume, --checkpoint-every); its final policy is saved as policy_fp32.qrlp")
+
+
 def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     agent = check_agent(args.agent)
     task = check_task(args.task or DEFAULT_TASKS[agent])
@@ -207,6 +233,19 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     overrides = {**agents.task_defaults(agent, task), **preset["overrides"], **parse_overrides(agent, args.overrides)}
     precision = check_actor_precision(args.precision)  # parsed once: the config carries the Precision
     overrides.update(qat_overrides(args.qat_bits, precision))
+    if not agents.builder_class(agent).on_policy:
+        given_flags = [flag for flag, value, default in (("--rollout-mode", args.rollout_mode, "sync"),
+                                                         ("--max-staleness", args.max_staleness, None),
+                                                         ("--correction", args.correction, None)) if value != default]
+        if given_flags:
+            raise UsageError(f"{', '.join(given_flags)}: only for on-policy agents (ppo, a2c); --agent {agent} "
+                             "learns from replay")
+    if args.correction is not None:
+        from agents.ppo.config import CORRECTIONS  # pylint: disable=import-outside-toplevel  (loaded just above)
+
+        if args.correction not in CORRECTIONS:
+            raise UsageError(f"--correction must be one of {', '.join(CORRECTIONS)}, got {args.correction!r}")
+        overrides["correction"] = args.correction
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
     if period is not None:
         overrides["actor_update_period"] = period
@@ -227,6 +266,7 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
         publish_period=args.publish_period, insert_batch=args.insert_batch, checkpoint_every=args.checkpoint_every,
         publish_min_interval_s=args.publish_min_interval_s, learner_steps_per_call=args.learner_steps_per_call,
         resume=args.resume, pin_actors=args.pin_actors, learner_device=args.learner_device,
+        rollout_mode=args.rollout_mode, max_staleness=args.max_staleness,
         actor_resources=parse_resources("--actor-resource", args.actor_resources),
         learner_resources={k: SERVICE_SHARE for k in parse_resources("--learner-resource", args.learner_resources)})
 

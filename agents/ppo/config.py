@@ -15,6 +15,9 @@ from quarl.envs.factory import task_family
 from quarl.nets.qat import check_qat_bits
 
 ACTIVATIONS = ("tanh", "relu")
+# How the learner corrects for data its fp32 policy did not collect (quantized actors, and in the distributed
+# program's asynchronous mode weights some versions old); `agents.ppo.learning` says what each does.
+CORRECTIONS = ("none", "tis", "vtrace")
 # DM Control tasks (1000-step episodes, dense rewards in [0, 1], continuous actions): a longer horizon (gamma 0.99,
 # lambda 0.95), 64-step rollouts in 4 minibatches and a narrower initial Gaussian (std 0.6). With them
 # cartpole:balance reached 998 at 90k env steps (seed 0), where the classic-control defaults stayed at 456 after
@@ -80,6 +83,14 @@ class PPOConfig:
     init_log_std: float = 0.0
     # Quantization-aware training of the policy for int-B actors (2..8), None = plain fp32 training.
     qat_bits: int | None = None
+    # Off-policy correction (`CORRECTIONS`): "none" anchors PPO's ratio at the behaviour (quantized) policy;
+    # "tis" anchors it at the learner's policy before the update and weights each sample by the truncated
+    # importance ratio min(pi_learner / pi_behaviour, is_cap); "vtrace" takes advantages and value targets from
+    # V-trace (rho-bar, c-bar) in place of GAE, with the same anchor.
+    correction: str = "none"
+    is_cap: float = 2.0
+    vtrace_rho_bar: float = 1.0
+    vtrace_c_bar: float = 1.0
 
     def __post_init__(self) -> None:
         for name in ("policy_hidden_sizes", "value_hidden_sizes"):
@@ -117,6 +128,12 @@ class PPOConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         check_qat_bits(self.qat_bits)
+        if self.correction not in CORRECTIONS:
+            raise ValueError(f"correction must be one of {', '.join(CORRECTIONS)}, got {self.correction!r}")
+        for name in ("is_cap", "vtrace_rho_bar", "vtrace_c_bar"):
+            v = getattr(self, name)
+            if not _is_real(v) or v <= 0:
+                raise ValueError(f"{name} must be a positive finite number, got {v!r}")
 
 
 @dataclasses.dataclass(frozen=True)

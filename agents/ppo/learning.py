@@ -7,8 +7,21 @@ observations and of each step's successor, GAE, then every epoch and minibatch i
 hands over the rollout once and waits for nothing. `steps` counts these updates.
 
 The rollout comes from quantized actors (`agents.ppo.actor`), so its behaviour log-probs are those of the
-quantized policy: the ratio pi_fp32 / pi_actor is the correct importance weight for data the deployed policy
-collected, and the clip bounds how far one update moves away from it.
+quantized policy (and, with asynchronous distributed actors, of weights some versions old). `config.correction`
+says what the update does about it:
+
+- "none": PPO's ratio pi / mu against the behaviour policy mu itself. It is the correct importance weight for
+  data mu collected, and the clip bounds how far one update moves away from mu; but when mu is far from the
+  learner's policy pi_old (stale weights) the ratio starts outside the clip range and those samples give no
+  gradient.
+- "tis": the ratio is anchored at pi_old (the learner's policy before this update: 1 at the first epoch, so the
+  clip bounds the move from what the learner has) and each sample's loss is weighted by the truncated importance
+  ratio min(pi_old / mu, is_cap), as FlashRL and FP8-rollout RL do for quantized rollouts (decoupled PPO).
+- "vtrace": IMPALA's V-trace (Espeholt et al., 2018) with rho-bar and c-bar gives the value targets and the
+  policy-gradient advantages in place of GAE; the ratio is anchored at pi_old as for "tis".
+
+Whatever the correction, every update reports the mismatch it saw: the spread of pi_old / mu on the rollout's
+actions and KL(pi_old || mu) estimated from them (E_mu[r log r]).
 """
 from __future__ import annotations
 
@@ -59,8 +72,45 @@ def gae_advantages(rewards: jax.Array, values: jax.Array, next_values: jax.Array
     return advantages
 
 
+def vtrace_targets(rewards: jax.Array, values: jax.Array, next_values: jax.Array, discounts: jax.Array,
+                   lasts: jax.Array, log_rhos: jax.Array, gamma: float, rho_bar: float, c_bar: float
+                   ) -> tuple[jax.Array, jax.Array]:
+    """V-trace over a [T, N] rollout (time first): (value targets v_s, policy-gradient advantages).
+
+    With rho_t = min(rho_bar, pi/mu), c_t = min(c_bar, pi/mu) and delta_t = rho_t (r_t + gamma d_t V(s'_t) -
+    V(s_t)): v_s - V(s_s) = delta_s + gamma d_s c_s (1 - last_s) (v_{s+1} - V(s_{s+1})), and the advantage is
+    rho_s (r_s + gamma d_s v'_s - V(s_s)) with v'_s = v_{s+1}, or V(s'_s) where the episode or the rollout ends.
+    s'_t is the observation that followed step t, as for `gae_advantages`, so time limits bootstrap."""
+    rhos = jnp.exp(log_rhos)
+    clipped_rho = jnp.minimum(rho_bar, rhos)
+    carry_on = gamma * discounts * jnp.minimum(c_bar, rhos) * (1.0 - lasts)
+    deltas = clipped_rho * (rewards + gamma * discounts * next_values - values)
+
+    def backward(acc_next: jax.Array, x: tuple[jax.Array, jax.Array]) -> tuple[jax.Array, jax.Array]:
+        delta, cont = x
+        acc = delta + cont * acc_next
+        return acc, acc
+
+    _, vs_minus_v = jax.lax.scan(backward, jnp.zeros_like(deltas[0]), (deltas, carry_on), reverse=True)
+    vs = values + vs_minus_v
+    following = jnp.concatenate([vs[1:], next_values[-1:]], axis=0)
+    next_vs = jnp.where(lasts > 0, next_values, following)
+    return vs, clipped_rho * (rewards + gamma * discounts * next_vs - values)
+
+
+def importance_stats(log_rhos: jax.Array, cap: float) -> dict[str, jax.Array]:
+    """The mismatch between the learner's policy and the behaviour policy on the rollout's actions: the spread
+    of r = pi / mu, the share of samples a cap would truncate, and KL(pi || mu) estimated as E_mu[r log r]."""
+    r = jnp.exp(log_rhos)
+    return {"is_ratio_mean": jnp.mean(r), "is_ratio_std": jnp.std(r), "is_ratio_max": jnp.max(r),
+            "is_ratio_min": jnp.min(r), "is_truncated_frac": jnp.mean((r > cap).astype(jnp.float32)),
+            "kl_learner_behaviour": jnp.mean(r * log_rhos)}
+
+
 def ppo_loss(params: dict, apply: ApplyFn, batch: Mapping[str, jax.Array], config: PPOConfig) -> tuple[jax.Array, dict]:
     """cleanRL's PPO loss on one minibatch: policy loss - entropy_coef * entropy + value_coef * value loss.
+    `batch["behaviour_logp"]` is the ratio's anchor (see the module), `batch["is_weight"]` (optional) each sample's
+    weight.
 
     Without `clip_coef` the policy loss is -A * ratio, whose gradient at ratio 1 (one epoch, one minibatch: A2C)
     is the plain policy gradient -A * grad log pi."""
@@ -75,6 +125,8 @@ def ppo_loss(params: dict, apply: ApplyFn, batch: Mapping[str, jax.Array], confi
     pg_loss = -adv * ratio
     if config.clip_coef is not None:
         pg_loss = jnp.maximum(pg_loss, -adv * jnp.clip(ratio, 1.0 - config.clip_coef, 1.0 + config.clip_coef))
+    if "is_weight" in batch:  # 1 unless correction "tis"
+        pg_loss = pg_loss * batch["is_weight"]
     pg_loss = jnp.mean(pg_loss)
     v_loss = jnp.square(values - batch["return"])
     if config.clip_value_loss:
@@ -106,10 +158,27 @@ def _update(state: TrainingState, rollout: Mapping[str, jax.Array], *, apply: Ap
     obs = flat(rollout["observation"])
     values = value_apply(state.params, obs).reshape(t, n)
     next_values = value_apply(state.params, flat(rollout["next_observation"])).reshape(t, n)
-    advantages = gae_advantages(rollout["reward"], values, next_values, rollout["discount"], rollout["last"],
-                                config.discount, config.gae_lambda)
-    data = {"observation": obs, "action": flat(rollout["action"]), "behaviour_logp": flat(rollout["behaviour_logp"]),
-            "advantage": flat(advantages), "value": flat(values), "return": flat(advantages + values)}
+    actions, behaviour_logp = flat(rollout["action"]), flat(rollout["behaviour_logp"])
+    # pi_old: the learner's policy before this update, on the actions the behaviour policy mu took.
+    learner_logp = log_prob(apply(state.params, obs)[0], actions, state.params.get("log_std"))
+    log_rhos = learner_logp - behaviour_logp
+    stats = importance_stats(log_rhos, config.is_cap)
+    anchor, is_weight = behaviour_logp, jnp.ones_like(behaviour_logp)
+    if config.correction != "none":
+        anchor = learner_logp
+    if config.correction == "vtrace":
+        returns, advantages = vtrace_targets(rollout["reward"], values, next_values, rollout["discount"],
+                                             rollout["last"], log_rhos.reshape(t, n), config.discount,
+                                             config.vtrace_rho_bar, config.vtrace_c_bar)
+    else:
+        advantages = gae_advantages(rollout["reward"], values, next_values, rollout["discount"], rollout["last"],
+                                    config.discount, config.gae_lambda)
+        returns = advantages + values
+        if config.correction == "tis":
+            is_weight = jnp.minimum(jnp.exp(log_rhos), config.is_cap)
+    data = {"observation": obs, "action": actions, "behaviour_logp": jax.lax.stop_gradient(anchor),
+            "is_weight": jax.lax.stop_gradient(is_weight), "advantage": flat(advantages), "value": flat(values),
+            "return": flat(returns)}
     grad_fn = jax.value_and_grad(functools.partial(ppo_loss, apply=apply, config=config), has_aux=True)
     size = t * n
     mb = size // config.num_minibatches
@@ -133,6 +202,7 @@ def _update(state: TrainingState, rollout: Mapping[str, jax.Array], *, apply: Ap
     ret = data["return"]
     metrics["explained_variance"] = 1.0 - jnp.var(ret - data["value"]) / (jnp.var(ret) + 1e-8)
     metrics["value_mean"] = jnp.mean(values)
+    metrics.update(stats)
     if "log_std" in params:
         metrics["std_mean"] = jnp.mean(jnp.exp(params["log_std"]))
     return TrainingState(params, opt_state, key, state.steps + 1), metrics

@@ -16,10 +16,10 @@ once and publishes the bytes), N quantized actors and an evaluator (see `launch.
                   payload), sends n-step transitions in batches, and times every stage of its loop
     Evaluator     greedy episodes at the deployed precision every `eval_every` actor steps and at the end
 
-An on-policy agent (PPO, A2C) has no replay: its actors are `RolloutActorNode`s (`add_rollout_actors`), the same
+An on-policy agent (PPO, A2C) has no replay: its graph is counter, weight server, N `RolloutActorNode`s (the same
 acting loop with the rollout sink, handing out fixed-length rollouts with the behaviour log-probs and the weights
-version they were collected with. A learner node that takes them is not written yet, so `build_actorq_program`
-refuses such an agent with one line (and `launch.actorq` before it).
+version they were collected with), the `RolloutLearnerNode` that takes their rollouts (synchronous PPO, or
+asynchronous with a staleness bound: `launch.distributed.nodes.rollout_learner`) and the evaluator.
 
 Nodes talk only through `NodeHandle.call/submit` (see `launch.program.graph`) with plain values: NumPy arrays,
 dicts, and `launch.distributed.nodes.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.quant.payload`): no fp32
@@ -36,6 +36,7 @@ from launch.distributed.nodes.actor import ActorNode
 from launch.distributed.nodes.evaluator import Evaluator
 from launch.distributed.nodes.learner import LearnerNode
 from launch.distributed.nodes.rollout_actor import RolloutActorNode
+from launch.distributed.nodes.rollout_learner import RolloutLearnerNode
 from launch.distributed.nodes.services import Counter, ReplayServer, WeightServer
 from launch.experiments.agent_spec import AgentSpec, derive_seed, table_spec
 from launch.experiments.config import ExperimentConfig
@@ -66,6 +67,7 @@ class NodeClasses:  # pylint: disable=invalid-name  (the fields are class names)
     ActorNode: type[ActorNode] = ActorNode
     Evaluator: type[Evaluator] = Evaluator
     RolloutActorNode: type[RolloutActorNode] = RolloutActorNode
+    RolloutLearnerNode: type[RolloutLearnerNode] = RolloutLearnerNode
 
 
 def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | None = None) -> Program:
@@ -74,8 +76,7 @@ def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | N
     spec = AgentSpec(config.agent, config.task, dict(config.overrides))
     builder, env_spec = spec.builder(), spec.env_spec()
     if builder.on_policy:
-        raise ValueError(f"{config.agent} is on-policy: the ActorQ graph has replay; its actors are rollout actors "
-                         "(add_rollout_actors), its distributed learner is not written yet")
+        return _on_policy_program(config, spec, nc)
     logdir = os.path.abspath(config.logdir)
     program = Program("actorq")
     dist = config.distributed
@@ -111,12 +112,47 @@ def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | N
              "envs_per_actor": config.envs_per_actor, "pin": dist.pin_actors},
             kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV,
             resources=dict(dist.actor_resources)))
+    _add_evaluator(program, config, spec, nc, weights, counter)
+    return program
+
+
+def _add_evaluator(program: Program, config: ExperimentConfig, spec: AgentSpec, nc: NodeClasses, weights: Handle,
+                   counter: Handle) -> None:
     program.add(Node(
         "evaluator", nc.Evaluator,
         {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
          "backend": config.backend, "kernel_form": config.kernel_form, "weights": weights, "counter": counter,
-         "logdir": logdir, "eval_every": config.eval_every, "episodes": config.eval_episodes},
-        kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV, resources=near_learner))
+         "logdir": os.path.abspath(config.logdir), "eval_every": config.eval_every, "episodes": config.eval_episodes},
+        kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV,
+        resources=dict(config.distributed.learner_resources)))
+
+
+def _on_policy_program(config: ExperimentConfig, spec: AgentSpec, nc: NodeClasses) -> Program:
+    """The on-policy graph: counter, weight server, rollout actors, the rollout learner, the evaluator (no replay).
+    Synchronous actors wait for each new version after a rollout; asynchronous ones keep one rollout ready."""
+    logdir = os.path.abspath(config.logdir)
+    program = Program("actorq")
+    dist = config.distributed
+    near_learner, cpu = dict(dist.learner_resources), dict(CPU_ONLY_ENV)
+    counter = program.add(Node("counter", nc.Counter, {"resume": None, "logdir": logdir},
+                               max_concurrency=8, env_vars=cpu, resources=near_learner))
+    weights = program.add(Node(
+        "weights", nc.WeightServer, {"precision": config.precision, "logdir": logdir},
+        max_concurrency=max(4, dist.num_actors + 3), env_vars=cpu, resources=near_learner))
+    sync = dist.rollout_mode == "sync"
+    # One finished rollout waits per actor: an asynchronous actor acts on while the learner trains, at most one
+    # rollout ahead, which bounds how stale its data can get.
+    actors = add_rollout_actors(program, config, counter, weights, nc, sync=sync, outbox_size=1)
+    program.add(Node(
+        "learner", nc.RolloutLearnerNode,
+        {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "actors": actors, "counter": counter,
+         "weights": weights, "logdir": logdir, "precision": config.precision, "mode": dist.rollout_mode,
+         "max_staleness": dist.staleness_bound(), "max_actor_steps": config.max_actor_steps,
+         "envs_per_actor": config.envs_per_actor, "run_config": config.to_dict(), "log_every_s": dist.log_every_s,
+         "publish_min_interval_s": dist.publish_min_interval_s},
+        kind="worker", num_cpus=1, accelerator=ACCELERATOR_BY_DEVICE[config.learner_device], max_concurrency=4,
+        env_vars=learner_env(config.learner_device), resources=near_learner))
+    _add_evaluator(program, config, spec, nc, weights, counter)
     return program
 
 

@@ -163,14 +163,15 @@ def _poll(launch: Launch, config: ExperimentConfig, replay_log: ReplayLog | None
     """The progress snapshot and every evaluation so far (the evaluator's rows)."""
     h = launch.handles
     counts = h["counter"].call("get")
-    info = h["replay"].call("info")
-    if replay_log is not None:
+    info = h["replay"].call("info") if "replay" in h else None  # on-policy programs have no replay
+    if replay_log is not None and info is not None:
         replay_log.write(counts, info)
     evals = h["evaluator"].call("results")
     last = evals[-1] if evals else None
     return Snapshot(actor_steps=int(counts["actor_steps"]), max_actor_steps=config.max_actor_steps,
                     learner_steps=int(counts["learner_steps"]), episodes=int(counts["episodes"]),
-                    replay_size=int(info["size"]), eval_return=None if last is None else last["return"],
+                    replay_size=None if info is None else int(info["size"]),
+                    eval_return=None if last is None else last["return"],
                     eval_at=None if last is None else last["actor_steps"],
                     elapsed_s=float(counts["wall_clock_s"])), list(evals)
 
@@ -320,7 +321,7 @@ def _stop_nodes(launch: Launch, futures: Mapping[str, CallFuture], actors: Seque
     wanted += [("counter", "get"), ("replay", "info"), ("weights", "stats")]
     calls: dict[tuple[str, str], CallFuture] = {}
     for name, method in wanted:
-        if name not in skip:
+        if name not in skip and name in h:
             try:
                 calls[(name, method)] = h[name].submit(method)
             except Exception:  # pylint: disable=broad-except
@@ -337,7 +338,7 @@ def _stop_nodes(launch: Launch, futures: Mapping[str, CallFuture], actors: Seque
             results[name] = {"energy": value}
         else:
             stats[name] = value or {}
-    if "replay" not in skip:
+    if "replay" not in skip and "replay" in h:
         try:  # releases calls still blocked on the rate limiter (e.g. a prefetch that lost its learner)
             h["replay"].submit("close").result(timeout=remaining(2.0))
         except Exception:  # pylint: disable=broad-except

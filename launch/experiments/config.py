@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # agents.base imports JAX; this module stays light (CLIs chec
     from agents.base import BuilderBase, ExecutorFactory
 
 SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every service and the evaluator
+ROLLOUT_MODES = ("sync", "async")  # DistributedConfig.rollout_mode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,10 +47,25 @@ class DistributedConfig:
     # Ray custom resources marking the learner's machine: learner, services and evaluator each ask for
     # SERVICE_SHARE of every one, so they run there together.
     learner_resources: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    # On-policy agents (PPO, A2C; `launch.distributed.nodes.rollout_learner`): "sync" waits for one rollout of the
+    # current weights from every actor per update (PPO with N actors, exactly); "async" trains on each rollout as
+    # it comes and drops those acted with weights more than `max_staleness` versions old. None: 2 x num_actors + 2,
+    # what the pipeline itself holds when actors outpace the learner (each actor acts one rollout while another
+    # waits in its outbox; measured: lag 5 with 2 actors), so only data held up further (a restart) is dropped.
+    rollout_mode: str = "sync"
+    max_staleness: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("num_actors", "publish_period", "insert_batch", "prefetch"):
             check_int(name, getattr(self, name), minimum=1)
+        if self.rollout_mode not in ROLLOUT_MODES:
+            raise ConfigError("rollout_mode", f"must be one of {', '.join(ROLLOUT_MODES)}, got {self.rollout_mode!r}")
+        if self.max_staleness is not None:
+            object.__setattr__(self, "max_staleness", check_int("max_staleness", self.max_staleness, minimum=0))
+
+    def staleness_bound(self) -> int:
+        """`max_staleness`, or its default for this many actors."""
+        return 2 * self.num_actors + 2 if self.max_staleness is None else int(self.max_staleness)
         if self.learner_steps_per_call is not None:
             object.__setattr__(self, "learner_steps_per_call",
                                check_int("learner_steps_per_call", self.learner_steps_per_call, minimum=1))

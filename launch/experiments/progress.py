@@ -32,7 +32,7 @@ class Snapshot:
     max_actor_steps: int = 1
     learner_steps: int = 0
     episodes: int | None = 0  # None: not counted by this runner's progress (launch.train's loop)
-    replay_size: int = 0
+    replay_size: int | None = 0  # None: a run without replay (on-policy), no replay row
     eval_return: float | None = None
     eval_at: int | None = None
     elapsed_s: float = 0.0
@@ -149,7 +149,8 @@ class ProgressView:
         table.add_row("learner steps/s", f"{learner_rate:,.1f}  ({snap.learner_steps:,} total)")
         eval_text = "—" if snap.eval_return is None else f"{snap.eval_return:,.1f} (at {snap.eval_at:,} steps)"
         table.add_row("latest eval return", eval_text)
-        table.add_row("replay size", f"{snap.replay_size:,}")
+        if snap.replay_size is not None:
+            table.add_row("replay size", f"{snap.replay_size:,}")
         table.add_row("episodes", "—" if snap.episodes is None else f"{snap.episodes:,}")
         table.add_row("elapsed", f"{snap.elapsed_s:,.1f} s")
         return table
@@ -333,6 +334,24 @@ def actor_tables(summary: Mapping[str, JSONValue]) -> list["Table"]:
     return [times, updates]
 
 
+def on_policy_rows(summary: Mapping[str, JSONValue]) -> list[tuple[str, JSONValue]]:
+    """The distributed on-policy learner's rows (`learner.on_policy` of summary.json; none for other runs): how
+    it took rollouts, how it corrected for the behaviour policy, and the mismatch it saw."""
+    learner = summary.get("learner")
+    info = learner.get("on_policy") if isinstance(learner, Mapping) else None
+    if not isinstance(info, Mapping):
+        return []
+    mismatch = info.get("mismatch") or {}
+    lag, kl = info.get("lag_mean"), mismatch.get("kl_learner_behaviour")
+    return [("rollouts (mode, correction)", f"{info.get('rollouts_trained')} ({info.get('mode')}, "
+                                            f"{info.get('correction')})"),
+            ("stale rollouts dropped", info.get("stale_dropped")),
+            ("rollout lag (versions, mean / max)", None if lag is None else f"{lag:.2f} / {info.get('lag_max')}"),
+            ("learner waiting for rollouts", None if info.get("wait_frac") is None
+             else f"{100 * float(info['wait_frac']):.0f}%"),
+            ("KL(learner || behaviour), mean", None if kl is None else f"{kl:.2e}")]
+
+
 def print_summary(summary: Mapping[str, JSONValue]) -> None:
     """The end-of-run table: outcome, throughput, weight traffic and the per-actor time breakdown."""
     from rich.console import Console  # pylint: disable=import-outside-toplevel
@@ -362,6 +381,7 @@ def print_summary(summary: Mapping[str, JSONValue]) -> None:
         ("weight versions published", payload.get("versions")),
         ("quantize+encode ms/version (learner)", payload.get("quantize_encode_ms_per_version")),
     ]
+    rows += on_policy_rows(summary)
     energy = summary.get("energy", {}) or {}
     if energy.get("total_kwh") is not None:
         rows.append(("energy (Wh, all nodes)", 1e3 * float(energy["total_kwh"])))

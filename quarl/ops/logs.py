@@ -132,8 +132,8 @@ class TensorBoardLogger:
         step = scalars.get(self._step_key, self._count)
         self._count += 1
         for key, value in scalars.items():
-            if key == self._step_key or isinstance(value, str):
-                continue
+            if key == self._step_key or isinstance(value, str) or not math.isfinite(float(value)):
+                continue  # NaN means "does not apply" (a discrete actor's exploration std): no point to plot
             self._writer.add_scalar(key, float(value), global_step=int(step))
         self._writer.flush()
 

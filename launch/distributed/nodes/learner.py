@@ -23,7 +23,7 @@ from launch.experiments.agent_spec import AgentSpec
 from launch.program.graph import NodeHandle
 from quarl.ops.carbon import stop_tracking
 from quarl.ops.logs import Logger
-from quarl.quant.calibration import needs_calibration, with_activation_ranges
+from quarl.quant.calibration import learner_observations, needs_calibration, with_activation_ranges
 from quarl.quant.device import quantize_params_on_device
 from quarl.quant.payload import encode_payload, fp32_payload_nbytes
 from quarl.quant.precision import Precision, parse_precision
@@ -32,6 +32,7 @@ from quarl.runtimes import policy_io
 
 if TYPE_CHECKING:
     from agents.base import Learner
+    from quarl.envs.spec import EnvSpec
 
 FINAL_PUBLISH_TIMEOUT_S = 60.0
 INT8 = parse_precision("int8")  # the actors' precision unless the run says otherwise
@@ -88,7 +89,7 @@ class LearnerNode(NodeBase):
         self._builder = spec.builder()
         env_spec = spec.env_spec()
         self._policy_spec = self._builder.policy_spec(env_spec)
-        self._learner: Learner = self._builder.make_learner(env_spec, seed)
+        self._learner: Learner = self._make_learner(env_spec, seed)
         self._replay, self._counter, self._weights = replay, counter, weights
         self._precision = parse_precision(precision)
         self._spec_hash = self._policy_spec.digest()
@@ -120,6 +121,10 @@ class LearnerNode(NodeBase):
             state = ckpt.restore_learner(directory / ckpt.LEARNER_DIR, self._learner.get_state())
             self._learner.restore(state)
             self.resumed_from = int(manifest["learner_steps"])
+
+    def _make_learner(self, env_spec: EnvSpec, seed: int) -> Learner:
+        """The agent's learner (a subclass may size it to the run: `RolloutLearnerNode`)."""
+        return self._builder.make_learner(env_spec, seed)
 
     # -------------------------------------------------------------- control
 
@@ -306,7 +311,10 @@ class LearnerNode(NodeBase):
         if not needs_calibration(self._policy_spec, self._precision.name):
             return ()
         batches = getattr(self._learner, "calibration_batches", None)
-        return () if batches is None else tuple(batches())
+        if batches is not None:  # replay learners: references to their last sampled batches
+            return tuple(batches())
+        observations = learner_observations(self._learner)  # on-policy learners: their last rollout's
+        return () if observations is None else (observations,)
 
     def _publish_version(self, version: int, offered: Offered) -> None:
         """Publisher thread: quantizes the policy at the actors' precision (integer codes computed on the learner's

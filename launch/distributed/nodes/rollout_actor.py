@@ -72,11 +72,17 @@ class RolloutActorNode(NodeBase):
         self._sync = bool(sync)
         self._outbox: queue.Queue[HandedRollout] = queue.Queue(maxsize=int(outbox_size))
         self._stop = threading.Event()
+        self._finished = threading.Event()
         self.times = StageTimes()
         self.rollouts = 0  # rollouts handed to the outbox (this process)
 
     def stop(self) -> None:
         self._stop.set()
+
+    def finished(self) -> bool:
+        """True once `run()` has returned (its step budget spent, or told to stop) and no rollout is left to take:
+        a synchronous learner then stops waiting for this actor."""
+        return self._finished.is_set() and self._outbox.empty()
 
     def take(self, timeout: float = POLL_S) -> HandedRollout | None:
         """The oldest finished rollout, waiting up to `timeout` seconds for one; None if none came."""
@@ -86,6 +92,13 @@ class RolloutActorNode(NodeBase):
             return None
 
     def run(self) -> dict[str, Any]:
+        self._finished.clear()
+        try:
+            return self._run()
+        finally:
+            self._finished.set()
+
+    def _run(self) -> dict[str, Any]:
         name = f"actor_{self._id}"
         start = self._counter.call("increment", **{f"{name}_starts": 1})
         attempt = int(start[f"{name}_starts"])
