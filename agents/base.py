@@ -283,6 +283,16 @@ class BuilderBase(abc.ABC):
         del max_actor_steps, num_envs
         return self.make_learner(env_spec, seed)
 
+    def payload_extras(self, learner: Learner) -> dict[str, np.ndarray]:
+        """What a distributed actor needs from the learner beside the network's weights, sent in the weight
+        payload with each version (`quarl.quant.payload`, unquantized); none by default."""
+        del learner
+        return {}
+
+    def apply_extras(self, actor: Actor, extras: Mapping[str, np.ndarray] | None) -> None:
+        """Hands an actor the `payload_extras` that came with its weights; nothing by default."""
+        del actor, extras
+
     def make_sink(self, num_envs: int) -> Sink:
         """Where an actor's steps go (`quarl.acting.loop`): one n-step adder per environment by default."""
         return AdderSink(self.make_adder, num_envs)

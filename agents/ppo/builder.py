@@ -8,11 +8,11 @@ actors are built as for every other agent.
 from __future__ import annotations
 
 import math
-from typing import ClassVar, NoReturn
+from typing import ClassVar, Mapping, NoReturn, cast
 
 import numpy as np
 
-from agents.base import BuilderBase
+from agents.base import Actor, BuilderBase, Learner
 from agents.ppo.actor import ExecutorFactory, PPOActor
 from agents.ppo.config import PPOConfig
 from agents.ppo.learning import PPOLearner
@@ -81,6 +81,16 @@ class Builder(BuilderBase):
         return PPOActor(self.policy_spec(env_spec), qparams, discrete=env_spec.discrete,
                         seed=int(seed) + 7919 * int(actor_id), log_std=log_std, evaluation=evaluation,
                         backend=backend, executor_factory=executor_factory, batch_size=batch_size)
+
+    def payload_extras(self, learner: Learner) -> dict[str, np.ndarray]:
+        """The Gaussian's log-std on continuous tasks (distributed actors sample with the learner's)."""
+        log_std = cast(PPOLearner, learner).log_std()
+        return {} if log_std is None else {"log_std": log_std}
+
+    def apply_extras(self, actor: Actor, extras: Mapping[str, np.ndarray] | None) -> None:
+        ppo_actor = cast(PPOActor, actor)
+        if extras and "log_std" in extras and not ppo_actor.discrete:
+            ppo_actor.set_log_std(extras["log_std"])
 
     def action_column(self, env_spec: EnvSpec) -> tuple[tuple[int, ...], np.dtype]:
         """The rollout's action column per environment step."""

@@ -12,7 +12,9 @@ a list of `{"path": [keys...], "array": A}` or `{"path": [...], "qtensor": {"val
 `A = {"dtype": name, "shape": [...], "data": bytes}`; format 4 adds `activation_ranges`: nil, or a map
 {layer name: A float32 [lo, hi]} of the calibrated input ranges int conv actors quantize activations with
 (`quarl.quant.calibration`). A conv policy's int weights without them are refused by every runtime ("int conv
-policies need calibrated activation ranges"), so a format-3 payload cannot drive an int conv actor.
+policies need calibrated activation ranges"), so a format-3 payload cannot drive an int conv actor. Format 5 adds
+`extras`: nil, or a map {name: A float32, 1-D, finite} of what an agent's actors need beside the network's weights
+(PPO's Gaussian log-std on continuous tasks: `BuilderBase.payload_extras`), never quantized.
 QTensor `values` of fewer than 8 bits are bit-packed (format version 2): `data` holds the codes in C order, `bits` bits each, low-bit first (`quarl.quant.bitpack`),
 signed codes offset by 2^(bits-1); `dtype` names the decoded dtype (int8 / uint8). An int4 policy thus costs
 half a byte per weight, not a byte. Version-1 payloads (one byte per code), version-2 payloads (no
@@ -30,6 +32,7 @@ import dataclasses
 import hashlib
 import math
 import struct
+from typing import Mapping
 
 import msgpack
 import numpy as np
@@ -43,9 +46,9 @@ from quarl.quant.wire import (
 )
 
 MAGIC = b"QRLP"
-FORMAT_VERSION = 4  # 2: sub-byte QTensor codes are bit-packed; 3: `spec_hash`; 4: `activation_ranges`
-# Versions 1 (one byte per code) to 3 are still read: saved policies (`policy_fp32.qrlp`) of older runs stay usable.
-READABLE_FORMATS = (1, 2, 3, 4)
+FORMAT_VERSION = 5  # 2: sub-byte codes bit-packed; 3: `spec_hash`; 4: `activation_ranges`; 5: `extras`
+# Versions 1 (one byte per code) to 4 are still read: saved policies (`policy_fp32.qrlp`) of older runs stay usable.
+READABLE_FORMATS = (1, 2, 3, 4, 5)
 _HEADER = struct.Struct("<4sHQ32s")  # magic, format version, body length, sha256(body)
 HEADER_SIZE = _HEADER.size
 
@@ -60,6 +63,7 @@ class Payload:
     spec: PolicySpec | None
     nbytes: int
     spec_hash: str | None = None  # the policy spec's digest (also set when the payload carries the whole spec)
+    extras: dict[str, np.ndarray] | None = None  # beside the weights, e.g. {"log_std": ...} (format 5)
 
 
 # --------------------------------------------------------------------------------------------------- encode
@@ -88,13 +92,15 @@ def _encode_leaf(path: tuple[str, ...], leaf: ParamLeaf) -> dict:
 
 
 def encode_payload(qp: QuantizedParams, *, version: int, spec: PolicySpec | None = None,
-                   spec_hash: str | None = None) -> bytes:
-    """Serialise `qp` (plus the learner step `version`, and the policy spec or only its digest) for actors.
-    Raises ValueError on arguments that would not decode (bad types, non-finite leaves, odd dtypes)."""
+                   spec_hash: str | None = None, extras: Mapping[str, np.ndarray] | None = None) -> bytes:
+    """Serialise `qp` (plus the learner step `version`, the policy spec or only its digest, and the agent's
+    `extras`) for actors. Raises ValueError on arguments that would not decode (bad types, non-finite leaves or
+    extras, odd dtypes)."""
     if not isinstance(qp, QuantizedParams):
         raise ValueError(f"encode_payload expects QuantizedParams, got {type(qp).__name__}")
     body = _body(qp.precision, qp.per_channel, version, spec, spec_hash)
     body["activation_ranges"] = _encode_ranges(qp.activation_ranges)
+    body["extras"] = _encode_extras(extras)
     body["leaves"] = [_encode_leaf(path, leaf) for path, leaf in tree_items(qp.tree)]
     packed = msgpack.packb(body, use_bin_type=True)
     return _HEADER.pack(MAGIC, FORMAT_VERSION, len(packed), hashlib.sha256(packed).digest()) + packed
@@ -111,6 +117,32 @@ def _encode_ranges(ranges: object) -> dict | None:
         if arr.shape != (2,) or not np.isfinite(arr).all() or not arr[0] <= 0.0 <= arr[1]:
             raise ValueError(f"activation range of {name!r} must be finite [lo, hi] with lo <= 0 <= hi, got {r!r}")
         out[name] = encode_array(arr, f"activation range {name!r}")
+    return out
+
+
+def _encode_extras(extras: Mapping[str, np.ndarray] | None) -> dict | None:
+    if not extras:
+        return None
+    out = {}
+    for name, value in sorted(extras.items()):
+        arr = np.asarray(value, np.float32)
+        if not isinstance(name, str) or not name or arr.ndim != 1 or not np.isfinite(arr).all():
+            raise ValueError(f"payload extra {name!r} must be a named 1-D array of finite values, got {value!r}")
+        out[name] = encode_array(arr, f"extra {name!r}")
+    return out
+
+
+def _decode_extras(d: Unpacked) -> dict[str, np.ndarray] | None:
+    if d is None:
+        return None
+    expect(isinstance(d, dict) and all(isinstance(k, str) and k for k in d), "extras is not a map of names")
+    out = {}
+    for name, entry in d.items():
+        where = f"extra {short(name)}"
+        arr = decode_array(entry, where)
+        expect(arr.dtype == np.float32 and arr.ndim == 1, f"{where} is not a 1-D float32 array")
+        expect(bool(np.isfinite(arr).all()), f"{where} has non-finite values")
+        out[name] = arr
     return out
 
 
@@ -154,7 +186,7 @@ def fp32_payload_nbytes(params: ParamTree, *, version: int = 0, spec_hash: str |
     longer bin header. Exactly `len(encode_payload(quantize_params(params, "fp32"), ...))`, without making
     the 4-bytes-per-weight copy (33 MB for a 2048x3 policy)."""
     body = _body("fp32", True, version, None, spec_hash)
-    body["activation_ranges"] = None
+    body["activation_ranges"] = body["extras"] = None
     leaves, sizes = [], []
     for path, leaf in tree_items(params):
         shape = [int(d) for d in np.shape(leaf)]
@@ -186,6 +218,7 @@ def _decode_body(body: dict, nbytes: int, packed: bool, fmt: int) -> Payload:
     keys = {"precision", "per_channel", "version", "spec", "leaves"}
     keys |= {"spec_hash"} if fmt >= 3 else set()
     keys |= {"activation_ranges"} if fmt >= 4 else set()
+    keys |= {"extras"} if fmt >= 5 else set()
     exact_keys(body, keys, "body")
     try:
         precision = parse_precision(body["precision"]) if isinstance(body["precision"], str) else None
@@ -234,7 +267,7 @@ def _decode_body(body: dict, nbytes: int, packed: bool, fmt: int) -> Payload:
     ranges = _decode_ranges(body.get("activation_ranges"))
     expect(ranges is None or precision.is_int, f"activation ranges in a {precision.name} payload")
     params = QuantizedParams(tree, precision.name, body["per_channel"], ranges)
-    return Payload(version, precision.name, params, spec, nbytes, spec_hash)
+    return Payload(version, precision.name, params, spec, nbytes, spec_hash, _decode_extras(body.get("extras")))
 
 
 def decode_payload(data: bytes) -> Payload:

@@ -9,7 +9,7 @@ import pytest
 from launch.distributed.nodes.rollout_actor import RolloutActorNode
 from launch.distributed.nodes.services import Counter, WeightServer
 from launch.distributed.nodes.shared_blob import Blob
-from launch.distributed.program import add_rollout_actors, build_actorq_program
+from launch.distributed.program import add_rollout_actors
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ExperimentConfig
 from launch.program.graph import Node, Program
@@ -92,13 +92,7 @@ def test_a_rollout_actor_node_hands_out_rollouts_with_their_behaviour_log_probs_
     assert (tmp_path / "actor_0.csv").exists()
 
 
-def test_the_distributed_program_refuses_what_it_cannot_host_yet(tmp_path):
-    """An on-policy agent has no ActorQ replay graph, and continuous on-policy actors need the log-std the payload
-    does not carry: each says so in one line."""
-    with pytest.raises(ValueError, match="on-policy"):
-        build_actorq_program(_config(tmp_path))
-    continuous = AgentSpec("ppo", "cartpole:balance", {"policy_hidden_sizes": (8,)})
-    with pytest.raises(ValueError, match="log-std"):
-        RolloutActorNode(continuous, 0, 1, 0, "int8", "onnx", None, None, str(tmp_path), 100)
+def test_a_replay_agent_has_no_rollout_actors(tmp_path):
+    """DQN learns from replay: a rollout actor for it is refused in one line."""
     with pytest.raises(ValueError, match="replay"):
         RolloutActorNode(AgentSpec("dqn", "CartPole-v1", {}), 0, 1, 0, "int8", "onnx", None, None, str(tmp_path), 100)

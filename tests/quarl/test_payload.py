@@ -193,7 +193,7 @@ def test_format_version_1_payloads_with_one_byte_per_code_still_decode(small):
     spec, params = small
     qp = quantize_params(params, "int4")
     body = _body(encode_payload(qp, version=3, spec=spec))
-    del body["spec_hash"], body["activation_ranges"]  # formats 1 and 2 had neither
+    del body["spec_hash"], body["activation_ranges"], body["extras"]  # formats 1 and 2 had none of them
     for path, leaf in tree_items(qp.tree):
         if isinstance(leaf, QTensor):
             _leaf(body, list(path))["qtensor"]["values"]["data"] = np.asarray(leaf.values).tobytes()
@@ -259,7 +259,7 @@ def test_wrong_magic_and_format_version(small_payload):
     with pytest.raises(PayloadError, match="magic"):
         decode_payload(_frame(body, magic=b"PKL\x00"))
     for fmt in (0, FORMAT_VERSION + 1):
-        with pytest.raises(PayloadError, match=f"format version {fmt} \\(this build reads 1, 2, 3, 4\\)"):
+        with pytest.raises(PayloadError, match=f"format version {fmt} \\(this build reads 1, 2, 3, 4, 5\\)"):
             decode_payload(_frame(body, fmt=fmt))
     with pytest.raises(PayloadError, match="checksum"):
         decode_payload(small_payload[:HEADER_SIZE - 1] + bytes([small_payload[HEADER_SIZE - 1] ^ 1]) + body)
@@ -537,7 +537,7 @@ def test_activation_ranges_round_trip_and_format_3_payloads_still_decode(small):
     np.testing.assert_array_equal(p.params.activation_ranges["linear_0"], [-1.5, 2.0])
     assert decode_payload(encode_payload(quantize_params(params, "int8"), version=1)).params.activation_ranges is None
     body = _body(data)
-    del body["activation_ranges"]
+    del body["activation_ranges"], body["extras"]
     old = decode_payload(_frame(msgpack.packb(body, use_bin_type=True), fmt=3))
     assert old.params.activation_ranges is None and old.version == 5
     with pytest.raises(PayloadError, match="activation_ranges"):  # a format-4 body must say it has none
@@ -555,4 +555,26 @@ def test_bad_activation_ranges_are_refused_both_ways(small, bad):
     arr = np.asarray(bad, np.float32)
     body["activation_ranges"]["linear_0"] = {"dtype": "float32", "shape": list(arr.shape), "data": arr.tobytes()}
     with pytest.raises(PayloadError):
+        decode_payload(_frame(msgpack.packb(body, use_bin_type=True)))
+
+
+def test_extras_travel_beside_the_weights_unquantized_and_are_checked(small):
+    """Format 5: an agent's extras (PPO's log-std) decode to the same float32 values; a format-4 body has none;
+    non-finite or non-1-D extras are refused both ways."""
+    spec, params = small
+    qp = quantize_params(params, "int8")
+    log_std = np.array([-0.5, -1.25], np.float32)
+    p = decode_payload(encode_payload(qp, version=2, spec=spec, extras={"log_std": log_std}))
+    np.testing.assert_array_equal(p.extras["log_std"], log_std)
+    assert p.extras["log_std"].dtype == np.float32
+    assert decode_payload(encode_payload(qp, version=2)).extras is None
+    body = _body(encode_payload(qp, version=2))
+    del body["extras"]
+    assert decode_payload(_frame(msgpack.packb(body, use_bin_type=True), fmt=4)).extras is None
+    for bad in (np.array([np.nan], np.float32), np.ones((2, 2), np.float32)):
+        with pytest.raises(ValueError, match="extra 'log_std'"):
+            encode_payload(qp, version=2, extras={"log_std": bad})
+    body = _body(encode_payload(qp, version=2, extras={"log_std": log_std}))
+    body["extras"]["log_std"]["data"] = np.array([np.inf, 0.0], np.float32).tobytes()
+    with pytest.raises(PayloadError, match="extra .log_std. contains NaN or inf"):
         decode_payload(_frame(msgpack.packb(body, use_bin_type=True)))

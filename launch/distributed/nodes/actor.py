@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 import numpy as np
 
@@ -20,6 +20,7 @@ from quarl.acting.loop import Item, Sink
 from quarl.envs.vector import VectorEnv, make_vector_environment
 from quarl.ops.affinity import claim_core
 from quarl.ops.carbon import stop_tracking
+from quarl.quant.payload import Payload
 from quarl.quant.precision import Precision, parse_precision
 from quarl.replay.adders import TransitionBuffer
 
@@ -40,10 +41,33 @@ def first_actor(builder: BuilderBase, env_spec: EnvSpec, client: PolicyClient, s
     """The actor built on the first weights `client` receives (None: stopped before any came), for every acting
     node. Its seed comes from the attempt, so a process restarted after a crash explores anew."""
     built: list[Actor] = []
-    payload = client.first(stop, apply=lambda p: built.append(builder.make_actor(
-        env_spec, p.params, seed=derive_seed(seed, attempt), actor_id=actor_id, evaluation=False, backend=backend,
-        num_actors=num_actors, batch_size=num_envs, executor_factory=executor_factory(kernel_form))))
+
+    def build(p: Payload) -> None:
+        actor = builder.make_actor(env_spec, p.params, seed=derive_seed(seed, attempt), actor_id=actor_id,
+                                   evaluation=False, backend=backend, num_actors=num_actors, batch_size=num_envs,
+                                   executor_factory=executor_factory(kernel_form))
+        builder.apply_extras(actor, p.extras)
+        built.append(actor)
+
+    payload = client.first(stop, apply=build)
     return None if payload is None else built[-1]
+
+
+def log_restart(logdir: str, name: str, attempt: int, version: int, start: Mapping[str, Any]) -> None:
+    """The events.log line of an acting node started again after its process died (`attempt` > 1; `start` is
+    the counter's answer to the start, with the node's own steps so far)."""
+    if attempt > 1:
+        log_event(logdir, name, f"restarted (start #{attempt}: the previous process died); acting again with the "
+                                f"latest weights, version {version}, after {int(start.get(f'{name}_steps', 0))} "
+                                "steps of its own so far", logging.WARNING)
+
+
+def update_actor(builder: BuilderBase, actor: Actor) -> Callable[[Payload], None]:
+    """What an acting node does with each newer payload: the new weights, and the agent's extras beside them."""
+    def apply(p: Payload) -> None:
+        actor.update(p.params)
+        builder.apply_extras(actor, p.extras)
+    return apply
 
 
 class CountReport:
@@ -130,11 +154,7 @@ class ActorNode(NodeBase):
                 log_event(self._logdir, name, f"integer kernel self-check refused "
                                               f"{[c['form'] for c in kernel['checks'][:-1]]}; acting with "
                                               f"{kernel['form']}", logging.WARNING)
-            if attempt > 1:
-                log_event(self._logdir, name, f"restarted (start #{attempt}: the previous process died); acting "
-                                              f"again with the latest weights, version {first_version}, after "
-                                              f"{int(start.get(f'{name}_steps', 0))} steps of its own so far",
-                          logging.WARNING)
+            log_restart(self._logdir, name, attempt, first_version, start)
             buffer = TransitionBuffer(self._insert_batch, self._builder.transition_signature(self._env_spec))
             loop = ActingLoop(env, self._builder.make_sink(self._num_envs), times, update_period=update_period,
                               episode_log=log, clock=lambda: time.monotonic() - t_origin)
@@ -147,7 +167,7 @@ class ActorNode(NodeBase):
                     counts.send()
 
             def pull() -> None:
-                client.fetch(apply=lambda p: actor.update(p.params))
+                client.fetch(apply=update_actor(self._builder, actor))
 
             t_run = time.monotonic()
             loop.reset()

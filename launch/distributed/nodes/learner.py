@@ -36,9 +36,9 @@ if TYPE_CHECKING:
 
 FINAL_PUBLISH_TIMEOUT_S = 60.0
 INT8 = parse_precision("int8")  # the actors' precision unless the run says otherwise
-# What the training thread hands the publisher: the policy's device snapshot and the observations that calibrate
-# an int conv policy's activations (empty for every other policy).
-Offered = tuple[ArrayTree, tuple[np.ndarray, ...]]
+# What the training thread hands the publisher: the policy's device snapshot, the observations that calibrate
+# an int conv policy's activations (empty for every other policy) and the agent's payload extras of that version.
+Offered = tuple[ArrayTree, tuple[np.ndarray, ...], dict[str, np.ndarray]]
 
 # SGD steps per learner call when the run does not set K (`steps_per_call=None`), by the learner's JAX platform.
 # CPU: K = 4. On the 2-core EPYC, D4PG 256x3 at batch 256, interleaved arms under the same load: `run_block`
@@ -298,7 +298,8 @@ class LearnerNode(NodeBase):
             # int conv actors' calibration: references to the last sampled observations, concatenated by the
             # publisher thread (quarl.quant.calibration); empty for every other policy.
             observations = self._calibration_batches()
-        self._publisher.offer(version, (params, observations))
+            extras = self._builder.payload_extras(self._learner)
+        self._publisher.offer(version, (params, observations, extras))
         self.publish_times.offered += 1
         self.publish_times.handoff_s += time.perf_counter() - t0
 
@@ -321,7 +322,7 @@ class LearnerNode(NodeBase):
         device, only they come to the host), encodes the bytes once, and publishes them (a `Blob`: on Ray one
         object-store object that every actor reads) to the weight server. Non-finite weights fail here: the
         learner stops with that error."""
-        params, observations = offered
+        params, observations, extras = offered
         t_offered = time.perf_counter()
         jax.block_until_ready(params)  # the steps dispatched before the snapshot: timed apart (no CPU spent)
         t0 = time.perf_counter()
@@ -329,7 +330,7 @@ class LearnerNode(NodeBase):
                    else quantize_params(params, self._precision))
         qparams = with_activation_ranges(self._policy_spec, qparams,
                                          np.concatenate(observations) if observations else None)
-        data = encode_payload(qparams, version=version, spec_hash=self._spec_hash)
+        data = encode_payload(qparams, version=version, spec_hash=self._spec_hash, extras=extras)
         t1 = time.perf_counter()
         blob = Blob.put(data)
         t2 = time.perf_counter()

@@ -9,8 +9,8 @@ them (`take`); the actor stops acting while the outbox is full, so on-policy dat
 `sync=True` (the default, synchronous PPO) the actor then waits for a weights version newer than the one it
 collected the rollout with before it acts again, as the single-process runner does.
 
-Continuous tasks need the learner's Gaussian log-std beside the weights, which the weight payload does not carry
-yet: this node acts on discrete tasks only.
+On continuous tasks the actor samples with the learner's Gaussian log-std, which comes in each weight payload
+beside the weights (`BuilderBase.payload_extras`).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, TypedDict, cast
 
-from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport, first_actor
+from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport, first_actor, log_restart, update_actor
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
 from launch.distributed.nodes.weights_client import PolicyClient
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
@@ -60,9 +60,6 @@ class RolloutActorNode(NodeBase):
             raise ValueError(f"--agent {spec.agent} learns from replay: its actors are "
                              "launch.distributed.nodes.actor.ActorNode, not rollout actors")
         self._env_spec = spec.env_spec()
-        if not self._env_spec.discrete:
-            raise ValueError(f"{spec.task} has continuous actions: a distributed on-policy actor needs the learner's "
-                             "log-std with the weights, which the payload does not carry yet")
         if int(outbox_size) < 1:
             raise ValueError(f"outbox_size must be >= 1, got {outbox_size!r}")
         self._id, self._num_actors, self._seed = int(actor_id), int(num_actors), int(seed)
@@ -119,6 +116,7 @@ class RolloutActorNode(NodeBase):
                 kernel_form=self._kernel_form))  # an on-policy builder's actor (checked in __init__)
             if actor is not None:
                 first_version = client.version
+                log_restart(self._logdir, name, attempt, first_version, start)
                 loop = ActingLoop(env, self._builder.make_sink(self._num_envs), times,
                                   update_period=self._builder.actor_update_period(self._num_envs), episode_log=log,
                                   clock=lambda: time.monotonic() - t_origin)
@@ -132,8 +130,10 @@ class RolloutActorNode(NodeBase):
                                         "actor_steps": loop.steps})
                         counts.send()
 
+                apply = update_actor(self._builder, actor)
+
                 def pull() -> None:  # at every rollout's end; synchronous: until newer weights came
-                    while (client.fetch(apply=lambda p: actor.update(p.params)) is None and self._sync
+                    while (client.fetch(apply=apply) is None and self._sync
                            and not self._stop.wait(0.02)):
                         pass
                     acted_with[0] = client.version
