@@ -137,6 +137,11 @@ class JaxLearner(abc.ABC):
         """Number of SGD steps taken."""
         return self._steps
 
+    def compile(self, sample: Batch) -> None:
+        """Compiles `step` for `sample`'s shapes ahead of time (nothing runs, the state is untouched), so the first
+        real update of a run does not pay for compilation: a distributed learner does it before its first version."""
+        self._update.lower(*self._split(), self._coerce(sample)).compile()
+
     def step(self, sample: Batch) -> Metrics:
         """One SGD step on a `quarl.replay.items.Sample` (or a plain mapping of columns)."""
         batch = self._coerce(sample)

@@ -262,6 +262,10 @@ class PPOLearner(JaxLearner):
         self._recent_obs.append(batch["observation"])
         return {}
 
+    def compile(self, sample: Mapping[str, np.ndarray]) -> None:
+        super().compile(sample)
+        self._recent_obs.clear()  # a compile-time sample is no observation to calibrate int conv actors on
+
     def calibration_observations(self) -> np.ndarray | None:
         """The last rollout's observations, flat over time and environments (int conv actors' calibration)."""
         if not self._recent_obs:

@@ -62,10 +62,6 @@ class DistributedConfig:
             raise ConfigError("rollout_mode", f"must be one of {', '.join(ROLLOUT_MODES)}, got {self.rollout_mode!r}")
         if self.max_staleness is not None:
             object.__setattr__(self, "max_staleness", check_int("max_staleness", self.max_staleness, minimum=0))
-
-    def staleness_bound(self) -> int:
-        """`max_staleness`, or its default for this many actors."""
-        return 2 * self.num_actors + 2 if self.max_staleness is None else int(self.max_staleness)
         if self.learner_steps_per_call is not None:
             object.__setattr__(self, "learner_steps_per_call",
                                check_int("learner_steps_per_call", self.learner_steps_per_call, minimum=1))
@@ -83,6 +79,10 @@ class DistributedConfig:
             object.__setattr__(self, name, dict(value))
         for name in ("num_actors", "publish_period", "insert_batch", "prefetch", "checkpoint_every"):
             object.__setattr__(self, name, int(getattr(self, name)))
+
+    def staleness_bound(self) -> int:
+        """`max_staleness`, or its default for this many actors."""
+        return 2 * self.num_actors + 2 if self.max_staleness is None else int(self.max_staleness)
 
     def to_dict(self) -> dict[str, JSONValue]:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

@@ -4,7 +4,8 @@
 Proves: every node, port and connection of the cluster is on 127.0.0.1; `launch.actorq --ray-address` with
 `--actor-resource` runs every actor on the worker node and the learner and services on the head; each weight
 version crosses to the actors' node at most once, not once per actor; a worker node killed mid-run is named in
-events.log and ends the run with one line and exit 1; `launch.reproduce --ray-address` runs a tiny grid as Ray
+events.log and ends the run with one line and exit 1; an on-policy (PPO) run puts its rollout actors on the worker and
+trains on their rollouts on the head; `launch.reproduce --ray-address` runs a tiny grid as Ray
 tasks into the usual folder and report; no process of the cluster is left afterwards. Every wait is bounded.
 """
 from __future__ import annotations
@@ -105,6 +106,28 @@ def test_actors_run_on_the_worker_node_and_each_version_crosses_once(cluster: Lo
     assert versions >= 2 and fetched >= 2, (fetched, versions)
     assert 1 <= crossed < fetched, (crossed, versions, fetched)
     assert crossed <= versions, (crossed, versions, fetched)
+
+
+def test_on_policy_actors_run_on_the_worker_node_and_hand_rollouts_to_the_head(cluster: LoopbackCluster,
+                                                                              tmp_path: Path) -> None:
+    """`launch.actorq --agent ppo` on the cluster: 2 int8 rollout actors on the worker node, the synchronous learner
+    and the services on the head; every update takes one rollout from each actor across the nodes."""
+    worker = next(i for i, _, _, res in _node_ids(cluster) if res.get("actor_slot"))
+    argv = ["--agent", "ppo", "--task", "CartPole-v1", "--precision", "int8", "--num-actors", "2", "--backend", "onnx",
+            "--set", "num_envs=2", "--max-actor-steps", "2048", "--eval-every", "1024", "--eval-episodes", "1",
+            "--actor-resource", "actor_slot", "--learner-resource", "learner_slot", "--no-progress"]
+    proc = subprocess.Popen([sys.executable, "-m", "launch.actorq", "--ray-address", str(cluster.address),
+                             "--logdir", str(tmp_path / "run"), *argv], cwd=REPO, env=_env(cluster),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    _, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    assert proc.returncode == 0, err[-2000:]
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    placement = summary["placement"]
+    assert {placement[f"actor_{i}"] for i in range(2)} == {worker} and "replay" not in placement
+    assert worker not in {placement[n] for n in ("learner", "counter", "weights", "evaluator")}
+    info = summary["learner"]["on_policy"]
+    assert summary["learner_steps"] >= 2 and info["rollouts_trained"] >= 2 * summary["learner_steps"] - 1
+    assert all(a["rollouts"] >= 2 for a in summary["actors"]), summary["actors"]
 
 
 def test_reproduce_grid_runs_as_tasks_on_the_cluster(cluster: LoopbackCluster, tmp_path: Path) -> None:

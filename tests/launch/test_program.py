@@ -123,6 +123,23 @@ def test_weight_server_hands_out_the_latest_blob_once_per_version_whatever_the_n
     assert stats["published"] == 3 and stats["not_modified"] == 2 and stats["payloads_served"] == 5
 
 
+def test_a_long_poll_returns_the_next_version_as_soon_as_it_is_published_and_gives_up_after_its_wait():
+    spec, params = _policy_params()
+    w = WeightServer("int8")
+    w.publish(1, _blob(spec, params, 1))
+    t0 = time.monotonic()
+    assert w.get_payload(1, 0.2) is None and 0.15 <= time.monotonic() - t0 < 2.0  # nothing newer: waited, gave up
+    got: list = []
+    waiter = threading.Thread(target=lambda: got.append((w.get_payload(1, 30.0), time.monotonic())))
+    waiter.start()
+    time.sleep(0.2)
+    published_at = time.monotonic()
+    w.publish(2, _blob(spec, params, 2))
+    waiter.join(timeout=10)
+    assert got and decode_payload(got[0][0].get()).version == 2
+    assert got[0][1] - published_at < 0.5  # woken by the publication, not by a polling interval
+
+
 def test_int8_payload_is_at_least_3_9x_smaller_than_fp32():
     """The paper's D4PG policy (2048x3): biases, scales and LayerNorm stay fp32, so small nets get less."""
     spec, params = _policy_params(hidden=(2048, 2048, 2048))

@@ -133,8 +133,8 @@ class RolloutActorNode(NodeBase):
                 apply = update_actor(self._builder, actor)
 
                 def pull() -> None:  # at every rollout's end; synchronous: until newer weights came
-                    while (client.fetch(apply=apply) is None and self._sync
-                           and not self._stop.wait(0.02)):
+                    while (client.fetch(apply=apply, wait_s=POLL_S if self._sync else 0.0) is None and self._sync
+                           and not self._stop.is_set()):
                         pass
                     acted_with[0] = client.version
 

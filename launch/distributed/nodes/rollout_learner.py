@@ -182,6 +182,7 @@ class RolloutLearnerNode(LearnerNode):
         t_first: float | None = None
         policy_file: str | None = None
         try:
+            self._compile()
             self.publish_now()  # the first version, before any training (actors wait for it)
             while not self._stop.is_set():
                 self._publisher.check()  # a failed publication stops the learner with its error
@@ -220,6 +221,19 @@ class RolloutLearnerNode(LearnerNode):
                 "resumed_from": None, "policy_file": policy_file, "publish": self.publish_times.summary(),
                 "publish_handoff": self.publish_times.handoff(), "energy": energy,
                 "on_policy": self.on_policy_summary(training_s, inbox)}
+
+    def _compile(self) -> None:
+        """Compiles the update for the rollouts to come before the first version goes out, so the actors' first
+        rollout does not wait for compilation (3.5 s for CartPole's PPO on 2 cores): a synchronous update takes
+        [T, N*K] steps, an asynchronous one [T, K]."""
+        env_spec = self._spec.env_spec()
+        steps = int(self._builder.config.num_steps)
+        envs = self._builder.num_envs(self._envs_per_actor) * (len(self._actors) if self._mode == "sync" else 1)
+        obs = np.zeros((steps, envs, *env_spec.observation_shape), np.float32)
+        shape, dtype = self._builder.action_column(env_spec)
+        flat = np.zeros((steps, envs), np.float32)
+        self._learner.compile({"observation": obs, "next_observation": obs, "action": np.zeros((steps, envs, *shape),
+                               dtype), "reward": flat, "discount": flat, "last": flat, "behaviour_logp": flat})
 
     def on_policy_summary(self, training_s: float, inbox: RolloutInbox) -> dict[str, Any]:
         """What summary.json records under learner.on_policy: the mode, the correction, the rollouts trained on

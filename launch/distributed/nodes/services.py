@@ -119,6 +119,9 @@ class ReplayServer(NodeBase):
 # ------------------------------------------------------------------------------------------------------
 
 
+MAX_WAIT_S = 1.0  # the longest a `get_payload` call holds one of the weight server's threads
+
+
 class WeightServer(NodeBase):
     """The latest published policy payload, for actors and the evaluator to pull.
 
@@ -129,7 +132,7 @@ class WeightServer(NodeBase):
 
     def __init__(self, precision: Precision, logdir: str | None = None):
         self._precision = parse_precision(precision).name
-        self._lock = threading.Lock()
+        self._lock = threading.Condition()  # notified at every publication (`get_payload`'s wait)
         self._latest: tuple[int, Blob] | None = None
         self._stats: collections.Counter = collections.Counter()
         self._payload_nbytes = 0
@@ -145,15 +148,22 @@ class WeightServer(NodeBase):
                 self._payload_nbytes = int(blob.nbytes)
             self._fp32_nbytes = int(fp32_nbytes) or self._fp32_nbytes
             self._stats["published"] += 1
+            self._lock.notify_all()
             return self._latest[0]
 
     def latest_version(self) -> int:
         with self._lock:
             return -1 if self._latest is None else self._latest[0]
 
-    def get_payload(self, have_version: int = -1) -> Blob | None:
+    def get_payload(self, have_version: int = -1, wait_s: float = 0.0) -> Blob | None:
+        """The latest payload if it is newer than `have_version`, else None, after waiting up to `wait_s` seconds
+        for one to be published (a synchronous on-policy actor's long poll: it gets the next version one round
+        trip after its publication, with no polling interval)."""
         with self._lock:
             self._stats["requests"] += 1
+            if wait_s > 0:
+                self._lock.wait_for(lambda: self._latest is not None and self._latest[0] > have_version,
+                                    timeout=min(float(wait_s), MAX_WAIT_S))
             if self._latest is None or self._latest[0] <= have_version:
                 self._stats["not_modified"] += 1
                 return None

@@ -50,11 +50,12 @@ class PolicyClient:
         """The stage times this client adds to (shared with the actor that owns it)."""
         return self._times
 
-    def fetch(self, apply: ApplyFn | None = None) -> Payload | None:
+    def fetch(self, apply: ApplyFn | None = None, wait_s: float = 0.0) -> Payload | None:
         """The newest payload if it is newer than ours and valid (decoded, and `apply(payload)` done), else
-        None (nothing new, or rejected)."""
+        None (nothing new, or rejected). `wait_s` > 0: the server waits that long for a newer version."""
         t0 = time.perf_counter()
-        blob = self._weights.call("get_payload", self.version)
+        blob = (self._weights.call("get_payload", self.version, wait_s) if wait_s > 0
+                else self._weights.call("get_payload", self.version))
         data = None if blob is None else blob.get()
         t1 = time.perf_counter()
         self._times.pull_s += t1 - t0
