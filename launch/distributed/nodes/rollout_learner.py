@@ -180,10 +180,12 @@ class RolloutLearnerNode(LearnerNode):
         t_origin = time.monotonic() - self._counter.call("get")["wall_clock_s"]
         start_steps = self.steps()
         t_first: float | None = None
+        started_at: float | None = None
         policy_file: str | None = None
         try:
             self._compile()
             self.publish_now()  # the first version, before any training (actors wait for it)
+            started_at = time.monotonic() - t_origin
             while not self._stop.is_set():
                 self._publisher.check()  # a failed publication stops the learner with its error
                 t0 = time.perf_counter()
@@ -220,7 +222,7 @@ class RolloutLearnerNode(LearnerNode):
                 "sample_wait_s": self.stats["wait_s"], "steps_per_call": 1, "weights_version": self._version,
                 "resumed_from": None, "policy_file": policy_file, "publish": self.publish_times.summary(),
                 "publish_handoff": self.publish_times.handoff(), "energy": energy,
-                "on_policy": self.on_policy_summary(training_s, inbox)}
+                "on_policy": {**self.on_policy_summary(training_s, inbox), "started_at_s": started_at}}
 
     def _compile(self) -> None:
         """Compiles the update for the rollouts to come before the first version goes out, so the actors' first
@@ -238,7 +240,9 @@ class RolloutLearnerNode(LearnerNode):
     def on_policy_summary(self, training_s: float, inbox: RolloutInbox) -> dict[str, Any]:
         """What summary.json records under learner.on_policy: the mode, the correction, the rollouts trained on
         and dropped, their lag, the learner's share of time spent waiting for rollouts, and the mismatch
-        between the learner's and the behaviour policy over the run (means of the per-update figures)."""
+        between the learner's and the behaviour policy over the run (means of the per-update figures). `run`
+        adds `started_at_s`: the run clock when the first version went out, i.e. when acting could begin (what
+        a peer's clock that starts at its first training iteration compares with)."""
         config = self._builder.config
         trained = int(self.stats["rollouts_trained"])
         return {"mode": self._mode, "correction": getattr(config, "correction", "none"),
