@@ -152,8 +152,12 @@ def markdown(result: dict[str, Any], command: str) -> str:
             return f"{x['diff_mean']:+.1f} ({'—' if x['p'] is None else format(x['p'], '.2f')})"
 
         both = f["within_noise"] and m["within_noise"]
-        lines.append(f"| {e['task']} | {e['arm']} | {len(e['seeds'])} | {cell(f)} | {cell(m)} | "
-                     f"{'yes' if both else 'no'} |")
+        if both:
+            verdict = "yes"
+        else:  # which way: a difference in int8's favour is no loss
+            off = [x["diff_mean"] for x in (f, m) if not x["within_noise"]]
+            verdict = "no: int8 higher" if all(d > 0 for d in off) else "no: int8 lower"
+        lines.append(f"| {e['task']} | {e['arm']} | {len(e['seeds'])} | {cell(f)} | {cell(m)} | {verdict} |")
     if result["summary"]["failed"]:
         lines += ["", "Failed runs: " + ", ".join(f"{r['task']} {r['arm']} {r['precision']} seed {r['seed']}"
                                                  for r in result["summary"]["failed"])]

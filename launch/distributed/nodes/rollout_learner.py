@@ -24,6 +24,7 @@ no checkpoint to resume from: an on-policy learner's state is its weights, saved
 """
 from __future__ import annotations
 
+import collections
 import logging
 import queue
 import threading
@@ -37,7 +38,7 @@ from launch.distributed.nodes.learner import INT8, LearnerNode
 from launch.distributed.nodes.rollout_actor import HandedRollout
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ROLLOUT_MODES
-from launch.program.graph import NodeHandle, NodeLost
+from launch.program.graph import CallFuture, NodeHandle, NodeLost
 from quarl.acting.loop import Item
 from quarl.ops.carbon import stop_tracking
 from quarl.ops.logs import Logger
@@ -162,6 +163,7 @@ class RolloutLearnerNode(LearnerNode):
                                         "wait_s": 0.0, "update_s": 0.0}
         self._mismatch: dict[str, list[float]] = {}
         self._held: list[HandedRollout] = []  # a synchronous set a stop cut short: trained on at the drain
+        self._counts: collections.deque[CallFuture] = collections.deque()  # learner-step reports in flight
 
     def _make_learner(self, env_spec: EnvSpec, seed: int) -> Learner:
         """Sized to the run, so `anneal_lr` ends at the run's last update: a synchronous update takes one rollout
@@ -190,7 +192,8 @@ class RolloutLearnerNode(LearnerNode):
                 self._publisher.check()  # a failed publication stops the learner with its error
                 t0 = time.perf_counter()
                 items = self._next_sync(inbox) if self._mode == "sync" else self._next_async(inbox)
-                self.stats["wait_s"] += time.perf_counter() - t0
+                if t_first is not None:  # waiting for rollouts once training runs (the first takes an actor start)
+                    self.stats["wait_s"] += time.perf_counter() - t0
                 if items:
                     t_first = t_first or time.monotonic()
                     self._train(items, log, t_origin)
@@ -199,6 +202,8 @@ class RolloutLearnerNode(LearnerNode):
                 self._train(items, log, t_origin)
             policy_file = self.save_policy()
             self.publish_now()
+            for future in self._counts:  # every update counted before the run's totals are read
+                future.result(timeout=10)
         except BaseException as e:
             if policy_file is None:
                 try:
@@ -326,7 +331,9 @@ class RolloutLearnerNode(LearnerNode):
             self.publish_now()  # the actors wait for it
         elif self._publisher.due():
             self._offer()
-        self._counter.submit("increment", learner_steps=steps - before)
+        self._counts.append(self._counter.submit("increment", learner_steps=steps - before))
+        while self._counts and self._counts[0].done():
+            self._counts.popleft().result()
         log.write({"learner_steps": steps, "wall_clock_s": round(time.monotonic() - t_origin, 3),
                    "weights_version": self._version, "rollouts": len(items), "lag_mean": float(np.mean(lags)),
                    "stale_dropped": int(self.stats["stale_dropped"]), **values})
