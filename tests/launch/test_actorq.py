@@ -185,13 +185,13 @@ def _processes_with(marker: str) -> list[int]:
     return pids
 
 
-@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find leftover processes")
 SIGINT_AGENTS = {
     "dqn": ["--set", "hidden_sizes=16,16", "--set", "min_replay_size=100"],
     "ppo": ["--set", "num_envs=2", "--set", "policy_hidden_sizes=16", "--rollout-mode", "async"],  # no replay
 }
 
 
+@pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find leftover processes")
 @pytest.mark.parametrize("agent", sorted(SIGINT_AGENTS))
 def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path, agent):
     """Ctrl-C on the CLI: exit 130, summary.json written, and no process of that run left behind (every Ray
