@@ -138,7 +138,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
              "(versions) | stale dropped |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for c in result["summary"]["cells"]:
         lines.append(f"| {c['task']} | {c['arm']} | {c['precision']} | {c['seeds']} | "
-                     f"{_fmt(c['final_return'], c['final_return_sd'])} | {_fmt(c['mean_return'], c['mean_return_sd'])} | "
+                     f"{_fmt(c['final_return'], c['final_return_sd'])} | "
+                     f"{_fmt(c['mean_return'], c['mean_return_sd'])} | "
                      f"{_fmt(c['kl'], None, '.2e')} | {_fmt(c['ratio_std'], None, '.3f')} | "
                      f"{_fmt(c['truncated_frac'], None, '.3f')} | {_fmt(c['lag_mean'], None, '.2f')} | "
                      f"{_fmt(c['stale_dropped'], None, '.1f')} |")

@@ -188,7 +188,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
                          f"{w['policy_us_per_step']:,.0f} | {w['env_us_per_step']:,.0f} | {w['payload_bytes']:,} |")
         if all("failed" not in w for w in wide) and len(wide) == 2:
             by = {w["precision"]: w for w in wide}
-            lines += ["", f"int8 / fp32 actor env steps/s: {by['int8']['actor_steps_per_s'] / by['fp32']['actor_steps_per_s']:.2f}x"]
+            speedup = by["int8"]["actor_steps_per_s"] / by["fp32"]["actor_steps_per_s"]
+            lines += ["", f"int8 / fp32 actor env steps/s: {speedup:.2f}x"]
     return "\n".join(lines) + "\n"
 
 
@@ -240,7 +241,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     result = {"machine": finish(machine), "num_actors": args.num_actors, "steps": args.steps, "seeds": args.seeds,
               "systems": args.systems, "runs": runs, "medians_s_to_target": medians, "ratios": ratios,
               "wide_steps": args.wide_steps, "wide": wide}
-    write_results(args.out, "rllib_onpolicy", result, markdown(result, command_line("bench.peers.rllib_onpolicy", argv)))
+    page = markdown(result, command_line("bench.peers.rllib_onpolicy", argv))
+    write_results(args.out, "rllib_onpolicy", result, page)
     print(f"wrote {args.out}/rllib_onpolicy.{{json,md}}")
     return 0
 
