@@ -11,7 +11,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,7 +24,7 @@ from launch.distributed.supervisor import run_program
 from launch.program.ray_runner import RayRunner
 from quarl.runtimes.policy_io import load_policy
 from tests.agents.executed import assert_integer_kernel_ran
-from tests.launch.tiny import TINY_D4PG, BlockHook, tiny_config
+from tests.launch.tiny import TINY_D4PG, BlockHook, kill_actor_at, tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -122,22 +121,7 @@ def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_pa
     config = tiny_config(tmp_path, agent="d4pg", task="cartpole:balance", overrides=dict(TINY_D4PG),
                      max_actor_steps=3000, eval_every=3000)
     killed: dict[str, int] = {}
-
-    def kill_actor_0(launch) -> None:
-        def killer() -> None:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if launch.handles["counter"].call("get").get("actor_0_steps", 0) >= 300:
-                    pid = launch.pid("actor_0")
-                    killed["version"] = launch.handles["weights"].call("latest_version")
-                    os.kill(pid, signal.SIGKILL)
-                    killed["pid"] = pid
-                    return
-                time.sleep(0.1)
-
-        threading.Thread(target=killer, daemon=True).start()
-
-    summary, code = run_program(config, RayRunner(), on_launch=kill_actor_0)
+    summary, code = run_program(config, RayRunner(), on_launch=kill_actor_at("actor_0", 300, killed))
     assert "pid" in killed, "actor_0 never reached 300 steps"
     assert code == 0 and summary["status"] == "completed", summary["error"]
     actor_0 = summary["actors"][0]

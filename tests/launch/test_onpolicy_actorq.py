@@ -7,8 +7,6 @@ the run finishes; bad on-policy flags are one line and exit 2."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import threading
 import time
 
@@ -30,6 +28,7 @@ from launch.program.local_runner import LocalRunner
 from launch.program.ray_runner import RayRunner
 from quarl.quant.calibration import quantize_for_actors
 from quarl.quant.payload import decode_payload, encode_payload
+from tests.launch.tiny import kill_actor_at
 
 T, K = 8, 2
 PPO_TINY = {"num_envs": K, "num_steps": T, "policy_hidden_sizes": (16,), "value_hidden_sizes": (8,),
@@ -184,22 +183,8 @@ def test_a_killed_rollout_actor_is_restarted_and_the_run_finishes(ray_session, t
     the synchronous learner goes on with it, and the run completes with no node process left."""
     config = _config(tmp_path, max_actor_steps=12_000, target_return=None, eval_every=6_000)
     killed: dict[str, int] = {}
-
-    def kill_actor_0(launch) -> None:
-        def killer() -> None:
-            deadline = time.monotonic() + 120
-            while time.monotonic() < deadline:
-                if launch.handles["counter"].call("get").get("actor_0_steps", 0) >= 2_000:
-                    killed["version"] = launch.handles["weights"].call("latest_version")
-                    os.kill(launch.pid("actor_0"), signal.SIGKILL)
-                    killed["done"] = 1
-                    return
-                time.sleep(0.1)
-
-        threading.Thread(target=killer, daemon=True).start()
-
-    summary, code = run_program(config, RayRunner(), on_launch=kill_actor_0)
-    assert killed.get("done"), "actor_0 never reached 2,000 steps"
+    summary, code = run_program(config, RayRunner(), on_launch=kill_actor_at("actor_0", 2_000, killed))
+    assert "pid" in killed, "actor_0 never reached 2,000 steps"
     assert code == 0 and summary["status"] == "completed", summary["error"]
     actor_0 = summary["actors"][0]
     assert actor_0["starts"] == 2 and actor_0["first_weights_version"] >= killed["version"] > 0

@@ -2,12 +2,17 @@
 check every CLI test of a refused flag makes, and the hook fault tests put in a learner's training blocks."""
 from __future__ import annotations
 
+import os
+import signal
+import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import pytest
 
 from launch.experiments.config import ExperimentConfig
+from launch.program.graph import Launch
 
 TINY_DQN = {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32, "samples_per_insert": 8.0}
 TINY_D4PG = {"policy_layer_sizes": (32, 32), "critic_layer_sizes": (32, 32), "num_atoms": 11, "batch_size": 32,
@@ -46,3 +51,23 @@ def tiny_config(logdir: Path, **kw) -> ExperimentConfig:
                 publish_period=5, insert_batch=32)
     base.update(kw)
     return ExperimentConfig.create(**base)
+
+
+def kill_actor_at(actor: str, min_steps: int, killed: dict[str, int]) -> Callable[[Launch], None]:
+    """An `on_launch` hook for `run_program`: a thread that SIGKILLs `actor`'s process once the counter has seen
+    `min_steps` of its steps, recording the latest weights version then and the pid in `killed` (nothing if the
+    actor never got there within 120 s)."""
+    def on_launch(launch: Launch) -> None:
+        def killer() -> None:
+            deadline = time.monotonic() + 120
+            while time.monotonic() < deadline:
+                if launch.handles["counter"].call("get").get(f"{actor}_steps", 0) >= min_steps:
+                    pid = launch.pid(actor)
+                    killed["version"] = launch.handles["weights"].call("latest_version")
+                    os.kill(pid, signal.SIGKILL)
+                    killed["pid"] = pid
+                    return
+                time.sleep(0.1)
+
+        threading.Thread(target=killer, daemon=True).start()
+    return on_launch

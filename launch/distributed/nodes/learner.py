@@ -229,13 +229,7 @@ class LearnerNode(NodeBase):
             self.publish_now()
             self.checkpoint()
         except BaseException as e:
-            if policy_file is None:  # the learner itself may be fine (a lost replay server): keep its policy
-                try:
-                    policy_file = self.save_policy()
-                except Exception:  # pylint: disable=broad-except
-                    pass  # e.g. non-finite weights: the original error is the one to report
-            log_event(self._logdir, "learner", f"stopped by an error: {type(e).__name__}: "
-                                               f"{str(e).splitlines()[0] if str(e) else ''}", logging.WARNING)
+            self._stopped_by(e, policy_file)
             raise
         finally:
             self._stop.set()
@@ -243,6 +237,22 @@ class LearnerNode(NodeBase):
             self._publisher.close()
             log.close()
             energy = stop_tracking(tracker)
+        return self._result(start_steps, t_first, step_s, wait_s, policy_file, energy)
+
+    def _stopped_by(self, error: BaseException, policy_file: str | None) -> None:
+        """A run ended by `error`: the policy is saved if it was not yet (the learner itself may be fine, e.g. a
+        lost replay server) and events.log says why."""
+        if policy_file is None:
+            try:
+                self.save_policy()
+            except Exception:  # pylint: disable=broad-except
+                pass  # e.g. non-finite weights: the original error is the one to report
+        log_event(self._logdir, "learner", f"stopped by an error: {type(error).__name__}: "
+                                           f"{str(error).splitlines()[0] if str(error) else ''}", logging.WARNING)
+
+    def _result(self, start_steps: int, t_first: float | None, step_s: float, wait_s: float,
+                policy_file: str | None, energy: object) -> dict[str, Any]:
+        """What `run` returns (summary.json's learner section): steps, rates and where the time went."""
         trained = self.steps() - start_steps
         training_s = time.monotonic() - t_first if t_first is not None else 0.0
         return {"learner_steps": self.steps(), "steps_this_run": trained, "training_s": training_s,

@@ -205,13 +205,7 @@ class RolloutLearnerNode(LearnerNode):
             for future in self._counts:  # every update counted before the run's totals are read
                 future.result(timeout=10)
         except BaseException as e:
-            if policy_file is None:
-                try:
-                    policy_file = self.save_policy()
-                except Exception:  # pylint: disable=broad-except
-                    pass  # e.g. non-finite weights: the original error is the one to report
-            log_event(self._logdir, "learner", f"stopped by an error: {type(e).__name__}: "
-                                               f"{str(e).splitlines()[0] if str(e) else ''}", logging.WARNING)
+            self._stopped_by(e, policy_file)
             raise
         finally:
             self._stop.set()
@@ -219,15 +213,9 @@ class RolloutLearnerNode(LearnerNode):
             self._publisher.close()
             log.close()
             energy = stop_tracking(tracker)
-        trained = self.steps() - start_steps
-        training_s = time.monotonic() - t_first if t_first is not None else 0.0
-        return {"learner_steps": self.steps(), "steps_this_run": trained, "training_s": training_s,
-                "steps_per_s": trained / training_s if training_s > 0 else 0.0, "step_s": self.stats["update_s"],
-                "step_s_mean": self.stats["update_s"] / trained if trained else 0.0,
-                "sample_wait_s": self.stats["wait_s"], "steps_per_call": 1, "weights_version": self._version,
-                "resumed_from": None, "policy_file": policy_file, "publish": self.publish_times.summary(),
-                "publish_handoff": self.publish_times.handoff(), "energy": energy,
-                "on_policy": {**self.on_policy_summary(training_s, inbox), "started_at_s": started_at}}
+        result = self._result(start_steps, t_first, self.stats["update_s"], self.stats["wait_s"], policy_file, energy)
+        result["on_policy"] = {**self.on_policy_summary(result["training_s"], inbox), "started_at_s": started_at}
+        return result
 
     def _compile(self) -> None:
         """Compiles the update for the rollouts to come before the first version goes out, so the actors' first
