@@ -226,7 +226,7 @@ def test_rollouts_of_the_wrong_shape_are_refused():
 
 
 @pytest.mark.parametrize("argv,message", [
-    (["launch.actorq", "--agent", "ppo"], "on-policy"),
+    (["launch.actorq", "--agent", "ppo", "--checkpoint-every", "10"], "on-policy"),
     (["launch.train", "--agent", "ppo", "--actor-update-period", "5"], "after every update"),
     (["launch.train", "--agent", "a2c", "--set", "num_minibatches=2"], "A2C is one epoch"),
     (["launch.train", "--agent", "ppo", "--task", "MinAtar/Breakout", "--precision", "int4", "--qat-bits", "4"],
