@@ -42,6 +42,13 @@ class FakeRolloutActor:
         self._rollouts = list(rollouts)
         self._lock = threading.Lock()
 
+    def ready(self, timeout: float = 0.25) -> bool:
+        with self._lock:
+            if self._rollouts:
+                return True
+        time.sleep(min(timeout, 0.05))
+        return False
+
     def take(self, timeout: float = 0.25):
         with self._lock:
             if self._rollouts:

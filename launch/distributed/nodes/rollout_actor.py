@@ -70,6 +70,7 @@ class RolloutActorNode(NodeBase):
         self._outbox: queue.Queue[HandedRollout] = queue.Queue(maxsize=int(outbox_size))
         self._stop = threading.Event()
         self._finished = threading.Event()
+        self._handed = threading.Condition()  # notified when a rollout enters the outbox
         self.times = StageTimes()
         self.rollouts = 0  # rollouts handed to the outbox (this process)
 
@@ -80,6 +81,12 @@ class RolloutActorNode(NodeBase):
         """True once `run()` has returned (its step budget spent, or told to stop) and no rollout is left to take:
         a synchronous learner then stops waiting for this actor."""
         return self._finished.is_set() and self._outbox.empty()
+
+    def ready(self, timeout: float = POLL_S) -> bool:
+        """Whether a finished rollout waits in the outbox, waiting up to `timeout` seconds for one: a learner asks
+        this before it claims room for the rollout, so waiting on a slow actor holds no room others could use."""
+        with self._handed:
+            return self._handed.wait_for(lambda: not self._outbox.empty(), max(0.0, float(timeout)))
 
     def take(self, timeout: float = POLL_S) -> HandedRollout | None:
         """The oldest finished rollout, waiting up to `timeout` seconds for one; None if none came."""
@@ -168,6 +175,8 @@ class RolloutActorNode(NodeBase):
                 try:
                     self._outbox.put(item, timeout=POLL_S)
                     self.rollouts += 1
+                    with self._handed:
+                        self._handed.notify_all()
                     return
                 except queue.Full:
                     if self._stop.is_set():

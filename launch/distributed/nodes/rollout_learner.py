@@ -1,8 +1,8 @@
 """The on-policy learner node (PPO, A2C): the fp32 learner trained on the rollouts its quantized actors hand out,
 with no replay in between.
 
-Rollouts come through a `RolloutInbox`: one thread per actor keeps a `take` call in flight on that actor and puts
-what it gets into one bounded queue, so the training thread waits on the queue, never on one actor's round trip.
+Rollouts come through a `RolloutInbox`: one thread per actor waits for that actor's next rollout and puts it into
+one bounded queue, so the training thread waits on the queue, never on one actor's round trip.
 
 Two modes (`DistributedConfig.rollout_mode`):
 
@@ -60,10 +60,40 @@ def merge_rollouts(items: Sequence[HandedRollout]) -> Item:
     return {c: np.concatenate([np.asarray(it["rollout"][c]) for it in items], axis=1) for c in columns}
 
 
+class FairSlots:
+    """A counting semaphore that serves its waiters first come, first served. `threading.Semaphore` is not fair:
+    a thread that releases and at once acquires again wins over one already waiting, so one busy inbox thread
+    could keep the only slot of an asynchronous learner for minutes while another actor's rollout waited."""
+
+    def __init__(self, value: int):
+        self._free = int(value)
+        self._waiting: collections.deque[object] = collections.deque()
+        self._cond = threading.Condition()
+
+    def acquire(self, timeout: float) -> bool:
+        ticket = object()
+        with self._cond:
+            self._waiting.append(ticket)
+            try:
+                got = self._cond.wait_for(lambda: self._free > 0 and self._waiting[0] is ticket, max(0.0, timeout))
+                if got:
+                    self._free -= 1
+                return got
+            finally:
+                self._waiting.remove(ticket)
+                self._cond.notify_all()  # the next in line may go now
+
+    def release(self) -> None:
+        with self._cond:
+            self._free += 1
+            self._cond.notify_all()
+
+
 class RolloutInbox:
     """One thread per actor taking its finished rollouts into one queue, at most `capacity` taken and not yet
-    handed to the learner: a thread asks its actor only once a slot is free, so with `capacity` 1 an asynchronous
-    learner trains on rollouts that waited in their actor's outbox and nowhere else (fresh data), and with one slot
+    handed to the learner: a thread claims a slot only once its actor has a rollout ready, and slots go first
+    come, first served (`FairSlots`), so with `capacity` 1 an asynchronous learner trains on rollouts in the order
+    they became ready, each of which waited in its actor's outbox and nowhere else (fresh data), and with one slot
     per actor a synchronous learner gets every actor's rollout at once.
 
     `lost` holds the actors whose process is gone for good (their calls raise `NodeLost`), `finished` those whose
@@ -73,7 +103,7 @@ class RolloutInbox:
     def __init__(self, actors: Sequence[NodeHandle], capacity: int = 1, logdir: str | None = None):
         self._actors = list(actors)
         self._queue: queue.Queue[HandedRollout] = queue.Queue()
-        self._slots = threading.Semaphore(max(1, int(capacity)))
+        self._slots = FairSlots(max(1, int(capacity)))
         self._stop = threading.Event()
         self._logdir = logdir
         self.lost: set[int] = set()
@@ -117,24 +147,29 @@ class RolloutInbox:
     def _loop(self, i: int) -> None:
         actor, name = self._actors[i], f"actor_{i}"
         while not self._stop.is_set():
-            if not self._slots.acquire(timeout=POLL_S):
-                continue
+            holding = False
             try:
-                item = actor.call("take", POLL_S)
-                done = item is None and bool(actor.call("finished"))
+                if not actor.call("ready", POLL_S):  # wait for the actor holding no slot
+                    (self.finished.add if actor.call("finished") else self.finished.discard)(i)
+                    continue
+                if not self._slots.acquire(POLL_S):
+                    continue
+                holding = True
+                item = actor.call("take", 0.0)
             except NodeLost as e:
-                self._slots.release()
+                if holding:
+                    self._slots.release()
                 self.lost.add(i)
                 log_event(self._logdir, "learner", f"{name} is lost ({e}); learning goes on with the other actors",
                           logging.WARNING)
                 return
             except Exception:  # pylint: disable=broad-except  (restarting: Ray refuses calls until it is back)
-                self._slots.release()
+                if holding:
+                    self._slots.release()
                 self._stop.wait(POLL_S)
                 continue
-            if item is None:
+            if item is None:  # taken from under us by a restart: ask again
                 self._slots.release()
-                (self.finished.add if done else self.finished.discard)(i)
                 continue
             self.finished.discard(i)
             self._queue.put(item)
