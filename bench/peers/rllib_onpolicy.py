@@ -1,11 +1,10 @@
-"""On-policy ActorQ beside Ray RLlib's PPO and APPO with the same number of actors (env runners), in one run; then
-actor env steps/s at a 2048x3 policy, int8 against fp32 actors.
+"""On-policy ActorQ beside Ray RLlib's PPO and APPO with the same number of actors (env runners), in one run.
 
     python -m bench.peers.rllib_onpolicy [--seeds 5,6,7] [--num-actors 2] [--steps 60000] [--rllib-python PY]
-        [--anchors DIR] [--systems ours-sync,ours-async,rllib-ppo,rllib-appo] [--wide-steps 6000] [--out DIR]
+        [--anchors DIR] [--systems ours-sync,ours-async,rllib-ppo,rllib-appo] [--out DIR]
         [--quick] [--allow-busy]
 
-Part 1, CartPole-v1, per seed one job at a time, the systems in rotating order (so drifting load hits all alike):
+CartPole-v1, per seed one job at a time, the systems in rotating order (so drifting load hits all alike):
 RLlib 2.60 PPO and APPO at their tuned examples' settings (`../shared/anchors/rllib_ppo/run.py`, its own venv:
 --rllib-python or $QUARL_RLLIB_PYTHON; APPO asks Ray for 4 logical CPUs), and this project's `launch.actorq --agent
 ppo` with int8 actors, synchronous and asynchronous (truncated IS). All evaluate 10 greedy episodes every 4,000 env
@@ -14,8 +13,7 @@ training step: RLlib's from its first `train()` iteration (after its algorithm i
 weights version (after the nodes are up and the update compiled); the process wall clock of both is recorded too.
 RLlib evaluates inside its training loop, ours in a separate evaluator process.
 
-Part 2: `launch.actorq --agent ppo` with a 2048x3 policy (the paper's), int8 and fp32 actors on ONNX Runtime, same
-seed, asynchronous (actors never wait for the learner): the actors' env steps/s and policy µs per step.
+Actors at the paper's 2048x3 policy, int8 against fp32, are `bench.system.onpolicy_actors`.
 
 Timings mean something only on an otherwise idle machine: refuses a busy one unless --allow-busy and records the
 load at start and end. Writes OUT/rllib_onpolicy.{json,md}.
@@ -109,30 +107,6 @@ def run_rllib(system: str, seed: int, args: argparse.Namespace) -> dict[str, Any
             "build_s": parsed["build_s"], **_metrics(parsed["evals"], 0.0, parsed["env_steps"], parsed["train_s"])}
 
 
-def run_wide(precision: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Part 2: 2048x3 PPO policy, asynchronous, the actors' throughput."""
-    logdir = args.runs / f"wide_{precision}"
-    if logdir.exists():
-        import shutil  # pylint: disable=import-outside-toplevel
-
-        shutil.rmtree(logdir)
-    cmd = [sys.executable, "-m", "launch.actorq", "--agent", "ppo", "--task", "CartPole-v1", "--precision", precision,
-           "--num-actors", str(args.num_actors), "--rollout-mode", "async", "--backend", "onnx",
-           "--set", "policy_hidden_sizes=2048,2048,2048", "--set", "update_epochs=1", "--set", "num_envs=1",
-           "--max-actor-steps", str(args.wide_steps), "--eval-every", str(10 * args.wide_steps),
-           "--eval-episodes", "1", "--seed", "0", "--logdir", str(logdir), "--no-progress"]
-    code, text, _ = run_subprocess(cmd, args.runs / f"wide_{precision}.log", RUN_TIMEOUT_S, REPO)
-    if code != 0:
-        return {"precision": precision, "failed": text[-400:]}
-    summary = json.loads((logdir / "summary.json").read_text())
-    actors = summary["actors"]
-    return {"precision": precision, "executed": summary.get("executed"), "kernel_form": summary.get("kernel_form"),
-            "actor_steps_per_s": summary["actor_steps_per_s"],
-            "policy_us_per_step": statistics.fmean(float(a["times"]["policy_us_per_step"]) for a in actors),
-            "env_us_per_step": statistics.fmean(float(a["times"]["env_step_us_per_step"]) for a in actors),
-            "payload_bytes": summary["payload_bytes"]}
-
-
 def _median(values: Sequence[float | None]) -> float | None:
     xs = [v for v in values if v is not None]
     return statistics.median(xs) if xs else None
@@ -173,23 +147,6 @@ def markdown(result: dict[str, Any], command: str) -> str:
     failed = [r for r in result["runs"] if "failed" in r]
     if failed:
         lines += ["", "Failed: " + ", ".join(f"{r['system']} seed {r['seed']}" for r in failed)]
-    wide = result.get("wide") or []
-    if wide:
-        lines += ["", "## Actors at a 2048x3 policy", "",
-                  f"`launch.actorq --agent ppo` with policy 2048x3, asynchronous, {result['num_actors']} actors of 1 "
-                  f"environment, {result['wide_steps']:,} env steps, ONNX Runtime.", "",
-                  "| actors | executed | actor env steps/s (all) | policy µs/step | env µs/step | payload bytes |",
-                  "|---|---|---:|---:|---:|---:|"]
-        for w in wide:
-            if "failed" in w:
-                lines.append(f"| {w['precision']} | failed | | | | |")
-                continue
-            lines.append(f"| {w['precision']} | {w['executed']} | {w['actor_steps_per_s']:,.0f} | "
-                         f"{w['policy_us_per_step']:,.0f} | {w['env_us_per_step']:,.0f} | {w['payload_bytes']:,} |")
-        if all("failed" not in w for w in wide) and len(wide) == 2:
-            by = {w["precision"]: w for w in wide}
-            speedup = by["int8"]["actor_steps_per_s"] / by["fp32"]["actor_steps_per_s"]
-            lines += ["", f"int8 / fp32 actor env steps/s: {speedup:.2f}x"]
     return "\n".join(lines) + "\n"
 
 
@@ -199,12 +156,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--num-actors", type=int, default=2)
     p.add_argument("--steps", type=int, default=60_000)
     p.add_argument("--systems", default=",".join(SYSTEMS))
-    p.add_argument("--wide-steps", type=int, default=6_000, help="part 2's env steps per precision (0: skip it)")
     p.add_argument("--rllib-python", default=os.environ.get("QUARL_RLLIB_PYTHON"))
     p.add_argument("--anchors", type=Path, default=REPO.parent / "shared" / "anchors")
     p.add_argument("--runs", type=Path, default=REPO / "runs" / "bench" / "rllib_onpolicy")
     p.add_argument("--out", type=Path, default=REPO / "results" / "bench")
-    p.add_argument("--quick", action="store_true", help="one seed, 8,000 steps, part 2 at 1,000 steps, into RUNS")
+    p.add_argument("--quick", action="store_true", help="one seed, 8,000 steps, into RUNS")
     add_allow_busy(p)
     args = p.parse_args(argv)
     args.seeds = [int(s) for s in args.seeds.split(",") if s]
@@ -217,7 +173,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         p.error(f"--rllib-python must name the RLlib venv's python (got {args.rllib_python!r}); build it as "
                 f"{args.anchors}/rllib_ppo/README.md says")
     if args.quick:
-        args.seeds, args.steps, args.wide_steps, args.out = args.seeds[:1], 8_000, 1_000, args.runs
+        args.seeds, args.steps, args.out = args.seeds[:1], 8_000, args.runs
     refuse_if_busy(p, args.allow_busy)
     return args
 
@@ -233,14 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             record = run_ours(system, seed, args) if system.startswith("ours") else run_rllib(system, seed, args)
             print(f"{system} seed {seed}: {record.get('s_to_target', record.get('failed'))}", flush=True)
             runs.append(record)
-    wide = [run_wide(p, args) for p in ("fp32", "int8")] if args.wide_steps > 0 else []
     medians = {s: _median([r["s_to_target"] for r in runs if r["system"] == s and "failed" not in r])
                for s in args.systems}
     ratios = {f"{peer} / {ours}": (medians[peer] / medians[ours]) if medians.get(peer) and medians.get(ours) else None
               for peer in args.systems if peer.startswith("rllib") for ours in args.systems if ours.startswith("ours")}
     result = {"machine": finish(machine), "num_actors": args.num_actors, "steps": args.steps, "seeds": args.seeds,
-              "systems": args.systems, "runs": runs, "medians_s_to_target": medians, "ratios": ratios,
-              "wide_steps": args.wide_steps, "wide": wide}
+              "systems": args.systems, "runs": runs, "medians_s_to_target": medians, "ratios": ratios}
     page = markdown(result, command_line("bench.peers.rllib_onpolicy", argv))
     write_results(args.out, "rllib_onpolicy", result, page)
     print(f"wrote {args.out}/rllib_onpolicy.{{json,md}}")

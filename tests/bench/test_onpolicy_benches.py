@@ -3,6 +3,8 @@ bench.learning.onpolicy_corrections pairs int8 with fp32 by seed and says which 
 bench.peers.rllib_onpolicy reads RLlib's output and measures time to target from each system's first training step."""
 from __future__ import annotations
 
+import pytest
+
 from bench.learning.onpolicy_corrections import markdown, summarize
 from bench.peers.rllib_onpolicy import _metrics, parse_rllib_log
 
@@ -58,3 +60,34 @@ def test_rllib_output_is_read_and_time_to_target_runs_from_the_first_training_st
     ours = _metrics([{"env_steps": 4000, "wall_clock_s": 12.0, "return": 100.0},
                      {"env_steps": 8000, "wall_clock_s": 14.5, "return": 500.0}], 10.0, 8000, 5.0)
     assert ours["s_to_target"] == 4.5 and ours["env_steps_per_s"] == 1600.0
+
+
+def _wide_summary(precision: str, policy_s: float, insert_s: float) -> dict:
+    """A made-up summary.json of a 2-actor 2048x3 run: each actor 1,000 env steps."""
+    times = {"env_steps": 1000, "env_step_s": 0.5, "policy_s": policy_s, "pull_s": 0.2, "deserialize_s": 0.1,
+             "load_s": 0.2, "insert_s": insert_s, "policy_us_per_step": 1e3 * policy_s, "update_ms": 50.0}
+    return {"status": "completed", "executed": f"{precision} weights", "actor_steps": 2000,
+            "actor_steps_per_s": 2000 / (1.0 + policy_s + insert_s), "payload_bytes": 100,
+            "actors": [{"times": times}, {"times": times}],
+            "learner": {"on_policy": {"wait_frac": 0.5, "lag_mean": 2.0, "stale_dropped": 1, "rollouts_trained": 9}}}
+
+
+def test_wide_actor_rates_leave_out_the_wait_for_the_learner_and_int8_is_compared_with_fp32():
+    from bench.system.onpolicy_actors import markdown as wide_markdown, read_run, summarize as wide_summarize
+
+    fp32 = read_run(_wide_summary("fp32", policy_s=9.0, insert_s=1.0))
+    int8 = read_run(_wide_summary("int8", policy_s=3.0, insert_s=7.0))  # faster policy, more waiting
+    # Acting time per actor: env 0.5 + policy + pull 0.2 + deserialize 0.1 + load 0.2; two actors add up.
+    assert fp32["acting_env_steps_per_s"] == pytest.approx(2 * 1000 / 10.0)
+    assert int8["acting_env_steps_per_s"] == pytest.approx(2 * 1000 / 4.0)
+    assert fp32["env_steps_per_s"] == int8["env_steps_per_s"]  # the learner set the pace of both
+    records = [{"precision": "fp32", "seed": 0, "process_wall_s": 30.0, **fp32},
+               {"precision": "int8", "seed": 0, "process_wall_s": 30.0, **int8},
+               {"precision": "int8", "seed": 1, "failed": "exit 1: boom"}]
+    summary = wide_summarize(records)
+    assert summary["cells"]["int8"]["runs"] == 1 and summary["failed"] == ["int8 seed 1"]
+    assert summary["ratios"]["acting_env_steps_per_s"] == pytest.approx(2.5)
+    assert summary["ratios"]["env_steps_per_s"] == 1.0 and summary["ratios"]["policy_time"] == 3.0
+    page = wide_markdown({"machine": MACHINE, "steps": 2000, "rounds": 1, "num_actors": 2, "summary": summary},
+                         "python -m bench.system.onpolicy_actors")
+    assert "acting env steps/s 2.50x" in page and "Failed runs: int8 seed 1" in page
