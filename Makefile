@@ -20,7 +20,7 @@ run: setup
 
 # Default suite: reduced-size learning runs, no real-size benchmarks.
 test: setup
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=30
 
 # Everything, including slow fault-injection and fuzzing tests.
 test-all: setup
