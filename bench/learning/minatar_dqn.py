@@ -9,14 +9,15 @@ img/learning_curves.gif; examples/dqn.py holds their settings). Their DQN: one 3
 100k, batch 32, one update per frame, RMSProp 2.5e-4, target copy every 1,000 updates, epsilon 1 -> 0.1 over the
 first 100k frames, learning from 5,000 frames, 1-step targets, 5M frames, 30 seeds. Their figure gives the
 moving average of the last 100 training (epsilon-greedy) returns; the values in `AUTHORS_DQN` are read off that
-figure by eye (no table of numbers is published), so they are approximate to about +-1 (Breakout) and +-3
-(Space Invaders).
+figure by eye (no table of numbers is published), so they are approximate to about +-1 (Breakout, Asterix) and
++-3 (Space Invaders, Freeway). Freeway's curve is flat at ~5.5 until ~250k frames, the length of its first 100
+episodes (2,500 frames each, the moving average's window): no Freeway figure is taken below 300k frames.
 
 This bench runs the same torso, replay size, batch, update ratio, target period and exploration schedule through
-`launch.experiments.run_experiment.run_experiment` with int8 actors (the learner is fp32); it differs in the optimiser (Adam, this
-project's learner) and in 3-step double-DQN targets (the project's default). Returns are the greedy evaluation of
-the deployed (int8) policy, 10 episodes. A MinAtar "frame" is one env step (there is no frame skip), so frames
-here are env steps. Returns do not depend on the machine's load (seeded); times do and are not reported.
+`launch.experiments.run_experiment.run_experiment` with int8 actors (the learner is fp32); it differs in the optimiser
+(Adam, this project's learner) and in 3-step double-DQN targets (the project's default). Returns are the greedy
+evaluation of the deployed (int8) policy, 10 episodes. A MinAtar "frame" is one env step (there is no frame skip),
+so frames here are env steps. Returns do not depend on the machine's load (seeded); times do and are not reported.
 
 Writes DIR/minatar_dqn.json (every evaluation, with frames and seeds) and DIR/minatar_dqn.md (default DIR:
 results/bench; per-run logs under runs/bench/minatar_dqn/).
@@ -50,6 +51,8 @@ AUTHORS_SETTINGS: dict[str, Any] = dict(MINATAR_OVERRIDES)
 AUTHORS_DQN: dict[str, dict[int, float]] = {
     "Breakout": {100_000: 4.5, 200_000: 6.0, 500_000: 8.5, 1_000_000: 9.5, 5_000_000: 10.0},
     "SpaceInvaders": {100_000: 20.0, 200_000: 22.0, 500_000: 28.0, 1_000_000: 32.0, 5_000_000: 43.0},
+    "Freeway": {300_000: 17.0, 500_000: 38.0, 1_000_000: 48.0, 5_000_000: 50.0},
+    "Asterix": {500_000: 1.0, 1_000_000: 8.5, 2_000_000: 14.0, 5_000_000: 17.0},
 }
 
 
@@ -68,7 +71,8 @@ def markdown(results: list[dict[str, Any]], machine: dict[str, Any], command: st
              f"{'report written from the run logs, ' if machine.get('from_runs') else ''}{describe_load(machine)} "
              "(returns are seeded and do not depend on load; no times are reported).", "",
              "Ours: int8 actors, fp32 learner, the authors' torso/replay/batch/update ratio/target period/exploration, "
-             "Adam and 3-step double-DQN targets (see `bench/learning/minatar_dqn.py`); each return is one greedy evaluation "
+             "Adam and 3-step double-DQN targets (see `bench/learning/minatar_dqn.py`); each return is one greedy "
+             "evaluation "
              f"of {episodes} episodes of the deployed int8 policy. Authors: Young & Tian (2019), arXiv:1903.03176 and "
              "github.com/kenjyoung/MinAtar README figure (DQN with replay, 30 seeds, moving average of 100 training "
              "returns at epsilon 0.1, read off the plot: approximate).", "",

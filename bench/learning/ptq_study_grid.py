@@ -29,12 +29,14 @@ class StudyRow:
 
 
 # References: gymnasium's reward_threshold for its tasks (the return at which its registry calls the task solved);
-# the MinAtar authors' DQN at 200k frames (Young & Tian, 2019, the README figure: bench.learning.minatar_dqn); for
+# the MinAtar authors' DQN at 200k frames (Young & Tian, 2019, the README figure: bench.learning.minatar_dqn; Freeway
+# at 500k, its DQN curve's first point past the 100-episode averaging window, where DQN has learnt it); for
 # DM Control 95% of the fp32 D4PG return the QuaRL paper reports (arXiv 1910.01055: ~1000 cartpole_balance, ~970
 # walker_stand). Budgets: what each agent needed on the seeds measured so far, with room (int8_vs_fp32's rows,
 # bench.peers, bench.learning.minatar_dqn).
 _GYM = "gymnasium's reward_threshold"
 _MINATAR = "the MinAtar authors' DQN at 200k frames"
+_MINATAR_500K = "the MinAtar authors' DQN at 500k frames"
 _QUARL = "95% of the QuaRL paper's fp32 D4PG return"
 _QAT = (8, 4, 2)
 GRID: tuple[StudyRow, ...] = (
@@ -43,6 +45,7 @@ GRID: tuple[StudyRow, ...] = (
     StudyRow("dqn", "MountainCar-v0", 120_000, 5_000, reference=-110.0, source=_GYM, qat_bits=_QAT),
     StudyRow("dqn", "MinAtar/Breakout", 200_000, 20_000, reference=6.0, source=_MINATAR, qat_bits=_QAT),
     StudyRow("dqn", "MinAtar/SpaceInvaders", 200_000, 20_000, reference=22.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("dqn", "MinAtar/Freeway", 500_000, 50_000, reference=38.0, source=_MINATAR_500K, qat_bits=_QAT),
     StudyRow("d4pg", "cartpole:balance", 60_000, 5_000, CARTPOLE_OVERRIDES, "bench.learning.d4pg_rows's small setting",
              reference=950.0, source=_QUARL, qat_bits=_QAT),
     StudyRow("d4pg", "walker:stand", 150_000, 5_000, WALKER_OVERRIDES, "bench.learning.d4pg_rows's setting",
@@ -53,10 +56,12 @@ GRID: tuple[StudyRow, ...] = (
              reference=950.0, source=_QUARL),
     StudyRow("ppo", "MinAtar/Breakout", 200_000, 20_480, reference=6.0, source=_MINATAR, qat_bits=_QAT),
     StudyRow("ppo", "MinAtar/SpaceInvaders", 200_000, 20_480, reference=22.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("ppo", "MinAtar/Freeway", 500_000, 51_200, reference=38.0, source=_MINATAR_500K, qat_bits=_QAT),
     StudyRow("a2c", "CartPole-v1", 200_000, 10_000, reference=475.0, source=_GYM),
     StudyRow("a2c", "Acrobot-v1", 200_000, 10_000, reference=-100.0, source=_GYM),
     StudyRow("a2c", "MinAtar/Breakout", 200_000, 20_000, reference=6.0, source=_MINATAR),
     StudyRow("a2c", "MinAtar/SpaceInvaders", 200_000, 20_000, reference=22.0, source=_MINATAR),
+    StudyRow("a2c", "MinAtar/Freeway", 500_000, 50_000, reference=38.0, source=_MINATAR_500K),
 )
 QUICK_OVERRIDES = {"dqn": {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32,
                            "samples_per_insert": 8.0},
