@@ -121,8 +121,8 @@ def test_killed_actor_is_restarted_and_the_d4pg_run_finishes(ray_session, tmp_pa
     config = tiny_config(tmp_path, agent="d4pg", task="cartpole:balance", overrides=dict(TINY_D4PG),
                      max_actor_steps=3000, eval_every=3000)
     killed: dict[str, int] = {}
-    summary, code = run_program(config, RayRunner(), on_launch=kill_actor_at("actor_0", 300, killed))
-    assert "pid" in killed, "actor_0 never reached 300 steps"
+    summary, code = run_program(config, RayRunner(), on_launch=kill_actor_at("actor_0", 300, killed, min_version=1))
+    assert "pid" in killed, "actor_0 never reached 300 steps with a version out"
     assert code == 0 and summary["status"] == "completed", summary["error"]
     actor_0 = summary["actors"][0]
     assert actor_0["starts"] == 2 and actor_0["attempt"] == 2  # restarted by Ray, run() called again

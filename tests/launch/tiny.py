@@ -53,17 +53,21 @@ def tiny_config(logdir: Path, **kw) -> ExperimentConfig:
     return ExperimentConfig.create(**base)
 
 
-def kill_actor_at(actor: str, min_steps: int, killed: dict[str, int]) -> Callable[[Launch], None]:
+def kill_actor_at(actor: str, min_steps: int, killed: dict[str, int], min_version: int = 0
+                  ) -> Callable[[Launch], None]:
     """An `on_launch` hook for `run_program`: a thread that SIGKILLs `actor`'s process once the counter has seen
-    `min_steps` of its steps, recording the latest weights version then and the pid in `killed` (nothing if the
-    actor never got there within 120 s)."""
+    `min_steps` of its steps and the weight server has version `min_version` or later (on a loaded machine the
+    learner's first publication can come after any fixed step count), recording the latest weights version then
+    and the pid in `killed` (nothing if the actor never got there within 120 s)."""
     def on_launch(launch: Launch) -> None:
         def killer() -> None:
             deadline = time.monotonic() + 120
             while time.monotonic() < deadline:
-                if launch.handles["counter"].call("get").get(f"{actor}_steps", 0) >= min_steps:
+                version = launch.handles["weights"].call("latest_version")
+                if (launch.handles["counter"].call("get").get(f"{actor}_steps", 0) >= min_steps
+                        and version >= min_version):
                     pid = launch.pid(actor)
-                    killed["version"] = launch.handles["weights"].call("latest_version")
+                    killed["version"] = version
                     os.kill(pid, signal.SIGKILL)
                     killed["pid"] = pid
                     return
