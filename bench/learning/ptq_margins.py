@@ -64,10 +64,11 @@ def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500)
 
 
 def markdown(rows: Sequence[dict[str, Any]], precision: str, machine: dict[str, Any]) -> str:
-    lines = [f"# Greedy-action margins against {precision} output error (discrete cells of bench.learning.ptq_study)", "",
-             f"`python -m bench.learning.ptq_margins --precision {precision}` on {machine['cpu']}. States: the fp32 policy's "
-             "first evaluation episode of each cell (at most 500). Margin: best minus second-best output; error: "
-             f"the largest |{precision} - fp32| output difference of a state.", "",
+    lines = [f"# Greedy-action margins against {precision} output error (discrete cells of bench.learning.ptq_study)",
+             "",
+             f"`python -m bench.learning.ptq_margins --precision {precision}` on {machine['cpu']}. States: the fp32 "
+             "policy's first evaluation episode of each cell (at most 500). Margin: best minus second-best output; "
+             f"error: the largest |{precision} - fp32| output difference of a state.", "",
              "| algorithm | task | seed | states | median margin | median error | states with error > margin | "
              "greedy action changed |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -87,9 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "results" / "bench")
     parser.add_argument("--precision", default="int8", choices=[f"int{b}" for b in range(2, 9)])
     args = parser.parse_args(argv)
-    folders = sorted(p.parent for p in args.runs.glob("*/*/s*/policy_fp32.qrlp"))
+    # The fp32 runs ("s<seed>"): QAT runs beside them ("s<seed>-qat<B>") are evaluated at their own width, not PTQ'd.
+    folders = sorted(p.parent for p in args.runs.glob("*/*/s*/policy_fp32.qrlp") if p.parent.name[1:].isdigit())
     if not folders:
-        parser.exit(2, f"{parser.prog}: error: no trained runs under {args.runs} (bench.learning.ptq_study run makes them)\n")
+        parser.exit(2, f"{parser.prog}: error: no trained runs under {args.runs} "
+                       "(bench.learning.ptq_study run makes them)\n")
     rows = [r for d in folders if (r := cell_margins(d, int(d.name[1:]), args.precision)) is not None]
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "ptq_margins.csv", rows, FIELDS)

@@ -1,4 +1,5 @@
-"""bench.learning.ptq_margins on saved policies: discrete cells get margin/error/flip shares, continuous ones are left out."""
+"""bench.learning.ptq_margins on saved policies: discrete cells get margin/error/flip shares, continuous ones and QAT
+runs are left out."""
 from __future__ import annotations
 
 import csv
@@ -18,6 +19,8 @@ def test_margins_of_discrete_cells(tmp_path):
     runs = tmp_path / "runs"
     spec, params = cartpole_q_network()
     save_policy(runs / "dqn" / "CartPole-v1" / "s0", spec, params, task="CartPole-v1", agent="dqn")
+    # A QAT run beside it is evaluated at its own width by the study, not post-training quantized: left out.
+    save_policy(runs / "dqn" / "CartPole-v1" / "s0-qat4", spec, params, task="CartPole-v1", agent="dqn")
     env = make_environment("cartpole:balance", 0)
     d4pg = agents.get_builder("d4pg", policy_layer_sizes=(8,)).policy_spec(environment_spec(env))
     env.close()
