@@ -89,6 +89,7 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
              f"| algorithm | task | seeds | env steps | fp32 reward | int8 change | within {100 * WITHIN:.0f}%? |",
              "|---|---|---:|---:|---:|---:|---|"]
     by_key = {(s["algo"], s["task"], s["precision"]): s for s in summary}
+    any_outside = False  # a cell or a seed of it outside the bound: the margins page says why
     for algo, task in dict.fromkeys((s["algo"], s["task"]) for s in summary):
         base, q = by_key.get((algo, task, "fp32")), by_key.get((algo, task, "int8"))
         if base is None or q is None:
@@ -96,12 +97,18 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
         ok = not math.isnan(q["change_mean"]) and abs(q["change_mean"]) <= WITHIN
         verdict = "yes" if ok else "no"
         outside = [seed for seed, c in sorted(q["changes_by_seed"].items()) if abs(c) > WITHIN]
+        any_outside = any_outside or not ok or bool(outside)
         if outside:
             verdict += (" on the mean" if ok else "") + "; " + "; ".join(
                 _seed_note(seed, q["changes_by_seed"][seed], [by_key.get((algo, task, f)) for f in ("bf16", "fp16")])
                 for seed in outside)
         lines.append(f"| {algo} | {task} | {q['seeds']} | {_steps(q)} | {base['reward_mean']:.1f} ± "
-                     f"{base['reward_std']:.1f} | {_pct(q['change_mean'])} ± {100 * q['change_std']:.1f}% | {verdict} |")
+                     f"{base['reward_std']:.1f} | {_pct(q['change_mean'])} ± {100 * q['change_std']:.1f}% | "
+                     f"{verdict} |")
+    if any_outside:
+        lines += ["", "Why a discrete policy misses: `python -m bench.learning.ptq_margins` measures each cell's "
+                  "greedy-action margins against int8's output error on the states it visits "
+                  "([ptq_margins.md](ptq_margins.md))."]
     qat = [s for s in summary if s["precision"].startswith("qat-")]
     if qat:
         lines += ["", "## QAT beside PTQ (change from the seed's fp32 reward, mean ± std over seeds)", "",

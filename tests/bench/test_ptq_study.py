@@ -1,4 +1,5 @@
-"""bench.learning.ptq_study at tiny size: a real training run per cell, the sweep, the table, and resuming across sessions."""
+"""bench.learning.ptq_study at tiny size: a real training run per cell, the sweep, the table, and resuming across
+sessions."""
 from __future__ import annotations
 
 import csv
@@ -63,7 +64,8 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
     for seed, fp32, bf16, int8 in ((0, 200.0, 200.0, 190.0), (1, 100.0, 120.0, 110.0), (2, 400.0, 400.0, 400.0)):
         for precision, ret, nbytes in (("fp32", fp32, 4000), ("bf16", bf16, 2000), ("int8", int8, 1100)):
             rows.append({"algo": "dqn", "task": "CartPole-v1", "seed": seed, "train_steps": 1000,
-                         "precision": precision, "bits": {"fp32": 32, "bf16": 16}.get(precision, 8), "granularity": "n/a",
+                         "precision": precision, "bits": {"fp32": 32, "bf16": 16}.get(precision, 8),
+                         "granularity": "n/a",
                          "execution": "native", "backend": "jax", "episodes": 10, "mean_return": ret,
                          "std_return": 0.0, "policy_bytes": nbytes, "train_final_eval": None, "reference": 50.0,
                          "cpu": "test CPU"})
@@ -169,6 +171,22 @@ def test_only_converged_seeds_enter_the_tables_and_qat_sits_beside_ptq(tmp_path)
     assert "| dqn | CartPole-v1 | 4 | -15.0% ± 7.1% | -1.0% ± 1.4% | 2 |" in md  # (-20%, -10%) vs (-2%, 0%)
     assert "| dqn | CartPole-v1 | fp32 | 2 |" in md and "| dqn | CartPole-v1 | fp32 | 3 |" not in md
     assert "reference 475 (gymnasium's reward_threshold)" in md
+
+
+def test_an_int8_miss_points_to_the_margin_analysis():
+    def rows(int8_seed1: float) -> list[dict]:
+        out = []
+        for seed, int8 in ((0, 500.0), (1, int8_seed1)):
+            for precision, bits, ret in (("fp32", 32, 500.0), ("int8", 8, int8)):
+                out.append({"algo": "dqn", "task": "CartPole-v1", "seed": seed, "train_steps": 5000,
+                            "precision": precision, "bits": bits, "granularity": "n/a", "execution": "int-kernel",
+                            "backend": "jax", "episodes": 10, "mean_return": ret, "std_return": 0.0,
+                            "policy_bytes": 10, "train_final_eval": None, "reference": 475.0, "cpu": "test CPU"})
+        return out
+
+    missed = ptq_study_report.markdown(rows(450.0), [], ptq_study.GRID)  # seed 1 -10%: outside 5%
+    assert "yes on the mean; seed 1 -10.0%" in missed and "bench.learning.ptq_margins" in missed
+    assert "bench.learning.ptq_margins" not in ptq_study_report.markdown(rows(495.0), [], ptq_study.GRID)
 
 
 def test_qat_runs_train_beside_the_fp32_run_and_are_evaluated_at_their_width(tmp_path):
