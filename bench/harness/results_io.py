@@ -84,10 +84,11 @@ def append_json_line(path: Path, obj: Any, *, default: Callable[[Any], Any] | No
 
 
 def save_figure(fig: Any, path: Path, *, dpi: int = 110) -> Path:
-    """Saves a matplotlib figure to `path` at `dpi` and closes it. Returns `path`."""
+    """Saves a matplotlib figure to `path` at `dpi` and closes it (the whole figure: a legend placed outside the
+    panels is kept, not cut off at the canvas's edge). Returns `path`."""
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
 
-    fig.savefig(path, dpi=dpi)
+    fig.savefig(path, dpi=dpi, bbox_inches="tight")
     plt.close(fig)
     return Path(path)
 
