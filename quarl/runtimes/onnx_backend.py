@@ -28,7 +28,12 @@ IOBinding'd inputs (H=2048: 140 us vs 930 us; fp32 1.0 ms vs 1.4 ms). `update()`
 session over the graph serialized once, with the new weights passed as session initializers
 (`SessionOptions.add_initializer`, which skips re-serialising the model: ~35-45% less time per update than
 rewriting the ModelProto, same per-call speed), and swaps it in only once it is ready; `update(wait=False)`
-builds it on a background thread while the actor keeps acting on the old session.
+builds it on a background thread while the actor keeps acting on the old session. Graphs with a float Conv
+(fp32 conv policies, and int conv policies' dequantized layers) are the exception: at ORT_ENABLE_ALL ORT lays
+Conv weights out for its NCHWc kernels from the serialized model's initializers and ignores the session's
+overrides, so an update that only overrode them left a conv actor on its first weights (its outputs 0.98 off
+after one update on a MinAtar net; fp32 DQN did not learn MinAtar). Those graphs are serialized anew with each
+update's weights.
 """
 from __future__ import annotations
 
@@ -224,10 +229,12 @@ class OnnxExecutor(PolicyExecutor):
         # first weights; empty until then. Only the bytes are kept (a parsed copy would double the weights'
         # memory, ~33 MB at fp32 2048x3): `model()` parses them for inspection.
         self._models: dict[str, bytes] = {}
+        self._rebuild = False  # a float Conv in the graph: updates serialize it anew (see the module docstring)
         self._kinds: set[str] = set()  # kinds whose sessions each update rebuilds (those called so far)
         self._state_lock = threading.Lock()
-        # (sessions by kind, OrtValues they read by name), swapped as one; empty OrtValues: the model's own.
-        self._state: tuple[dict[str, ort.InferenceSession], dict[str, ort.OrtValue]] = ({}, {})
+        # (sessions by kind, OrtValues they read by name, the serialized graphs they run), swapped as one;
+        # empty OrtValues: the graphs' own initializers.
+        self._state: tuple[dict[str, ort.InferenceSession], dict[str, ort.OrtValue], dict[str, bytes]] = ({}, {}, {})
         super().__init__(spec, qparams, batch_size=batch_size, threads=threads)
 
     def _session_options(self) -> ort.SessionOptions:
@@ -274,7 +281,8 @@ class OnnxExecutor(PolicyExecutor):
 
     def model(self, kind: str = "row") -> onnx.ModelProto:
         """The ONNX ModelProto of graph `kind` ("row" or "one"), parsed from its serialized bytes: a fresh
-        copy (editing it changes nothing here) whose initializers hold the first weights loaded."""
+        copy (editing it changes nothing here) whose initializers hold the first weights loaded (the latest
+        ones for a graph with a float Conv, which each update serializes anew)."""
         from onnx import ModelProto  # pylint: disable=import-outside-toplevel
 
         if kind not in self._models:
@@ -286,42 +294,54 @@ class OnnxExecutor(PolicyExecutor):
     def _kind(self, rows: int) -> str:
         return "one" if rows == 1 and "one" in self._models else "row"
 
-    def _session(self, kind: str, values: dict[str, ort.OrtValue]) -> ort.InferenceSession:
+    def _session(self, kind: str, values: dict[str, ort.OrtValue],
+                 models: dict[str, bytes]) -> ort.InferenceSession:
         import onnxruntime as ort
 
         so = self._session_options()
         for name, value in values.items():
             so.add_initializer(name, value)
-        return ort.InferenceSession(self._models[kind], so, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(models[kind], so, providers=["CPUExecutionProvider"])
+
+    def _serialize(self, lowered: LoweredParams) -> dict[str, bytes]:
+        """The graphs of this executor's form with `lowered` weights, serialized, by kind."""
+        if self._conv_int:  # one graph for every batch size: static scales never couple rows
+            return {"row": self._conv_model(lowered).SerializeToString()}
+        models = {"row": build_model(self.spec, lowered, self._form).SerializeToString()}
+        # Per-row quantization costs ~15 small ops a layer (2.4x a 256x3 policy's batch-1 call); one row needs
+        # none of them, so batch-1 calls get their own graph when the form has a cheaper one.
+        one = build_model(self.spec, lowered, self._form, per_row=False).SerializeToString()
+        if one != models["row"]:
+            models["one"] = one
+        return models
 
     def _load(self, lowered: LoweredParams) -> None:
+        import onnx  # pylint: disable=import-outside-toplevel
         import onnxruntime as ort
 
         values: dict[str, ort.OrtValue] = {}
-        if not self._models:  # first weights: build and serialize the graphs
+        if not self._models:  # first weights: choose the form, build and serialize the graphs
             self._choose_form(lowered)
-            if self._conv_int:  # one graph for every batch size: static scales never couple rows
-                self._models["row"] = self._conv_model(lowered).SerializeToString()
-            else:
-                self._models["row"] = build_model(self.spec, lowered, self._form).SerializeToString()
-            # Per-row quantization costs ~15 small ops a layer (2.4x a 256x3 policy's batch-1 call); one row
-            # needs none of them, so batch-1 calls get their own graph when the form has a cheaper one.
-            one = self._models["row"] if self._conv_int else build_model(
-                self.spec, lowered, self._form, per_row=False).SerializeToString()
-            if one != self._models["row"]:
-                self._models["one"] = one
-            self._kinds = {self._kind(self.batch_size)}
+            models = self._serialize(lowered)
+            row = onnx.ModelProto()
+            row.ParseFromString(models["row"])
+            self._rebuild = any(node.op_type == "Conv" for node in row.graph.node)
+            self._kinds = {"one" if self.batch_size == 1 and "one" in models else "row"}
+        elif self._rebuild:
+            models = self._serialize(lowered)
         else:
             # New weights go in as session initializers over the graphs serialized once: no rewriting and
             # re-serialising the model per update (about a third of an update at H=2048). ORT reads the
             # OrtValues' memory, so they live as long as the sessions.
+            models = self._models
             values = {name: ort.OrtValue.ortvalue_from_numpy(array)
                       for name, array in self._arrays(lowered).items()}
         with self._state_lock:  # a concurrent first call of a new kind adds to the set
             kinds = sorted(self._kinds)
-        sessions = {kind: self._session(kind, values) for kind in kinds}
+        sessions = {kind: self._session(kind, values, models) for kind in kinds}
         with self._state_lock:
-            self._state = (sessions, values)  # one assignment: a concurrent call sees old or new sessions
+            self._models = models
+            self._state = (sessions, values, models)  # one assignment: a call sees old or new sessions
 
     def _run(self, obs: np.ndarray) -> np.ndarray:
         # Hold the whole state for the call: the session reads its initializers' OrtValues in place, so they
@@ -330,11 +350,11 @@ class OnnxExecutor(PolicyExecutor):
         kind = self._kind(obs.shape[0])
         session = state[0].get(kind)
         if session is None:  # first call of this batch kind: build it on the weights this call runs on
-            session = self._session(kind, state[1])
+            session = self._session(kind, state[1], state[2])
             with self._state_lock:
                 self._kinds.add(kind)
                 if self._state is state:  # an update swapped in meanwhile builds its own on first use
-                    self._state = ({**state[0], kind: session}, state[1])
+                    self._state = ({**state[0], kind: session}, state[1], state[2])
         return session.run([_OUTPUT], {_INPUT: obs})[0]
 
 

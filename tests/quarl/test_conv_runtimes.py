@@ -183,6 +183,34 @@ def test_payload_carries_the_ranges_to_an_actor_and_update_swaps_them(cases):
     assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp_b), obs)) < TOLERANCE["int8"]
 
 
+@pytest.mark.parametrize("backend", ["onnx", "jax"])
+@pytest.mark.parametrize("batch_size", [1, 8])
+def test_fp32_conv_update_runs_the_new_weights(cases, backend, batch_size):
+    """An fp32 conv actor acts on the weights of its latest update. ONNX Runtime at ORT_ENABLE_ALL lays Conv
+    weights out from the serialized graph and ignored the session's initializer overrides, so the ONNX actor
+    kept its first conv weights (0.98 off after one update; fp32 DQN did not learn MinAtar)."""
+    spec, params, _, obs = cases["minatar"]
+    ex = make_executor(spec, quantize_params(params, "fp32"), backend, batch_size=batch_size)
+    for seed in (2, 3):  # two updates: each one's weights, not the first's nor the previous one's
+        params_b = random_params(spec, seed)
+        ex.update(quantize_params(params_b, "fp32"), wait=seed == 2)
+        ex.wait_for_update()
+        out = np.concatenate([ex(obs[i:i + batch_size]) for i in range(0, len(obs), batch_size)])
+        assert _rel_err(out, reference_apply(spec, params_b, obs)) < TOLERANCE["fp32"]
+
+
+def test_int8_conv_policy_with_a_float_conv_updates_it_too():
+    """An int conv policy's unfused conv runs dequantized weights in a float Conv: its updates reach it too."""
+    layers = (Conv2D("conv_0", 4, 3), Activation("tanh"), Flatten(), Linear("linear_0", 3))
+    spec = PolicySpec(6 * 6 * 2, layers, (6, 6, 2))
+    obs = np.random.default_rng(3).random((4, spec.input_dim)).astype(np.float32)
+    ex = make_executor(spec, quantize_for_actors(spec, random_params(spec, 3), "int8", obs), "onnx", batch_size=4,
+                       kernel_form="u8s8")
+    qp_b = quantize_for_actors(spec, random_params(spec, 4), "int8", obs)
+    ex.update(qp_b)
+    assert _rel_err(ex(obs), reference_apply(spec, dequantize_params(qp_b), obs)) < TOLERANCE["int8"]
+
+
 def test_static_self_check_and_selection():
     for name in STATIC_FORMS:
         check = check_static_form(name, 8)
