@@ -10,7 +10,8 @@ final fp32 policy of every run with launch.ptq's rows, and put reward against pr
 Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the task's preset plus the row's
 overrides, a subprocess of this checkout) that stops at its first evaluation at or above the row's reference return
 (`StudyRow.reference`, with its source: gymnasium's solved thresholds, the MinAtar authors' DQN, the QuaRL paper's
-D4PG) or at its budget, followed by a greedy evaluation of its final fp32 policy at every precision, `--episodes` episodes per precision on the same environment seeds (so each precision's change from fp32
+D4PG) or at its budget, followed by a greedy evaluation of its final fp32 policy at every precision, `--episodes`
+episodes per precision on the same environment seeds (so each precision's change from fp32
 is paired within a seed). Integer rows quantize the weights per channel, as actors do, and run the integer kernel
 (W<b>A8); fp16/bf16 run natively (`launch.ptq_policy.make_row_policy`). Policy size is the payload an actor pulls
 at that precision (`quarl.quant.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header). A seed
@@ -179,6 +180,13 @@ def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits:
             "--eval-episodes", "5", *target, "--logdir", str(logdir), "--no-progress", *sets]
 
 
+def _completed(logdir: Path) -> bool:
+    """Whether the run in `logdir` ran to its end (its budget or its target): an interrupted or failed run also
+    writes summary.json, and its policy is not the cell's."""
+    path = logdir / "summary.json"
+    return path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("status") == "completed"
+
+
 def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits: int | None = None) -> None:
     """Trains the cell's policy from scratch (a folder left by an interrupted run is cleared first)."""
     from bench.harness.subprocess_runs import run_subprocess  # pylint: disable=import-outside-toplevel
@@ -285,7 +293,7 @@ def run_grid(args: argparse.Namespace) -> None:
                 print(f"{what}: {', '.join(wanted)} missing, but its policy is not under {args.runs}; skipped",
                       flush=True)
                 continue
-            if not (logdir / "summary.json").is_file():
+            if not _completed(logdir):  # absent, or stopped part-way (a stopped run writes its summary too)
                 print(f"{what}: training up to {row.steps:,} env steps ...", flush=True)
                 train_cell(row, seed, logdir, args.quick, bits)
             print(f"{what}: evaluating {', '.join(wanted)} ...", flush=True)

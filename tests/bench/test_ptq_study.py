@@ -200,3 +200,11 @@ def test_qat_runs_train_beside_the_fp32_run_and_are_evaluated_at_their_width(tmp
     command = ptq_study.train_command(row, 0, tmp_path / "x", quick=False, qat_bits=4)
     assert command[command.index("--precision") + 1] == "int4" and command[command.index("--qat-bits") + 1] == "4"
     assert command[command.index("--target-return") + 1] == str(row.reference)  # stops once it reaches it
+
+
+def test_a_run_stopped_part_way_is_trained_again(tmp_path):
+    """A stopped or failed run writes summary.json too: only a completed one is the cell's policy."""
+    assert not ptq_study._completed(tmp_path)
+    for status, done in (("interrupted", False), ("failed", False), ("completed", True)):
+        (tmp_path / "summary.json").write_text(json.dumps({"status": status}))
+        assert ptq_study._completed(tmp_path) is done
