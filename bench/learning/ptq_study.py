@@ -279,6 +279,16 @@ def run_grid(args: argparse.Namespace) -> None:
     machine = machine_info(args.allow_busy)
     precisions = ["fp32", *args.include, *(f"int{b}" for b in sorted(args.bits, reverse=True))]
     cells = [(row, seed) for row in args.rows for seed in args.seeds]
+    try:
+        _run_cells(args, cells, rows, precisions, machine, csv_path)
+    finally:  # a stopped session's cells are in the CSV already: its machine and load go beside them
+        sessions = read_json_list(args.out / SESSIONS_FILE)
+        sessions.append(finish(machine))
+        write_json(args.out / SESSIONS_FILE, sessions)
+
+
+def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], rows: list[dict[str, Any]],
+               precisions: Sequence[str], machine: dict[str, Any], csv_path: Path) -> None:
     for i, (row, seed) in enumerate(cells, 1):
         tag = f"[{i}/{len(cells)}] {row.algo} {row.task} seed {seed}"
         have = {r["precision"] for r in rows if (r["algo"], r["task"], r["seed"]) == (row.algo, row.task, seed)}
@@ -302,9 +312,6 @@ def run_grid(args: argparse.Namespace) -> None:
             write_rows(csv_path, rows)
         if not qat and not [p for p in precisions if p not in have]:
             print(f"{tag}: in {csv_path} already", flush=True)
-    sessions = read_json_list(args.out / SESSIONS_FILE)
-    sessions.append(finish(machine))
-    write_json(args.out / SESSIONS_FILE, sessions)
 
 
 def merge_folders(out: Path, folders: Sequence[str]) -> None:
