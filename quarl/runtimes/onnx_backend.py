@@ -304,10 +304,14 @@ class OnnxExecutor(PolicyExecutor):
         return ort.InferenceSession(models[kind], so, providers=["CPUExecutionProvider"])
 
     def _serialize(self, lowered: LoweredParams) -> dict[str, bytes]:
-        """The graphs of this executor's form with `lowered` weights, serialized, by kind."""
+        """The graphs of this executor's form with `lowered` weights, serialized, by kind. The first call also
+        notes whether they hold a float Conv (`_rebuild`), read off the graph before it is serialized."""
+        row = self._conv_model(lowered) if self._conv_int else build_model(self.spec, lowered, self._form)
+        if not self._models:
+            self._rebuild = any(node.op_type == "Conv" for node in row.graph.node)
+        models = {"row": row.SerializeToString()}
         if self._conv_int:  # one graph for every batch size: static scales never couple rows
-            return {"row": self._conv_model(lowered).SerializeToString()}
-        models = {"row": build_model(self.spec, lowered, self._form).SerializeToString()}
+            return models
         # Per-row quantization costs ~15 small ops a layer (2.4x a 256x3 policy's batch-1 call); one row needs
         # none of them, so batch-1 calls get their own graph when the form has a cheaper one.
         one = build_model(self.spec, lowered, self._form, per_row=False).SerializeToString()
@@ -316,17 +320,14 @@ class OnnxExecutor(PolicyExecutor):
         return models
 
     def _load(self, lowered: LoweredParams) -> None:
-        import onnx  # pylint: disable=import-outside-toplevel
         import onnxruntime as ort
 
         values: dict[str, ort.OrtValue] = {}
         if not self._models:  # first weights: choose the form, build and serialize the graphs
             self._choose_form(lowered)
-            models = self._serialize(lowered)
-            row = onnx.ModelProto()
-            row.ParseFromString(models["row"])
-            self._rebuild = any(node.op_type == "Conv" for node in row.graph.node)
-            self._kinds = {"one" if self.batch_size == 1 and "one" in models else "row"}
+            self._models = self._serialize(lowered)  # nothing runs yet: no call can see it half set up
+            models = self._models
+            self._kinds = {self._kind(self.batch_size)}
         elif self._rebuild:
             models = self._serialize(lowered)
         else:
