@@ -92,6 +92,12 @@ def run_one(row: LearningRow, precision: str, seed: int, *, logdir: Path, stop_a
     return result, curve
 
 
+def median_or_none(values: Sequence[float | None]) -> float | None:
+    """The median of the values that are there (None: a failed or unreached run), None if none is."""
+    xs = [v for v in values if v is not None]
+    return statistics.median(xs) if xs else None
+
+
 def paired_test(diffs: Sequence[float]) -> float | None:
     """Two-sided paired t-test p-value of per-seed differences (None below 2 pairs or with no spread)."""
     if len(diffs) < 2 or statistics.pstdev(diffs) == 0:

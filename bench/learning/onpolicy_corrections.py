@@ -28,7 +28,8 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.harness.learning_runs import REPO, paired_test, read_our_evals
+from analysis.runs import is_finished, read_summary
+from bench.harness.learning_runs import REPO, empty_run_dir, paired_test, read_our_evals
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.harness.results_io import command_line, save_figure, write_results
 from bench.harness.subprocess_runs import run_subprocess
@@ -53,13 +54,8 @@ def run_one(task: str, arm: str, precision: str, seed: int, args: argparse.Names
     """One run's record (runs it unless a completed summary.json is there already)."""
     logdir = args.runs / task.replace(":", "_").replace("/", "_") / arm / precision / f"seed{seed}"
     summary_path = logdir / "summary.json"
-    done = summary_path.exists() and json.loads(summary_path.read_text()).get("status") == "completed"
-    if not done:
-        if logdir.exists():
-            import shutil  # pylint: disable=import-outside-toplevel
-
-            shutil.rmtree(logdir)
-        logdir.parent.mkdir(parents=True, exist_ok=True)
+    if not is_finished(read_summary(logdir)):
+        empty_run_dir(logdir).parent.mkdir(parents=True, exist_ok=True)
         episodes = 2 if ":" in task else 5
         code, text, wall = run_subprocess(run_command(task, arm, precision, seed, args.steps[task], args.num_actors,
                                                       logdir, episodes), logdir.parent / f"seed{seed}.log",

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import agents
+from analysis.runs import is_finished, read_summary
 from bench.harness.machine import add_allow_busy, check_load, finish, machine_info, run_cli
 from bench.harness.results_io import write_csv, write_json, write_text
 from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, StudyRow, row_overrides
@@ -180,13 +181,6 @@ def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits:
             "--eval-episodes", "5", *target, "--logdir", str(logdir), "--no-progress", *sets]
 
 
-def _completed(logdir: Path) -> bool:
-    """Whether the run in `logdir` ran to its end (its budget or its target): an interrupted or failed run also
-    writes summary.json, and its policy is not the cell's."""
-    path = logdir / "summary.json"
-    return path.is_file() and json.loads(path.read_text(encoding="utf-8")).get("status") == "completed"
-
-
 def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits: int | None = None) -> None:
     """Trains the cell's policy from scratch (a folder left by an interrupted run is cleared first)."""
     from bench.harness.subprocess_runs import run_subprocess  # pylint: disable=import-outside-toplevel
@@ -303,7 +297,9 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
                 print(f"{what}: {', '.join(wanted)} missing, but its policy is not under {args.runs}; skipped",
                       flush=True)
                 continue
-            if not _completed(logdir):  # absent, or stopped part-way (a stopped run writes its summary too)
+            # Absent, or stopped part-way (a stopped or failed run writes summary.json too; its policy is not the
+            # cell's): train it.
+            if not is_finished(read_summary(logdir)):
                 print(f"{what}: training up to {row.steps:,} env steps ...", flush=True)
                 train_cell(row, seed, logdir, args.quick, bits)
             print(f"{what}: evaluating {', '.join(wanted)} ...", flush=True)

@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.harness.learning_runs import REPO, read_our_evals
+from bench.harness.learning_runs import REPO, median_or_none, read_our_evals
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.harness.results_io import command_line, write_results
 from bench.harness.subprocess_runs import run_subprocess
@@ -107,11 +107,6 @@ def run_rllib(system: str, seed: int, args: argparse.Namespace) -> dict[str, Any
             "build_s": parsed["build_s"], **_metrics(parsed["evals"], 0.0, parsed["env_steps"], parsed["train_s"])}
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    xs = [v for v in values if v is not None]
-    return statistics.median(xs) if xs else None
-
-
 def markdown(result: dict[str, Any], command: str) -> str:
     machine = result["machine"]
     lines = ["# On-policy ActorQ beside RLlib PPO and APPO (same number of actors), measured in one run", "",
@@ -135,11 +130,12 @@ def markdown(result: dict[str, Any], command: str) -> str:
         per_seed = ", ".join(f"s{r['seed']}: {r['s_to_target'] if r['s_to_target'] is not None else '—'}; "
                              f"{r['final_return']}" for r in rows)
         stayed = f"{statistics.fmean(stays):.2f}" if stays else "—"
-        lines.append(f"| {system} | {len(reached)}/{len(rows)} | {_median([r['s_to_target'] for r in rows]) or '—'} | "
-                     f"{_median([r['steps_to_target'] for r in rows]) or '—'} | "
-                     f"{_median([r['process_wall_s'] for r in rows])} | "
-                     f"{min(finals) if finals else '—'} / {_median(finals) or '—'} | {stayed} | "
-                     f"{_median([r['env_steps_per_s'] for r in rows])} | {per_seed} |")
+        lines.append(f"| {system} | {len(reached)}/{len(rows)} | "
+                     f"{median_or_none([r['s_to_target'] for r in rows]) or '—'} | "
+                     f"{median_or_none([r['steps_to_target'] for r in rows]) or '—'} | "
+                     f"{median_or_none([r['process_wall_s'] for r in rows])} | "
+                     f"{min(finals) if finals else '—'} / {median_or_none(finals) or '—'} | {stayed} | "
+                     f"{median_or_none([r['env_steps_per_s'] for r in rows])} | {per_seed} |")
     ratio = result.get("ratios") or {}
     if ratio:
         lines += ["", "Median seconds to target, RLlib's over ours: " + "; ".join(
@@ -189,7 +185,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             record = run_ours(system, seed, args) if system.startswith("ours") else run_rllib(system, seed, args)
             print(f"{system} seed {seed}: {record.get('s_to_target', record.get('failed'))}", flush=True)
             runs.append(record)
-    medians = {s: _median([r["s_to_target"] for r in runs if r["system"] == s and "failed" not in r])
+    medians = {s: median_or_none([r["s_to_target"] for r in runs if r["system"] == s and "failed" not in r])
                for s in args.systems}
     ratios = {f"{peer} / {ours}": (medians[peer] / medians[ours]) if medians.get(peer) and medians.get(ours) else None
               for peer in args.systems if peer.startswith("rllib") for ours in args.systems if ours.startswith("ours")}

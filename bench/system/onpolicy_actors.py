@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import sys
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from bench.harness.learning_runs import REPO
+from bench.harness.learning_runs import REPO, empty_run_dir, median_or_none
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.harness.results_io import command_line, write_results
 from bench.harness.subprocess_runs import run_subprocess
@@ -72,9 +71,7 @@ def read_run(summary: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run_one(precision: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    logdir = args.runs / f"{precision}_seed{seed}"
-    if logdir.exists():
-        shutil.rmtree(logdir)
+    logdir = empty_run_dir(args.runs / f"{precision}_seed{seed}")
     logdir.parent.mkdir(parents=True, exist_ok=True)
     code, text, wall = run_subprocess(run_command(precision, seed, args.steps, args.num_actors, logdir),
                                       args.runs / f"{precision}_seed{seed}.log", RUN_TIMEOUT_S, REPO)
@@ -85,18 +82,13 @@ def run_one(precision: str, seed: int, args: argparse.Namespace) -> dict[str, An
     return {**record, **read_run(json.loads(summary_path.read_text()))}
 
 
-def _median(values: Sequence[Any]) -> float | None:
-    xs = [float(v) for v in values if v is not None]
-    return statistics.median(xs) if xs else None
-
-
 def summarize(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Medians over rounds per precision, and the int8 / fp32 ratios of the rates (policy time: fp32 / int8)."""
     cells: dict[str, dict[str, Any]] = {}
     for precision in PRECISIONS:
         ok = [r for r in records if r["precision"] == precision and "failed" not in r]
         cells[precision] = {"runs": len(ok), "executed": ok[0]["executed"] if ok else None,
-                            **{k: _median([r.get(k) for r in ok]) for k in (
+                            **{k: median_or_none([r.get(k) for r in ok]) for k in (
                                 "env_steps_per_s", "acting_env_steps_per_s", "policy_us_per_step", "update_ms",
                                 "payload_bytes", "learner_wait_frac", "lag_mean", "stale_dropped",
                                 "process_wall_s")}}

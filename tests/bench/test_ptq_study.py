@@ -203,8 +203,9 @@ def test_qat_runs_train_beside_the_fp32_run_and_are_evaluated_at_their_width(tmp
 
 
 def test_a_run_stopped_part_way_is_trained_again(tmp_path):
-    """A stopped or failed run writes summary.json too: only a completed one is the cell's policy."""
-    assert not ptq_study._completed(tmp_path)
+    """A stopped or failed run writes summary.json too: only a completed one is the cell's policy (the study asks
+    analysis.runs, as launch.reproduce does)."""
+    assert not ptq_study.is_finished(ptq_study.read_summary(tmp_path))
     for status, done in (("interrupted", False), ("failed", False), ("completed", True)):
         (tmp_path / "summary.json").write_text(json.dumps({"status": status}))
-        assert ptq_study._completed(tmp_path) is done
+        assert ptq_study.is_finished(ptq_study.read_summary(tmp_path)) is done
