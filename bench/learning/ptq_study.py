@@ -37,7 +37,6 @@ import argparse
 import csv
 import dataclasses
 import json
-import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -183,11 +182,10 @@ def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits:
 
 def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits: int | None = None) -> None:
     """Trains the cell's policy from scratch (a folder left by an interrupted run is cleared first)."""
+    from bench.harness.learning_runs import empty_run_dir  # pylint: disable=import-outside-toplevel
     from bench.harness.subprocess_runs import run_subprocess  # pylint: disable=import-outside-toplevel
 
-    if logdir.exists():
-        shutil.rmtree(logdir)
-    logdir.parent.mkdir(parents=True, exist_ok=True)
+    empty_run_dir(logdir).parent.mkdir(parents=True, exist_ok=True)
     log = logdir.parent / f"{logdir.name}.log"
     code, _, _ = run_subprocess(train_command(row, seed, logdir, quick, qat_bits), log, RUN_TIMEOUT_S, REPO)
     if code != 0 or not (logdir / "summary.json").is_file():
