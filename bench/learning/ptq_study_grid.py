@@ -54,15 +54,17 @@ GRID: tuple[StudyRow, ...] = (
     StudyRow("ppo", "Acrobot-v1", 200_000, 10_240, reference=-100.0, source=_GYM, qat_bits=_QAT),
     StudyRow("ppo", "cartpole:balance", 200_000, 20_480, PPO_CONTROL_OVERRIDES, "PPO's DM Control settings",
              reference=950.0, source=_QUARL),
-    # PPO's pixel preset anneals its learning rate to 0 over the budget: at 200k, seed 0 sat at 4-5.4 from 80k on
-    # (evaluated 4.4 at the end); a longer budget keeps it learning.
+    # On-policy agents learn MinAtar more slowly than DQN early on: the MinAtar authors' AC(0.8) is at ~4 on Breakout
+    # at 200k frames and ~6 at 500k (AC(0) ~5), and reaches Space Invaders' 22 at ~250-300k (same figure, read by
+    # eye). PPO's pixel preset also anneals its learning rate to 0 over the budget: at 200k, seed 0 sat at 4-5.4 from
+    # 80k on (evaluated 4.4 at the end). A2C with 500k sat at 4-5.6 from 240k on (seed 0).
     StudyRow("ppo", "MinAtar/Breakout", 500_000, 20_480, reference=6.0, source=_MINATAR, qat_bits=_QAT),
-    StudyRow("ppo", "MinAtar/SpaceInvaders", 200_000, 20_480, reference=22.0, source=_MINATAR, qat_bits=_QAT),
+    StudyRow("ppo", "MinAtar/SpaceInvaders", 500_000, 20_480, reference=22.0, source=_MINATAR, qat_bits=_QAT),
     StudyRow("ppo", "MinAtar/Freeway", 500_000, 51_200, reference=38.0, source=_MINATAR_500K, qat_bits=_QAT),
     StudyRow("a2c", "CartPole-v1", 200_000, 10_000, reference=475.0, source=_GYM),
     StudyRow("a2c", "Acrobot-v1", 200_000, 10_000, reference=-100.0, source=_GYM),
-    StudyRow("a2c", "MinAtar/Breakout", 200_000, 20_000, reference=6.0, source=_MINATAR),
-    StudyRow("a2c", "MinAtar/SpaceInvaders", 200_000, 20_000, reference=22.0, source=_MINATAR),
+    StudyRow("a2c", "MinAtar/Breakout", 1_000_000, 20_000, reference=6.0, source=_MINATAR),
+    StudyRow("a2c", "MinAtar/SpaceInvaders", 500_000, 20_000, reference=22.0, source=_MINATAR),
     StudyRow("a2c", "MinAtar/Freeway", 500_000, 50_000, reference=38.0, source=_MINATAR_500K),
 )
 QUICK_OVERRIDES = {"dqn": {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32,
