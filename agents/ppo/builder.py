@@ -44,11 +44,7 @@ class Builder(BuilderBase):
 
     def policy_spec(self, env_spec: EnvSpec) -> PolicySpec:
         """What actors run: the policy network (logits or Gaussian mean); the value network stays with the learner."""
-        spec = self.networks(env_spec).policy
-        if self.config.qat_bits is not None and spec.conv_layers:
-            raise ValueError("quantization-aware training (qat_bits) covers Linear layers only, not the conv torso "
-                             "of image tasks")
-        return spec
+        return self.networks(env_spec).policy
 
     def num_envs(self, envs_per_actor: int = 1) -> int:
         """Environments a rollout steps: `--envs-per-actor K` when K > 1, else the config's `num_envs`."""

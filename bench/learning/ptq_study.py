@@ -54,7 +54,8 @@ REPO = Path(__file__).resolve().parents[2]
 EVAL_SEED_BASE = 500_000  # PTQ evaluation seeds: apart from training (seed) and its evaluator (seed + 10,000)
 RUN_TIMEOUT_S = 4 * 3600.0
 CSV_FIELDS = ("algo", "task", "seed", "train_steps", "precision", "bits", "granularity", "execution", "backend",
-              "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "reference", "cpu")
+              "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "reference", "cpu",
+              "train_eval_episodes")
 QAT_PREFIX = "qat-"  # a QAT run's row: "qat-int4" is the policy trained with --qat-bits 4, evaluated at int4
 
 
@@ -177,7 +178,7 @@ def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits:
     target = [] if row.reference is None or quick else ["--target-return", str(row.reference)]
     return [sys.executable, "-m", "launch.train", "--agent", row.algo, "--task", row.task, *precision,
             "--steps", str(row.steps), "--seed", str(seed), "--eval-every", str(row.eval_every),
-            "--eval-episodes", "5", *target, "--logdir", str(logdir), "--no-progress", *sets]
+            "--eval-episodes", str(row.eval_episodes), *target, "--logdir", str(logdir), "--no-progress", *sets]
 
 
 def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits: int | None = None) -> None:
@@ -228,7 +229,8 @@ def sweep_cell(logdir: Path, seed: int, precisions: Sequence[str], episodes: int
                     "execution": execution, "backend": greedy.backend, "episodes": episodes,
                     "mean_return": stats.mean, "std_return": stats.std,
                     "policy_bytes": policy_bytes(policy, precision, observations),
-                    "train_final_eval": summary.get("final_eval_return"), "reference": reference, "cpu": cpu})
+                    "train_final_eval": summary.get("final_eval_return"), "reference": reference, "cpu": cpu,
+                    "train_eval_episodes": summary.get("eval_episodes")})
     return out
 
 
@@ -250,6 +252,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
                 row[k] = float(r[k])
             for k in ("train_final_eval", "reference"):  # empty (or a file from before references): None
                 row[k] = float(r[k]) if r.get(k) else None
+            # Files from before the column: every study run then stopped on 5-episode evaluations.
+            row["train_eval_episodes"] = int(r.get("train_eval_episodes") or 5)
             rows.append(row)
     return rows
 

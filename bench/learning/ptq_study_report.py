@@ -54,7 +54,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                     "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
                     "change_mean": statistics.fmean(changes) if changes else math.nan,
                     "change_std": statistics.stdev(changes) if len(changes) > 1 else (0.0 if changes else math.nan),
-                    "changes": changes, "changes_by_seed": by_seed, "policy_bytes": int(statistics.median(r["policy_bytes"] for r in rs)),
+                    "changes": changes, "changes_by_seed": by_seed,
+                    "policy_bytes": int(statistics.median(r["policy_bytes"] for r in rs)),
                     "execution": rs[0]["execution"]})
     return sorted(out, key=lambda s: (s["algo"], s["task"], precision_order(s["precision"])))
 
@@ -72,7 +73,8 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
     cpus = sorted({r["cpu"] for r in all_rows})
     loads = "; ".join(f"{s.get('cpu', '?')}: {describe_load(s)}" for s in sessions) or "none recorded"
     lines = ["# PTQ across algorithms: reward vs precision (DQN, D4PG, PPO, A2C)", "",
-             f"`python -m bench.learning.ptq_study run ...` sessions: {loads}. Evaluated on: {', '.join(cpus)}. Written "
+             f"`python -m bench.learning.ptq_study run ...` sessions: {loads}. Evaluated on: {', '.join(cpus)}. "
+             f"Written "
              f"{time.strftime('%Y-%m-%d')}.", "",
              "Each cell is one training run (`launch.train`, fp32 actors) that stops at its first evaluation at or "
              "above the cell's reference return (else at its budget); its final fp32 policy is evaluated greedily "
@@ -135,12 +137,15 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
     for algo, task in dict.fromkeys((r["algo"], r["task"]) for r in all_rows):
         row = next((r for r in grid if (r.algo, r.task) == (algo, task)), None)
         if row is not None:
-            steps = {r["train_steps"] for r in all_rows if (r["algo"], r["task"], r["precision"]) == (algo, task, "fp32")}
+            cell = [r for r in all_rows if (r["algo"], r["task"]) == (algo, task)]
+            steps = {r["train_steps"] for r in cell if r["precision"] == "fp32"}
             ran = " / ".join(f"{n:,}" for n in sorted(steps))
             sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the task's preset"
             ref = "" if row.reference is None else f"; reference {row.reference:g} ({row.source})"
+            stops = sorted({r.get("train_eval_episodes") or 5 for r in cell})
             lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "
-                         f"{sets}" + (f" ({row.note})" if row.note else "") + ref)
+                         f"{sets}" + (f" ({row.note})" if row.note else "") + ref +
+                         f"; stopping evaluations of {' / '.join(map(str, stops))} episodes")
     lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
     return "\n".join(lines)
 

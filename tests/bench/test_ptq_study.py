@@ -209,3 +209,30 @@ def test_a_run_stopped_part_way_is_trained_again(tmp_path):
     for status, done in (("interrupted", False), ("failed", False), ("completed", True)):
         (tmp_path / "summary.json").write_text(json.dumps({"status": status}))
         assert ptq_study.is_finished(ptq_study.read_summary(tmp_path)) is done
+
+
+def test_minatar_cells_stop_on_ten_episode_evaluations_and_the_report_says_which(tmp_path):
+    """A 5-episode evaluation at MinAtar's reference often stops a policy the study's 10 episodes put below it: the
+    MinAtar rows evaluate 10 episodes while training, the classic-control rows keep 5, each swept row carries the
+    count its run stopped on (files from before the column read as 5, what every run then used) and the report's
+    settings name it."""
+    by_cell = {(r.algo, r.task): r for r in ptq_study.GRID}
+    for (algo, task), row in by_cell.items():
+        command = ptq_study.train_command(row, 0, tmp_path / "x", quick=False)
+        assert command[command.index("--eval-episodes") + 1] == ("10" if task.startswith("MinAtar/") else "5")
+    out = tmp_path / "out"
+    assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "none", "--out", str(out),
+                           "--runs", str(tmp_path / "runs")]) == 0
+    rows = ptq_study.read_rows(out / "ptq_study.csv")
+    assert rows and all(r["train_eval_episodes"] == 5 for r in rows)  # the quick CartPole row: 5
+    with open(out / "ptq_study.csv", newline="", encoding="utf-8") as f:
+        old = [{k: v for k, v in r.items() if k != "train_eval_episodes"} for r in csv.DictReader(f)]
+    old_file = tmp_path / "old.csv"
+    with open(old_file, "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(old[0]))
+        writer.writeheader()
+        writer.writerows(old)
+    assert {r["train_eval_episodes"] for r in ptq_study.read_rows(old_file)} == {5}
+    minatar = [dict(r, algo="dqn", task="MinAtar/Breakout", train_eval_episodes=10) for r in rows]
+    text = ptq_study_report.markdown(minatar, [], ptq_study.GRID)
+    assert "- dqn / MinAtar/Breakout: trained" in text and "stopping evaluations of 10 episodes" in text
