@@ -65,7 +65,8 @@ def _exit(parser: argparse.ArgumentParser, message: str) -> NoReturn:
 def run_cli(prog: str, body: Callable[[], object]) -> int:
     """Runs a study CLI's `body` and gives its exit code, so the studies end the same way: a bad command-line
     value (`launch.cli.UsageError`) or a busy machine prints `prog: error: ...` on stderr and gives 2; any
-    other RuntimeError (a run that failed) prints `prog: ...` and gives 1; otherwise 0."""
+    other RuntimeError (a run that failed) prints `prog: ...` and gives 1; Ctrl-C prints one line and gives 130
+    (what a study wrote before it, finished cells and session records, stays); otherwise 0."""
     from launch.cli import UsageError  # pylint: disable=import-outside-toplevel  # it imports the agents
 
     try:
@@ -76,6 +77,9 @@ def run_cli(prog: str, body: Callable[[], object]) -> int:
     except RuntimeError as e:
         print(f"{prog}: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"{prog}: stopped (Ctrl-C); finished results are kept", file=sys.stderr)
+        return 130
     return 0
 
 

@@ -127,3 +127,5 @@ def test_run_cli_turns_usage_busy_and_run_errors_into_exit_codes(capsys):
     assert capsys.readouterr().err == "bench.x: error: busy\n"
     assert machine.run_cli("bench.x", fail(RuntimeError("run 3 failed"))) == 1
     assert capsys.readouterr().err == "bench.x: run 3 failed\n"
+    assert machine.run_cli("bench.x", fail(KeyboardInterrupt())) == 130  # Ctrl-C: one line, no traceback
+    assert capsys.readouterr().err == "bench.x: stopped (Ctrl-C); finished results are kept\n"
