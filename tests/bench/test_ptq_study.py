@@ -68,7 +68,7 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
                          "granularity": "n/a",
                          "execution": "native", "backend": "jax", "episodes": 10, "mean_return": ret,
                          "std_return": 0.0, "policy_bytes": nbytes, "train_final_eval": None, "reference": 50.0,
-                         "cpu": "test CPU"})
+                         "cpu": "test CPU", "train_eval_episodes": 5})
     ptq_study.write_rows(tmp_path / "ptq_study.csv", rows)
     assert ptq_study.read_rows(tmp_path / "ptq_study.csv") == sorted(
         rows, key=lambda r: (r["seed"], -r["bits"]))
