@@ -55,7 +55,7 @@ EVAL_SEED_BASE = 500_000  # PTQ evaluation seeds: apart from training (seed) and
 RUN_TIMEOUT_S = 4 * 3600.0
 CSV_FIELDS = ("algo", "task", "seed", "train_steps", "precision", "bits", "granularity", "execution", "backend",
               "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "reference", "cpu",
-              "train_eval_episodes")
+              "train_eval_episodes", "train_target_streak")
 QAT_PREFIX = "qat-"  # a QAT run's row: "qat-int4" is the policy trained with --qat-bits 4, evaluated at int4
 
 
@@ -175,7 +175,8 @@ def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits:
         text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
         sets += ["--set", f"{key}={text}"]
     precision = ["--precision", f"int{qat_bits}", "--qat-bits", str(qat_bits)] if qat_bits else ["--precision", "fp32"]
-    target = [] if row.reference is None or quick else ["--target-return", str(row.reference)]
+    target = [] if row.reference is None or quick else ["--target-return", str(row.reference),
+                                                         "--target-streak", str(row.target_streak)]
     return [sys.executable, "-m", "launch.train", "--agent", row.algo, "--task", row.task, *precision,
             "--steps", str(row.steps), "--seed", str(seed), "--eval-every", str(row.eval_every),
             "--eval-episodes", str(row.eval_episodes), *target, "--logdir", str(logdir), "--no-progress", *sets]
@@ -230,7 +231,8 @@ def sweep_cell(logdir: Path, seed: int, precisions: Sequence[str], episodes: int
                     "mean_return": stats.mean, "std_return": stats.std,
                     "policy_bytes": policy_bytes(policy, precision, observations),
                     "train_final_eval": summary.get("final_eval_return"), "reference": reference, "cpu": cpu,
-                    "train_eval_episodes": summary.get("eval_episodes")})
+                    "train_eval_episodes": summary.get("eval_episodes"),
+                    "train_target_streak": summary.get("experiment", {}).get("target_streak")})
     return out
 
 
@@ -252,8 +254,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
                 row[k] = float(r[k])
             for k in ("train_final_eval", "reference"):  # empty (or a file from before references): None
                 row[k] = float(r[k]) if r.get(k) else None
-            # Files from before the column: every study run then stopped on 5-episode evaluations.
+            # Files from before these columns: every study run then stopped on one 5-episode evaluation.
             row["train_eval_episodes"] = int(r.get("train_eval_episodes") or 5)
+            row["train_target_streak"] = int(r.get("train_target_streak") or 1)
             rows.append(row)
     return rows
 

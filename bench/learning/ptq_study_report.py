@@ -142,10 +142,11 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
             ran = " / ".join(f"{n:,}" for n in sorted(steps))
             sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the task's preset"
             ref = "" if row.reference is None else f"; reference {row.reference:g} ({row.source})"
-            stops = sorted({r.get("train_eval_episodes") or 5 for r in cell})
+            rules = sorted({(r.get("train_target_streak") or 1, r.get("train_eval_episodes") or 5) for r in cell})
+            stops = " / ".join(f"{n} evaluation{'s' if n > 1 else ''} of {k} episodes in a row" if n > 1 else
+                               f"1 evaluation of {k} episodes" for n, k in rules)
             lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "
-                         f"{sets}" + (f" ({row.note})" if row.note else "") + ref +
-                         f"; stopping evaluations of {' / '.join(map(str, stops))} episodes")
+                         f"{sets}" + (f" ({row.note})" if row.note else "") + ref + f"; stopped by {stops}")
     lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
     return "\n".join(lines)
 

@@ -68,7 +68,7 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
                          "granularity": "n/a",
                          "execution": "native", "backend": "jax", "episodes": 10, "mean_return": ret,
                          "std_return": 0.0, "policy_bytes": nbytes, "train_final_eval": None, "reference": 50.0,
-                         "cpu": "test CPU", "train_eval_episodes": 5})
+                         "cpu": "test CPU", "train_eval_episodes": 5, "train_target_streak": 1})
     ptq_study.write_rows(tmp_path / "ptq_study.csv", rows)
     assert ptq_study.read_rows(tmp_path / "ptq_study.csv") == sorted(
         rows, key=lambda r: (r["seed"], -r["bits"]))
@@ -211,28 +211,32 @@ def test_a_run_stopped_part_way_is_trained_again(tmp_path):
         assert ptq_study.is_finished(ptq_study.read_summary(tmp_path)) is done
 
 
-def test_minatar_cells_stop_on_ten_episode_evaluations_and_the_report_says_which(tmp_path):
-    """A 5-episode evaluation at MinAtar's reference often stops a policy the study's 10 episodes put below it: the
-    MinAtar rows evaluate 10 episodes while training, the classic-control rows keep 5, each swept row carries the
-    count its run stopped on (files from before the column read as 5, what every run then used) and the report's
-    settings name it."""
+def test_minatar_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_which(tmp_path):
+    """One evaluation at MinAtar's reference often stops a policy the study's own 10 episodes put below it: the
+    MinAtar rows stop on 2 evaluations of 10 episodes in a row, the classic-control rows keep one of 5, each swept row
+    carries the rule its run stopped by (files from before the columns read as one of 5, what every run then used)
+    and the report's settings name it."""
     by_cell = {(r.algo, r.task): r for r in ptq_study.GRID}
     for (algo, task), row in by_cell.items():
         command = ptq_study.train_command(row, 0, tmp_path / "x", quick=False)
-        assert command[command.index("--eval-episodes") + 1] == ("10" if task.startswith("MinAtar/") else "5")
+        pixels = task.startswith("MinAtar/")
+        assert command[command.index("--eval-episodes") + 1] == ("10" if pixels else "5")
+        assert command[command.index("--target-streak") + 1] == ("2" if pixels else "1")
     out = tmp_path / "out"
     assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "none", "--out", str(out),
                            "--runs", str(tmp_path / "runs")]) == 0
     rows = ptq_study.read_rows(out / "ptq_study.csv")
-    assert rows and all(r["train_eval_episodes"] == 5 for r in rows)  # the quick CartPole row: 5
+    assert rows and all((r["train_eval_episodes"], r["train_target_streak"]) == (5, 1) for r in rows)  # quick row
     with open(out / "ptq_study.csv", newline="", encoding="utf-8") as f:
-        old = [{k: v for k, v in r.items() if k != "train_eval_episodes"} for r in csv.DictReader(f)]
+        old = [{k: v for k, v in r.items() if not k.startswith("train_eval") and not k.startswith("train_target")}
+               for r in csv.DictReader(f)]
     old_file = tmp_path / "old.csv"
     with open(old_file, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(old[0]))
         writer.writeheader()
         writer.writerows(old)
-    assert {r["train_eval_episodes"] for r in ptq_study.read_rows(old_file)} == {5}
-    minatar = [dict(r, algo="dqn", task="MinAtar/Breakout", train_eval_episodes=10) for r in rows]
+    assert {(r["train_eval_episodes"], r["train_target_streak"]) for r in ptq_study.read_rows(old_file)} == {(5, 1)}
+    minatar = [dict(r, algo="dqn", task="MinAtar/Breakout", train_eval_episodes=10, train_target_streak=2)
+               for r in rows]
     text = ptq_study_report.markdown(minatar, [], ptq_study.GRID)
-    assert "- dqn / MinAtar/Breakout: trained" in text and "stopping evaluations of 10 episodes" in text
+    assert "- dqn / MinAtar/Breakout: trained" in text and "stopped by 2 evaluations of 10 episodes in a row" in text
