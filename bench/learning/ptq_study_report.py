@@ -132,7 +132,8 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
     lines += ["", "## Not converged (kept out of the tables above)", ""]
     lines += [f"- {r['algo']} / {r['task']} seed {r['seed']}: fp32 {r['mean_return']:.1f} after {r['train_steps']:,} "
               f"env steps, " + ("no reference return" if r.get("reference") is None else
-                                f"reference {r['reference']:g}") for r in missed] or ["- none"]
+                                f"reference {r['reference']:g}") + _int8_beside(r, all_rows)
+              for r in missed] or ["- none"]
     lines += ["", "## Sizes and settings (`bench.learning.ptq_study_grid.GRID`)", ""]
     for algo, task in dict.fromkeys((r["algo"], r["task"]) for r in all_rows):
         row = next((r for r in grid if (r.algo, r.task) == (algo, task)), None)
@@ -149,6 +150,16 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
                          f"{sets}" + (f" ({row.note})" if row.note else "") + ref + f"; stopped by {stops}")
     lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
     return "\n".join(lines)
+
+
+def _int8_beside(fp32: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """The same seed's int8 reward and change, shown beside a seed that is kept out of the tables."""
+    key = (fp32["algo"], fp32["task"], fp32["seed"])
+    int8 = next((r for r in rows if (r["algo"], r["task"], r["seed"]) == key and r["precision"] == "int8"), None)
+    if int8 is None or not fp32["mean_return"]:
+        return ""
+    change = (int8["mean_return"] - fp32["mean_return"]) / abs(fp32["mean_return"])
+    return f"; int8 {int8['mean_return']:.1f} ({_pct(change)})"
 
 
 def _seed_note(seed: int, change: float, floats: Sequence[dict[str, Any] | None]) -> str:

@@ -167,7 +167,11 @@ def test_only_converged_seeds_enter_the_tables_and_qat_sits_beside_ptq(tmp_path)
     kept, missed = ptq_study_report.converged(rows)
     assert {r["seed"] for r in kept} == {0, 1} and [r["seed"] for r in missed] == [2]
     md = ptq_study_report.markdown(rows, [], ptq_study.GRID)
-    assert "- dqn / CartPole-v1 seed 2: fp32 150.0 after 5,000 env steps, reference 475" in md
+    assert "- dqn / CartPole-v1 seed 2: fp32 150.0 after 5,000 env steps, reference 475\n" in md  # no int8 row
+    rows.append(dict(rows[-3], precision="int8", bits=8, mean_return=120.0))
+    md = ptq_study_report.markdown(rows, [], ptq_study.GRID)  # shown beside it, kept out of the tables
+    assert "- dqn / CartPole-v1 seed 2: fp32 150.0 after 5,000 env steps, reference 475; int8 120.0 (-20.0%)" in md
+    assert "| dqn | CartPole-v1 | int8 |" not in md
     assert "| dqn | CartPole-v1 | 4 | -15.0% ± 7.1% | -1.0% ± 1.4% | 2 |" in md  # (-20%, -10%) vs (-2%, 0%)
     assert "| dqn | CartPole-v1 | fp32 | 2 |" in md and "| dqn | CartPole-v1 | fp32 | 3 |" not in md
     assert "reference 475 (gymnasium's reward_threshold)" in md
