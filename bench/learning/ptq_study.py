@@ -45,7 +45,7 @@ import agents
 from analysis.runs import is_finished, read_summary
 from bench.harness.machine import add_allow_busy, check_load, finish, machine_info, run_cli
 from bench.harness.results_io import write_csv, write_json, write_text
-from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, StudyRow, row_overrides
+from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_DEFAULT, StudyRow, row_overrides
 from bench.learning.ptq_study_report import CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE, markdown, plot
 from launch.cli import OneLineArgumentParser, UsageError
 from quarl.ops.io import read_json_list
@@ -254,9 +254,9 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
                 row[k] = float(r[k])
             for k in ("train_final_eval", "reference"):  # empty (or a file from before references): None
                 row[k] = float(r[k]) if r.get(k) else None
-            # Files from before these columns: every study run then stopped on one 5-episode evaluation.
-            row["train_eval_episodes"] = int(r.get("train_eval_episodes") or 5)
-            row["train_target_streak"] = int(r.get("train_target_streak") or 1)
+            # Files from before these columns: every study run then stopped by the default rule.
+            row["train_eval_episodes"] = int(r.get("train_eval_episodes") or STOP_DEFAULT[0])
+            row["train_target_streak"] = int(r.get("train_target_streak") or STOP_DEFAULT[1])
             rows.append(row)
     return rows
 

@@ -34,6 +34,11 @@ class StudyRow:
     target_streak: int = 1
 
 
+# The stopping rule of a row that sets none: one evaluation of 5 episodes, also what every study run used before
+# rows recorded their rule (bench.learning.ptq_study.read_rows and the report fall back to it).
+STOP_DEFAULT = (StudyRow.eval_episodes, StudyRow.target_streak)
+
+
 # References: gymnasium's reward_threshold for its tasks (the return at which its registry calls the task solved);
 # the MinAtar authors' DQN at 200k frames (Young & Tian, 2019, the README figure: bench.learning.minatar_dqn; Freeway
 # at 500k, its DQN curve's first point past the 100-episode averaging window, where DQN has learnt it); for
@@ -45,16 +50,25 @@ _MINATAR = "the MinAtar authors' DQN at 200k frames"
 _MINATAR_500K = "the MinAtar authors' DQN at 500k frames"
 _QUARL = "95% of the QuaRL paper's fp32 D4PG return"
 _QAT = (8, 4, 2)
+# MinAtar reference per game (return, source) and the rule its rows stop by (see StudyRow).
+_MINATAR_REFERENCE = {"Breakout": (6.0, _MINATAR), "SpaceInvaders": (22.0, _MINATAR),
+                      "Freeway": (38.0, _MINATAR_500K)}
+
+
+def _minatar(algo: str, game: str, steps: int, eval_every: int, qat_bits: tuple[int, ...] = ()) -> StudyRow:
+    """A MinAtar row: the game's reference, stopping on 2 evaluations of 10 episodes in a row."""
+    reference, source = _MINATAR_REFERENCE[game]
+    return StudyRow(algo, f"MinAtar/{game}", steps, eval_every, reference=reference, source=source, qat_bits=qat_bits,
+                    eval_episodes=10, target_streak=2)
+
+
 GRID: tuple[StudyRow, ...] = (
     StudyRow("dqn", "CartPole-v1", 50_000, 2_500, reference=475.0, source=_GYM, qat_bits=_QAT),
     StudyRow("dqn", "Acrobot-v1", 100_000, 5_000, reference=-100.0, source=_GYM, qat_bits=_QAT),
     StudyRow("dqn", "MountainCar-v0", 120_000, 5_000, reference=-110.0, source=_GYM, qat_bits=_QAT),
-    StudyRow("dqn", "MinAtar/Breakout", 200_000, 20_000,
-             reference=6.0, source=_MINATAR, qat_bits=_QAT, eval_episodes=10, target_streak=2),
-    StudyRow("dqn", "MinAtar/SpaceInvaders", 200_000, 20_000,
-             reference=22.0, source=_MINATAR, qat_bits=_QAT, eval_episodes=10, target_streak=2),
-    StudyRow("dqn", "MinAtar/Freeway", 500_000, 50_000,
-             reference=38.0, source=_MINATAR_500K, qat_bits=_QAT, eval_episodes=10, target_streak=2),
+    _minatar("dqn", "Breakout", 200_000, 20_000, _QAT),
+    _minatar("dqn", "SpaceInvaders", 200_000, 20_000, _QAT),
+    _minatar("dqn", "Freeway", 500_000, 50_000, _QAT),
     StudyRow("d4pg", "cartpole:balance", 60_000, 5_000, CARTPOLE_OVERRIDES, "bench.learning.d4pg_rows's small setting",
              reference=950.0, source=_QUARL, qat_bits=_QAT),
     StudyRow("d4pg", "walker:stand", 150_000, 5_000, WALKER_OVERRIDES, "bench.learning.d4pg_rows's setting",
@@ -67,20 +81,14 @@ GRID: tuple[StudyRow, ...] = (
     # at 200k frames and ~6 at 500k (AC(0) ~5), and reaches Space Invaders' 22 at ~250-300k (same figure, read by
     # eye). PPO's pixel preset also anneals its learning rate to 0 over the budget: at 200k, seed 0 sat at 4-5.4 from
     # 80k on (evaluated 4.4 at the end). A2C with 500k sat at 4-5.6 from 240k on (seed 0).
-    StudyRow("ppo", "MinAtar/Breakout", 500_000, 20_480,
-             reference=6.0, source=_MINATAR, qat_bits=_QAT, eval_episodes=10, target_streak=2),
-    StudyRow("ppo", "MinAtar/SpaceInvaders", 500_000, 20_480,
-             reference=22.0, source=_MINATAR, qat_bits=_QAT, eval_episodes=10, target_streak=2),
-    StudyRow("ppo", "MinAtar/Freeway", 500_000, 51_200,
-             reference=38.0, source=_MINATAR_500K, qat_bits=_QAT, eval_episodes=10, target_streak=2),
+    _minatar("ppo", "Breakout", 500_000, 20_480, _QAT),
+    _minatar("ppo", "SpaceInvaders", 500_000, 20_480, _QAT),
+    _minatar("ppo", "Freeway", 500_000, 51_200, _QAT),
     StudyRow("a2c", "CartPole-v1", 200_000, 10_000, reference=475.0, source=_GYM),
     StudyRow("a2c", "Acrobot-v1", 200_000, 10_000, reference=-100.0, source=_GYM),
-    StudyRow("a2c", "MinAtar/Breakout", 1_000_000, 20_000,
-             reference=6.0, source=_MINATAR, eval_episodes=10, target_streak=2),
-    StudyRow("a2c", "MinAtar/SpaceInvaders", 500_000, 20_000,
-             reference=22.0, source=_MINATAR, eval_episodes=10, target_streak=2),
-    StudyRow("a2c", "MinAtar/Freeway", 500_000, 50_000,
-             reference=38.0, source=_MINATAR_500K, eval_episodes=10, target_streak=2),
+    _minatar("a2c", "Breakout", 1_000_000, 20_000),
+    _minatar("a2c", "SpaceInvaders", 500_000, 20_000),
+    _minatar("a2c", "Freeway", 500_000, 50_000),
 )
 QUICK_OVERRIDES = {"dqn": {"hidden_sizes": (16, 16), "min_replay_size": 100, "batch_size": 32,
                            "samples_per_insert": 8.0},

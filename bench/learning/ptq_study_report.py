@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 from bench.harness.machine import describe_load
 from bench.harness.results_io import save_figure
+from bench.learning.ptq_study_grid import STOP_DEFAULT
 
 CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE = "ptq_study.csv", "ptq_study.md", "ptq_study.png", "ptq_study_sessions.json"
 WITHIN = 0.05  # "int8 within a few percent of fp32": |relative change| <= 5%
@@ -143,7 +144,8 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
             ran = " / ".join(f"{n:,}" for n in sorted(steps))
             sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the task's preset"
             ref = "" if row.reference is None else f"; reference {row.reference:g} ({row.source})"
-            rules = sorted({(r.get("train_target_streak") or 1, r.get("train_eval_episodes") or 5) for r in cell})
+            rules = sorted({(r.get("train_target_streak") or STOP_DEFAULT[1],
+                             r.get("train_eval_episodes") or STOP_DEFAULT[0]) for r in cell})
             stops = " / ".join(f"{n} evaluation{'s' if n > 1 else ''} of {k} episodes in a row" if n > 1 else
                                f"1 evaluation of {k} episodes" for n, k in rules)
             lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "
