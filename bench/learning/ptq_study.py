@@ -3,25 +3,28 @@ final fp32 policy of every run with launch.ptq's rows, and put reward against pr
 
     python -m bench.learning.ptq_study run [--algos dqn,d4pg,ppo,a2c] [--tasks CartPole-v1,...] [--seeds 0,1,2]
         [--episodes 10] [--bits 8,6,4,3,2] [--include fp16,bf16] [--steps ALGO/TASK=N,...] [--backend jax]
-        [--qat-bits 8,4,2|none] [--runs runs/bench/ptq_study] [--out results/bench] [--quick] [--allow-busy]
+        [--qat-bits 8,4,2|none] [--runs runs/bench/ptq_study] [--out results/bench] [--quick] [--retrain-stale]
+        [--allow-busy]
     python -m bench.learning.ptq_study report [--out DIR]      # the table and plot again from OUT/ptq_study.csv
     python -m bench.learning.ptq_study merge DIR... [--out DIR] # add other folders' cells (another session or machine)
 
 Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the task's preset plus the row's
-overrides, a subprocess of this checkout) that stops at its first evaluation at or above the row's reference return
+overrides, a subprocess of this checkout) that stops once the row's evaluations reach its reference return
 (`StudyRow.reference`, with its source: gymnasium's solved thresholds, the MinAtar authors' DQN, the QuaRL paper's
-D4PG) or at its budget, followed by a greedy evaluation of its final fp32 policy at every precision, `--episodes`
-episodes per precision on the same environment seeds (so each precision's change from fp32
-is paired within a seed). Integer rows quantize the weights per channel, as actors do, and run the integer kernel
-(W<b>A8); fp16/bf16 run natively (`launch.ptq_policy.make_row_policy`). Policy size is the payload an actor pulls
-at that precision (`quarl.quant.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header). A seed
-whose fp32 policy evaluates below the reference is not converged: the report lists it and keeps it out of the
-tables. Beside PTQ, rows with QAT widths train one more run per width (`--qat-bits B`, int-B actors, the same
-budget and stopping rule) and evaluate it at int-B (rows "qat-intB").
+D4PG; 2 evaluations of 10 episodes in a row, D4PG's rows one of 5) or at its budget, followed by a greedy evaluation
+of its final fp32 policy at every precision, `--episodes` episodes per precision on the same environment seeds (so
+each precision's change from fp32 is paired within a seed). Integer rows quantize the weights per channel, as actors
+do, and run the integer kernel (W<b>A8); fp16/bf16 run natively (`launch.ptq_policy.make_row_policy`). Policy size
+is the payload an actor pulls at that precision (`quarl.quant.payload`: codes bit-packed, scales, biases and
+LayerNorm in fp32, header). A seed whose fp32 policy evaluates below the reference is not converged: the report
+lists it and keeps it out of the tables. Beside PTQ, rows with QAT widths train one more run per width (`--qat-bits
+B`, int-B actors, the same budget and stopping rule) and evaluate it at int-B (rows "qat-intB").
 
 It resumes like bench.peers.fidelity: each finished cell's rows go into OUT/ptq_study.csv as soon as it is done, and a
 cell whose precisions are all there is not run again (its data are kept, also when its run folder is on another
-machine), so the grid can be split over sessions that each commit their part. Every row names the CPU it was
+machine), so the grid can be split over sessions that each commit their part. Rows record the stopping rule their run
+stopped by; after a row's rule changes, `--retrain-stale` trains the selected cells recorded under another rule again
+(their old run folders are kept beside as `sN.stale`). Every row names the CPU it was
 evaluated on. No timing is reported: returns per env step do not depend on the machine's load (the busy-machine
 guard still applies, as for every benchmark; pass --allow-busy on a shared machine).
 
@@ -37,6 +40,7 @@ import argparse
 import csv
 import dataclasses
 import json
+import shutil
 import sys
 from pathlib import Path
 from typing import Any, Sequence
@@ -45,7 +49,7 @@ import agents
 from analysis.runs import is_finished, read_summary
 from bench.harness.machine import add_allow_busy, check_load, finish, machine_info, run_cli
 from bench.harness.results_io import write_csv, write_json, write_text
-from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_DEFAULT, StudyRow, row_overrides
+from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_LEGACY, StudyRow, row_overrides
 from bench.learning.ptq_study_report import CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE, markdown, plot
 from launch.cli import OneLineArgumentParser, UsageError
 from quarl.ops.io import read_json_list
@@ -89,7 +93,8 @@ def select_rows(algos: str | None, tasks: str | None, steps: str, quick: bool) -
     elif quick:
         rows = [r for r in rows if r.task in QUICK_TASKS]
     if quick:
-        rows = [dataclasses.replace(r, steps=600, eval_every=300) for r in rows]
+        rows = [dataclasses.replace(r, steps=600, eval_every=300, eval_episodes=STOP_LEGACY[0],
+                                    target_streak=STOP_LEGACY[1]) for r in rows]
     for item in _csv_list(steps):
         key, _, value = item.rpartition("=")
         algo, _, task = key.partition("/")
@@ -121,6 +126,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     run.add_argument("--qat-bits", default=None, metavar="B,...",
                      help="QAT runs beside PTQ at these widths, for rows that have QAT ('none': PTQ only; default: "
                           "each row's, none with --quick)")
+    run.add_argument("--retrain-stale", action="store_true",
+                     help="train the selected cells recorded under a stopping rule other than their row's again "
+                          "(old run folders kept as sN.stale)")
     add_allow_busy(run)
     report = sub.add_parser("report", help="table and plot from OUT/ptq_study.csv")
     report.add_argument("--out", default=str(REPO / "results" / "bench"))
@@ -169,14 +177,15 @@ def run_dir(runs: Path, algo: str, task: str, seed: int, qat_bits: int | None = 
 
 def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits: int | None = None) -> list[str]:
     """`launch.train` for one cell (a subprocess of this checkout: `-m` imports from its cwd): fp32 actors, or
-    int-B actors trained with `--qat-bits B`; either stops at the first evaluation reaching the row's reference."""
+    int-B actors trained with `--qat-bits B`; either stops once the row's evaluations reach its reference."""
     sets = []
     for key, value in row_overrides(row, quick).items():
         text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
         sets += ["--set", f"{key}={text}"]
     precision = ["--precision", f"int{qat_bits}", "--qat-bits", str(qat_bits)] if qat_bits else ["--precision", "fp32"]
-    target = [] if row.reference is None or quick else ["--target-return", str(row.reference),
-                                                         "--target-streak", str(row.target_streak)]
+    # The streak is passed without a target too: the run's summary records the rule the row asked for.
+    target = [] if row.reference is None or quick else ["--target-return", str(row.reference)]
+    target += ["--target-streak", str(row.target_streak)]
     return [sys.executable, "-m", "launch.train", "--agent", row.algo, "--task", row.task, *precision,
             "--steps", str(row.steps), "--seed", str(seed), "--eval-every", str(row.eval_every),
             "--eval-episodes", str(row.eval_episodes), *target, "--logdir", str(logdir), "--no-progress", *sets]
@@ -255,8 +264,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             for k in ("train_final_eval", "reference"):  # empty (or a file from before references): None
                 row[k] = float(r[k]) if r.get(k) else None
             # Files from before these columns: every study run then stopped by the default rule.
-            row["train_eval_episodes"] = int(r.get("train_eval_episodes") or STOP_DEFAULT[0])
-            row["train_target_streak"] = int(r.get("train_target_streak") or STOP_DEFAULT[1])
+            row["train_eval_episodes"] = int(r.get("train_eval_episodes") or STOP_LEGACY[0])
+            row["train_target_streak"] = int(r.get("train_target_streak") or STOP_LEGACY[1])
             rows.append(row)
     return rows
 
@@ -278,6 +287,8 @@ def run_grid(args: argparse.Namespace) -> None:
     machine = machine_info(args.allow_busy)
     precisions = ["fp32", *args.include, *(f"int{b}" for b in sorted(args.bits, reverse=True))]
     cells = [(row, seed) for row in args.rows for seed in args.seeds]
+    if args.retrain_stale:
+        rows = drop_stale(rows, cells, args.runs, args.qat_bits)
     try:
         _run_cells(args, cells, rows, precisions, machine, csv_path)
     finally:  # a stopped session's cells are in the CSV already: its machine and load go beside them
@@ -291,14 +302,15 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
     for i, (row, seed) in enumerate(cells, 1):
         tag = f"[{i}/{len(cells)}] {row.algo} {row.task} seed {seed}"
         have = {r["precision"] for r in rows if (r["algo"], r["task"], r["seed"]) == (row.algo, row.task, seed)}
-        widths = row.qat_bits if args.qat_bits is None else [b for b in args.qat_bits if b in row.qat_bits]
+        widths = qat_widths(row, args.qat_bits)
         qat = [b for b in widths if f"{QAT_PREFIX}int{b}" not in have]
+        qat_have = {p for p in have if p.startswith(QAT_PREFIX)}
         for bits, wanted in ((None, [p for p in precisions if p not in have]), *((b, [f"int{b}"]) for b in qat)):
             if not wanted:
                 continue
             logdir = run_dir(args.runs, row.algo, row.task, seed, bits)
             what = f"{tag}{f' QAT int{bits}' if bits else ''}"
-            if bits is None and have and not (logdir / "policy_fp32.qrlp").is_file():
+            if bits is None and have - qat_have and not (logdir / "policy_fp32.qrlp").is_file():
                 print(f"{what}: {', '.join(wanted)} missing, but its policy is not under {args.runs}; skipped",
                       flush=True)
                 continue
@@ -313,6 +325,40 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
             write_rows(csv_path, rows)
         if not qat and not [p for p in precisions if p not in have]:
             print(f"{tag}: in {csv_path} already", flush=True)
+
+
+def qat_widths(row: StudyRow, asked: Sequence[int] | None) -> list[int]:
+    """The QAT widths this session trains for `row`: the row's, or those of `--qat-bits` the row has."""
+    return list(row.qat_bits) if asked is None else [b for b in asked if b in row.qat_bits]
+
+
+def _group(r: dict[str, Any]) -> tuple[str, str, int, int | None]:
+    """The run a study row comes from: the cell's fp32 run (None) or its QAT run at one width."""
+    return r["algo"], r["task"], r["seed"], r["bits"] if r["precision"].startswith(QAT_PREFIX) else None
+
+
+def drop_stale(rows: list[dict[str, Any]], cells: Sequence[tuple[StudyRow, int]], runs: Path,
+               asked_qat: Sequence[int] | None) -> list[dict[str, Any]]:
+    """`rows` without those of `cells` recorded under a stopping rule other than their grid row's, for the runs this
+    session trains (the fp32 run's precisions, and the QAT widths asked for), each such run moved aside to
+    `<run>.stale` so it trains again. The CSV keeps the old rows until the first retrained cell is written."""
+    stale: set[tuple[str, str, int, int | None]] = set()
+    for row, seed in cells:
+        retrained = {None, *qat_widths(row, asked_qat)}
+        for r in rows:
+            key = _group(r)
+            if key[:3] == (row.algo, row.task, seed) and key[3] in retrained and \
+                    (r["train_eval_episodes"], r["train_target_streak"]) != (row.eval_episodes, row.target_streak):
+                stale.add(key)
+    for algo, task, seed, bits in sorted(stale, key=str):
+        run = run_dir(runs, algo, task, seed, bits)
+        print(f"{algo} {task} seed {seed}{f' QAT int{bits}' if bits else ''}: recorded under another stopping rule; "
+              f"training it again", flush=True)
+        if run.exists():
+            aside = run.with_name(run.name + ".stale")
+            shutil.rmtree(aside, ignore_errors=True)
+            run.rename(aside)
+    return [r for r in rows if _group(r) not in stale]
 
 
 def merge_folders(out: Path, folders: Sequence[str]) -> None:

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from bench.harness.machine import describe_load
 from bench.harness.results_io import save_figure
-from bench.learning.ptq_study_grid import STOP_DEFAULT
+from bench.learning.ptq_study_grid import STOP_LEGACY
 
 CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE = "ptq_study.csv", "ptq_study.md", "ptq_study.png", "ptq_study_sessions.json"
 WITHIN = 0.05  # "int8 within a few percent of fp32": |relative change| <= 5%
@@ -77,8 +77,8 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
              f"`python -m bench.learning.ptq_study run ...` sessions: {loads}. Evaluated on: {', '.join(cpus)}. "
              f"Written "
              f"{time.strftime('%Y-%m-%d')}.", "",
-             "Each cell is one training run (`launch.train`, fp32 actors) that stops at its first evaluation at or "
-             "above the cell's reference return (else at its budget); its final fp32 policy is evaluated greedily "
+             "Each cell is one training run (`launch.train`, fp32 actors) that stops once its evaluations reach the "
+             "cell's reference return (else at its budget; the rule per cell is under Sizes and settings); its final fp32 policy is evaluated greedily "
              "at every precision on the same environment seeds. Only seeds whose fp32 policy evaluates at or above "
              "the reference enter the tables; the others are listed as not converged. QAT rows (qat-intB) are "
              "separate runs trained with `--qat-bits B` and int-B actors at the same budget and stopping rule, "
@@ -144,8 +144,8 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
             ran = " / ".join(f"{n:,}" for n in sorted(steps))
             sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the task's preset"
             ref = "" if row.reference is None else f"; reference {row.reference:g} ({row.source})"
-            rules = sorted({(r.get("train_target_streak") or STOP_DEFAULT[1],
-                             r.get("train_eval_episodes") or STOP_DEFAULT[0]) for r in cell})
+            rules = sorted({(r.get("train_target_streak") or STOP_LEGACY[1],
+                             r.get("train_eval_episodes") or STOP_LEGACY[0]) for r in cell})
             stops = " / ".join(f"{n} evaluation{'s' if n > 1 else ''} of {k} episodes in a row" if n > 1 else
                                f"1 evaluation of {k} episodes" for n, k in rules)
             lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "

@@ -215,17 +215,17 @@ def test_a_run_stopped_part_way_is_trained_again(tmp_path):
         assert ptq_study.is_finished(ptq_study.read_summary(tmp_path)) is done
 
 
-def test_minatar_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_which(tmp_path):
-    """One evaluation at MinAtar's reference often stops a policy the study's own 10 episodes put below it: the
-    MinAtar rows stop on 2 evaluations of 10 episodes in a row, the classic-control rows keep one of 5, each swept row
-    carries the rule its run stopped by (files from before the columns read as one of 5, what every run then used)
-    and the report's settings name it."""
+def test_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_which(tmp_path):
+    """One evaluation at the reference often stops a policy the study's own 10 episodes put below it: the discrete
+    rows stop on 2 evaluations of 10 episodes in a row, D4PG's DM Control rows keep one of 5, each swept row carries
+    the rule its run stopped by (files from before the columns read as one of 5, what every run then used) and the
+    report's settings name it."""
     by_cell = {(r.algo, r.task): r for r in ptq_study.GRID}
     for (algo, task), row in by_cell.items():
         command = ptq_study.train_command(row, 0, tmp_path / "x", quick=False)
-        pixels = task.startswith("MinAtar/")
-        assert command[command.index("--eval-episodes") + 1] == ("10" if pixels else "5")
-        assert command[command.index("--target-streak") + 1] == ("2" if pixels else "1")
+        d4pg = algo == "d4pg"
+        assert command[command.index("--eval-episodes") + 1] == ("5" if d4pg else "10")
+        assert command[command.index("--target-streak") + 1] == ("1" if d4pg else "2")
     out = tmp_path / "out"
     assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "none", "--out", str(out),
                            "--runs", str(tmp_path / "runs")]) == 0
@@ -244,3 +244,36 @@ def test_minatar_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_w
                for r in rows]
     text = ptq_study_report.markdown(minatar, [], ptq_study.GRID)
     assert "- dqn / MinAtar/Breakout: trained" in text and "stopped by 2 evaluations of 10 episodes in a row" in text
+
+
+def test_retrain_stale_trains_again_only_the_runs_recorded_under_another_rule(tmp_path, monkeypatch, capsys):
+    """After a row's stopping rule changes, `--retrain-stale` trains again the selected cells' runs recorded under
+    the old rule (the fp32 run and the QAT widths asked for), keeps the old run folder beside, and leaves runs it
+    does not retrain (a QAT width not asked for) in the table."""
+    out, runs = tmp_path / "out", tmp_path / "runs"
+    flags = [*TINY, "--qat-bits", "4", "--out", str(out), "--runs", str(runs)]
+    assert ptq_study.main([*flags, "--seeds", "0"]) == 0  # recorded under the quick rule: one evaluation of 5
+    before = ptq_study.read_rows(out / "ptq_study.csv")
+    assert {(r["train_eval_episodes"], r["train_target_streak"]) for r in before} == {(5, 1)}
+    capsys.readouterr()
+
+    # Without the flag a changed rule retrains nothing; with it, seed 0's fp32 run (and only that) trains again.
+    real = ptq_study.select_rows
+
+    def two_of_three(*args):
+        rows, notes = real(*args)
+        return [ptq_study.dataclasses.replace(r, eval_episodes=3, target_streak=2) for r in rows], notes
+    monkeypatch.setattr(ptq_study, "select_rows", two_of_three)
+    assert ptq_study.main([*flags, "--seeds", "0"]) == 0
+    assert "training up to" not in capsys.readouterr().out
+    assert ptq_study.main([*flags, "--seeds", "0", "--qat-bits", "none", "--retrain-stale"]) == 0
+    printed = capsys.readouterr().out
+    assert "dqn CartPole-v1 seed 0: recorded under another stopping rule" in printed
+    assert "QAT int4: recorded" not in printed
+    after = ptq_study.read_rows(out / "ptq_study.csv")
+    rule = {(r["seed"], r["precision"]): (r["train_eval_episodes"], r["train_target_streak"]) for r in after}
+    assert len(after) == len(before)
+    assert rule[(0, "fp32")] == rule[(0, "int8")] == (3, 2)  # retrained: its summary names the new rule
+    assert rule[(0, "qat-int4")] == (5, 1)  # not asked for: kept
+    assert (runs / "dqn" / "CartPole-v1" / "s0.stale" / "summary.json").is_file()
+    assert (runs / "dqn" / "CartPole-v1" / "s0" / "policy_fp32.qrlp").is_file()
