@@ -2,7 +2,7 @@
 final fp32 policy of every run with launch.ptq's rows, and put reward against precision in one table.
 
     python -m bench.learning.ptq_study run [--algos dqn,d4pg,ppo,a2c] [--tasks CartPole-v1,...] [--seeds 0,1,2]
-        [--episodes 10] [--bits 8,6,4,3,2] [--include fp16,bf16] [--steps ALGO/TASK=N,...] [--backend jax]
+        [--episodes N] [--bits 8,6,4,3,2] [--include fp16,bf16] [--steps ALGO/TASK=N,...] [--backend jax]
         [--qat-bits 8,4,2|none] [--runs runs/bench/ptq_study] [--out results/bench] [--quick] [--retrain-stale]
         [--allow-busy]
     python -m bench.learning.ptq_study report [--out DIR]      # the table and plot again from OUT/ptq_study.csv
@@ -12,13 +12,14 @@ Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the ta
 overrides, a subprocess of this checkout) that stops once the row's evaluations reach its reference return
 (`StudyRow.reference`, with its source: gymnasium's solved thresholds, the MinAtar authors' DQN, the QuaRL paper's
 D4PG; 2 evaluations of 10 episodes in a row, D4PG's rows one of 5) or at its budget, followed by a greedy evaluation
-of its final fp32 policy at every precision, `--episodes` episodes per precision on the same environment seeds (so
-each precision's change from fp32 is paired within a seed). Integer rows quantize the weights per channel, as actors
-do, and run the integer kernel (W<b>A8); fp16/bf16 run natively (`launch.ptq_policy.make_row_policy`). Policy size
-is the payload an actor pulls at that precision (`quarl.quant.payload`: codes bit-packed, scales, biases and
-LayerNorm in fp32, header). A seed whose fp32 policy evaluates below the reference is not converged: the report
-lists it and keeps it out of the tables. Beside PTQ, rows with QAT widths train one more run per width (`--qat-bits
-B`, int-B actors, the same budget and stopping rule) and evaluate it at int-B (rows "qat-intB").
+of its final fp32 policy at every precision, the row's sweep episodes (10, MinAtar 50; `--episodes`) per precision
+on the same environment seeds (so each precision's change from fp32 is paired within a seed). Integer rows quantize
+the weights per channel, as actors do, and run the integer kernel (W<b>A8); fp16/bf16 run natively
+(`launch.ptq_policy.make_row_policy`). Policy size is the payload an actor pulls at that precision
+(`quarl.quant.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header). A seed whose fp32 policy
+evaluates below the reference is not converged: the report lists it and keeps it out of the tables. Beside PTQ, rows
+with QAT widths train one more run per width (`--qat-bits B`, int-B actors, the same budget and stopping rule) and
+evaluate it at int-B (rows "qat-intB").
 
 It resumes like bench.peers.fidelity: each finished cell's rows go into OUT/ptq_study.csv as soon as it is done, and a
 cell whose precisions are all there is not run again (its data are kept, also when its run folder is on another
@@ -115,7 +116,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     run.add_argument("--algos", default=None, help="comma-separated (default: every algorithm in this build)")
     run.add_argument("--tasks", default=None, help="comma-separated (default: every task of the algorithms)")
     run.add_argument("--seeds", default=None, help="training seeds (default 0,1,2; 0,1 with --quick)")
-    run.add_argument("--episodes", type=int, default=None, help="evaluation episodes per seed and precision (10)")
+    run.add_argument("--episodes", type=int, default=None,
+                     help="evaluation episodes per seed and precision (default: each row's, 10 or 50 on MinAtar; "
+                          "3 with --quick); cells swept at another count are evaluated again where their policy is")
     run.add_argument("--bits", default="8,6,4,3,2", help="integer widths (2..8: the integer kernel)")
     run.add_argument("--include", default="fp16,bf16", help="float precisions beside fp32")
     run.add_argument("--steps", default="", help="ALGO/TASK=N,... training env steps instead of the row's")
@@ -146,8 +149,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             raise UsageError(f"--seeds takes comma-separated ints, got {args.seeds!r}") from None
         if not args.seeds or min(args.seeds) < 0:
             raise UsageError("--seeds needs at least one non-negative int")
-        args.episodes = args.episodes if args.episodes is not None else (3 if args.quick else 10)
-        if args.episodes <= 0:
+        args.episodes = args.episodes if args.episodes is not None else (3 if args.quick else None)
+        if args.episodes is not None and args.episodes <= 0:
             raise UsageError("--episodes must be positive")
         args.bits = parse_bits(args.bits)
         if max(args.bits) > 8:
@@ -301,8 +304,16 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
                precisions: Sequence[str], machine: dict[str, Any], csv_path: Path) -> None:
     for i, (row, seed) in enumerate(cells, 1):
         tag = f"[{i}/{len(cells)}] {row.algo} {row.task} seed {seed}"
-        have = {r["precision"] for r in rows if (r["algo"], r["task"], r["seed"]) == (row.algo, row.task, seed)}
         widths = qat_widths(row, args.qat_bits)
+        episodes = args.episodes or row.sweep_episodes
+        for bits in (None, *widths):  # swept at another episode count, policy at hand: evaluated again
+            key, logdir = (row.algo, row.task, seed, bits), run_dir(args.runs, row.algo, row.task, seed, bits)
+            counts = sorted({r["episodes"] for r in rows if _group(r) == key})
+            if counts and counts != [episodes] and _has_policy(logdir):
+                print(f"{tag}{f' QAT int{bits}' if bits else ''}: swept at {'/'.join(map(str, counts))} episodes; "
+                      f"evaluating again at {episodes}", flush=True)
+                rows[:] = [r for r in rows if _group(r) != key]
+        have = {r["precision"] for r in rows if (r["algo"], r["task"], r["seed"]) == (row.algo, row.task, seed)}
         qat = [b for b in widths if f"{QAT_PREFIX}int{b}" not in have]
         qat_have = {p for p in have if p.startswith(QAT_PREFIX)}
         for bits, wanted in ((None, [p for p in precisions if p not in have]), *((b, [f"int{b}"]) for b in qat)):
@@ -310,7 +321,7 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
                 continue
             logdir = run_dir(args.runs, row.algo, row.task, seed, bits)
             what = f"{tag}{f' QAT int{bits}' if bits else ''}"
-            if bits is None and have - qat_have and not (logdir / "policy_fp32.qrlp").is_file():
+            if bits is None and have - qat_have and not _has_policy(logdir):
                 print(f"{what}: {', '.join(wanted)} missing, but its policy is not under {args.runs}; skipped",
                       flush=True)
                 continue
@@ -320,7 +331,7 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
                 print(f"{what}: training up to {row.steps:,} env steps ...", flush=True)
                 train_cell(row, seed, logdir, args.quick, bits)
             print(f"{what}: evaluating {', '.join(wanted)} ...", flush=True)
-            rows += sweep_cell(logdir, seed, wanted, args.episodes, args.backend, machine["cpu"], row.reference,
+            rows += sweep_cell(logdir, seed, wanted, episodes, args.backend, machine["cpu"], row.reference,
                                label=QAT_PREFIX if bits else "")
             write_rows(csv_path, rows)
         if not qat and not [p for p in precisions if p not in have]:
@@ -330,6 +341,11 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
 def qat_widths(row: StudyRow, asked: Sequence[int] | None) -> list[int]:
     """The QAT widths this session trains for `row`: the row's, or those of `--qat-bits` the row has."""
     return list(row.qat_bits) if asked is None else [b for b in asked if b in row.qat_bits]
+
+
+def _has_policy(logdir: Path) -> bool:
+    """Whether a run folder holds its finished run's policy (what a sweep evaluates)."""
+    return (logdir / "policy_fp32.qrlp").is_file() and is_finished(read_summary(logdir))
 
 
 def _group(r: dict[str, Any]) -> tuple[str, str, int, int | None]:

@@ -78,7 +78,8 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
              f"Written "
              f"{time.strftime('%Y-%m-%d')}.", "",
              "Each cell is one training run (`launch.train`, fp32 actors) that stops once its evaluations reach the "
-             "cell's reference return (else at its budget; the rule per cell is under Sizes and settings); its final fp32 policy is evaluated greedily "
+             "cell's reference return (else at its budget; the rule per cell is under Sizes and settings);"
+             " its final fp32 policy is evaluated greedily "
              "at every precision on the same environment seeds. Only seeds whose fp32 policy evaluates at or above "
              "the reference enter the tables; the others are listed as not converged. QAT rows (qat-intB) are "
              "separate runs trained with `--qat-bits B` and int-B actors at the same budget and stopping rule, "

@@ -47,7 +47,16 @@ def test_study_trains_sweeps_and_resumes(tmp_path, capsys):
     second = _rows(out / "ptq_study.csv")
     assert second[:4] == first and len(second) == 8
 
-    # A third session on another machine (no run folders): the recorded cells are kept, nothing is run.
+    # Seed 0 asked at another episode count: evaluated again from its policy, not retrained.
+    more = [f if f != "2" else "3" for f in flags]
+    assert ptq_study.main([*more, "--seeds", "0"]) == 0
+    assert "seed 0: swept at 2 episodes; evaluating again at 3" in capsys.readouterr().out
+    assert summary.stat().st_mtime_ns == stamp
+    second = _rows(out / "ptq_study.csv")
+    assert [r["episodes"] for r in second] == ["3"] * 4 + ["2"] * 4
+
+    # A third session on another machine (no run folders): the recorded cells are kept (also at another episode
+    # count: nothing to evaluate them again with), nothing is run.
     shutil.rmtree(runs)
     assert ptq_study.main([*flags, "--seeds", "0,1"]) == 0
     assert _rows(out / "ptq_study.csv") == second and not runs.exists()
@@ -56,7 +65,7 @@ def test_study_trains_sweeps_and_resumes(tmp_path, capsys):
     assert "- dqn / CartPole-v1 seed 0: fp32" in md and "- dqn / CartPole-v1 seed 1: fp32" in md
     assert "reference 475" in md and "| dqn | CartPole-v1 | int8 |" not in md
     assert (out / "ptq_study.png").read_bytes()[:8] == PNG_MAGIC
-    assert len(json.loads((out / "ptq_study_sessions.json").read_text())) == 3
+    assert len(json.loads((out / "ptq_study_sessions.json").read_text())) == 4
 
 
 def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
@@ -226,6 +235,7 @@ def test_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_which(tmp
         d4pg = algo == "d4pg"
         assert command[command.index("--eval-episodes") + 1] == ("5" if d4pg else "10")
         assert command[command.index("--target-streak") + 1] == ("1" if d4pg else "2")
+        assert row.sweep_episodes == (50 if task.startswith("MinAtar/") else 10)  # MinAtar returns vary by ~2-10
     out = tmp_path / "out"
     assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "none", "--out", str(out),
                            "--runs", str(tmp_path / "runs")]) == 0
@@ -277,3 +287,4 @@ def test_retrain_stale_trains_again_only_the_runs_recorded_under_another_rule(tm
     assert rule[(0, "qat-int4")] == (5, 1)  # not asked for: kept
     assert (runs / "dqn" / "CartPole-v1" / "s0.stale" / "summary.json").is_file()
     assert (runs / "dqn" / "CartPole-v1" / "s0" / "policy_fp32.qrlp").is_file()
+
