@@ -91,8 +91,9 @@ GRID: tuple[StudyRow, ...] = (
              reference=950.0, source=_QUARL),
     # On-policy agents learn MinAtar more slowly than DQN early on: the MinAtar authors' AC(0.8) is at 5.1 on Breakout
     # at 200k frames, 6.9 at 500k and 9.9 at 1M (AC(0): 3.9, 4.6, 6.1), and at 18.5 on Space Invaders at 300k and
-    # 24.2 at 400k (same figure, its pixels); on Freeway both stay near 0 until ~1.5M. PPO's pixel preset also anneals its learning rate to 0 over the budget: at 200k, seed 0 sat at 4-5.4 from
-    # 80k on (evaluated 4.4 at the end). A2C with 500k sat at 4-5.6 from 240k on (seed 0).
+    # 24.2 at 400k (same figure, its pixels); on Freeway both stay near 0 until ~1.5M. PPO's pixel preset also
+    # anneals its learning rate to 0 over the budget: at 200k, seed 0 sat at 4-5.4 from 80k on (evaluated 4.4 at the
+    # end). A2C with 500k sat at 4-5.6 from 240k on (seed 0).
     _minatar("ppo", "Breakout", 500_000, 20_480, _QAT),
     _minatar("ppo", "SpaceInvaders", 500_000, 20_480, _QAT),
     _minatar("ppo", "Freeway", 500_000, 51_200, _QAT),
