@@ -94,8 +94,8 @@ def select_rows(algos: str | None, tasks: str | None, steps: str, quick: bool) -
     elif quick:
         rows = [r for r in rows if r.task in QUICK_TASKS]
     if quick:
-        rows = [dataclasses.replace(r, steps=600, eval_every=300, eval_episodes=STOP_LEGACY[0],
-                                    target_streak=STOP_LEGACY[1]) for r in rows]
+        rows = [dataclasses.replace(r, steps=600, eval_every=300, eval_episodes=STOP_LEGACY[0], target_streak=0)
+                for r in rows]  # no reference within reach: no early stop
     for item in _csv_list(steps):
         key, _, value = item.rpartition("=")
         algo, _, task = key.partition("/")
@@ -186,9 +186,8 @@ def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits:
         text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
         sets += ["--set", f"{key}={text}"]
     precision = ["--precision", f"int{qat_bits}", "--qat-bits", str(qat_bits)] if qat_bits else ["--precision", "fp32"]
-    # The streak is passed without a target too: the run's summary records the rule the row asked for.
-    target = [] if row.reference is None or quick else ["--target-return", str(row.reference)]
-    target += ["--target-streak", str(row.target_streak)]
+    stops = row.reference is not None and not quick and row.target_streak > 0
+    target = ["--target-return", str(row.reference), "--target-streak", str(row.target_streak)] if stops else []
     return [sys.executable, "-m", "launch.train", "--agent", row.algo, "--task", row.task, *precision,
             "--steps", str(row.steps), "--seed", str(seed), "--eval-every", str(row.eval_every),
             "--eval-episodes", str(row.eval_episodes), *target, "--logdir", str(logdir), "--no-progress", *sets]
@@ -244,8 +243,14 @@ def sweep_cell(logdir: Path, seed: int, precisions: Sequence[str], episodes: int
                     "policy_bytes": policy_bytes(policy, precision, observations),
                     "train_final_eval": summary.get("final_eval_return"), "reference": reference, "cpu": cpu,
                     "train_eval_episodes": summary.get("eval_episodes"),
-                    "train_target_streak": summary.get("experiment", {}).get("target_streak")})
+                    "train_target_streak": train_streak(summary)})
     return out
+
+
+def train_streak(summary: dict[str, Any]) -> int:
+    """The stopping rule a run's summary records: its target streak, 0 for a run without a target (its budget)."""
+    experiment = summary.get("experiment", {})
+    return 0 if experiment.get("target_return") is None else int(experiment.get("target_streak", 1))
 
 
 # ------------------------------------------------------------------------------------------------ resumable grid
@@ -268,7 +273,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
                 row[k] = float(r[k]) if r.get(k) else None
             # Files from before these columns: every study run then stopped by the default rule.
             row["train_eval_episodes"] = int(r.get("train_eval_episodes") or STOP_LEGACY[0])
-            row["train_target_streak"] = int(r.get("train_target_streak") or STOP_LEGACY[1])
+            streak = r.get("train_target_streak")
+            row["train_target_streak"] = STOP_LEGACY[1] if streak in (None, "") else int(streak)
             rows.append(row)
     return rows
 

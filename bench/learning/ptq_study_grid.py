@@ -16,7 +16,8 @@ class StudyRow:
     preset, the reference return its fp32 policy must reach (and where that figure comes from), and the QAT bit
     widths trained beside PTQ. Training stops once `target_streak` evaluations in a row (`eval_episodes` greedy
     episodes each) reach the reference, else at the budget; a seed whose fp32 policy then evaluates below it on the
-    study's own episodes is not converged (shown, kept out of the table).
+    study's own episodes is not converged (shown, kept out of the table). `target_streak` 0: no early stop, the run
+    trains its whole budget.
 
     The default rule is 2 evaluations of 10 episodes in a row: one evaluation of 5 at the reference often stopped a
     policy that the study's own 10 episodes then put below it (DQN Acrobot-v1 seed 1: -169.4 against -100; DQN
@@ -77,7 +78,10 @@ def _minatar(algo: str, game: str, steps: int, eval_every: int, qat_bits: tuple[
 GRID: tuple[StudyRow, ...] = (
     StudyRow("dqn", "CartPole-v1", 50_000, 2_500, reference=475.0, source=_GYM, qat_bits=_QAT),
     StudyRow("dqn", "Acrobot-v1", 100_000, 5_000, reference=-100.0, source=_GYM, qat_bits=_QAT),
-    StudyRow("dqn", "MountainCar-v0", 120_000, 5_000, reference=-110.0, source=_GYM, qat_bits=_QAT),
+    # MountainCar-v0 trains its whole budget: its preset decays the learning rate over it (agents.dqn.config), and
+    # policies stopped early sat at the threshold: seed 1 reached -110 on 2 evaluations of 10 episodes in a row at
+    # 35k-40k and then evaluated -115.9 on the study's 10.
+    StudyRow("dqn", "MountainCar-v0", 120_000, 5_000, reference=-110.0, source=_GYM, qat_bits=_QAT, target_streak=0),
     _minatar("dqn", "Breakout", 200_000, 20_000, _QAT),
     _minatar("dqn", "SpaceInvaders", 200_000, 20_000, _QAT),
     _minatar("dqn", "Freeway", 500_000, 50_000, _QAT),

@@ -145,14 +145,20 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
             ran = " / ".join(f"{n:,}" for n in sorted(steps))
             sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the task's preset"
             ref = "" if row.reference is None else f"; reference {row.reference:g} ({row.source})"
-            rules = sorted({(r.get("train_target_streak") or STOP_LEGACY[1],
-                             r.get("train_eval_episodes") or STOP_LEGACY[0]) for r in cell})
-            stops = " / ".join(f"{n} evaluation{'s' if n > 1 else ''} of {k} episodes in a row" if n > 1 else
-                               f"1 evaluation of {k} episodes" for n, k in rules)
+            rules = sorted({(_or(r.get("train_target_streak"), STOP_LEGACY[1]),
+                             _or(r.get("train_eval_episodes"), STOP_LEGACY[0])) for r in cell})
+            stops = " / ".join(f"{n} evaluations of {k} episodes in a row" if n > 1 else
+                               f"1 evaluation of {k} episodes" if n == 1 else "none (trained to the budget)"
+                               for n, k in rules)
             lines.append(f"- {algo} / {task}: trained {ran} env steps (the grid's default budget: {row.steps:,}); "
                          f"{sets}" + (f" ({row.note})" if row.note else "") + ref + f"; stopped by {stops}")
     lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
     return "\n".join(lines)
+
+
+def _or(value: Any, default: int) -> int:
+    """A recorded count, or `default` where the row has none (0 is a count: no early stop)."""
+    return default if value in (None, "") else int(value)
 
 
 def _int8_beside(fp32: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:

@@ -234,13 +234,16 @@ def test_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_which(tmp
         command = ptq_study.train_command(row, 0, tmp_path / "x", quick=False)
         d4pg = algo == "d4pg"
         assert command[command.index("--eval-episodes") + 1] == ("5" if d4pg else "10")
+        if task == "MountainCar-v0":  # trains its whole budget (its preset decays the learning rate over it)
+            assert "--target-return" not in command and "--target-streak" not in command
+            continue
         assert command[command.index("--target-streak") + 1] == ("1" if d4pg else "2")
         assert row.sweep_episodes == (50 if task.startswith("MinAtar/") else 10)  # MinAtar returns vary by ~2-10
     out = tmp_path / "out"
     assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "none", "--out", str(out),
                            "--runs", str(tmp_path / "runs")]) == 0
     rows = ptq_study.read_rows(out / "ptq_study.csv")
-    assert rows and all((r["train_eval_episodes"], r["train_target_streak"]) == (5, 1) for r in rows)  # quick row
+    assert rows and all((r["train_eval_episodes"], r["train_target_streak"]) == (5, 0) for r in rows)  # quick: no stop
     with open(out / "ptq_study.csv", newline="", encoding="utf-8") as f:
         old = [{k: v for k, v in r.items() if not k.startswith("train_eval") and not k.startswith("train_target")}
                for r in csv.DictReader(f)]
@@ -254,6 +257,10 @@ def test_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_which(tmp
                for r in rows]
     text = ptq_study_report.markdown(minatar, [], ptq_study.GRID)
     assert "- dqn / MinAtar/Breakout: trained" in text and "stopped by 2 evaluations of 10 episodes in a row" in text
+    # A row trained to its budget (0: no target) beside one stopped by one evaluation.
+    mixed = [dict(r, task="MountainCar-v0", seed=seed, train_target_streak=seed) for r in minatar for seed in (0, 1)]
+    assert "stopped by none (trained to the budget) / 1 evaluation of 10 episodes" in \
+        ptq_study_report.markdown(mixed, [], ptq_study.GRID)
 
 
 def test_retrain_stale_trains_again_only_the_runs_recorded_under_another_rule(tmp_path, monkeypatch, capsys):
@@ -264,16 +271,16 @@ def test_retrain_stale_trains_again_only_the_runs_recorded_under_another_rule(tm
     flags = [*TINY, "--qat-bits", "4", "--out", str(out), "--runs", str(runs)]
     assert ptq_study.main([*flags, "--seeds", "0"]) == 0  # recorded under the quick rule: one evaluation of 5
     before = ptq_study.read_rows(out / "ptq_study.csv")
-    assert {(r["train_eval_episodes"], r["train_target_streak"]) for r in before} == {(5, 1)}
+    assert {(r["train_eval_episodes"], r["train_target_streak"]) for r in before} == {(5, 0)}
     capsys.readouterr()
 
     # Without the flag a changed rule retrains nothing; with it, seed 0's fp32 run (and only that) trains again.
     real = ptq_study.select_rows
 
-    def two_of_three(*args):
+    def three_episodes(*args):
         rows, notes = real(*args)
-        return [ptq_study.dataclasses.replace(r, eval_episodes=3, target_streak=2) for r in rows], notes
-    monkeypatch.setattr(ptq_study, "select_rows", two_of_three)
+        return [ptq_study.dataclasses.replace(r, eval_episodes=3) for r in rows], notes
+    monkeypatch.setattr(ptq_study, "select_rows", three_episodes)
     assert ptq_study.main([*flags, "--seeds", "0"]) == 0
     assert "training up to" not in capsys.readouterr().out
     assert ptq_study.main([*flags, "--seeds", "0", "--qat-bits", "none", "--retrain-stale"]) == 0
@@ -283,8 +290,8 @@ def test_retrain_stale_trains_again_only_the_runs_recorded_under_another_rule(tm
     after = ptq_study.read_rows(out / "ptq_study.csv")
     rule = {(r["seed"], r["precision"]): (r["train_eval_episodes"], r["train_target_streak"]) for r in after}
     assert len(after) == len(before)
-    assert rule[(0, "fp32")] == rule[(0, "int8")] == (3, 2)  # retrained: its summary names the new rule
-    assert rule[(0, "qat-int4")] == (5, 1)  # not asked for: kept
+    assert rule[(0, "fp32")] == rule[(0, "int8")] == (3, 0)  # retrained: its summary names the new rule
+    assert rule[(0, "qat-int4")] == (5, 0)  # not asked for: kept
     assert (runs / "dqn" / "CartPole-v1" / "s0.stale" / "summary.json").is_file()
     assert (runs / "dqn" / "CartPole-v1" / "s0" / "policy_fp32.qrlp").is_file()
 
