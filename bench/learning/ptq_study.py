@@ -11,10 +11,10 @@ final fp32 policy of every run with launch.ptq's rows, and put reward against pr
 Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the task's preset plus the row's
 overrides, a subprocess of this checkout) that stops once the row's evaluations reach its reference return
 (`StudyRow.reference`, with its source: gymnasium's solved thresholds, the MinAtar authors' DQN, the QuaRL paper's
-D4PG; 2 evaluations of 10 episodes in a row, D4PG's rows one of 5) or at its budget, followed by a greedy evaluation
-of its final fp32 policy at every precision, the row's sweep episodes (10, MinAtar 50; `--episodes`) per precision
-on the same environment seeds (so each precision's change from fp32 is paired within a seed). Integer rows quantize
-the weights per channel, as actors do, and run the integer kernel (W<b>A8); fp16/bf16 run natively
+D4PG; 2 evaluations of 10 episodes in a row, D4PG cartpole:balance one of 5) or at its budget, followed by a greedy
+evaluation of its final fp32 policy at every precision, the row's sweep episodes (10, MinAtar 50; `--episodes`) per
+precision on the same environment seeds (so each precision's change from fp32 is paired within a seed). Integer rows
+quantize the weights per channel, as actors do, and run the integer kernel (W<b>A8); fp16/bf16 run natively
 (`launch.ptq_policy.make_row_policy`). Policy size is the payload an actor pulls at that precision
 (`quarl.quant.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header). A seed whose fp32 policy
 evaluates below the reference is not converged: the report lists it and keeps it out of the tables. Beside PTQ, rows

@@ -44,8 +44,9 @@ class StudyRow:
 # The rule every study run stopped by before rows recorded theirs (and the quick smoke run's): one evaluation of 5
 # episodes. bench.learning.ptq_study.read_rows and the report read rows without the columns as this.
 STOP_LEGACY = (5, 1)
-# D4PG's DM Control rows keep it: their returns vary little once learnt (cartpole:balance's three seeds stopped by it
-# evaluated 990.4 +- 7.5 in the study, against 950).
+# D4PG's cartpole:balance keeps it: its returns vary little once learnt (its three seeds stopped by it evaluated
+# 990.4 +- 7.5 in the study, against 950). walker:stand does not: seed 1 stopped by one evaluation of 5 at 60k
+# evaluated 841 on the study's 10 episodes, against 920.
 _ONE_OF_5 = {"eval_episodes": STOP_LEGACY[0], "target_streak": STOP_LEGACY[1]}
 
 
@@ -88,7 +89,7 @@ GRID: tuple[StudyRow, ...] = (
     StudyRow("d4pg", "cartpole:balance", 60_000, 5_000, CARTPOLE_OVERRIDES, "bench.learning.d4pg_rows's small setting",
              reference=950.0, source=_QUARL, qat_bits=_QAT, **_ONE_OF_5),
     StudyRow("d4pg", "walker:stand", 150_000, 5_000, WALKER_OVERRIDES, "bench.learning.d4pg_rows's setting",
-             reference=920.0, source=_QUARL, qat_bits=_QAT, **_ONE_OF_5),
+             reference=920.0, source=_QUARL, qat_bits=_QAT),
     StudyRow("ppo", "CartPole-v1", 100_000, 5_120, reference=475.0, source=_GYM, qat_bits=_QAT),
     StudyRow("ppo", "Acrobot-v1", 200_000, 10_240, reference=-100.0, source=_GYM, qat_bits=_QAT),
     StudyRow("ppo", "cartpole:balance", 200_000, 20_480, PPO_CONTROL_OVERRIDES, "PPO's DM Control settings",
