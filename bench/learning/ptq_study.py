@@ -12,7 +12,7 @@ Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the ta
 overrides, a subprocess of this checkout) that stops once the row's evaluations reach its reference return
 (`StudyRow.reference`, with its source: gymnasium's solved thresholds, the MinAtar authors' DQN, the QuaRL paper's
 D4PG; 2 evaluations of 10 episodes in a row, D4PG cartpole:balance one of 5) or at its budget, followed by a greedy
-evaluation of its final fp32 policy at every precision, the row's sweep episodes (10, MinAtar 50; `--episodes`) per
+evaluation of its final fp32 policy at every precision, the row's sweep episodes (50, D4PG 10; `--episodes`) per
 precision on the same environment seeds (so each precision's change from fp32 is paired within a seed). Integer rows
 quantize the weights per channel, as actors do, and run the integer kernel (W<b>A8); fp16/bf16 run natively
 (`launch.ptq_policy.make_row_policy`). Policy size is the payload an actor pulls at that precision
@@ -117,7 +117,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     run.add_argument("--tasks", default=None, help="comma-separated (default: every task of the algorithms)")
     run.add_argument("--seeds", default=None, help="training seeds (default 0,1,2; 0,1 with --quick)")
     run.add_argument("--episodes", type=int, default=None,
-                     help="evaluation episodes per seed and precision (default: each row's, 10 or 50 on MinAtar; "
+                     help="evaluation episodes per seed and precision (default: each row's, 50 or 10 for D4PG; "
                           "3 with --quick); cells swept at another count are evaluated again where their policy is")
     run.add_argument("--bits", default="8,6,4,3,2", help="integer widths (2..8: the integer kernel)")
     run.add_argument("--include", default="fp16,bf16", help="float precisions beside fp32")

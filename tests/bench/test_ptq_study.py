@@ -238,7 +238,7 @@ def test_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_which(tmp
             assert "--target-return" not in command and "--target-streak" not in command
             continue
         assert command[command.index("--target-streak") + 1] == ("1" if d4pg else "2")
-        assert row.sweep_episodes == (50 if task.startswith("MinAtar/") else 10)  # MinAtar returns vary by ~2-10
+        assert row.sweep_episodes == (10 if algo == "d4pg" else 50)  # discrete returns vary more per episode
     out = tmp_path / "out"
     assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "none", "--out", str(out),
                            "--runs", str(tmp_path / "runs")]) == 0
