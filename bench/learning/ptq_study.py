@@ -6,7 +6,8 @@ final fp32 policy of every run with launch.ptq's rows, and put reward against pr
         [--qat-bits 8,4,2|none] [--runs runs/bench/ptq_study] [--out results/bench] [--quick] [--retrain-stale]
         [--allow-busy]
     python -m bench.learning.ptq_study report [--out DIR]      # the table and plot again from OUT/ptq_study.csv
-    python -m bench.learning.ptq_study merge DIR... [--out DIR] # add other folders' cells (another session or machine)
+    python -m bench.learning.ptq_study merge DIR... [--out DIR] [--replace]  # add other folders' cells (another
+                                                                # session or machine; --replace: theirs win)
 
 Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the task's preset plus the row's
 overrides, a subprocess of this checkout) that stops once the row's evaluations reach its reference return
@@ -138,6 +139,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     merge = sub.add_parser("merge", help="add the cells of other study folders (e.g. another machine's) to OUT")
     merge.add_argument("folders", nargs="+", help="folders holding a ptq_study.csv")
     merge.add_argument("--out", default=str(REPO / "results" / "bench"))
+    merge.add_argument("--replace", action="store_true",
+                       help="a folder's cell replaces OUT's (default: OUT's own cell is kept)")
     args = parser.parse_args(argv)
     if args.command == "run":
         from launch.ptq import parse_bits, parse_include  # pylint: disable=import-outside-toplevel
@@ -383,16 +386,22 @@ def drop_stale(rows: list[dict[str, Any]], cells: Sequence[tuple[StudyRow, int]]
     return [r for r in rows if _group(r) not in stale]
 
 
-def merge_folders(out: Path, folders: Sequence[str]) -> None:
+def merge_folders(out: Path, folders: Sequence[str], replace: bool = False) -> None:
     """Adds each folder's cells that OUT does not hold yet (a cell is taken whole from one folder) and its
-    sessions to OUT: parts of the grid run in separate sessions or on separate machines become one table."""
+    sessions to OUT: parts of the grid run in separate sessions or on separate machines become one table. With
+    `replace`, a folder's cell replaces OUT's whole (cells trained or evaluated again elsewhere, e.g. by a second
+    study process on a copy of the cells, while another wrote OUT)."""
     rows = read_rows(out / CSV_FILE)
     sessions = read_json_list(out / SESSIONS_FILE)
     for folder in map(Path, folders):
         if not (folder / CSV_FILE).is_file():
             raise UsageError(f"{folder} holds no {CSV_FILE}")
-        have = {(r["algo"], r["task"], r["seed"]) for r in rows}
-        rows += [r for r in read_rows(folder / CSV_FILE) if (r["algo"], r["task"], r["seed"]) not in have]
+        theirs = read_rows(folder / CSV_FILE)
+        cell = lambda r: (r["algo"], r["task"], r["seed"])  # noqa: E731
+        if replace:
+            rows = [r for r in rows if cell(r) not in {cell(t) for t in theirs}]
+        have = {cell(r) for r in rows}
+        rows += [r for r in theirs if cell(r) not in have]
         sessions += [m for m in read_json_list(folder / SESSIONS_FILE) if m not in sessions]
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / CSV_FILE, rows)
@@ -417,7 +426,7 @@ def _main(argv: list[str]) -> None:
             print(f"bench.learning.ptq_study: {note}", flush=True)
         run_grid(args)
     if args.command == "merge":
-        merge_folders(Path(args.out), args.folders)
+        merge_folders(Path(args.out), args.folders, args.replace)
     print(report(Path(args.out)))
 
 

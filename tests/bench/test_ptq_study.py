@@ -110,6 +110,12 @@ def test_merge_adds_whole_cells_from_other_folders(tmp_path):
     assert [(r["algo"], r["seed"], r["mean_return"]) for r in rows] == [
         ("dqn", 0, 100.0), ("dqn", 0, 100.0), ("ppo", 1, 50.0), ("ppo", 1, 50.0)]  # OUT's own cell wins
     assert json.loads((main / "ptq_study_sessions.json").read_text()) == [{"cpu": "other CPU"}]
+    # --replace: the folder's cell wins, whole; OUT's other cells stay.
+    ptq_study.write_rows(other / "ptq_study.csv", cell("dqn", 0, 999.0)[:1])
+    assert ptq_study.main(["merge", str(other), "--out", str(main), "--replace"]) == 0
+    assert [(r["algo"], r["seed"], r["precision"], r["mean_return"])
+            for r in ptq_study.read_rows(main / "ptq_study.csv")] == [
+        ("dqn", 0, "fp32", 999.0), ("ppo", 1, "fp32", 50.0), ("ppo", 1, "int8", 50.0)]
     assert ptq_study.main(["merge", str(tmp_path / "none"), "--out", str(main)]) == 2
 
 
