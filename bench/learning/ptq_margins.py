@@ -2,14 +2,14 @@
 
     python -m bench.learning.ptq_margins [--runs runs/bench/ptq_study] [--out results/bench] [--precision int8]
 
-For every discrete-action cell that `bench.learning.ptq_study` trained (its run folders under --runs), the fp32 greedy
-policy plays the cell's first evaluation episode (the environment seed bench.learning.ptq_study evaluates first) and, on
-the states it visits, both the fp32 and the --precision policy (per-channel weights, the integer kernel, as in the
-study) compute their outputs. Reported per cell: the median margin between the best and second-best output
-(a Q-value gap for DQN, a logit gap for PPO/A2C), the median of int8's largest output error per state, the share
-of states whose error exceeds the margin, and the share where the quantized policy picks another action. An
-argmax over outputs whose gaps are small next to the quantization error flips, whatever the bit width's weight
-error looks like in decibels; that is what the study's reward changes follow.
+For every discrete-action cell that `bench.learning.ptq_study` trained (its completed run folders under --runs), the
+fp32 greedy policy plays the cell's first evaluation episode (the environment seed bench.learning.ptq_study
+evaluates first) and, on the states it visits, both the fp32 and the --precision policy (per-channel weights, the
+integer kernel, as in the study) compute their outputs. Reported per cell: the median margin between the best and
+second-best output (a Q-value gap for DQN, a logit gap for PPO/A2C), the median of int8's largest output error per
+state, the share of states whose error exceeds the margin, and the share where the quantized policy picks another
+action. An argmax over outputs whose gaps are small next to the quantization error flips, whatever the bit width's
+weight error looks like in decibels; that is what the study's reward changes follow.
 
 Writes OUT/ptq_margins.md and OUT/ptq_margins.csv. No timing; the machine is recorded.
 """
@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from analysis.runs import is_finished, read_summary
 from bench.harness.machine import machine_info
 from bench.harness.results_io import write_csv, write_text
 from bench.learning.ptq_study import EVAL_SEED_BASE, REPO
@@ -89,7 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--precision", default="int8", choices=[f"int{b}" for b in range(2, 9)])
     args = parser.parse_args(argv)
     # The fp32 runs ("s<seed>"): QAT runs beside them ("s<seed>-qat<B>") are evaluated at their own width, not PTQ'd.
-    folders = sorted(p.parent for p in args.runs.glob("*/*/s*/policy_fp32.qrlp") if p.parent.name[1:].isdigit())
+    # Only completed runs: a stopped or failed one leaves a policy too, not the cell's (as bench.learning.ptq_study).
+    folders = sorted(p.parent for p in args.runs.glob("*/*/s*/policy_fp32.qrlp")
+                     if p.parent.name[1:].isdigit() and is_finished(read_summary(p.parent)))
     if not folders:
         parser.exit(2, f"{parser.prog}: error: no trained runs under {args.runs} "
                        "(bench.learning.ptq_study run makes them)\n")

@@ -1,8 +1,9 @@
 """bench.learning.ptq_margins on saved policies: discrete cells get margin/error/flip shares, continuous ones and QAT
-runs are left out."""
+runs and runs stopped part-way are left out."""
 from __future__ import annotations
 
 import csv
+import json
 
 import pytest
 
@@ -19,6 +20,9 @@ def test_margins_of_discrete_cells(tmp_path):
     runs = tmp_path / "runs"
     spec, params = cartpole_q_network()
     save_policy(runs / "dqn" / "CartPole-v1" / "s0", spec, params, task="CartPole-v1", agent="dqn")
+    # A run stopped part-way leaves a policy too; only completed runs are the study's cells.
+    save_policy(runs / "dqn" / "CartPole-v1" / "s1", spec, params, task="CartPole-v1", agent="dqn")
+    (runs / "dqn" / "CartPole-v1" / "s1" / "summary.json").write_text(json.dumps({"status": "interrupted"}))
     # A QAT run beside it is evaluated at its own width by the study, not post-training quantized: left out.
     save_policy(runs / "dqn" / "CartPole-v1" / "s0-qat4", spec, params, task="CartPole-v1", agent="dqn")
     env = make_environment("cartpole:balance", 0)
@@ -26,6 +30,8 @@ def test_margins_of_discrete_cells(tmp_path):
     env.close()
     save_policy(runs / "d4pg" / "cartpole_balance" / "s0", d4pg, random_params(d4pg), task="cartpole:balance",
                 agent="d4pg")
+    for run in (runs / "dqn" / "CartPole-v1" / "s0", runs / "d4pg" / "cartpole_balance" / "s0"):
+        (run / "summary.json").write_text(json.dumps({"status": "completed"}))
     assert ptq_margins.main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--precision", "int2"]) == 0
     with open(tmp_path / "out" / "ptq_margins.csv", newline="", encoding="utf-8") as f:
         rows = list(csv.DictReader(f))
