@@ -51,7 +51,7 @@ import agents
 from analysis.runs import is_finished, read_summary
 from bench.harness.machine import add_allow_busy, check_load, finish, machine_info, run_cli
 from bench.harness.results_io import write_csv, write_json, write_text
-from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_LEGACY, StudyRow, row_overrides
+from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_LEGACY, StudyRow, recorded_rule, row_overrides
 from bench.learning.ptq_study_report import CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE, markdown, plot
 from launch.cli import OneLineArgumentParser, UsageError
 from quarl.ops.io import read_json_list
@@ -275,9 +275,8 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
             for k in ("train_final_eval", "reference"):  # empty (or a file from before references): None
                 row[k] = float(r[k]) if r.get(k) else None
             # Files from before these columns: every study run then stopped by the default rule.
-            row["train_eval_episodes"] = int(r.get("train_eval_episodes") or STOP_LEGACY[0])
-            streak = r.get("train_target_streak")
-            row["train_target_streak"] = STOP_LEGACY[1] if streak in (None, "") else int(streak)
+            row["train_eval_episodes"], row["train_target_streak"] = recorded_rule(r.get("train_eval_episodes"),
+                                                                                   r.get("train_target_streak"))
             rows.append(row)
     return rows
 
@@ -399,7 +398,8 @@ def merge_folders(out: Path, folders: Sequence[str], replace: bool = False) -> N
         theirs = read_rows(folder / CSV_FILE)
         cell = lambda r: (r["algo"], r["task"], r["seed"])  # noqa: E731
         if replace:
-            rows = [r for r in rows if cell(r) not in {cell(t) for t in theirs}]
+            replaced = {cell(t) for t in theirs}
+            rows = [r for r in rows if cell(r) not in replaced]
         have = {cell(r) for r in rows}
         rows += [r for r in theirs if cell(r) not in have]
         sessions += [m for m in read_json_list(folder / SESSIONS_FILE) if m not in sessions]

@@ -52,6 +52,13 @@ STOP_LEGACY = (5, 1)
 _ONE_OF_5 = {"eval_episodes": STOP_LEGACY[0], "target_streak": STOP_LEGACY[1]}
 
 
+def recorded_rule(eval_episodes: Any, target_streak: Any) -> tuple[int, int]:
+    """The (evaluation episodes, streak) a study row recorded for its run, `STOP_LEGACY` where a file from before the
+    columns has none (blank or None; a streak of 0 is a rule: trained to the budget)."""
+    return tuple(default if value in (None, "") else int(value)  # type: ignore[return-value]
+                 for value, default in zip((eval_episodes, target_streak), STOP_LEGACY))
+
+
 # References: gymnasium's reward_threshold for its tasks (the return at which its registry calls the task solved);
 # the MinAtar authors' DQN at 200k frames (Young & Tian, 2019, the README figure: bench.learning.minatar_dqn; Freeway
 # at 500k, its DQN curve's first point past the 100-episode averaging window, where DQN has learnt it); for

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from bench.harness.machine import describe_load
 from bench.harness.results_io import save_figure
-from bench.learning.ptq_study_grid import STOP_LEGACY
+from bench.learning.ptq_study_grid import recorded_rule
 
 CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE = "ptq_study.csv", "ptq_study.md", "ptq_study.png", "ptq_study_sessions.json"
 WITHIN = 0.05  # "int8 within a few percent of fp32": |relative change| <= 5%
@@ -145,8 +145,9 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
             ran = " / ".join(f"{n:,}" for n in sorted(steps))
             sets = ", ".join(f"{k}={v}" for k, v in row.overrides.items()) or "the task's preset"
             ref = "" if row.reference is None else f"; reference {row.reference:g} ({row.source})"
-            rules = sorted({(_or(r.get("train_target_streak"), STOP_LEGACY[1]),
-                             _or(r.get("train_eval_episodes"), STOP_LEGACY[0])) for r in cell})
+            # (streak, episodes) per rule the cell's runs stopped by
+            rules = sorted({recorded_rule(r.get("train_eval_episodes"), r.get("train_target_streak"))[::-1]
+                            for r in cell})
             stops = " / ".join(f"{n} evaluations of {k} episodes in a row" if n > 1 else
                                f"1 evaluation of {k} episodes" if n == 1 else "none (trained to the budget)"
                                for n, k in rules)
@@ -154,11 +155,6 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
                          f"{sets}" + (f" ({row.note})" if row.note else "") + ref + f"; stopped by {stops}")
     lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
     return "\n".join(lines)
-
-
-def _or(value: Any, default: int) -> int:
-    """A recorded count, or `default` where the row has none (0 is a count: no early stop)."""
-    return default if value in (None, "") else int(value)
 
 
 def _int8_beside(fp32: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
