@@ -23,10 +23,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from analysis.runs import is_finished, read_summary
 from bench.harness.machine import machine_info
 from bench.harness.results_io import write_csv, write_text
-from bench.learning.ptq_study import EVAL_SEED_BASE, REPO
+from bench.learning.ptq_study import EVAL_SEED_BASE, REPO, has_policy
 
 FIELDS = ("algo", "task", "seed", "states", "median_margin", "median_error", "error_over_margin", "flipped")
 
@@ -92,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # The fp32 runs ("s<seed>"): QAT runs beside them ("s<seed>-qat<B>") are evaluated at their own width, not PTQ'd.
     # Only completed runs: a stopped or failed one leaves a policy too, not the cell's (as bench.learning.ptq_study).
     folders = sorted(p.parent for p in args.runs.glob("*/*/s*/policy_fp32.qrlp")
-                     if p.parent.name[1:].isdigit() and is_finished(read_summary(p.parent)))
+                     if p.parent.name[1:].isdigit() and has_policy(p.parent))
     if not folders:
         parser.exit(2, f"{parser.prog}: error: no trained runs under {args.runs} "
                        "(bench.learning.ptq_study run makes them)\n")

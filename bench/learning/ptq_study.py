@@ -317,7 +317,7 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
         for bits in (None, *widths):  # swept at another episode count, policy at hand: evaluated again
             key, logdir = (row.algo, row.task, seed, bits), run_dir(args.runs, row.algo, row.task, seed, bits)
             counts = sorted({r["episodes"] for r in rows if _group(r) == key})
-            if counts and counts != [episodes] and _has_policy(logdir):
+            if counts and counts != [episodes] and has_policy(logdir):
                 print(f"{tag}{f' QAT int{bits}' if bits else ''}: swept at {'/'.join(map(str, counts))} episodes; "
                       f"evaluating again at {episodes}", flush=True)
                 rows[:] = [r for r in rows if _group(r) != key]
@@ -329,7 +329,7 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
                 continue
             logdir = run_dir(args.runs, row.algo, row.task, seed, bits)
             what = f"{tag}{f' QAT int{bits}' if bits else ''}"
-            if bits is None and have - qat_have and not _has_policy(logdir):
+            if bits is None and have - qat_have and not has_policy(logdir):
                 print(f"{what}: {', '.join(wanted)} missing, but its policy is not under {args.runs}; skipped",
                       flush=True)
                 continue
@@ -351,7 +351,7 @@ def qat_widths(row: StudyRow, asked: Sequence[int] | None) -> list[int]:
     return list(row.qat_bits) if asked is None else [b for b in asked if b in row.qat_bits]
 
 
-def _has_policy(logdir: Path) -> bool:
+def has_policy(logdir: Path) -> bool:
     """Whether a run folder holds its finished run's policy (what a sweep evaluates)."""
     return (logdir / "policy_fp32.qrlp").is_file() and is_finished(read_summary(logdir))
 
