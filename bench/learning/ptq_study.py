@@ -39,7 +39,6 @@ PPO/A2C before they land) are left out of the default grid with a note; naming t
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import json
 import shutil
@@ -50,19 +49,17 @@ from typing import Any, Sequence
 import agents
 from analysis.runs import is_finished, read_summary
 from bench.harness.machine import add_allow_busy, check_load, finish, machine_info, run_cli
-from bench.harness.results_io import write_csv, write_json, write_text
-from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_LEGACY, StudyRow, recorded_rule, row_overrides
+from bench.harness.results_io import write_json, write_text
+from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_LEGACY, StudyRow, row_overrides
 from bench.learning.ptq_study_report import CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE, markdown, plot
+from bench.learning.ptq_study_rows import QAT_PREFIX, group, merge_folders, read_rows, write_rows
 from launch.cli import OneLineArgumentParser, UsageError
 from quarl.ops.io import read_json_list
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL_SEED_BASE = 500_000  # PTQ evaluation seeds: apart from training (seed) and its evaluator (seed + 10,000)
 RUN_TIMEOUT_S = 4 * 3600.0
-CSV_FIELDS = ("algo", "task", "seed", "train_steps", "precision", "bits", "granularity", "execution", "backend",
-              "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "reference", "cpu",
-              "train_eval_episodes", "train_target_streak")
-QAT_PREFIX = "qat-"  # a QAT run's row: "qat-int4" is the policy trained with --qat-bits 4, evaluated at int4
+
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -259,35 +256,6 @@ def train_streak(summary: dict[str, Any]) -> int:
 # ------------------------------------------------------------------------------------------------ resumable grid
 
 
-def read_rows(path: Path) -> list[dict[str, Any]]:
-    """OUT/ptq_study.csv back as typed rows (none when absent)."""
-    if not path.is_file():
-        return []
-    ints, floats = {"seed", "train_steps", "bits", "episodes", "policy_bytes"}, {"mean_return", "std_return"}
-    with open(path, newline="", encoding="utf-8") as f:
-        rows = []
-        for r in csv.DictReader(f):
-            row: dict[str, Any] = dict(r)
-            for k in ints:
-                row[k] = int(r[k])
-            for k in floats:
-                row[k] = float(r[k])
-            for k in ("train_final_eval", "reference"):  # empty (or a file from before references): None
-                row[k] = float(r[k]) if r.get(k) else None
-            # Files from before these columns: every study run then stopped by the default rule.
-            row["train_eval_episodes"], row["train_target_streak"] = recorded_rule(r.get("train_eval_episodes"),
-                                                                                   r.get("train_target_streak"))
-            rows.append(row)
-    return rows
-
-
-def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """The rows as OUT/ptq_study.csv, in cell and precision order, replacing the file whole (atomically)."""
-    order = lambda r: (r["algo"], r["task"], r["seed"], -r["bits"], r["precision"])  # noqa: E731
-    write_csv(path, ({k: ("" if r.get(k) is None else r[k]) for k in CSV_FIELDS} for r in sorted(rows, key=order)),
-              CSV_FIELDS, atomic=True)
-
-
 def run_grid(args: argparse.Namespace) -> None:
     """Every cell of the selection that is not already in OUT/ptq_study.csv, its rows saved as soon as they exist:
     the fp32 run swept at every precision, then one QAT run per bit width of the row (`--qat-bits`), each
@@ -316,11 +284,11 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
         episodes = args.episodes or row.sweep_episodes
         for bits in (None, *widths):  # swept at another episode count, policy at hand: evaluated again
             key, logdir = (row.algo, row.task, seed, bits), run_dir(args.runs, row.algo, row.task, seed, bits)
-            counts = sorted({r["episodes"] for r in rows if _group(r) == key})
+            counts = sorted({r["episodes"] for r in rows if group(r) == key})
             if counts and counts != [episodes] and has_policy(logdir):
                 print(f"{tag}{f' QAT int{bits}' if bits else ''}: swept at {'/'.join(map(str, counts))} episodes; "
                       f"evaluating again at {episodes}", flush=True)
-                rows[:] = [r for r in rows if _group(r) != key]
+                rows[:] = [r for r in rows if group(r) != key]
         have = {r["precision"] for r in rows if (r["algo"], r["task"], r["seed"]) == (row.algo, row.task, seed)}
         qat = [b for b in widths if f"{QAT_PREFIX}int{b}" not in have]
         qat_have = {p for p in have if p.startswith(QAT_PREFIX)}
@@ -356,11 +324,6 @@ def has_policy(logdir: Path) -> bool:
     return (logdir / "policy_fp32.qrlp").is_file() and is_finished(read_summary(logdir))
 
 
-def _group(r: dict[str, Any]) -> tuple[str, str, int, int | None]:
-    """The run a study row comes from: the cell's fp32 run (None) or its QAT run at one width."""
-    return r["algo"], r["task"], r["seed"], r["bits"] if r["precision"].startswith(QAT_PREFIX) else None
-
-
 def drop_stale(rows: list[dict[str, Any]], cells: Sequence[tuple[StudyRow, int]], runs: Path,
                asked_qat: Sequence[int] | None) -> list[dict[str, Any]]:
     """`rows` without those of `cells` recorded under a stopping rule other than their grid row's, for the runs this
@@ -370,7 +333,7 @@ def drop_stale(rows: list[dict[str, Any]], cells: Sequence[tuple[StudyRow, int]]
     for row, seed in cells:
         retrained = {None, *qat_widths(row, asked_qat)}
         for r in rows:
-            key = _group(r)
+            key = group(r)
             if key[:3] == (row.algo, row.task, seed) and key[3] in retrained and \
                     (r["train_eval_episodes"], r["train_target_streak"]) != (row.eval_episodes, row.target_streak):
                 stale.add(key)
@@ -382,30 +345,7 @@ def drop_stale(rows: list[dict[str, Any]], cells: Sequence[tuple[StudyRow, int]]
             aside = run.with_name(run.name + ".stale")
             shutil.rmtree(aside, ignore_errors=True)
             run.rename(aside)
-    return [r for r in rows if _group(r) not in stale]
-
-
-def merge_folders(out: Path, folders: Sequence[str], replace: bool = False) -> None:
-    """Adds each folder's cells that OUT does not hold yet (a cell is taken whole from one folder) and its
-    sessions to OUT: parts of the grid run in separate sessions or on separate machines become one table. With
-    `replace`, a folder's cell replaces OUT's whole (cells trained or evaluated again elsewhere, e.g. by a second
-    study process on a copy of the cells, while another wrote OUT)."""
-    rows = read_rows(out / CSV_FILE)
-    sessions = read_json_list(out / SESSIONS_FILE)
-    for folder in map(Path, folders):
-        if not (folder / CSV_FILE).is_file():
-            raise UsageError(f"{folder} holds no {CSV_FILE}")
-        theirs = read_rows(folder / CSV_FILE)
-        cell = lambda r: (r["algo"], r["task"], r["seed"])  # noqa: E731
-        if replace:
-            replaced = {cell(t) for t in theirs}
-            rows = [r for r in rows if cell(r) not in replaced]
-        have = {cell(r) for r in rows}
-        rows += [r for r in theirs if cell(r) not in have]
-        sessions += [m for m in read_json_list(folder / SESSIONS_FILE) if m not in sessions]
-    out.mkdir(parents=True, exist_ok=True)
-    write_rows(out / CSV_FILE, rows)
-    write_json(out / SESSIONS_FILE, sessions)
+    return [r for r in rows if group(r) not in stale]
 
 
 def report(out: Path) -> str:

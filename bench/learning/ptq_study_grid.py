@@ -44,7 +44,7 @@ class StudyRow:
 
 
 # The rule every study run stopped by before rows recorded theirs (and the quick smoke run's): one evaluation of 5
-# episodes. bench.learning.ptq_study.read_rows and the report read rows without the columns as this.
+# episodes. bench.learning.ptq_study_rows.read_rows and the report read rows without the columns as this.
 STOP_LEGACY = (5, 1)
 # D4PG's cartpole:balance keeps it: its returns vary little once learnt (its three seeds stopped by it evaluated
 # 990.4 +- 7.5 in the study, against 950). walker:stand does not: seed 1 stopped by one evaluation of 5 at 60k

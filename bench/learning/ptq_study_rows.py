@@ -1,0 +1,76 @@
+"""The PTQ study's rows on disk: OUT/ptq_study.csv read and written with typed columns, and other folders' cells
+merged in. Kept apart from bench.learning.ptq_study (which runs the grid) so the store is one small module that the
+study, its report and its tests share."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any, Sequence
+
+from bench.harness.results_io import write_csv, write_json
+from bench.learning.ptq_study_grid import recorded_rule
+from bench.learning.ptq_study_report import CSV_FILE, SESSIONS_FILE
+from launch.cli import UsageError
+from quarl.ops.io import read_json_list
+
+CSV_FIELDS = ("algo", "task", "seed", "train_steps", "precision", "bits", "granularity", "execution", "backend",
+              "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "reference", "cpu",
+              "train_eval_episodes", "train_target_streak")
+QAT_PREFIX = "qat-"  # a QAT run's row: "qat-int4" is the policy trained with --qat-bits 4, evaluated at int4
+
+
+def group(r: dict[str, Any]) -> tuple[str, str, int, int | None]:
+    """The run a study row comes from: the cell's fp32 run (None) or its QAT run at one width."""
+    return r["algo"], r["task"], r["seed"], r["bits"] if r["precision"].startswith(QAT_PREFIX) else None
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """OUT/ptq_study.csv back as typed rows (none when absent)."""
+    if not path.is_file():
+        return []
+    ints, floats = {"seed", "train_steps", "bits", "episodes", "policy_bytes"}, {"mean_return", "std_return"}
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = []
+        for r in csv.DictReader(f):
+            row: dict[str, Any] = dict(r)
+            for k in ints:
+                row[k] = int(r[k])
+            for k in floats:
+                row[k] = float(r[k])
+            for k in ("train_final_eval", "reference"):  # empty (or a file from before references): None
+                row[k] = float(r[k]) if r.get(k) else None
+            # Files from before these columns: every study run then stopped by the default rule.
+            row["train_eval_episodes"], row["train_target_streak"] = recorded_rule(r.get("train_eval_episodes"),
+                                                                                   r.get("train_target_streak"))
+            rows.append(row)
+    return rows
+
+
+def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    """The rows as OUT/ptq_study.csv, in cell and precision order, replacing the file whole (atomically)."""
+    order = lambda r: (r["algo"], r["task"], r["seed"], -r["bits"], r["precision"])  # noqa: E731
+    write_csv(path, ({k: ("" if r.get(k) is None else r[k]) for k in CSV_FIELDS} for r in sorted(rows, key=order)),
+              CSV_FIELDS, atomic=True)
+
+
+def merge_folders(out: Path, folders: Sequence[str], replace: bool = False) -> None:
+    """Adds each folder's cells that OUT does not hold yet (a cell is taken whole from one folder) and its
+    sessions to OUT: parts of the grid run in separate sessions or on separate machines become one table. With
+    `replace`, a folder's cell replaces OUT's whole (cells trained or evaluated again elsewhere, e.g. by a second
+    study process on a copy of the cells, while another wrote OUT)."""
+    rows = read_rows(out / CSV_FILE)
+    sessions = read_json_list(out / SESSIONS_FILE)
+    for folder in map(Path, folders):
+        if not (folder / CSV_FILE).is_file():
+            raise UsageError(f"{folder} holds no {CSV_FILE}")
+        theirs = read_rows(folder / CSV_FILE)
+        cell = lambda r: (r["algo"], r["task"], r["seed"])  # noqa: E731
+        if replace:
+            replaced = {cell(t) for t in theirs}
+            rows = [r for r in rows if cell(r) not in replaced]
+        have = {cell(r) for r in rows}
+        rows += [r for r in theirs if cell(r) not in have]
+        sessions += [m for m in read_json_list(folder / SESSIONS_FILE) if m not in sessions]
+    out.mkdir(parents=True, exist_ok=True)
+    write_rows(out / CSV_FILE, rows)
+    write_json(out / SESSIONS_FILE, sessions)
