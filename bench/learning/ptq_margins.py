@@ -11,11 +11,14 @@ state, the share of states whose error exceeds the margin, and the share where t
 action. An argmax over outputs whose gaps are small next to the quantization error flips, whatever the bit width's
 weight error looks like in decibels; that is what the study's reward changes follow.
 
-Writes OUT/ptq_margins.md and OUT/ptq_margins.csv. No timing; the machine is recorded.
+Writes OUT/ptq_margins.md and OUT/ptq_margins.csv. Cells whose run folders are not under --runs (trained in another
+session or on another machine) keep their rows from OUT/ptq_margins.csv at the same precision, so a session that
+retrains some cells updates those and loses none. No timing; the machine is recorded.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import statistics
 import sys
 from pathlib import Path
@@ -27,7 +30,8 @@ from bench.harness.machine import machine_info
 from bench.harness.results_io import write_csv, write_text
 from bench.learning.ptq_study import EVAL_SEED_BASE, REPO, has_policy
 
-FIELDS = ("algo", "task", "seed", "states", "median_margin", "median_error", "error_over_margin", "flipped")
+FIELDS = ("algo", "task", "seed", "precision", "states", "median_margin", "median_error", "error_over_margin",
+          "flipped")
 
 
 def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500) -> dict[str, Any] | None:
@@ -57,10 +61,29 @@ def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500)
     top2 = np.sort(ref, axis=1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
     error = np.abs(out - ref).max(axis=1)
-    return {"algo": policy.agent, "task": policy.task, "seed": seed, "states": len(obs),
+    return {"algo": policy.agent, "task": policy.task, "seed": seed, "precision": precision, "states": len(obs),
             "median_margin": float(np.median(margin)), "median_error": float(np.median(error)),
             "error_over_margin": float(np.mean(error > margin)),
             "flipped": float(np.mean(ref.argmax(axis=1) != out.argmax(axis=1)))}
+
+
+def kept_rows(path: Path, precision: str, fresh: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows of an earlier OUT/ptq_margins.csv at `precision` for cells not among `fresh` (files from before the
+    precision column were int8's)."""
+    if not path.is_file():
+        return []
+    with open(path, newline="", encoding="utf-8") as f:
+        old = list(csv.DictReader(f))
+    done = {(r["algo"], r["task"], r["seed"]) for r in fresh}
+    kept = []
+    for r in old:
+        row: dict[str, Any] = {**r, "seed": int(r["seed"]), "states": int(r["states"]),
+                               "precision": r.get("precision") or "int8"}
+        for k in ("median_margin", "median_error", "error_over_margin", "flipped"):
+            row[k] = float(r[k])
+        if row["precision"] == precision and (row["algo"], row["task"], row["seed"]) not in done:
+            kept.append(row)
+    return kept
 
 
 def markdown(rows: Sequence[dict[str, Any]], precision: str, machine: dict[str, Any]) -> str:
@@ -68,7 +91,8 @@ def markdown(rows: Sequence[dict[str, Any]], precision: str, machine: dict[str, 
              "",
              f"`python -m bench.learning.ptq_margins --precision {precision}` on {machine['cpu']}. States: the fp32 "
              "policy's first evaluation episode of each cell (at most 500). Margin: best minus second-best output; "
-             f"error: the largest |{precision} - fp32| output difference of a state.", "",
+             f"error: the largest |{precision} - fp32| output difference of a state. Cells whose run folders were "
+             "not at hand keep their rows from the run before.", "",
              "| algorithm | task | seed | states | median margin | median error | states with error > margin | "
              "greedy action changed |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
@@ -96,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: no trained runs under {args.runs} "
                        "(bench.learning.ptq_study run makes them)\n")
     rows = [r for d in folders if (r := cell_margins(d, int(d.name[1:]), args.precision)) is not None]
+    rows = sorted(rows + kept_rows(args.out / "ptq_margins.csv", args.precision, rows),
+                  key=lambda r: (r["algo"], r["task"], r["seed"]))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "ptq_margins.csv", rows, FIELDS)
     text = markdown(rows, args.precision, machine_info(True))

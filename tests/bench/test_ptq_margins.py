@@ -1,5 +1,5 @@
 """bench.learning.ptq_margins on saved policies: discrete cells get margin/error/flip shares, continuous ones and QAT
-runs and runs stopped part-way are left out."""
+runs and runs stopped part-way are left out, cells run elsewhere keep their earlier rows."""
 from __future__ import annotations
 
 import csv
@@ -41,6 +41,20 @@ def test_margins_of_discrete_cells(tmp_path):
     assert float(row["median_margin"]) > 0 and float(row["median_error"]) > 0
     assert 0.0 <= float(row["flipped"]) <= 1.0 and 0.0 <= float(row["error_over_margin"]) <= 1.0
     assert "| dqn | CartPole-v1 | 0 | 500 |" in (tmp_path / "out" / "ptq_margins.md").read_text()
+
+    # Run again: a cell whose run folder is elsewhere keeps its row at the same precision; the cell at hand is
+    # computed again; rows at another precision are not this table's.
+    elsewhere = {**row, "algo": "ppo", "task": "Acrobot-v1", "seed": "2", "flipped": "0.25"}
+    other_precision = {**row, "algo": "a2c", "precision": "int8"}
+    with open(tmp_path / "out" / "ptq_margins.csv", "w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row))
+        writer.writeheader()
+        writer.writerows([{**row, "flipped": "0.99"}, elsewhere, other_precision])
+    assert ptq_margins.main(["--runs", str(runs), "--out", str(tmp_path / "out"), "--precision", "int2"]) == 0
+    with open(tmp_path / "out" / "ptq_margins.csv", newline="", encoding="utf-8") as f:
+        again = {(r["algo"], r["seed"]): r for r in csv.DictReader(f)}
+    assert set(again) == {("dqn", "0"), ("ppo", "2")}
+    assert again[("dqn", "0")]["flipped"] == row["flipped"] and again[("ppo", "2")]["flipped"] == "0.25"
 
 
 def test_no_runs_is_exit_2(tmp_path, capsys):
