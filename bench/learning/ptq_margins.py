@@ -9,7 +9,9 @@ integer kernel, as in the study) compute their outputs. Reported per cell: the m
 second-best output (a Q-value gap for DQN, a logit gap for PPO/A2C), the median of int8's largest output error per
 state, the share of states whose error exceeds the margin, and the share where the quantized policy picks another
 action. An argmax over outputs whose gaps are small next to the quantization error flips, whatever the bit width's
-weight error looks like in decibels; that is what the study's reward changes follow.
+weight error looks like in decibels; that is what the study's reward changes follow. Where the error comes from: the
+same median with only the weights rounded (per channel, fp32 activations: `quarl.policy.reference`), and with only
+the output layer's weights rounded.
 
 Writes OUT/ptq_margins.md and OUT/ptq_margins.csv. Cells whose run folders are not under --runs (trained in another
 session or on another machine) keep their rows from OUT/ptq_margins.csv at the same precision, so a session that
@@ -29,9 +31,12 @@ import numpy as np
 from bench.harness.machine import machine_info
 from bench.harness.results_io import write_csv, write_text
 from bench.learning.ptq_study import EVAL_SEED_BASE, REPO, has_policy
+from quarl.policy.reference import reference_apply
+from quarl.policy.spec import ParamTree, PolicySpec
+from quarl.quant.quantization import fake_quantize_params
 
 FIELDS = ("algo", "task", "seed", "precision", "states", "median_margin", "median_error", "error_over_margin",
-          "flipped")
+          "flipped", "weights_error", "head_error")
 
 
 def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500) -> dict[str, Any] | None:
@@ -61,10 +66,25 @@ def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500)
     top2 = np.sort(ref, axis=1)[:, -2:]
     margin = top2[:, 1] - top2[:, 0]
     error = np.abs(out - ref).max(axis=1)
+    weights_error, head_error = weight_errors(policy.spec, policy.params, obs, precision)
     return {"algo": policy.agent, "task": policy.task, "seed": seed, "precision": precision, "states": len(obs),
             "median_margin": float(np.median(margin)), "median_error": float(np.median(error)),
             "error_over_margin": float(np.mean(error > margin)),
-            "flipped": float(np.mean(ref.argmax(axis=1) != out.argmax(axis=1)))}
+            "flipped": float(np.mean(ref.argmax(axis=1) != out.argmax(axis=1))),
+            "weights_error": weights_error, "head_error": head_error}
+
+
+def weight_errors(spec: PolicySpec, params: ParamTree, obs: np.ndarray, precision: str) -> tuple[float, float]:
+    """Median over states of the largest output error when only the weights are rounded to `precision` (per
+    channel; activations fp32), and when only the output layer's are: how much of the kernel's error is weight
+    rounding, and how much of that the output layer alone makes."""
+    ref = reference_apply(spec, params, obs, dtype=np.float32)
+    rounded = fake_quantize_params(params, precision)
+    head = spec.linear_layers[-1].name
+    errors = []
+    for tree in (rounded, {**params, head: rounded[head]}):
+        errors.append(float(np.median(np.abs(reference_apply(spec, tree, obs, dtype=np.float32) - ref).max(axis=1))))
+    return errors[0], errors[1]
 
 
 def kept_rows(path: Path, precision: str, fresh: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -81,6 +101,8 @@ def kept_rows(path: Path, precision: str, fresh: Sequence[dict[str, Any]]) -> li
                                "precision": r.get("precision") or "int8"}
         for k in ("median_margin", "median_error", "error_over_margin", "flipped"):
             row[k] = float(r[k])
+        for k in ("weights_error", "head_error"):  # files from before these columns: not measured
+            row[k] = float(r[k]) if r.get(k) else None
         if row["precision"] == precision and (row["algo"], row["task"], row["seed"]) not in done:
             kept.append(row)
     return kept
@@ -91,13 +113,18 @@ def markdown(rows: Sequence[dict[str, Any]], precision: str, machine: dict[str, 
              "",
              f"`python -m bench.learning.ptq_margins --precision {precision}` on {machine['cpu']}. States: the fp32 "
              "policy's first evaluation episode of each cell (at most 500). Margin: best minus second-best output; "
-             f"error: the largest |{precision} - fp32| output difference of a state. Cells whose run folders were "
-             "not at hand keep their rows from the run before.", "",
+             f"error: the largest |{precision} - fp32| output difference of a state; the last two columns round only "
+             "the weights (per channel, fp32 activations), all of them or only the output layer's. Cells whose run "
+             "folders were not at hand keep their rows from the run before (— : measured before those columns).",
+             "",
              "| algorithm | task | seed | states | median margin | median error | states with error > margin | "
-             "greedy action changed |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+             "greedy action changed | error, weights only | error, output layer's weights only |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
+        split = " | ".join("—" if r.get(k) is None else f"{r[k]:.3g}" for k in ("weights_error", "head_error"))
         lines.append(f"| {r['algo']} | {r['task']} | {r['seed']} | {r['states']} | {r['median_margin']:.3g} | "
-                     f"{r['median_error']:.3g} | {100 * r['error_over_margin']:.1f}% | {100 * r['flipped']:.1f}% |")
+                     f"{r['median_error']:.3g} | {100 * r['error_over_margin']:.1f}% | {100 * r['flipped']:.1f}% | "
+                     f"{split} |")
     by_algo: dict[str, list[float]] = {}
     for r in rows:
         by_algo.setdefault(f"{r['algo']} / {r['task']}", []).append(r["flipped"])
