@@ -89,8 +89,8 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
     text = ptq_study.report(tmp_path)
     fp32 = [200.0, 100.0, 400.0]
     line = (f"| dqn | CartPole-v1 | 3 | 1,000 | {np.mean(fp32):.1f} ± {np.std(fp32, ddof=1):.1f} | "
-            f"{100 * np.mean(changes):+.1f}% ± {100 * np.std(changes, ddof=1):.1f}% | yes on the mean; seed 1 +10.0% "
-            "(bf16 +20.0% on the same seed: fp32 policy fragile) |")
+            f"{100 * np.mean(changes):+.1f}% ± {100 * np.std(changes, ddof=1):.1f}% | 0.0% | yes on the mean; "
+            "seed 1 +10.0% (bf16 +20.0% on the same seed: fp32 policy fragile) |")
     assert line in text
 
 
@@ -193,19 +193,25 @@ def test_only_converged_seeds_enter_the_tables_and_qat_sits_beside_ptq(tmp_path)
 
 
 def test_an_int8_miss_points_to_the_margin_analysis():
-    def rows(int8_seed1: float) -> list[dict]:
+    def rows(int8_seed1: float, std: float = 0.0, int8_seed0: float = 500.0) -> list[dict]:
         out = []
-        for seed, int8 in ((0, 500.0), (1, int8_seed1)):
+        for seed, int8 in ((0, int8_seed0), (1, int8_seed1)):
             for precision, bits, ret in (("fp32", 32, 500.0), ("int8", 8, int8)):
                 out.append({"algo": "dqn", "task": "CartPole-v1", "seed": seed, "train_steps": 5000,
                             "precision": precision, "bits": bits, "granularity": "n/a", "execution": "int-kernel",
-                            "backend": "jax", "episodes": 10, "mean_return": ret, "std_return": 0.0,
+                            "backend": "jax", "episodes": 10, "mean_return": ret, "std_return": std,
                             "policy_bytes": 10, "train_final_eval": None, "reference": 475.0, "cpu": "test CPU"})
         return out
 
     missed = ptq_study_report.markdown(rows(450.0), [], ptq_study.GRID)  # seed 1 -10%: outside 5%
     assert "yes on the mean; seed 1 -10.0%" in missed and "bench.learning.ptq_margins" in missed
     assert "bench.learning.ptq_margins" not in ptq_study_report.markdown(rows(495.0), [], ptq_study.GRID)
+    # The cell at -10% on the mean: a miss where the episodes agree; not resolved where they vary so much that the
+    # mean's standard error (sqrt(2 x 100^2 / 10) / 500 per seed = 8.9%; over 2 seeds 6.3%) spans the bound.
+    assert "| -10.0% ± 0.0% | 0.0% | no; seed 0 -10.0%; seed 1 -10.0% |" in ptq_study_report.markdown(
+        rows(450.0, int8_seed0=450.0), [], ptq_study.GRID)
+    assert "| -10.0% ± 0.0% | 6.3% | not resolved (2 s.e. 12.6%); seed 0 -10.0%; seed 1 -10.0% |" in \
+        ptq_study_report.markdown(rows(450.0, 100.0, int8_seed0=450.0), [], ptq_study.GRID)
 
 
 def test_qat_runs_train_beside_the_fp32_run_and_are_evaluated_at_their_width(tmp_path):
