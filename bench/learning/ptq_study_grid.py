@@ -86,7 +86,9 @@ def _minatar(algo: str, game: str, steps: int, eval_every: int, qat_bits: tuple[
 
 GRID: tuple[StudyRow, ...] = (
     StudyRow("dqn", "CartPole-v1", 50_000, 2_500, reference=475.0, source=_GYM, qat_bits=_QAT),
-    StudyRow("dqn", "Acrobot-v1", 100_000, 5_000, reference=-100.0, source=_GYM, qat_bits=_QAT),
+    # DQN Acrobot-v1 sweeps 200 episodes: about one greedy episode in 50 loops to the -500 limit, so episodes vary by
+    # 40-60 around -85 and 50 of them left 2 standard errors of 10% on the cell's int8 change (-8.2%: not resolved).
+    StudyRow("dqn", "Acrobot-v1", 100_000, 5_000, reference=-100.0, source=_GYM, qat_bits=_QAT, sweep_episodes=200),
     # MountainCar-v0 trains its whole budget: its preset decays the learning rate over it (agents.dqn.config), and
     # policies stopped early sat at the threshold: seed 1 reached -110 on 2 evaluations of 10 episodes in a row at
     # 35k-40k and then evaluated -115.9 on the study's 10.
