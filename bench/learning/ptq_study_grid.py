@@ -94,7 +94,9 @@ GRID: tuple[StudyRow, ...] = (
     # 35k-40k and then evaluated -115.9 on the study's 10.
     StudyRow("dqn", "MountainCar-v0", 120_000, 5_000, reference=-110.0, source=_GYM, qat_bits=_QAT, target_streak=0),
     _minatar("dqn", "Breakout", 200_000, 20_000, _QAT),
-    _minatar("dqn", "SpaceInvaders", 200_000, 20_000, _QAT),
+    # Space Invaders' episodes vary by ~10 around ~24: 50 of them left 2 standard errors of 9% on the cell's int8
+    # change (-6.0%: not resolved).
+    dataclasses.replace(_minatar("dqn", "SpaceInvaders", 200_000, 20_000, _QAT), sweep_episodes=200),
     _minatar("dqn", "Freeway", 500_000, 50_000, _QAT),
     StudyRow("d4pg", "cartpole:balance", 60_000, 5_000, CARTPOLE_OVERRIDES, "bench.learning.d4pg_rows's small setting",
              reference=950.0, source=_QUARL, qat_bits=_QAT, sweep_episodes=10, **_ONE_OF_5),
