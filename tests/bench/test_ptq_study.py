@@ -250,7 +250,9 @@ def test_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_which(tmp
             assert "--target-return" not in command and "--target-streak" not in command
             continue
         assert command[command.index("--target-streak") + 1] == ("1" if d4pg else "2")
-        assert row.sweep_episodes == (10 if algo == "d4pg" else 50)  # discrete returns vary more per episode
+        # Discrete returns vary more per episode; the noisiest DQN rows take 200 (at 50, 2 s.e. spanned 5%).
+        noisiest = {("dqn", "Acrobot-v1"), ("dqn", "MinAtar/SpaceInvaders")}
+        assert row.sweep_episodes == (10 if algo == "d4pg" else 200 if (algo, row.task) in noisiest else 50)
     out = tmp_path / "out"
     assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "none", "--out", str(out),
                            "--runs", str(tmp_path / "runs")]) == 0
