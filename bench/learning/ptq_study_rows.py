@@ -47,10 +47,18 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
 
 
 def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
-    """The rows as OUT/ptq_study.csv, in cell and precision order, replacing the file whole (atomically)."""
+    """The rows as OUT/ptq_study.csv, in cell and precision order, replacing the file whole (atomically). One row
+    per (cell, precision): a row given twice is written once, and two different rows for one precision are an error
+    (a table that averaged them would count a seed twice)."""
+    unique: dict[tuple[str, str, int, str], dict[str, Any]] = {}
+    for r in rows:
+        key = (r["algo"], r["task"], r["seed"], r["precision"])
+        if key in unique and {k: unique[key].get(k) for k in CSV_FIELDS} != {k: r.get(k) for k in CSV_FIELDS}:
+            raise ValueError(f"two different study rows for {' '.join(map(str, key))}")
+        unique.setdefault(key, r)
     order = lambda r: (r["algo"], r["task"], r["seed"], -r["bits"], r["precision"])  # noqa: E731
-    write_csv(path, ({k: ("" if r.get(k) is None else r[k]) for k in CSV_FIELDS} for r in sorted(rows, key=order)),
-              CSV_FIELDS, atomic=True)
+    write_csv(path, ({k: ("" if r.get(k) is None else r[k]) for k in CSV_FIELDS}
+                     for r in sorted(unique.values(), key=order)), CSV_FIELDS, atomic=True)
 
 
 def merge_folders(out: Path, folders: Sequence[str], replace: bool = False) -> None:

@@ -78,9 +78,11 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
                          "execution": "native", "backend": "jax", "episodes": 10, "mean_return": ret,
                          "std_return": 0.0, "policy_bytes": nbytes, "train_final_eval": None, "reference": 50.0,
                          "cpu": "test CPU", "train_eval_episodes": 5, "train_target_streak": 1})
-    ptq_study.write_rows(tmp_path / "ptq_study.csv", rows)
+    ptq_study.write_rows(tmp_path / "ptq_study.csv", rows + rows[:2])  # a row given twice is written once
     assert ptq_study.read_rows(tmp_path / "ptq_study.csv") == sorted(
         rows, key=lambda r: (r["seed"], -r["bits"]))
+    with pytest.raises(ValueError, match="two different study rows for dqn CartPole-v1 0 fp32"):
+        ptq_study.write_rows(tmp_path / "other.csv", rows + [{**rows[0], "mean_return": 1.0}])
     by = {s["precision"]: s for s in ptq_study_report.summarize(rows)}
     changes = [-0.05, 0.10, 0.0]
     assert by["int8"]["change_mean"] == pytest.approx(np.mean(changes))
