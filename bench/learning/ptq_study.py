@@ -61,7 +61,6 @@ EVAL_SEED_BASE = 500_000  # PTQ evaluation seeds: apart from training (seed) and
 RUN_TIMEOUT_S = 4 * 3600.0
 
 
-
 # ------------------------------------------------------------------------------------------------ arguments
 
 

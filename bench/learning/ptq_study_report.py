@@ -39,8 +39,8 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per (algo, task, precision): mean reward over seeds, the per-seed relative change from the same
     seed's fp32 reward, its mean and spread (sample std) over seeds, the evaluation's standard error of that mean
     (`change_se`), and the policy size."""
-    fp32 = {(r["algo"], r["task"], r["seed"]): r["mean_return"] for r in rows if r["precision"] == "fp32"}
     fp32_rows = {(r["algo"], r["task"], r["seed"]): r for r in rows if r["precision"] == "fp32"}
+    fp32 = {k: r["mean_return"] for k, r in fp32_rows.items()}
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["algo"], r["task"], r["precision"]), []).append(r)
