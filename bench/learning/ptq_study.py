@@ -132,11 +132,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     add_allow_busy(run)
     report = sub.add_parser("report", help="table and plot from OUT/ptq_study.csv")
     report.add_argument("--out", default=str(REPO / "results" / "bench"))
-    merge = sub.add_parser("merge", help="add the cells of other study folders (e.g. another machine's) to OUT")
+    merge = sub.add_parser("merge", help="add the runs of other study folders (e.g. another machine's) to OUT")
     merge.add_argument("folders", nargs="+", help="folders holding a ptq_study.csv")
     merge.add_argument("--out", default=str(REPO / "results" / "bench"))
     merge.add_argument("--replace", action="store_true",
-                       help="a folder's cell replaces OUT's (default: OUT's own cell is kept)")
+                       help="a folder's run replaces OUT's (default: OUT's own run is kept)")
     args = parser.parse_args(argv)
     if args.command == "run":
         from launch.ptq import parse_bits, parse_include  # pylint: disable=import-outside-toplevel
@@ -365,7 +365,8 @@ def _main(argv: list[str]) -> None:
             print(f"bench.learning.ptq_study: {note}", flush=True)
         run_grid(args)
     if args.command == "merge":
-        merge_folders(Path(args.out), args.folders, args.replace)
+        for line in merge_folders(Path(args.out), args.folders, args.replace):
+            print(f"bench.learning.ptq_study merge: {line}", flush=True)
     print(report(Path(args.out)))
 
 

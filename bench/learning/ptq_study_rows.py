@@ -61,24 +61,30 @@ def write_rows(path: Path, rows: Sequence[dict[str, Any]]) -> None:
                      for r in sorted(unique.values(), key=order)), CSV_FIELDS, atomic=True)
 
 
-def merge_folders(out: Path, folders: Sequence[str], replace: bool = False) -> None:
-    """Adds each folder's cells that OUT does not hold yet (a cell is taken whole from one folder) and its
-    sessions to OUT: parts of the grid run in separate sessions or on separate machines become one table. With
-    `replace`, a folder's cell replaces OUT's whole (cells trained or evaluated again elsewhere, e.g. by a second
-    study process on a copy of the cells, while another wrote OUT)."""
+def merge_folders(out: Path, folders: Sequence[str], replace: bool = False) -> list[str]:
+    """Adds each folder's runs that OUT does not hold yet and its sessions to OUT: parts of the grid run in separate
+    sessions, processes or machines become one table. The unit is a run (`group`): a cell's fp32 run with its
+    sweep, or one of its QAT runs, taken whole from one folder, so a folder that adds a QAT run to a cell OUT holds
+    adds it. With `replace`, a folder's run replaces OUT's (runs trained or evaluated again elsewhere, e.g. by a
+    second study process on a copy of the rows while another wrote OUT). Returns one line per folder saying what
+    it added and what it left."""
     rows = read_rows(out / CSV_FILE)
     sessions = read_json_list(out / SESSIONS_FILE)
+    lines = []
     for folder in map(Path, folders):
         if not (folder / CSV_FILE).is_file():
             raise UsageError(f"{folder} holds no {CSV_FILE}")
         theirs = read_rows(folder / CSV_FILE)
-        cell = lambda r: (r["algo"], r["task"], r["seed"])  # noqa: E731
+        runs = {group(t) for t in theirs}
         if replace:
-            replaced = {cell(t) for t in theirs}
-            rows = [r for r in rows if cell(r) not in replaced]
-        have = {cell(r) for r in rows}
-        rows += [r for r in theirs if cell(r) not in have]
+            rows = [r for r in rows if group(r) not in runs]
+        have = {group(r) for r in rows}
+        rows += [r for r in theirs if group(r) not in have]
+        kept = len(runs & have)
+        lines.append(f"{folder}: {len(runs) - kept} run(s) added" + (
+            f", {kept} already in {out} kept (--replace takes the folder's)" if kept else ""))
         sessions += [m for m in read_json_list(folder / SESSIONS_FILE) if m not in sessions]
     out.mkdir(parents=True, exist_ok=True)
     write_rows(out / CSV_FILE, rows)
     write_json(out / SESSIONS_FILE, sessions)
+    return lines

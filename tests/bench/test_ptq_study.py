@@ -96,28 +96,33 @@ def test_summary_pairs_each_seed_with_its_own_fp32(tmp_path):
     assert line in text
 
 
-def test_merge_adds_whole_cells_from_other_folders(tmp_path):
-    def cell(algo, seed, ret):
+def test_merge_adds_whole_runs_from_other_folders(tmp_path, capsys):
+    def run(algo, seed, ret, precisions=(("fp32", 32), ("int8", 8))):
         return [{"algo": algo, "task": "CartPole-v1", "seed": seed, "train_steps": 100, "precision": p,
                  "bits": b, "granularity": "n/a", "execution": "native", "backend": "jax", "episodes": 2,
                  "mean_return": ret, "std_return": 0.0, "policy_bytes": 10, "train_final_eval": None, "cpu": "c"}
-                for p, b in (("fp32", 32), ("int8", 8))]
+                for p, b in precisions]
     main, other = tmp_path / "main", tmp_path / "other"
     main.mkdir(), other.mkdir()
-    ptq_study.write_rows(main / "ptq_study.csv", cell("dqn", 0, 100.0))
-    ptq_study.write_rows(other / "ptq_study.csv", cell("dqn", 0, 999.0) + cell("ppo", 1, 50.0))
+    ptq_study.write_rows(main / "ptq_study.csv", run("dqn", 0, 100.0))
+    # The other folder: OUT's fp32 run again (different numbers), a QAT run of the same cell, a new cell.
+    qat = run("dqn", 0, 90.0, (("qat-int8", 8),))
+    ptq_study.write_rows(other / "ptq_study.csv", run("dqn", 0, 999.0) + qat + run("ppo", 1, 50.0))
     (other / "ptq_study_sessions.json").write_text(json.dumps([{"cpu": "other CPU"}]))
     assert ptq_study.main(["merge", str(other), "--out", str(main)]) == 0
     rows = ptq_study.read_rows(main / "ptq_study.csv")
-    assert [(r["algo"], r["seed"], r["mean_return"]) for r in rows] == [
-        ("dqn", 0, 100.0), ("dqn", 0, 100.0), ("ppo", 1, 50.0), ("ppo", 1, 50.0)]  # OUT's own cell wins
+    assert [(r["algo"], r["seed"], r["precision"], r["mean_return"]) for r in rows] == [
+        ("dqn", 0, "fp32", 100.0), ("dqn", 0, "int8", 100.0),  # OUT's own run wins
+        ("dqn", 0, "qat-int8", 90.0),  # a QAT run is a run of its own: added to the cell OUT holds
+        ("ppo", 1, "fp32", 50.0), ("ppo", 1, "int8", 50.0)]
+    assert f"{other}: 2 run(s) added, 1 already in {main} kept" in capsys.readouterr().out
     assert json.loads((main / "ptq_study_sessions.json").read_text()) == [{"cpu": "other CPU"}]
-    # --replace: the folder's cell wins, whole; OUT's other cells stay.
-    ptq_study.write_rows(other / "ptq_study.csv", cell("dqn", 0, 999.0)[:1])
+    # --replace: the folder's run wins, whole; OUT's other runs (the same cell's QAT run too) stay.
+    ptq_study.write_rows(other / "ptq_study.csv", run("dqn", 0, 999.0)[:1])
     assert ptq_study.main(["merge", str(other), "--out", str(main), "--replace"]) == 0
     assert [(r["algo"], r["seed"], r["precision"], r["mean_return"])
             for r in ptq_study.read_rows(main / "ptq_study.csv")] == [
-        ("dqn", 0, "fp32", 999.0), ("ppo", 1, "fp32", 50.0), ("ppo", 1, "int8", 50.0)]
+        ("dqn", 0, "fp32", 999.0), ("dqn", 0, "qat-int8", 90.0), ("ppo", 1, "fp32", 50.0), ("ppo", 1, "int8", 50.0)]
     assert ptq_study.main(["merge", str(tmp_path / "none"), "--out", str(main)]) == 2
 
 
