@@ -136,10 +136,15 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
     qat = [s for s in summary if s["precision"].startswith("qat-")]
     if qat:
         lines += ["", "## QAT beside PTQ (change from the seed's fp32 reward, mean ± std over seeds)", "",
+                  "PTQ on the QAT runs' seeds only, so each row compares the same seeds (a QAT run may exist for "
+                  "fewer seeds than the cell has).", "",
                   "| algorithm | task | bits | PTQ | QAT | seeds (QAT) |", "|---|---|---:|---:|---:|---:|"]
         for s in qat:
             ptq = by_key.get((s["algo"], s["task"], s["precision"].removeprefix("qat-")))
-            ptq_text = "—" if ptq is None else f"{_pct(ptq['change_mean'])} ± {100 * ptq['change_std']:.1f}%"
+            paired = [] if ptq is None else [ptq["changes_by_seed"][k] for k in sorted(s["changes_by_seed"])
+                                             if k in ptq["changes_by_seed"]]
+            ptq_text = "—" if not paired else (f"{_pct(statistics.fmean(paired))} ± "
+                                               f"{100 * (statistics.stdev(paired) if len(paired) > 1 else 0.0):.1f}%")
             lines.append(f"| {s['algo']} | {s['task']} | {s['precision'].removeprefix('qat-int')} | {ptq_text} | "
                          f"{_pct(s['change_mean'])} ± {100 * s['change_std']:.1f}% | {s['seeds']} |")
     lines += ["", "## Every precision", "",

@@ -195,6 +195,10 @@ def test_only_converged_seeds_enter_the_tables_and_qat_sits_beside_ptq(tmp_path)
     assert "- dqn / CartPole-v1 seed 2: fp32 150.0 after 5,000 env steps, reference 475; int8 120.0 (-20.0%)" in md
     assert "| dqn | CartPole-v1 | int8 |" not in md
     assert "| dqn | CartPole-v1 | 4 | -15.0% ± 7.1% | -1.0% ± 1.4% | 2 |" in md  # (-20%, -10%) vs (-2%, 0%)
+    # A QAT run for seed 1 only: PTQ is taken on seed 1 as well (-10%), not over both seeds (-15%).
+    one = [r for r in rows if not (r["precision"] == "qat-int4" and r["seed"] == 0)]
+    assert "| dqn | CartPole-v1 | 4 | -10.0% ± 0.0% | +0.0% ± 0.0% | 1 |" in ptq_study_report.markdown(
+        one, [], ptq_study.GRID)
     assert "| dqn | CartPole-v1 | fp32 | 2 |" in md and "| dqn | CartPole-v1 | fp32 | 3 |" not in md
     assert "reference 475 (gymnasium's reward_threshold)" in md
 
