@@ -50,14 +50,13 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         by_seed = {r["seed"]: (r["mean_return"] - fp32[k]) / abs(fp32[k]) for r in rs
                    if (k := (algo, task, r["seed"])) in fp32 and fp32[k] != 0}
         changes = [by_seed[seed] for seed in sorted(by_seed)]
+        (reward_mean, reward_std), (change_mean, change_std) = _spread(rewards), _spread(changes)
         ses = [_change_se(r, fp32_rows[k]) for r in rs if (k := (algo, task, r["seed"])) in fp32_rows and fp32[k]]
         out.append({"algo": algo, "task": task, "precision": precision, "seeds": len(rs),
                     "seed_list": sorted(r["seed"] for r in rs), "episodes": min(r["episodes"] for r in rs),
                     "train_steps": sorted({r["train_steps"] for r in rs}),
-                    "reward_mean": statistics.fmean(rewards),
-                    "reward_std": statistics.stdev(rewards) if len(rewards) > 1 else 0.0,
-                    "change_mean": statistics.fmean(changes) if changes else math.nan,
-                    "change_std": statistics.stdev(changes) if len(changes) > 1 else (0.0 if changes else math.nan),
+                    "reward_mean": reward_mean, "reward_std": reward_std,
+                    "change_mean": change_mean, "change_std": change_std,
                     "changes": changes, "changes_by_seed": by_seed,
                     "change_se": math.sqrt(sum(e * e for e in ses)) / len(ses) if ses else math.nan,
                     "policy_bytes": int(statistics.median(r["policy_bytes"] for r in rs)),
@@ -75,8 +74,20 @@ def _change_se(row: dict[str, Any], fp32: dict[str, Any]) -> float:
     return math.sqrt(var) / abs(fp32["mean_return"])
 
 
+def _spread(values: Sequence[float]) -> tuple[float, float]:
+    """(mean, sample std) over seeds: std 0 for one seed, both NaN for none."""
+    if not values:
+        return math.nan, math.nan
+    return statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else 0.0
+
+
 def _pct(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{100 * x:+.1f}%"
+
+
+def _change(mean: float, std: float) -> str:
+    """A change from fp32 over seeds, as the tables write it: "-3.1% ± 2.0%"."""
+    return f"{_pct(mean)} ± {100 * std:.1f}%"
 
 
 def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]], grid: Sequence[Any] = ()) -> str:
@@ -127,7 +138,7 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
                 _seed_note(seed, q["changes_by_seed"][seed], [by_key.get((algo, task, f)) for f in ("bf16", "fp16")])
                 for seed in outside)
         lines.append(f"| {algo} | {task} | {q['seeds']} | {_steps(q)} | {base['reward_mean']:.1f} ± "
-                     f"{base['reward_std']:.1f} | {_pct(q['change_mean'])} ± {100 * q['change_std']:.1f}% | "
+                     f"{base['reward_std']:.1f} | {_change(q['change_mean'], q['change_std'])} | "
                      f"{100 * q['change_se']:.1f}% | {verdict} |")
     if any_outside:
         lines += ["", "Why a discrete policy misses: `python -m bench.learning.ptq_margins` measures each cell's "
@@ -143,16 +154,15 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
             ptq = by_key.get((s["algo"], s["task"], s["precision"].removeprefix("qat-")))
             paired = [] if ptq is None else [ptq["changes_by_seed"][k] for k in sorted(s["changes_by_seed"])
                                              if k in ptq["changes_by_seed"]]
-            ptq_text = "—" if not paired else (f"{_pct(statistics.fmean(paired))} ± "
-                                               f"{100 * (statistics.stdev(paired) if len(paired) > 1 else 0.0):.1f}%")
+            ptq_text = _change(*_spread(paired)) if paired else "—"
             lines.append(f"| {s['algo']} | {s['task']} | {s['precision'].removeprefix('qat-int')} | {ptq_text} | "
-                         f"{_pct(s['change_mean'])} ± {100 * s['change_std']:.1f}% | {s['seeds']} |")
+                         f"{_change(s['change_mean'], s['change_std'])} | {s['seeds']} |")
     lines += ["", "## Every precision", "",
               "| algorithm | task | precision | seeds | episodes / seed | env steps | reward (mean ± std over seeds) | "
               "change from fp32 (mean ± std over seeds) | policy bytes | execution |",
               "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for s in summary:
-        change = "—" if s["precision"] == "fp32" else f"{_pct(s['change_mean'])} ± {100 * s['change_std']:.1f}%"
+        change = "—" if s["precision"] == "fp32" else _change(s["change_mean"], s["change_std"])
         lines.append(f"| {s['algo']} | {s['task']} | {s['precision']} | {s['seeds']} | {s['episodes']} | {_steps(s)} "
                      f"| {s['reward_mean']:.1f} ± {s['reward_std']:.1f} | {change} | {s['policy_bytes']:,} | "
                      f"{s['execution']} |")
