@@ -18,8 +18,9 @@ is refused (exit 2) unless --force, the one way to replace a report by a smaller
 On one machine runs are sequential on purpose: their wall clocks are what the figure compares, so two runs
 must never share the machine. With --ray-address ADDR (single-process runner) the grid's runs are Ray tasks on
 that cluster, --cpus-per-run CPUs each, as many at once as fit (`launch.grid.cluster`); results land in the
-same folder, and the grid resumes the same way. Bad flags print one line on stderr and exit 2 before anything is written; a grid with a
-failed run exits 1 after drawing the report of the runs that finished; Ctrl-C exits 130.
+same folder, and the grid resumes the same way. machine.json records the machine, its SIMD flags and CPU class,
+and the load average as the runs start and stop. Bad flags print one line on stderr and exit 2 before anything is
+written; a grid with a failed run exits 1 after drawing the report of the runs that finished; Ctrl-C exits 130.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from launch.grid.runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, P
 from launch.report_guard import describe, finished_in_report, finished_on_disk, lost_runs, subset_dir
 from launch.grid.runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
 from quarl.ops.io import jsonable, read_json_object
+from quarl.ops.machine import load_average
 
 if TYPE_CHECKING:  # loaded when used: a bad flag fails before them
     from launch.experiments.progress import ItemProgress
@@ -252,8 +254,6 @@ def _clear(run_dir: Path) -> None:
 
 def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     """Runs every planned run that is not finished yet; returns (runs started, failure lines)."""
-    from launch.experiments.progress import ItemProgress  # pylint: disable=import-outside-toplevel
-    from analysis.report import machine_info  # pylint: disable=import-outside-toplevel
     from quarl.ops.io import write_json_atomic  # pylint: disable=import-outside-toplevel
 
     plan = inv.plan()
@@ -267,7 +267,28 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
             "budget": inv.budget, "runner": inv.runner, "backend": inv.backend, "budgets": budgets,
             "cluster": inv.ray_address is not None, "cpus_per_run": inv.cpus_per_run if inv.ray_address else None})
     if todo:  # the machine the numbers come from (a report-only redraw elsewhere keeps it)
-        write_json_atomic(inv.root / "machine.json", machine_info())
+        write_json_atomic(inv.root / "machine.json", grid_machine())
+    try:
+        return _run_todo(inv, plan, todo)
+    finally:
+        machine = read_json_object(inv.root / "machine.json")
+        if todo and machine is not None:  # the load the last run left, beside the load the first one met
+            write_json_atomic(inv.root / "machine.json", {**machine, "load_end": load_average()})
+
+
+def grid_machine() -> dict[str, object]:
+    """machine.json of a grid: the machine, the SIMD flags and CPU class that decide which int8 kernels exist,
+    and the load average as the runs start (`load_end` is added as they stop). Wall clocks compare only
+    on one machine at one load, so the report shows both."""
+    from analysis.report import machine_info  # pylint: disable=import-outside-toplevel
+    from quarl.runtimes.cpu import cpu_class, cpu_info  # pylint: disable=import-outside-toplevel
+    return {**machine_info(), "cpu_flags": cpu_info()["flags"], "cpu_class": cpu_class(),
+            "load_start": load_average()}
+
+
+def _run_todo(inv: Invocation, plan: Sequence[PlannedRun], todo: Sequence[PlannedRun]) -> tuple[int, list[str]]:
+    """Runs `todo` one at a time here (or as Ray tasks on --ray-address), with a progress bar over `plan`."""
+    from launch.experiments.progress import ItemProgress  # pylint: disable=import-outside-toplevel
     runner = run_single if inv.runner == "single" else run_actorq
     failures: list[str] = []
     with ItemProgress(len(plan), inv.progress, prog=PROG, unit="run", initial=len(plan) - len(todo)) as bar:
@@ -339,7 +360,8 @@ def draw(inv: Invocation) -> ReportFiles:
 
     budget, runner = meta.get("budget", inv.budget), meta.get("runner", inv.runner)
     return report.write_report(inv.report_root, runs_dir=inv.root / "runs", fraction=inv.fraction, plan=plan,
-                                notes=notes, figure_title=f"budget {budget}, runner {runner}", machine=read_json_object(inv.root / "machine.json"),
+                                notes=notes, figure_title=f"budget {budget}, runner {runner}",
+                                machine=read_json_object(inv.root / "machine.json"),
                                 run_filter=keep if inv.narrowed else None)
 
 

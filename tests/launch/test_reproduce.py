@@ -14,6 +14,7 @@ import pytest
 
 from analysis import report
 from launch import reproduce
+from quarl.runtimes.cpu import cpu_class, cpu_info
 
 # ------------------------------------------------------------------------------------------------ fixtures
 
@@ -215,7 +216,8 @@ def test_write_report_writes_every_file(tmp_path: Path) -> None:
     for path in (files.figure, files.runtime_figure, files.speedup, files.carbon, files.grid, files.report):
         assert path.stat().st_size > 0
     text = files.report.read_text()
-    assert "figure.png" in text and "| CartPole | int8 |" in text and "cpu=modelled: test" in text  # older "estimated" wording, said as today
+    # "cpu=modelled": the older "estimated" wording, said as today
+    assert "figure.png" in text and "| CartPole | int8 |" in text and "cpu=modelled: test" in text
     speed = pd.read_csv(files.speedup)
     assert speed.loc[(speed["panel"] == "CartPole") & (speed["precision"] == "int8"),
                      "speedup_vs_fp32"].item() == pytest.approx(2.2)
@@ -310,6 +312,10 @@ def test_tiny_grid_end_to_end_resumes_and_redraws(tmp_path: Path, capsys: pytest
     carbon = pd.read_csv(root / "carbon.csv")
     assert len(carbon) == 2 and carbon["method"].notna().all()
     assert json.loads(summaries["int8"].read_text())["precision"] == "int8"
+    machine = json.loads((root / "machine.json").read_text())  # what the wall clocks were measured on, and at what load
+    assert machine["cpu_class"] == cpu_class() and machine["cpu_flags"] == cpu_info()["flags"]
+    assert len(machine["load_start"]) == 3 and len(machine["load_end"]) == 3
+    assert "- load_end: [" in (root / "report.md").read_text()
 
     # Second call: nothing runs again.
     mtimes = {q: p.stat().st_mtime_ns for q, p in summaries.items()}
