@@ -41,7 +41,7 @@ from launch.grid.runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, P
 from launch.report_guard import describe, finished_in_report, finished_on_disk, lost_runs, subset_dir
 from launch.grid.runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
 from quarl.ops.io import jsonable, read_json_object
-from quarl.ops.machine import load_average
+from quarl.ops.machine import load_average, machine_info
 
 if TYPE_CHECKING:  # loaded when used: a bad flag fails before them
     from launch.experiments.progress import ItemProgress
@@ -266,13 +266,13 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
         write_json_atomic(inv.root / "grid.json", {
             "budget": inv.budget, "runner": inv.runner, "backend": inv.backend, "budgets": budgets,
             "cluster": inv.ray_address is not None, "cpus_per_run": inv.cpus_per_run if inv.ray_address else None})
-    if todo:  # the machine the numbers come from (a report-only redraw elsewhere keeps it)
-        write_json_atomic(inv.root / "machine.json", grid_machine())
+    machine = grid_machine() if todo else None  # a grid that runs nothing keeps the machine.json its runs wrote
+    if machine is not None:
+        write_json_atomic(inv.root / "machine.json", machine)
     try:
         return _run_todo(inv, plan, todo)
     finally:
-        machine = read_json_object(inv.root / "machine.json")
-        if todo and machine is not None:  # the load the last run left, beside the load the first one met
+        if machine is not None:  # the load the last run left, beside the load the first one met
             write_json_atomic(inv.root / "machine.json", {**machine, "load_end": load_average()})
 
 
@@ -280,7 +280,6 @@ def grid_machine() -> dict[str, object]:
     """machine.json of a grid: the machine, the SIMD flags and CPU class that decide which int8 kernels exist,
     and the load average as the runs start (`load_end` is added as they stop). Wall clocks compare only
     on one machine at one load, so the report shows both."""
-    from analysis.report import machine_info  # pylint: disable=import-outside-toplevel
     from quarl.runtimes.cpu import cpu_class, cpu_info  # pylint: disable=import-outside-toplevel
     return {**machine_info(), "cpu_flags": cpu_info()["flags"], "cpu_class": cpu_class(),
             "load_start": load_average()}
