@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 
 from bench.harness.emulation import run_under_x86, stderr_tail
-from tests.quarl.helpers import QEMU_SKIP_REASON, qemu_available, run_under_qemu
+from tests.quarl.helpers import run_under_qemu
 
-pytestmark = pytest.mark.skipif(not qemu_available(), reason=QEMU_SKIP_REASON)
+pytestmark = pytest.mark.usefixtures("x86_emulation")  # skips without qemu-user; fails in CI
 
 SCRIPT = """
 import json, numpy as np

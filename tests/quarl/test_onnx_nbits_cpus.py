@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from tests.quarl.helpers import QEMU_SKIP_REASON, qemu_available, run_under_qemu
+from tests.quarl.helpers import run_under_qemu
 
 pytestmark = [
     pytest.mark.slow,  # ~1-2 min per CPU model under emulation
-    pytest.mark.skipif(not qemu_available(), reason=QEMU_SKIP_REASON),
+    pytest.mark.usefixtures("x86_emulation"),  # skips without qemu-user; fails in CI
 ]
 
 SCRIPT = """
