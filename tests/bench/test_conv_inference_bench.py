@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -23,7 +24,13 @@ def test_quick_conv_bench_writes_results_with_the_machine(tmp_path, monkeypatch)
     assert rows["onnx int4"]["max_rel_err"] < 3e-2 and rows["onnx-nbits int4"]["max_rel_err"] < 3e-2
     assert rows["onnx int4"]["kernel"] in ("u8s8", "u8u8", "fp32")  # int4 conv runs the static int8 kernels
     (speedup,) = result["speedups"]
-    assert speedup["torso"] == "minatar" and speedup["int8_speedup"] > 0 and speedup["int4_speedup"] > 0
+    assert speedup["torso"] == "minatar"
+    # Each speed-up is the fastest fp32 variant's median over that variant's, both as recorded in the rows.
+    fp32 = min(rows["onnx fp32"]["median_us"], rows["jax fp32"]["median_us"])
+    assert speedup["fp32_us"] == fp32 and rows[speedup["fp32_variant"]]["median_us"] == fp32
+    for key, variant in (("int8_speedup", "onnx int8"), ("auto_speedup", "auto int8"), ("int4_speedup", "onnx int4"),
+                         ("auto_int4_speedup", "auto int4")):
+        assert math.isfinite(speedup[key]) and speedup[key] == pytest.approx(fp32 / rows[variant]["median_us"]), key
 
 
 def test_a_busy_machine_is_refused(monkeypatch, capsys):

@@ -11,8 +11,14 @@ def test_machine_info_reports_this_host_and_installed_versions():
     assert info["logical_cpus"] == os.cpu_count()
     assert info["numpy"] == metadata.version("numpy")
     assert "surely-not-an-installed-dist" not in info
-    if machine.cpu_model_name() is not None:
-        assert info["cpu_model"] == machine.cpu_model_name()
+    assert info.get("cpu_model") == machine.cpu_model_name()  # this host's, or absent where /proc/cpuinfo has none
+
+
+def test_machine_info_records_the_cpu_model_only_where_there_is_one(monkeypatch):
+    monkeypatch.setattr(machine, "cpu_model_name", lambda: "Test CPU @ 1.00GHz")
+    assert machine.machine_info([])["cpu_model"] == "Test CPU @ 1.00GHz"
+    monkeypatch.setattr(machine, "cpu_model_name", lambda: None)
+    assert "cpu_model" not in machine.machine_info([])
 
 
 def test_load_average_rounds_and_survives_a_missing_one(monkeypatch):
