@@ -47,7 +47,7 @@ SUMMARY_KEYS = (
     "evaluation_s", "sync_learner", "actor_steps", "learner_steps", "episodes", "actor_steps_per_s",
     "learner_steps_per_s", "actor_update_period", "weight_updates", "weights_version", "payload", "payload_bytes",
     "payload_bytes_fp32", "payloads_rejected", "runtime", "actors", "learner", "replay", "energy", "policy_file",
-    "best_policy_file", "lost_nodes", "placement", "lost_hosts", "learner_device")
+    "best_policy_file", "final_policy", "lost_nodes", "placement", "lost_hosts", "learner_device")
 
 
 ACTOR_KEYS = ("actor_id", "attempt", "starts", "actor_steps", "total_steps", "episodes", "envs_per_actor",
@@ -74,7 +74,10 @@ PAYLOAD_KEYS = ("precision", "bytes", "fp32_bytes", "compression", "versions", "
 
 # Facts only one runner has (the other writes None): the single-process loop's clocks and switches.
 RUNNER_FACTS = ("train_clock_s", "evaluation_s", "sync_learner", "final_eval_return_fp32", "actor_update_period",
-                "policy_file", "best_policy_file")  # best_policy_file: policy_best_<precision>.qrlp (one process)
+                "policy_file", "best_policy_file", "final_policy")
+# best_policy_file: policy_best_<precision>.qrlp (one process). final_policy: which weights version policy_file and
+# the final evaluation are ({"weights_version", "learner_steps", "why"}): a distributed run its evaluations solved
+# ends on the solving version, though its learner trained on while the stop went round.
 
 
 def keyed(entry: Mapping[str, Any] | None, keys: Sequence[str]) -> dict[str, Any]:

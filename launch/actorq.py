@@ -45,7 +45,7 @@ from launch.cli import (
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
 from launch.experiments.config import ALE_MIN_EVAL_EVERY, ROLLOUT_MODES, SERVICE_SHARE, ExperimentConfig
-from launch.experiments.progress import print_summary
+from launch.experiments.summary_table import print_summary
 from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
 from quarl.quant.precision import Precision
 

@@ -91,7 +91,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         fail(f"{PROG}: error: {e}")
     from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
-    from launch.experiments.progress import print_summary  # pylint: disable=import-outside-toplevel
+    from launch.experiments.summary_table import print_summary  # pylint: disable=import-outside-toplevel
     from launch.experiments.stopping import StopSignals, exit_code  # pylint: disable=import-outside-toplevel
 
     with StopSignals() as signals:  # SIGINT/SIGTERM: stop, then write the logs, the policy and summary.json

@@ -2,7 +2,7 @@
 
     python -m bench.system.learner_in_program [--quick] [--no-paper] [--steps-per-call K] [--out DIR]
 
-K defaults to the program's own choice for this device (`launch.distributed.nodes.learner.default_steps_per_call`: 4 on CPU),
+K defaults to the program's own choice for this device (`launch.distributed.nodes.learner_feed.default_steps_per_call`: 4 on CPU),
 so (c) and (d) are the learner as `launch.actorq` runs it; `--steps-per-call 1` measures the one-step node.
 
 Issue 20's learner targets, measured on one machine in one run, for D4PG at walker:stand shapes (obs 24,

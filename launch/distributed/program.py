@@ -93,7 +93,7 @@ def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | N
     weights = program.add(Node(
         "weights", nc.WeightServer, {"precision": config.precision, "logdir": logdir},
         max_concurrency=max(4, dist.num_actors + 3), env_vars=cpu, resources=near_learner))
-    program.add(Node(
+    learner = program.add(Node(
         "learner", nc.LearnerNode,
         {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "replay": replay, "counter": counter,
          "weights": weights, "logdir": logdir, "precision": config.precision, "publish_period": dist.publish_period,
@@ -112,17 +112,18 @@ def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | N
              "envs_per_actor": config.envs_per_actor, "pin": dist.pin_actors},
             kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV,
             resources=dict(dist.actor_resources)))
-    _add_evaluator(program, config, spec, nc, weights, counter)
+    _add_evaluator(program, config, spec, nc, weights, counter, learner)
     return program
 
 
 def _add_evaluator(program: Program, config: ExperimentConfig, spec: AgentSpec, nc: NodeClasses, weights: Handle,
-                   counter: Handle) -> None:
+                   counter: Handle, learner: Handle) -> None:
     program.add(Node(
         "evaluator", nc.Evaluator,
         {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
          "backend": config.backend, "kernel_form": config.kernel_form, "weights": weights, "counter": counter,
-         "logdir": os.path.abspath(config.logdir), "eval_every": config.eval_every, "episodes": config.eval_episodes},
+         "learner": learner, "logdir": os.path.abspath(config.logdir), "eval_every": config.eval_every,
+         "episodes": config.eval_episodes},
         kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV,
         resources=dict(config.distributed.learner_resources)))
 
@@ -143,7 +144,7 @@ def _on_policy_program(config: ExperimentConfig, spec: AgentSpec, nc: NodeClasse
     # One finished rollout waits per actor: an asynchronous actor acts on while the learner trains, at most one
     # rollout ahead, which bounds how stale its data can get.
     actors = add_rollout_actors(program, config, counter, weights, nc, sync=sync, outbox_size=1)
-    program.add(Node(
+    learner = program.add(Node(
         "learner", nc.RolloutLearnerNode,
         {"spec": spec, "seed": derive_seed(config.seed, LEARNER_STREAM), "actors": actors, "counter": counter,
          "weights": weights, "logdir": logdir, "precision": config.precision, "mode": dist.rollout_mode,
@@ -152,7 +153,7 @@ def _on_policy_program(config: ExperimentConfig, spec: AgentSpec, nc: NodeClasse
          "publish_min_interval_s": dist.publish_min_interval_s},
         kind="worker", num_cpus=1, accelerator=ACCELERATOR_BY_DEVICE[config.learner_device], max_concurrency=4,
         env_vars=learner_env(config.learner_device), resources=near_learner))
-    _add_evaluator(program, config, spec, nc, weights, counter)
+    _add_evaluator(program, config, spec, nc, weights, counter, learner)
     return program
 
 

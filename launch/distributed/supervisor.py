@@ -64,6 +64,7 @@ def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = Fa
     futures: dict[str, CallFuture] = {}
     results: dict[str, Any] = {}
     stats: dict[str, Any] = {}
+    solved_version: int | None = None  # the weights version whose evaluations solved the run
     # No exception may land inside ray.init (half-started Ray crashes at exit): signals are only recorded until
     # the program is up, then raise in the main thread (ray.init installs its own SIGTERM handler; ours must win).
     signals = StopSignals().__enter__()
@@ -99,8 +100,10 @@ def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = Fa
                         break
                     if all(futures[a].done() for a in actors):
                         break
-                    if solved_at(evals, config.target_return, config.target_streak) is not None:
-                        break  # reached the target: stop early, still gracefully
+                    hit = solved_at(evals, config.target_return, config.target_streak)
+                    if hit is not None:  # reached the target: stop early, gracefully, on the version that did
+                        solved_version = hit.get("weights_version")
+                        break
                     time.sleep(POLL_S)
         except _Interrupted as e:
             status, signum = "interrupted", e.signum
@@ -121,7 +124,7 @@ def run_program(config: ExperimentConfig, runner: Runner, *, progress: bool = Fa
         if launch is not None:
             grace = LOST_GRACE_S if lost else STOP_GRACE_S
             results, stats = _stop_nodes(launch, futures, actors, graceful=status == "completed", grace_s=grace,
-                                         skip=set(lost))
+                                         skip=set(lost), final_version=solved_version)
             if stats.get("counts") and stats.get("replay"):
                 replay_log.write(stats["counts"], stats["replay"], force=True)
             if status == "completed" and "failed" in results.get("learner", {}):
@@ -273,14 +276,16 @@ def _first_line(e: BaseException) -> str:
 
 
 def _stop_nodes(launch: Launch, futures: Mapping[str, CallFuture], actors: Sequence[str], graceful: bool,
-                grace_s: float = STOP_GRACE_S, skip: set[str] | frozenset = frozenset()
-                ) -> tuple[dict[str, Any], dict[str, Any]]:
+                grace_s: float = STOP_GRACE_S, skip: set[str] | frozenset = frozenset(),
+                final_version: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """Stops workers in dependency order and collects their results (bounded in time).
 
     Actors first (no more data), then the learner (final policy, publish, checkpoint), then the evaluator
     (one last evaluation of the final weights when `graceful`), then the replay table is closed to release
     blocked calls. Unless `graceful`, every wait together is bounded by `grace_s`, so that the whole stop
-    takes well under 10 s. Nodes in `skip` (lost ones) are not called."""
+    takes well under 10 s. Nodes in `skip` (lost ones) are not called. `final_version` (a run its evaluations
+    solved): the learner's final policy and the final evaluation are that weights version where the learner
+    still holds it (`LearnerNode.stop`), so the final figure is the policy that solved the run."""
     h = launch.handles
     deadline = time.monotonic() + (3600.0 if graceful else grace_s)
     results: dict[str, Any] = {}
@@ -310,9 +315,13 @@ def _stop_nodes(launch: Launch, futures: Mapping[str, CallFuture], actors: Seque
         tell(name, "stop")
     for name in actors:
         collect(name, 10.0)
-    tell("learner", "stop")
+    tell("learner", "stop", *([] if final_version is None else [final_version]))
     collect("learner", 120.0 if graceful else 4.0)
-    tell("evaluator", "stop", graceful)
+    kept = (results.get("learner") or {}).get("final_policy") or {}
+    if final_version is not None and kept.get("weights_version") == final_version:
+        tell("evaluator", "stop", graceful, final_version)
+    else:
+        tell("evaluator", "stop", graceful)
     collect("evaluator", 600.0 if graceful else 1.0)
     if not futures:  # stopped before anything ran (e.g. Ctrl-C during start-up): nothing to collect
         return results, {}

@@ -33,7 +33,7 @@ class DistributedConfig:
     publish_period: int = 10  # learner steps between weight versions
     publish_min_interval_s: float = 0.0  # seconds at least between weight versions
     # SGD steps per learner call (one `lax.scan` over K batches); None: chosen for the learner's device
-    # (`launch.distributed.nodes.learner.default_steps_per_call`: 4 on CPU, as measured there).
+    # (`launch.distributed.nodes.learner_feed.default_steps_per_call`: 4 on CPU, as measured there).
     learner_steps_per_call: int | None = None
     insert_batch: int = 64  # transitions per replay insert call
     prefetch: int = 2  # sampled blocks the learner keeps in flight

@@ -347,4 +347,6 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
         replay=table_info, energy=sum_energy({"run": energy_result}), agent_config=agent_config,
         train_clock_s=round(wall - clock["evaluation_s"], 3), evaluation_s=clock["evaluation_s"],
         sync_learner=bool(sync_learner), final_eval_return_fp32=evals[-1].get("return_fp32") if evals else None,
-        actor_update_period=update_period, policy_file=policy_file, best_policy_file=best_policy_file)
+        actor_update_period=update_period, policy_file=policy_file, best_policy_file=best_policy_file,
+        # One process stops right after the evaluation that solved it: the final policy is the evaluated one.
+        final_policy={"weights_version": steps, "learner_steps": steps, "why": "the learner's newest weights"})

@@ -122,7 +122,8 @@ def make_summary(config: "ExperimentConfig", status: str, error: str | None, res
     """The distributed runner's summary.json, from its nodes' results and the services' final stats."""
     counts = stats.get("counts") or {}
     learner = results.get("learner", {}) or {}
-    learner = learner if isinstance(learner, Mapping) else {}
+    learner = dict(learner) if isinstance(learner, Mapping) else {}
+    final_policy = learner.pop("final_policy", None)  # a summary.json section of its own, as one process writes it
     publish = learner.get("publish") or {}
     q = {**(stats.get("weights") or {}), **publish}
     evaluator = results.get("evaluator", {}) or {}
@@ -146,7 +147,7 @@ def make_summary(config: "ExperimentConfig", status: str, error: str | None, res
         run_wall_clock_s=float(counts.get("wall_clock_s", wall_clock_s)), counts=counts,
         evals=read_evals(Path(config.logdir) / "evaluator.csv"), final_eval_return=final, actors=actors,
         learner=learner, runtime=runtime, payload=payload, replay=stats.get("replay") or {}, energy=energy,
-        agent_config=agent_config,
+        agent_config=agent_config, final_policy=final_policy,
         actor_update_period=None if agent_config is None else agent_config.get("actor_update_period"))
 
 

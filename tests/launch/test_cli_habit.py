@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from launch import actorq, train
-from launch.experiments.progress import ProgressView, Snapshot, StepProgress, print_summary
+from launch.experiments.progress import ProgressView, Snapshot, StepProgress
+from launch.experiments.summary_table import print_summary
 from tests.launch.tiny import tiny_config
 
 REPO = Path(__file__).resolve().parents[2]
@@ -146,7 +147,7 @@ def test_actor_table_splits_insert_from_time_held_by_the_rate_limiter(capsys) ->
                "actors": [{"actor_id": 0, "backend": "onnx", "times": times},
                           {"actor_id": 1, "backend": "onnx", "times": times}],
                "replay": {"insert_blocked_s": 61.0}, "runtime": {"summed_s": {"env_step_s": 20.0, "policy_s": 10.0}}}
-    from launch.experiments.progress import insert_split
+    from launch.experiments.summary_table import insert_split
     assert insert_split(summary) == (22.0, 61.0)  # 83 s in insert, 61 of them held by the limiter
     print_summary(summary)
     out = capsys.readouterr().out

@@ -1,6 +1,7 @@
 """The evaluator node: greedy episodes with the deployed (quantized) policy."""
 from __future__ import annotations
 
+import collections
 import threading
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -24,21 +25,25 @@ if TYPE_CHECKING:
     from agents.base import Actor
 
 EVAL_ENV_STREAM = 11
+KEPT_PAYLOADS = 4  # evaluated versions kept for a final evaluation of the solving one (a streak needs its last)
 
 
 class Evaluator(NodeBase):
     """Greedy episodes with the deployed (quantized) policy, every `eval_every` actor steps and at the end.
-    `precision`: the actors' (a name still parses)."""
+    `precision`: the actors' (a name still parses). With a `learner` handle, every version evaluated is pinned
+    there (`LearnerNode.pin`), so that a run its evaluations solved can end on that very policy: `stop(True,
+    version)` evaluates that version once more, where a plain final evaluation takes the newest weights."""
 
     LOG_FIELDS = list(EVAL_FIELDS)
 
     def __init__(self, spec: AgentSpec, seed: int, precision: Precision, backend: str, weights: NodeHandle,
-                 counter: NodeHandle, logdir: str, eval_every: int, episodes: int, kernel_form: str | None = None):
+                 counter: NodeHandle, logdir: str, eval_every: int, episodes: int, kernel_form: str | None = None,
+                 learner: NodeHandle | None = None):
         self._spec = spec
         self._seed = int(seed)
         self._precision, self._backend = parse_precision(precision), backend
         self._kernel_form = kernel_form  # ONNX integer kernel form pinned by the config (None: the CPU's choice)
-        self._weights, self._counter = weights, counter
+        self._weights, self._counter, self._learner = weights, counter, learner
         self._logdir = logdir
         self._eval_every = int(eval_every)
         self._episodes = int(episodes)
@@ -47,9 +52,13 @@ class Evaluator(NodeBase):
         self._builder = spec.builder()
         self._env_spec = spec.env_spec()
         self._results: list[dict[str, Any]] = []
+        self._evaluated: collections.OrderedDict[int, Payload] = collections.OrderedDict()
+        self._final_version: int | None = None
 
-    def stop(self, final_eval: bool = False) -> None:
-        """Ends `run()`; with `final_eval`, after one last evaluation of the newest weights."""
+    def stop(self, final_eval: bool = False, version: int | None = None) -> None:
+        """Ends `run()`; with `final_eval`, after one last evaluation of the newest weights, or of weights `version`
+        (one this evaluator evaluated: the run's solving version) when given."""
+        self._final_version = None if version is None else int(version)
         if final_eval:
             self._final.set()
         self._stop.set()
@@ -95,7 +104,15 @@ class Evaluator(NodeBase):
             else:
                 actor.update(payload.params)
 
-        client.fetch(apply=apply)
+        version = self._final_version if final else None
+        if version is not None and version in self._evaluated:
+            if version != client.version:  # a later evaluation moved on: back to the solving version
+                apply(self._evaluated[version])
+        else:
+            version = None
+            payload = client.fetch(apply=apply)
+            if payload is not None:
+                self._keep(payload)
         if actor is None:
             return None
         stop = None if final else self._stop.is_set
@@ -106,7 +123,20 @@ class Evaluator(NodeBase):
         # Evaluating here costs the learner and the actors nothing: the training clock is the wall clock.
         clock = float(totals["wall_clock_s"])
         row = evaluation_row(returns, actor_steps=int(totals["actor_steps"]), learner_steps=int(totals["learner_steps"]),
-                             wall_clock_s=clock, train_clock_s=clock, weights_version=client.version)
+                             wall_clock_s=clock, train_clock_s=clock,
+                             weights_version=client.version if version is None else version)
         log.write(row)
         self._results.append(row)
         return actor
+
+    def _keep(self, payload: Payload) -> None:
+        """Keeps an evaluated version's payload here and its fp32 snapshot at the learner (best effort: a learner
+        that cannot pin it ends a solved run on its newest weights and says so)."""
+        self._evaluated[payload.version] = payload
+        while len(self._evaluated) > KEPT_PAYLOADS:
+            self._evaluated.popitem(last=False)
+        if self._learner is not None:
+            try:
+                self._learner.call("pin", payload.version)
+            except Exception:  # pylint: disable=broad-except
+                pass  # a lost learner ends the run by itself

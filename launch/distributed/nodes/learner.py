@@ -16,7 +16,10 @@ from agents.learner_base import Metrics, to_numpy
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.distributed.nodes.learner_feed import BlockFeed, PriorityUpdates
+from launch.distributed.nodes.kept_versions import KeptVersions, final_policy_record
+from launch.distributed.nodes.learner_feed import (  # noqa: F401  (K's defaults, re-exported for the program)
+    STEPS_PER_CALL_BY_PLATFORM, STEPS_PER_CALL_OTHER, BlockFeed, PriorityUpdates, default_steps_per_call,
+)
 from launch.distributed.nodes.publisher import PublishTimes, Publisher
 from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments.agent_spec import AgentSpec
@@ -40,25 +43,11 @@ INT8 = parse_precision("int8")  # the actors' precision unless the run says othe
 # an int conv policy's activations (empty for every other policy) and the agent's payload extras of that version.
 Offered = tuple[ArrayTree, tuple[np.ndarray, ...], dict[str, np.ndarray]]
 
-# SGD steps per learner call when the run does not set K (`steps_per_call=None`), by the learner's JAX platform.
-# CPU: K = 4. On the 2-core EPYC, D4PG 256x3 at batch 256, interleaved arms under the same load: `run_block`
-# at K = 2, 4, 8 took 4-6% less process CPU per step than K = 1 (14.5 vs 15.3 ms), and the node at K = 4 used
-# 15.5 ms of CPU per step against 17.3 ms at K = 1 and 16.8 ms for `learner.step` (the feed, the dispatch and
-# the training thread's bookkeeping are paid once per block); K = 8 gained no more. On a CPU the "device" is the
-# same cores, so every per-call cost is a cost to training. Other platforms: 8, the low end of the range the
-# GPU scan figures suggest (issue 20); not yet measured per K there.
-STEPS_PER_CALL_BY_PLATFORM = {"cpu": 4}
-STEPS_PER_CALL_OTHER = 8
 # Blocks dispatched but not yet run that the training thread allows. Updates are asynchronous and XLA itself lets
 # tens of calls queue up: the publisher's snapshot then waits for all of them (2.7-7 s per 2048x3 version on the
 # 2-core EPYC), so actors got weights seconds older than their version's place in training, and the step count
 # ran ahead of the device. Two keep the device busy (one runs while the next waits) at no cost in steps/s.
 MAX_BLOCKS_IN_FLIGHT = 2
-
-
-def default_steps_per_call(platform: str | None = None) -> int:
-    """K for a learner on `platform` (default: JAX's default backend, where the learner's state lives)."""
-    return STEPS_PER_CALL_BY_PLATFORM.get(platform or jax.default_backend(), STEPS_PER_CALL_OTHER)
 
 
 def _import_orbax() -> None:
@@ -113,6 +102,9 @@ class LearnerNode(NodeBase):
         # (steps, an output of the last dispatched block): when that output is ready, `steps` steps have run.
         self._dispatched: tuple[int, jax.Array | None] = (int(self._learner.steps), None)
         self._version = -1
+        self._kept = KeptVersions()  # versions evaluations pinned: a solved run ends on its solving one
+        self._final_version: int | None = None
+        self.final_policy: dict[str, Any] | None = None  # which version the final policy is, and why
         self._publisher: Publisher[Offered] = Publisher(self._publish_version, publish_min_interval_s, name="publisher")
         self.resumed_from: int | None = None
         if resume:
@@ -128,8 +120,16 @@ class LearnerNode(NodeBase):
 
     # -------------------------------------------------------------- control
 
-    def stop(self) -> None:
+    def stop(self, final_version: int | None = None) -> None:
+        """Ends `run()`. `final_version`: the run is solved by evaluations of that weights version; it becomes the
+        final policy (saved, and nothing newer published) if it was pinned, else the learner's newest weights do."""
+        self._final_version = None if final_version is None else int(final_version)
         self._stop.set()
+
+    def pin(self, version: int) -> bool:
+        """Keeps weights version `version`'s fp32 snapshot (the evaluator pins each version it evaluates), so that a
+        run solved by its evaluations can end on that policy. False: no longer held (a newer one took its place)."""
+        return self._kept.pin(version)
 
     def steps(self) -> int:
         return int(self._learner.steps)
@@ -225,9 +225,8 @@ class LearnerNode(NodeBase):
             if counter_future is not None:
                 counter_future.result(timeout=10)
             self._counter.call("increment", learner_steps=self.steps() - reported)
-            policy_file = self.save_policy()  # first: the cheapest and most useful thing to have after Ctrl-C
-            self.publish_now()
-            self.checkpoint()
+            policy_file = self.save_final_policy()  # first: the cheapest and most useful thing to have after Ctrl-C
+            self.checkpoint()  # the training state at its newest step (what --resume continues from)
         except BaseException as e:
             self._stopped_by(e, policy_file)
             raise
@@ -259,7 +258,7 @@ class LearnerNode(NodeBase):
                 "steps_per_s": trained / training_s if training_s > 0 else 0.0,
                 "step_s": step_s, "step_s_mean": step_s / trained if trained else 0.0, "sample_wait_s": wait_s,
                 "steps_per_call": self._steps_per_call, "weights_version": self._version,
-                "resumed_from": self.resumed_from, "policy_file": policy_file,
+                "resumed_from": self.resumed_from, "policy_file": policy_file, "final_policy": self.final_policy,
                 "publish": self.publish_times.summary(), "publish_handoff": self.publish_times.handoff(),
                 "energy": energy}
 
@@ -278,12 +277,31 @@ class LearnerNode(NodeBase):
         while len(in_flight) > MAX_BLOCKS_IN_FLIGHT:
             jax.block_until_ready(in_flight.popleft())
 
-    def save_policy(self) -> str:
-        """The current fp32 policy as `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint
-        LOGDIR` reads (see quarl.runtimes.policy_io). Returns the file's path."""
-        with self._lock:  # a snapshot (a reference or an asynchronous device copy); the host copy after
-            snapshot = self._learner.policy_snapshot()
-            steps = int(self._learner.steps)
+    def save_final_policy(self) -> str:
+        """The run's final policy, saved and published for the final evaluation: the newest weights, or, when the run
+        stopped because evaluations of a pinned version solved it, that version (already published; nothing newer
+        goes out). `self.final_policy` records which, for summary.json. Returns the policy file's path."""
+        solved, trained_to = self._final_version, self.steps()
+        kept = self._kept.pinned(solved)
+        if kept is not None:
+            path = self.save_policy((solved, kept))
+            log_event(self._logdir, "learner", f"final policy: weights version {solved}, the one that solved the run")
+        else:
+            path = self.save_policy()
+            self.publish_now()
+        self.final_policy = final_policy_record(self._version if kept is None else solved, trained_to, solved)
+        return path
+
+    def save_policy(self, version_params: tuple[int, ArrayTree] | None = None) -> str:
+        """The current fp32 policy (or `version_params`: a kept version and its snapshot) as
+        `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint LOGDIR` reads (see
+        quarl.runtimes.policy_io). Returns the file's path."""
+        if version_params is None:
+            with self._lock:  # a snapshot (a reference or an asynchronous device copy); the host copy after
+                snapshot = self._learner.policy_snapshot()
+                steps = int(self._learner.steps)
+        else:
+            steps, snapshot = version_params
         params = to_numpy(snapshot)
         run = self._run_config
         extra = {"source": "launch.actorq", "seed": run.get("seed"), "actor_precision": run.get("precision"),
@@ -350,6 +368,7 @@ class LearnerNode(NodeBase):
         self.publish_times.add(quantize_encode_s=t1 - t0, put_s=t2 - t1, nbytes=blob.nbytes,
                                ready_wait_s=t0 - t_offered)
         self._version = max(self._version, version)
+        self._kept.published(version, params)
 
     def _log_row(self, log: Logger, metrics: Metrics, steps: int, wall_clock_s: float,
                  last: tuple[float, int, float], now: float, wait_s: float) -> None:

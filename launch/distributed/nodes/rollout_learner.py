@@ -235,8 +235,7 @@ class RolloutLearnerNode(LearnerNode):
             # A stop: train on what the actors still hold, then the final policy.
             for items in self._drain(inbox):
                 self._train(items, log, t_origin)
-            policy_file = self.save_policy()
-            self.publish_now()
+            policy_file = self.save_final_policy()
             for future in self._counts:  # every update counted before the run's totals are read
                 future.result(timeout=10)
         except BaseException as e:
