@@ -4,6 +4,7 @@
 # jaxlib 0.11.2 in place of the CUDA one; installed --no-deps, so nothing else creeps in), then the carry pack
 # (pack.sh, built if missing) installed as e2e.sh installs it, then a tiny end-to-end run through e2e.sh.
 #   bash bench/gpu/smoke.sh [OUT]     # exit 0: passed; 77: skipped (no Python 3.12, or no package index)
+# On a pass it writes bench/gpu/rehearsed.sha256 (bench/gpu/inputs.sh's digest of what it rehearsed): commit it.
 # The venv is kept in $VENV312 (default /tmp/quarl-py312-machine) and rebuilt when its package list changes.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -61,3 +62,5 @@ for arm in result["arms"]:
 print(f"smoke.sh: passed: Python {result['machine']['python']}, jax {result['machine']['packages']['jax']}, "
       f"{len(result['arms'])} arms completed")
 PY
+# Passed: stamp the inputs it passed on (commit the stamp: CI rehearses again only when they change).
+bash bench/gpu/inputs.sh > bench/gpu/rehearsed.sha256
