@@ -28,6 +28,7 @@ from launch.program.local_runner import LocalRunner
 from launch.program.ray_runner import RayRunner
 from quarl.quant.calibration import quantize_for_actors
 from quarl.quant.payload import decode_payload, encode_payload
+from tests.agents.executed import assert_integer_kernel_ran
 from tests.launch.tiny import kill_actor_at
 
 T, K = 8, 2
@@ -180,7 +181,8 @@ def test_two_int8_actors_learn_cartpole_and_the_summary_records_the_on_policy_ru
     else:  # lagging weights too
         assert info["lag_mean"] > 0 and np.isfinite(kl), info
     assert summary["replay"] == {} and summary["policy_file"].endswith("policy_fp32.qrlp")
-    assert "executed" in summary and summary["kernel_form"], summary["kernel_form"]
+    assert summary["kernel_form"], summary["kernel_form"]
+    assert_integer_kernel_ran(summary)  # both actors learned through an integer kernel, not fp32 compute
     header = (tmp_path / "learner.csv").read_text().splitlines()[0].split(",")
     assert {"lag_mean", "stale_dropped", "is_ratio_std", "kl_learner_behaviour", "approx_kl"} <= set(header)
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from launch import train
+from tests.agents.executed import assert_integer_kernel_ran
 from tests.launch.tiny import assert_one_line_exit_2
 
 TINY = ["--set", "min_replay_size=300", "--set", "hidden_sizes=32,32", "--set", "epsilon_decay_steps=500"]
@@ -54,6 +55,7 @@ def test_dqn_learns_cartpole_with_four_envs_per_actor_through_launch_train(tmp_p
     assert summary["envs_per_actor"] == 4 and summary["actor_steps"] == 7500
     assert np.isfinite(summary["final_eval_return"])
     assert summary["best_eval_return"] >= 150.0, summary["best_eval_return"]
+    assert_integer_kernel_ran(summary)  # learned through an integer kernel, not fp32 compute
 
 
 @pytest.mark.parametrize("agent", ["dqn", "d4pg"])
