@@ -30,7 +30,7 @@ from quarl.quant.payload import decode_payload, encode_payload, fp32_payload_nby
 from quarl.quant.quantization import quantize_params
 from quarl.runtimes.policy_io import load_policy
 from tests.agents.executed import assert_integer_kernel_ran
-from tests.launch.tiny import TINY_DQN, tiny_config
+from tests.launch.tiny import TINY_DQN, assert_cartpole_evaluations, tiny_config, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -123,21 +123,27 @@ def test_weight_server_hands_out_the_latest_blob_once_per_version_whatever_the_n
     assert stats["published"] == 3 and stats["not_modified"] == 2 and stats["payloads_served"] == 5
 
 
-def test_a_long_poll_returns_the_next_version_as_soon_as_it_is_published_and_gives_up_after_its_wait():
+def test_a_long_poll_returns_the_next_version_as_soon_as_it_is_published_and_gives_up_after_its_wait(monkeypatch):
+    """Margins hold on a loaded machine: the wake-up is told from the wait's end by a 30 s wait (the server's cap
+    on a wait raised to match), not by a latency."""
+    from launch.distributed.nodes import services
+
+    monkeypatch.setattr(services, "MAX_WAIT_S", 30.0)
     spec, params = _policy_params()
     w = WeightServer("int8")
     w.publish(1, _blob(spec, params, 1))
     t0 = time.monotonic()
-    assert w.get_payload(1, 0.2) is None and 0.15 <= time.monotonic() - t0 < 2.0  # nothing newer: waited, gave up
+    assert w.get_payload(1, 0.2) is None and 0.15 <= time.monotonic() - t0 < 10.0  # nothing newer: waited, gave up
     got: list = []
     waiter = threading.Thread(target=lambda: got.append((w.get_payload(1, 30.0), time.monotonic())))
     waiter.start()
-    time.sleep(0.2)
+    # The waiter counts its request under the lock its wait releases: seen here, the waiter is in its wait.
+    assert wait_until(lambda: w.stats()["requests"] == 2) and not got
     published_at = time.monotonic()
     w.publish(2, _blob(spec, params, 2))
-    waiter.join(timeout=10)
+    waiter.join(timeout=60)
     assert got and decode_payload(got[0][0].get()).version == 2
-    assert got[0][1] - published_at < 0.5  # woken by the publication, not by a polling interval
+    assert got[0][1] - published_at < 10.0  # woken by the publication, not by its 30 s wait running out
 
 
 def test_int8_payload_is_at_least_3_9x_smaller_than_fp32():
@@ -248,7 +254,9 @@ def test_local_runner_runs_the_program_and_resumes_from_its_checkpoint(tmp_path)
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "completed"
     evals = _read_csv(tmp_path / "run" / "evaluator.csv")
     assert evals and {"actor_steps", "wall_clock_s", "return"} <= set(evals[0])
-    assert np.isfinite(summary["final_eval_return"]) and summary["final_eval_return"] >= 8  # CartPole floor
+    # 600 steps of a 16x16 net promise no learning: the evaluations are whole, consistently summed up episodes.
+    assert_cartpole_evaluations(evals, config.eval_episodes)
+    assert summary["final_eval_return"] == pytest.approx(float(evals[-1]["return"]))
     assert_integer_kernel_ran(summary)  # the int8 actors ran an integer kernel, not fp32 compute
     # One quantization per version, however many actors pulled it; actors only took new versions.
     payload = summary["payload"]
@@ -474,7 +482,10 @@ def test_a_run_is_solved_by_a_streak_of_evaluations_at_the_target():
     assert solved_at(evals, 950.0, 3) is None and solved_at(evals, None, 1) is None
 
 
-def test_the_default_d4pg_job_stops_at_950_twice_in_a_row_within_60k_steps(tmp_path):
+def test_the_default_job_is_d4pg_on_cartpole_balance_with_a_950_twice_stopping_rule(tmp_path):
+    """launch.actorq's defaults, as parsed: D4PG on cartpole:balance for at most 60k actor steps, evaluated every
+    2,500 and stopping at two evaluations in a row at 950 or more; another task has no default target. Only the
+    configuration is checked here, not that the job reaches the target."""
     from launch.actorq import build_parser, validate
 
     config = validate(build_parser().parse_args(["--logdir", str(tmp_path / "run")])).config
