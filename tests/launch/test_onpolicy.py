@@ -127,7 +127,7 @@ def test_rollout_sink_refuses_a_policy_without_its_log_probs_and_hands_out_whole
 
 def test_end_of_run_table_shows_no_rate_limiter_without_replay(tmp_path, capsys):
     """PPO has no replay: the table's actor row names its rollout stage and no rate limiter."""
-    from launch.experiments.progress import print_summary
+    from launch.experiments.summary_table import print_summary
 
     summary = _train(tmp_path / "ppo", "--agent", "ppo", "--task", "CartPole-v1", "--steps", "32", *PPO_TINY)
     assert summary["replay"] == {}

@@ -576,7 +576,7 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
 def test_a_failed_run_whose_nodes_reported_nothing_still_gets_the_whole_layout(tmp_path, capsys):
     """Lost actors and learner leave None results: summary.json keeps every key (None where nothing is known) and
     the final table prints instead of failing on the missing sections."""
-    from launch.experiments.progress import print_summary
+    from launch.experiments.summary_table import print_summary
     from analysis.schema import ACTOR_KEYS, LEARNER_KEYS, SUMMARY_KEYS
     from launch.experiments.summary import make_summary
 
