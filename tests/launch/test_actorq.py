@@ -79,8 +79,9 @@ def _check_every_log_and_a_sane_summary(summary: dict, config, logdir) -> None:
     assert energy["total_emissions_kg"] == pytest.approx(
         sum(n["emissions_kg_co2eq"] for n in energy["nodes"].values()))
     # The learner's final fp32 policy is in the logdir, as launch.ptq --checkpoint LOGDIR expects it.
-    policy = load_policy(logdir)
-    assert policy.steps == summary["learner_steps"] and (policy.agent, policy.task) == ("dqn", "CartPole-v1")
+    policy = load_policy(logdir)  # the final policy: the solving version for a solved run, else the newest weights
+    assert policy.steps == summary["final_policy"]["weights_version"] <= summary["learner_steps"]
+    assert int(evals[-1]["weights_version"]) == policy.steps and (policy.agent, policy.task) == ("dqn", "CartPole-v1")
     assert policy.meta["extra"]["actor_precision"] == "int8"
     assert summary["payloads_rejected"] == 0 and summary["lost_nodes"] == []
 
@@ -112,6 +113,8 @@ def test_distributed_dqn_with_int8_actors_learns_cartpole_and_writes_every_log(r
     assert solved is not None and solved["actor_steps"] < config.max_actor_steps, returns  # stopped early at it
     first = next(r for r in evals if float(r["return"]) >= LEARNED_CARTPOLE)
     assert int(first["weights_version"]) > 0 and int(first["episodes"]) == 5  # a trained policy, 5 episodes
+    # The final evaluation re-evaluates the solving version on 5 new episodes: far above an untrained ~9 or random ~22.
+    assert summary["final_eval_return"] >= LEARNED_CARTPOLE / 2, returns
     assert_integer_kernel_ran(summary)  # both actors learned through an integer kernel, not fp32 compute
     assert [a["actor_id"] for a in summary["actors"]] == [0, 1] and all(a["actor_steps"] > 0 for a in summary["actors"])
     _check_every_log_and_a_sane_summary(summary, config, tmp_path)
@@ -176,7 +179,7 @@ SIGINT_AGENTS = {
 
 
 @pytest.mark.skipif(not Path("/proc/self/environ").exists(), reason="needs /proc to find leftover processes")
-@pytest.mark.parametrize("agent", sorted(SIGINT_AGENTS))
+@pytest.mark.parametrize("agent", ["dqn", pytest.param("ppo", marks=pytest.mark.slow)])  # on-policy: slow
 def test_sigint_stops_every_node_flushes_logs_and_exits_130(tmp_path, agent):
     """Ctrl-C on the CLI: exit 130, summary.json written, and no process of that run left behind (every Ray
     process inherits the CLI's environment, so a marker variable finds them all). A replay agent also writes a
