@@ -16,12 +16,13 @@ from launch.distributed.nodes.learner_feed import BlockFeed, PriorityUpdates
 from launch.experiments.acting import crossed
 from launch.program.local_runner import DaemonPool, LocalNodeHandle
 from quarl.replay.items import Sample, StackedSample
-from tests.launch.tiny import TINY_DQN
+from tests.launch.tiny import TINY_DQN, wait_until
 
 
 def test_the_publisher_never_blocks_training_in_the_learner_node(tmp_path, monkeypatch):
     """Encoding slowed to 0.3 s per version, a version due every step: training runs on, the training thread's
-    share of a publication stays under 1 ms, newer versions replace waiting ones, and the last one is published."""
+    share of a publication is a small fraction of the publication's own time, newer versions replace waiting ones,
+    and the last one is published. Compared with what the same run measured, so a loaded machine only scales both."""
     encode = learner_node.encode_payload
 
     def slow_encode(*args, **kwargs):
@@ -36,9 +37,12 @@ def test_the_publisher_never_blocks_training_in_the_learner_node(tmp_path, monke
         pool.shutdown()
     publish, handoff = timed["publish"], timed["publish_handoff"]
     steps = node.steps()
-    # At most 5 publications fit in the window; training ran many more steps than that meanwhile.
-    assert timed["window_steps"] >= 5 * (1.5 / 0.3)
-    assert handoff["offered"] > publish["versions"] and handoff["ms_per_version"] < 1.0
+    # Training offered a version every step and ran on through each 0.3 s publication: several steps (and offers)
+    # per version published. Waiting for the publisher, it would offer one version per publication.
+    assert publish["quantize_encode_ms_per_version"] >= 300.0
+    assert handoff["offered"] >= 3 * publish["versions"], (handoff, publish)
+    # What a publication cost the training thread, against what it took on the publisher's (>= 300 ms).
+    assert handoff["ms_per_version"] < publish["quantize_encode_ms_per_version"] / 30, (handoff, publish)
     assert services["weights"].latest_version() == steps  # the last version is not lost at the stop
 
 
@@ -46,7 +50,8 @@ def test_a_thread_waiting_for_the_device_never_holds_up_training_or_the_handoff(
     """`synced_steps` (a rate measurement from another thread) waits for the dispatched blocks without holding the
     node's lock: the training thread keeps running blocks and handing versions over meanwhile. (Holding the lock
     through the wait made one 2048x3 handoff take 0.9 s on the 2-core EPYC, the 49 ms average of a benchmark.)
-    The device wait is made 1 s long for the measuring thread only; margins are wide for a loaded machine."""
+    The device wait is made 1 s long for the measuring thread only; margins hold on a loaded machine, where the
+    training thread may get a fraction of a core during that second."""
     node, pool, _ = make_node("dqn", "CartPole-v1", TINY_DQN, str(tmp_path), publish_period=1)
     ready, slow = learner_node.jax.block_until_ready, threading.Event()
 
@@ -73,9 +78,10 @@ def test_a_thread_waiting_for_the_device_never_holds_up_training_or_the_handoff(
         thread.join(60)
         pool.shutdown()
     assert before <= synced <= after  # every step dispatched when it was called has run
-    assert after - before >= 10  # training went on through the 1 s wait (held up, it gains at most one block)
+    assert after - before >= 4  # training went on through the 1 s wait (held up, it gains at most one 1-step block)
     handoff = result["publish_handoff"]
-    assert handoff["offered"] >= 10 and handoff["ms_per_version"] < 50.0  # no handoff waited out the 1 s
+    # Every handoff of the run together took under half the 1 s wait: none waited it out.
+    assert handoff["offered"] >= 20 and handoff["handoff_s"] < 0.5, handoff
 
 
 def test_k_step_blocks_update_priorities_per_batch_and_publish_on_crossing(tmp_path):
@@ -147,11 +153,15 @@ def test_the_training_thread_keeps_at_most_two_blocks_in_flight(tmp_path):
         return metrics
 
     node._learner.run_block = recording_run_block  # pylint: disable=protected-access
-    try:
-        time_node(node, warmup_s=0.1, window_s=0.5)
+    thread = threading.Thread(target=node.run, name="training", daemon=True)
+    thread.start()
+    try:  # until enough blocks ran to have had more than `limit` in flight, however slowly they come
+        assert wait_until(lambda: len(dispatched) > 4 * limit or not thread.is_alive(), timeout=120)
     finally:
+        node.stop()
+        thread.join(60)
         pool.shutdown()
-    assert len(dispatched) > 2 * limit and not any(not_run)
+    assert len(dispatched) > 4 * limit and not any(not_run)
 
 
 def test_k_is_chosen_for_the_learners_device_when_the_run_does_not_set_it(tmp_path):

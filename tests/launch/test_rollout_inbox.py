@@ -6,9 +6,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from typing import Callable
 
 from launch.distributed.nodes.rollout_learner import FairSlots, RolloutInbox
 from launch.program.graph import NodeLost
+from tests.launch.tiny import wait_until
 
 
 class FakeActor:
@@ -53,11 +55,14 @@ class FakeActor:
         raise AssertionError(method)
 
 
-def _learner(inbox: RolloutInbox, seconds: float, update_s: float) -> dict[int, int]:
-    """An asynchronous learner: takes rollouts for `seconds`, `update_s` per update; counts them per actor."""
+def _learner(inbox: RolloutInbox, update_s: float, until: Callable[[dict[int, int]], bool],
+             timeout: float = 60.0) -> dict[int, int]:
+    """An asynchronous learner: takes rollouts, `update_s` per update, until `until(counts)` holds (or `timeout`
+    seconds pass); counts them per actor. Ending on counts, not on a clock, keeps a loaded machine's slower pace
+    out of the counts compared."""
     counts: dict[int, int] = {}
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
+    deadline = time.monotonic() + timeout
+    while not until(counts) and time.monotonic() < deadline:
         item = inbox.get(0.05)
         if item is not None:
             counts[item["actor_id"]] = counts.get(item["actor_id"], 0) + 1
@@ -69,23 +74,24 @@ def test_a_slow_actor_cannot_starve_a_ready_one_of_the_only_slot():
     fast, slow = FakeActor(0, None), FakeActor(1, every_s=0.5)
     inbox = RolloutInbox([slow, fast], capacity=1).start()  # the slow one's thread first
     try:
-        counts = _learner(inbox, seconds=2.0, update_s=0.02)
+        counts = _learner(inbox, update_s=0.02, until=lambda c: c.get(1, 0) >= 4)
     finally:
         inbox.close()
-    # The ready actor's rollouts go through at the learner's pace (~2 s / 20 ms), not once per slow rollout.
-    assert counts.get(0, 0) >= 30, counts
-    assert 2 <= counts.get(1, 0) <= 6, counts
+    # The slow actor's 4 rollouts take >= 2 s; meanwhile the ready actor's go through at the learner's pace (~20 ms
+    # each: ~90 idle). Starved, it would get one per slow rollout; a slot held by the slow actor's wait, none.
+    assert counts.get(1, 0) == 4, counts
+    assert counts.get(0, 0) >= 3 * 4, counts
 
 
 def test_two_ready_actors_share_the_only_slot_evenly():
     actors = [FakeActor(0, None), FakeActor(1, None)]
     inbox = RolloutInbox(actors, capacity=1).start()
     try:
-        counts = _learner(inbox, seconds=1.5, update_s=0.01)
+        counts = _learner(inbox, update_s=0.01, until=lambda c: sum(c.values()) >= 40)
     finally:
         inbox.close()
     total = sum(counts.values())
-    assert total >= 20 and min(counts.get(0, 0), counts.get(1, 0)) >= 0.4 * total, counts
+    assert total == 40 and min(counts.get(0, 0), counts.get(1, 0)) >= 0.4 * total, counts
 
 
 def test_finished_and_lost_actors_leave_the_live_set():
@@ -93,7 +99,7 @@ def test_finished_and_lost_actors_leave_the_live_set():
     done.done, done.every_s = True, 3600.0
     inbox = RolloutInbox([done, lost, busy], capacity=3).start()
     try:
-        _learner(inbox, seconds=1.0, update_s=0.0)
+        _learner(inbox, update_s=0.0, until=lambda c: c.get(1, 0) >= 2 and inbox.lost and inbox.finished)
         assert inbox.lost == {1} and inbox.finished == {0} and inbox.live == {2}
     finally:
         inbox.close()
@@ -105,7 +111,7 @@ def test_fair_slots_serve_waiters_in_arrival_order():
     order: list[int] = []
 
     def waiter(i: int) -> None:
-        if slots.acquire(5.0):
+        if slots.acquire(30.0):
             order.append(i)
             slots.release()
 
@@ -113,9 +119,10 @@ def test_fair_slots_serve_waiters_in_arrival_order():
     for i in range(4):
         threads.append(threading.Thread(target=waiter, args=(i,)))
         threads[-1].start()
-        time.sleep(0.05)  # each waiter queued before the next
+        # each waiter queued before the next starts
+        assert wait_until(lambda n=i + 1: len(slots._waiting) == n)  # pylint: disable=protected-access
     slots.release()
     for t in threads:
-        t.join(5.0)
+        t.join(30.0)
     assert order == [0, 1, 2, 3]
     assert not FairSlots(0).acquire(0.05)
