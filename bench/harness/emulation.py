@@ -68,7 +68,14 @@ def run_under_x86(cpu: str, args: list[str], timeout: float = 900, cwd: Path = R
         raise RuntimeError(reason)
     return subprocess.run([shutil.which("qemu-x86_64"), "-cpu", cpu, sys.executable, *args], cwd=cwd,
                           capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env=emulated_env(cpu))
+
+
+def emulated_env(cpu: str) -> dict[str, str]:
+    """The environment of a process under an emulated CPU: this repository on its path, marked as emulated, and no
+    persistent JAX compilation cache (its executables are compiled for the host's CPU, not the emulated one)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}
+    return {**env, "PYTHONPATH": str(REPO), "QUARL_EMULATED_CPU": cpu}
 
 
 def stderr_tail(proc: subprocess.CompletedProcess, lines: int = 5) -> str:
@@ -157,7 +164,7 @@ def run_under_arm(cpu: str, args: list[str], root: Path | None = None, timeout: 
                                f"0\n\n" for i in range(os.cpu_count() or 1)), encoding="utf-8")
     inner = " ".join(["mount --bind", _q(cpuinfo), "/proc/cpuinfo && exec", _q(shutil.which("qemu-aarch64")),
                       "-cpu", cpu, "-L", _q(root / "sys"), _q(arm_python(root)), *map(_q, args)])
-    env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{root / 'site'}", "PYTHONNOUSERSITE": "1"}
+    env = {**emulated_env(cpu), "PYTHONPATH": f"{REPO}{os.pathsep}{root / 'site'}", "PYTHONNOUSERSITE": "1"}
     return subprocess.run(["unshare", "-m", "sh", "-c", inner], cwd=cwd, capture_output=True, text=True,
                           timeout=timeout, env=env)
 
