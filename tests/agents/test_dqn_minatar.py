@@ -78,6 +78,7 @@ def test_dqn_learns_minatar_breakout_with_int8_actors(tmp_path):
     assert_integer_kernel_ran(summary)
 
 
+@pytest.mark.slow  # conv QAT: tests/quarl/test_qat_conv.py
 def test_dqn_qat_trains_a_conv_network_through_the_int8_arithmetic(tmp_path):
     """`qat_bits` on a conv Q-network: the learner's online forward is the int8 conv actor's (im2col + AQT dot),
     the loop runs end to end and the learner's loss differs from the fp32 loss on the same batch."""

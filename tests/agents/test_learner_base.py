@@ -52,7 +52,7 @@ def _assert_same_state(a, b, steps: int = K) -> None:
     jax.tree_util.tree_map(lambda x, y: np.testing.assert_allclose(x, y, rtol=2e-5, atol=1e-6), sa, sb)
 
 
-@pytest.mark.parametrize("make", [_d4pg, _dqn], ids=["d4pg", "dqn"])
+@pytest.mark.parametrize("make", [pytest.param(_d4pg, marks=pytest.mark.slow), _dqn], ids=["d4pg", "dqn"])
 def test_k_scanned_steps_equal_k_single_steps(make):
     discrete = make is _dqn
     table = Table("replay", 256, {"observation": ((OBS,), np.float32),
@@ -120,7 +120,7 @@ def test_policy_snapshot_is_a_reference_the_donating_update_never_invalidates():
                                                         jax.tree_util.tree_leaves(after)))
 
 
-@pytest.mark.parametrize("make", [_d4pg, _dqn], ids=["d4pg", "dqn"])
+@pytest.mark.parametrize("make", [pytest.param(_d4pg, marks=pytest.mark.slow), _dqn], ids=["d4pg", "dqn"])
 def test_a_stacked_sample_trains_like_the_same_batches_as_a_list(make):
     discrete = make is _dqn
     sig = {"observation": ((OBS,), np.float32), "action": (((), np.int32) if discrete else ((ACT,), np.float32)),

@@ -91,6 +91,7 @@ def test_ppo_learns_acrobot(tmp_path):
     assert _untrained_return("Acrobot-v1", episodes=2) == -500.0
 
 
+@pytest.mark.slow  # single-process PPO and A2C learning stay: CartPole
 def test_qat_policy_deploys_exactly_and_learns_cartpole(tmp_path):
     """`qat_bits=4`: the learner's policy forward is the int4 jax actor's computation, bit for bit, and not the
     fp32 one; a run trained that way, with int4 actors, learns CartPole (untrained: ~10)."""
@@ -112,6 +113,7 @@ def test_qat_policy_deploys_exactly_and_learns_cartpole(tmp_path):
     assert np.max(np.abs(np.asarray(nets.make_apply()(params, jnp.asarray(obs))[0]) - learner_view)) > 1e-4
 
 
+@pytest.mark.slow  # as above
 def test_ppo_learns_dm_control_cartpole_balance(tmp_path):
     """A Gaussian policy on cartpole:balance (DM Control): the untrained policy's mean action 0 already scores
     ~650 (the pole starts upright), so the bar is 900, which only a balancing policy reaches."""
@@ -152,6 +154,7 @@ def _random_return(task: str, episodes: int = 20) -> float:
     return float(np.mean(returns))
 
 
+@pytest.mark.slow  # conv actors end to end stay: test_minatar_runs_end_to_end
 @pytest.mark.parametrize("agent", ["a2c", "ppo"])
 def test_learns_minatar_breakout_with_int8_conv_actors(tmp_path, agent):
     """A2C and PPO on MinAtar Breakout from their pixel presets (what `launch.train --agent a2c|ppo --task

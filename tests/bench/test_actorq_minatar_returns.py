@@ -10,6 +10,7 @@ from bench.system import actorq_minatar
 from bench.learning import actorq_minatar_returns
 
 
+@pytest.mark.slow  # a returns run per seed and precision
 def test_tiny_run_reports_every_evaluation_per_seed_and_precision(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(actorq_minatar_returns, "RUNS", tmp_path / "runs")
     argv = ["--seeds", "0", "--frames", "192", "--evals", "1", "--eval-episodes", "1", "--out", str(tmp_path / "out")]

@@ -101,6 +101,7 @@ print("# done: env_steps", steps, "-> 500 env steps/s, 250 grad updates/s (eval 
 """
 
 
+@pytest.mark.slow  # trains our DQN and parses the peers' logs
 def test_dqn_comparison_reports_time_to_solve_and_final_returns_at_tiny_size(tmp_path):
     """bench_dqn end to end at a tiny budget: SB3's part from a stand-in script speaking run.py's output format,
     ours a real 1,000-step run per precision; every figure the table shows comes out of the runs' own logs."""

@@ -79,6 +79,7 @@ def test_every_node_and_port_is_on_loopback(cluster: LoopbackCluster) -> None:
     assert all(ip in ("127.0.0.1", "::ffff:127.0.0.1") for _, ip, _ in listening), listening
 
 
+@pytest.mark.slow  # the default suite keeps the loopback and lost-node tests
 def test_actors_run_on_the_worker_node_and_each_version_crosses_once(cluster: LoopbackCluster,
                                                                      tmp_path: Path) -> None:
     worker = next(i for i, _, _, res in _node_ids(cluster) if res.get("actor_slot"))
@@ -108,6 +109,7 @@ def test_actors_run_on_the_worker_node_and_each_version_crosses_once(cluster: Lo
     assert crossed <= versions, (crossed, versions, fetched)
 
 
+@pytest.mark.slow  # as above
 def test_on_policy_actors_run_on_the_worker_node_and_hand_rollouts_to_the_head(cluster: LoopbackCluster,
                                                                               tmp_path: Path) -> None:
     """`launch.actorq --agent ppo` on the cluster: 2 int8 rollout actors on the worker node, the synchronous learner
@@ -130,6 +132,7 @@ def test_on_policy_actors_run_on_the_worker_node_and_hand_rollouts_to_the_head(c
     assert all(a["rollouts"] >= 2 for a in summary["actors"]), summary["actors"]
 
 
+@pytest.mark.slow  # as above
 def test_reproduce_grid_runs_as_tasks_on_the_cluster(cluster: LoopbackCluster, tmp_path: Path) -> None:
     argv = [sys.executable, "-m", "launch.reproduce", "--panels", "CartPole", "--precisions", "32,8",
             "--seeds", "0", "--budget", "tiny", "--runner", "single", "--out", str(tmp_path), "--name", "g",
@@ -171,6 +174,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # the default suite: tests/launch/test_devices.py
 def test_nodes_on_every_cluster_machine_run_jax_on_the_cpu_with_cuda_hidden(cluster: LoopbackCluster,
                                                                           tmp_path: Path) -> None:
     """The environments travel with the nodes (Ray's runtime_env): the actor on the worker node and the

@@ -25,7 +25,8 @@ def _train(logdir, *argv: str) -> dict:
 ALL_PRECISIONS = ("fp32", "bf16", "fp16", "int8", "int4", "int2")
 
 
-@pytest.mark.parametrize("agent,precisions", [("ppo", ALL_PRECISIONS), ("a2c", ("fp32", "int8"))])
+@pytest.mark.parametrize("agent,precisions", [pytest.param("ppo", ALL_PRECISIONS, marks=pytest.mark.slow),
+                                              ("a2c", ("fp32", "int8"))])  # the default suite: A2C, PPO's code
 def test_on_policy_agents_train_through_the_cli_at_every_precision(tmp_path, agent, precisions):
     """A few rollouts each: the learner updates after every rollout and the actor runs the new payload (A2C is
     PPO's code: two precisions are enough there)."""

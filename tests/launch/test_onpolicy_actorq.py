@@ -160,7 +160,7 @@ def _config(tmp_path, **kw) -> ExperimentConfig:
     return ExperimentConfig.create(**base)
 
 
-@pytest.mark.parametrize("mode,correction", [("sync", "none"), ("async", "tis")])
+@pytest.mark.parametrize("mode,correction", [("sync", "none"), pytest.param("async", "tis", marks=pytest.mark.slow)])
 def test_two_int8_actors_learn_cartpole_and_the_summary_records_the_on_policy_run(tmp_path, mode, correction):
     """PPO with 2 int8 ONNX actors (local runner) scores >= 300 within 40k env steps, where a uniform random policy
     scores ~22 (sync runs reach 475 there; the async schedule depends on thread timing, so the bar is lower);

@@ -206,7 +206,8 @@ D4PG_TINY = ["--set", "policy_layer_sizes=16,16", "--set", "critic_layer_sizes=1
              "--set", "batch_size=16", "--set", "min_replay_size=64", "--set", "samples_per_insert=4"]
 
 
-@pytest.mark.parametrize("agent,task,tiny", [("dqn", "CartPole-v1", TINY), ("d4pg", "cartpole:balance", D4PG_TINY)])
+@pytest.mark.parametrize("agent,task,tiny", [("dqn", "CartPole-v1", TINY),  # D4PG's every precision: slow
+                                             pytest.param("d4pg", "cartpole:balance", D4PG_TINY, marks=pytest.mark.slow)])
 def test_both_agents_train_through_the_cli_at_every_precision(tmp_path, agent, task, tiny):
     """A few hundred steps each: the learner updates and the actors pull and run payloads at each precision."""
     fp32_bytes = None

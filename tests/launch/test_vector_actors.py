@@ -43,6 +43,7 @@ def test_train_cli_with_four_envs_per_actor_counts_env_steps(tmp_path):
     assert 800 - 4 * 2 <= summary["replay"]["inserts"] <= 800
 
 
+@pytest.mark.slow  # DQN learning: tests/agents/test_dqn.py
 def test_dqn_learns_cartpole_with_four_envs_per_actor_through_launch_train(tmp_path):
     """K=4 int8 actor, default DQN config, 7500 env steps through the CLI: some evaluation (5 greedy episodes)
     averages >= 150, where a random policy scores ~20 (seeds 0, 1, 2 all pass; best 456, 159, 253)."""
@@ -58,7 +59,7 @@ def test_dqn_learns_cartpole_with_four_envs_per_actor_through_launch_train(tmp_p
     assert_integer_kernel_ran(summary)  # learned through an integer kernel, not fp32 compute
 
 
-@pytest.mark.parametrize("agent", ["dqn", "d4pg"])
+@pytest.mark.parametrize("agent", ["dqn", pytest.param("d4pg", marks=pytest.mark.slow)])
 def test_distributed_actors_step_k_envs_each(tmp_path, agent):
     """The ActorQ program (local runner) with 2 actors x 3 environments (gymnasium for DQN, envpool where
     installed for D4PG's cartpole:balance): every actor reports K, the counts are env steps, each actor's
