@@ -8,7 +8,6 @@ import os
 from typing import Any
 
 import numpy as np
-import pytest
 
 from bench.harness.emulation import run_under_x86, stderr_tail
 from quarl.policy.spec import Conv2D, LayerNorm, PolicySpec
@@ -18,9 +17,11 @@ from quarl.runtimes.base import layer_widths, weight_shape
 def skip_or_fail(reason: str | None) -> None:
     """Skips the calling test, saying `reason` (why it cannot run here; None: it can run), except in CI (CI=true),
     whose set-up (.ci/run) installs qemu-user and builds the Arm sysroot: there a failed install step fails the
-    emulated-CPU tests instead of passing unnoticed as skips."""
+    emulated-CPU tests instead of passing unnoticed as skips. pytest is imported here, not at the top: the emulated
+    Arm Python imports this module for `random_params`, and its sysroot has no pytest."""
     if reason is None:
         return
+    import pytest  # pylint: disable=import-outside-toplevel
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true, and this emulated-CPU test cannot run: {reason}", pytrace=False)
     pytest.skip(reason)

@@ -2,37 +2,13 @@
 (`qemu-x86_64 -cpu Haswell`, where MLAS's u8 x s8 kernels saturate int16 pair sums) and Arm. Each must end on a
 static form its own self-check passed, within the int8 tolerance of the dequantized reference; a refused form
 is refused because it is off the exact emulation. Skips, saying why, without qemu-user (or the Arm sysroot); in
-CI, whose set-up installs them, fails instead."""
+CI, whose set-up installs them, fails instead. Each CPU model's emulated interpreter is launched once per session
+(`tests.quarl.emulated`, shared with test_kernel_forms_avx2/arm); the default suite emulates one Arm model."""
 from __future__ import annotations
-
-import json
 
 import pytest
 
-from bench.harness.emulation import ARM_CPUS, run_under_arm
-from tests.quarl.helpers import run_under_qemu
-
-SCRIPT = """
-import json, numpy as np
-from quarl.quant.calibration import quantize_for_actors
-from quarl.policy.reference import reference_apply
-from quarl.policy.spec import minatar_q_network
-from quarl.quant.quantization import dequantize_params
-from quarl.runtimes import make_executor
-from tests.quarl.helpers import random_params
-spec = minatar_q_network((10, 10, 4), 6)
-params = random_params(spec, 0)
-rng = np.random.default_rng(1)
-obs = rng.integers(0, 2, (72, spec.input_dim)).astype(np.float32)
-qp = quantize_for_actors(spec, params, "int8", obs[:64])
-ref = reference_apply(spec, dequantize_params(qp), obs[64:])
-out = {}
-for form in (None, "u8s8"):
-    ex = make_executor(spec, qp, "onnx", batch_size=8, kernel_form=form)
-    err = float(np.abs(ex(obs[64:]) - ref).max() / np.ptp(ref))
-    out[str(form)] = {"form": ex.kernel_form, "checks": ex.kernel_check["checks"], "rel_err": err}
-print(json.dumps(out))
-"""
+from tests.quarl.emulated import arm_cpu_params, part
 
 
 def _check(out: dict) -> None:
@@ -46,13 +22,11 @@ def _check(out: dict) -> None:
 
 
 @pytest.mark.usefixtures("x86_emulation")
-def test_avx2_int8_conv_runs_a_self_checked_form_within_tolerance():
-    _check(run_under_qemu("Haswell", SCRIPT, timeout=900))
+def test_avx2_int8_conv_runs_a_self_checked_form_within_tolerance(haswell_run):
+    _check(part(haswell_run, "conv"))
 
 
 @pytest.mark.usefixtures("arm_emulation")
-@pytest.mark.parametrize("cpu", sorted(ARM_CPUS))
-def test_arm_int8_conv_runs_a_self_checked_form_within_tolerance(cpu):
-    proc = run_under_arm(cpu, ["-c", SCRIPT], timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    _check(json.loads(proc.stdout.strip().splitlines()[-1]))
+@pytest.mark.parametrize("cpu", arm_cpu_params())  # tests.quarl.emulated.DEFAULT_ARM_CPU; the others slow
+def test_arm_int8_conv_runs_a_self_checked_form_within_tolerance(arm_run):
+    _check(part(arm_run, "conv"))

@@ -3,24 +3,20 @@
 dot product (neoverse-n1) and int8 matrix multiply (max). On each, the executor must end on a form its
 self-check passed and stay within the int8 tolerance; a forced u8s8 is either exact there or refused.
 Skips, saying why, without qemu-user, root or the sysroot (`python -m bench.harness.emulation build-arm`); in CI,
-whose set-up builds it, fails instead."""
+whose set-up builds it, fails instead. The default suite emulates dot product (neoverse-n1); the other two run under
+`slow`. Each model's interpreter is launched once per session (`tests.quarl.emulated`, shared with test_conv_cpus)."""
 from __future__ import annotations
-
-import json
 
 import pytest
 
-from bench.harness.emulation import ARM_CPUS, run_under_arm
-from tests.quarl.test_kernel_forms_avx2 import SCRIPT
+from tests.quarl.emulated import arm_cpu_params, part
 
 pytestmark = pytest.mark.usefixtures("arm_emulation")
 
 
-@pytest.mark.parametrize("cpu", sorted(ARM_CPUS))
-def test_arm_int8_runs_a_self_checked_form_within_tolerance(cpu):
-    proc = run_under_arm(cpu, ["-c", SCRIPT], timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+@pytest.mark.parametrize("cpu", arm_cpu_params())  # tests.quarl.emulated.DEFAULT_ARM_CPU; the others slow
+def test_arm_int8_runs_a_self_checked_form_within_tolerance(arm_run):
+    out = part(arm_run, "mlp")
     for run in out.values():
         last = run["checks"][-1]
         assert last["ok"] and last["form"] == run["form"] and run["form"] != "fp32"  # an integer form, not the fallback
