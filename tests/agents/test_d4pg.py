@@ -115,6 +115,7 @@ def test_categorical_target_on_a_hand_example():
     np.testing.assert_allclose((got * atoms).sum(-1), r + d * critic_mean(logits, atoms), atol=1e-5)
 
 
+@pytest.mark.slow  # D4PG's learning test covers the critic
 def test_critic_loss_decreases_on_a_fixed_batch():
     # Terminal transitions: the target is a fixed two-atom split (entropy <= ln 2), so the loss can fall far.
     config = D4PGConfig(**{**SMALL, "learning_rate": 1e-3})

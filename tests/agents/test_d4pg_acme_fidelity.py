@@ -35,6 +35,7 @@ def _uniform_scaling_check(w: np.ndarray, scale: float) -> None:
     np.testing.assert_allclose(w.std(), limit / np.sqrt(3.0), rtol=0.05)
 
 
+@pytest.mark.slow  # the default suite keeps Acme's critic and DPG losses
 def test_policy_and_critic_initialise_as_acme_layer_norm_mlp():
     """acme/jax/networks/continuous.py: LayerNormMLP layers use UniformScaling(0.333) (std 0.333/sqrt(fan_in),
     a third of haiku's default), the policy's last layer VarianceScaling(1e-4) (std 0.01/sqrt(fan_in)), biases
@@ -88,6 +89,7 @@ def test_dpg_loss_averages_over_batch_and_action_dimensions():
     np.testing.assert_allclose(float(loss_clipped), 0.25 * float(loss), rtol=1e-4)
 
 
+@pytest.mark.slow  # the default suite keeps Acme's critic and DPG losses
 def test_policy_is_trained_at_next_observations():
     """Acme's sgd_step: `policy_loss(policy_params, critic_params, transitions.next_observation)`."""
     config = D4PGConfig(**SMALL)
@@ -117,6 +119,7 @@ def test_policy_is_trained_at_next_observations():
     assert not np.allclose(leaves(new_state.policy_params), leaves(after(batch["observation"])), atol=1e-7)
 
 
+@pytest.mark.slow  # the default suite keeps Acme's critic and DPG losses
 def test_actors_run_the_target_policy_as_acme_serves_it():
     """Acme's D4PGLearner.get_variables("policy") returns target_policy_params: actors and the evaluator act
     with weights that only change at target updates. `actor_policy="online"` serves the online policy."""

@@ -172,7 +172,7 @@ def test_minatar_policy_reuses_dqns_conv_torso():
     assert nets.value.conv_layers and nets.value.output_dim == 1
 
 
-@pytest.mark.parametrize("bits", [2, 4, 8])
+@pytest.mark.parametrize("bits", [pytest.param(2, marks=pytest.mark.slow), pytest.param(4, marks=pytest.mark.slow), 8])
 def test_qat_on_a_conv_policy_computes_what_the_deployed_int_actor_runs(bits):
     """`qat_bits` on PPO's MinAtar conv policy: the learner's policy forward is the int-B JAX conv actor's
     arithmetic (conv QAT through `haiku_forward`), on the same parameters, and differs from the fp32 forward."""
@@ -249,8 +249,10 @@ def test_rollouts_of_the_wrong_shape_are_refused():
 
 @pytest.mark.parametrize("argv,message", [
     (["launch.actorq", "--agent", "ppo", "--checkpoint-every", "10"], "on-policy"),
-    (["launch.train", "--agent", "ppo", "--actor-update-period", "5"], "after every update"),
-    (["launch.train", "--agent", "a2c", "--set", "num_minibatches=2"], "A2C is one epoch"),
+    pytest.param(["launch.train", "--agent", "ppo", "--actor-update-period", "5"], "after every update",
+                 marks=pytest.mark.slow),  # a subprocess each: one stays in the default suite
+    pytest.param(["launch.train", "--agent", "a2c", "--set", "num_minibatches=2"], "A2C is one epoch",
+                 marks=pytest.mark.slow),
 ])
 def test_cli_errors_are_one_line_and_exit_2(argv, message, tmp_path):
     proc = subprocess.run([sys.executable, "-m", *argv, "--logdir", str(tmp_path / "run")], capture_output=True,

@@ -161,7 +161,7 @@ def test_truncated_is_weights_are_the_capped_ratios():
     assert float(metrics["policy_loss"]) == pytest.approx(float(np.mean(-adv * weights)), rel=1e-3, abs=1e-5)
 
 
-@pytest.mark.parametrize("correction", ["tis", "vtrace"])
+@pytest.mark.parametrize("correction", [pytest.param("tis", marks=pytest.mark.slow), "vtrace"])
 def test_corrections_change_the_update_only_when_the_behaviour_policy_differs(correction):
     """Stale or quantized data (behaviour log-probs off by up to +-1): each correction's update differs from
     PPO's plain ratio against the behaviour policy, and the learner reports the mismatch it saw."""

@@ -107,6 +107,7 @@ def d4pg_state():
     return state
 
 
+@pytest.mark.slow  # agent QAT in the default suite: DQN's tests below
 @pytest.mark.parametrize("bits", [2, 3])
 def test_d4pg_low_bit_qat_changes_policy_loss_and_gradients(d4pg_state, bits):
     obs = jnp.asarray(_batch(99, discrete=False)["observation"])
@@ -128,12 +129,14 @@ def _assert_int8_close_to_fp32(loss_at: Callable[[int | None], Any]) -> None:
     assert abs(loss_8 - loss_fp32) <= 0.05 * max(1.0, abs(loss_fp32))
 
 
+@pytest.mark.slow  # agent QAT in the default suite: DQN's tests below
 def test_d4pg_int8_qat_is_close_to_but_not_exactly_fp32(d4pg_state):
     obs = jnp.asarray(_batch(98, discrete=False)["observation"])
     args = (d4pg_state["policy_params"], d4pg_state["critic_params"], obs)
     _assert_int8_close_to_fp32(lambda bits: _d4pg_losses(bits, *args)[0])
 
 
+@pytest.mark.slow  # agent QAT in the default suite: DQN's tests below
 def test_d4pg_learner_qat_touches_only_the_policy():
     """Same seed, same batch: the critic loss (critic + fp32 target policy) is identical with and without
     QAT, the policy loss and the policy update are not."""
@@ -151,6 +154,7 @@ def test_d4pg_learner_qat_touches_only_the_policy():
     assert _leaves_differ(s_plain["policy_params"], s_qat["policy_params"])
 
 
+@pytest.mark.slow  # agent QAT in the default suite: DQN's tests below
 def test_d4pg_qat_trained_policy_deploys_with_zero_extra_error():
     env_spec = _d4pg_env_spec()
     builder = D4PGBuilder(D4PGConfig(**D4PG_SMALL, qat_bits=3, learning_rate=1e-3))

@@ -225,6 +225,7 @@ def test_an_int8_miss_points_to_the_margin_analysis():
         ptq_study_report.markdown(rows(450.0, 100.0, int8_seed0=450.0), [], ptq_study.GRID)
 
 
+@pytest.mark.slow  # trains a tiny cell with QAT arms
 def test_qat_runs_train_beside_the_fp32_run_and_are_evaluated_at_their_width(tmp_path):
     out, runs = tmp_path / "out", tmp_path / "runs"
     assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "4", "--out", str(out), "--runs", str(runs)]) == 0
@@ -288,6 +289,7 @@ def test_cells_stop_on_two_ten_episode_evaluations_and_the_report_says_which(tmp
         ptq_study_report.markdown(mixed, [], ptq_study.GRID)
 
 
+@pytest.mark.slow  # trains a tiny cell twice
 def test_retrain_stale_trains_again_only_the_runs_recorded_under_another_rule(tmp_path, monkeypatch, capsys):
     """After a row's stopping rule changes, `--retrain-stale` trains again the selected cells' runs recorded under
     the old rule (the fp32 run and the QAT widths asked for), keeps the old run folder beside, and leaves runs it

@@ -129,6 +129,7 @@ def _program_with_a_learner_per_device(tmp_path: Path) -> Program:
     return program
 
 
+@pytest.mark.slow  # a Ray program; the graph's placement is checked above
 def test_on_ray_only_the_learner_sees_a_gpu_and_its_environment_follows_learner_device(gpu_looking_ray, tmp_path):
     from launch.program.ray_runner import RayRunner
 

@@ -42,6 +42,7 @@ def test_on_policy_agents_train_through_the_cli_at_every_precision(tmp_path, age
             assert summary["payload_bytes"] < fp32_bytes, (precision, summary["payload_bytes"], fp32_bytes)
 
 
+@pytest.mark.slow  # both runners' one layout: tests/launch/test_program.py
 def test_run_folder_is_a_replay_runs_folder(tmp_path):
     """The same files and the same summary.json keys as a DQN run of launch.train; a continuous task too."""
     ppo = _train(tmp_path / "ppo", "--agent", "ppo", "--task", "cartpole:balance", "--precision", "int8",

@@ -72,6 +72,7 @@ def _rollout(seed: int, obs_dim: int = 4) -> dict[str, np.ndarray]:
             "behaviour_logp": np.full((T, K), np.log(0.5), np.float32)}
 
 
+@pytest.mark.slow  # distributed PPO learning stays (sync: KL ~ 0)
 def test_a_synchronous_update_is_single_process_ppo_on_the_same_rollouts(tmp_path):
     """Two scripted actors each hand one rollout of version 0: the node joins them along the environment axis and
     its one update gives the same fp32 policy as a single-process PPOLearner stepping the joined rollout."""
