@@ -18,11 +18,13 @@ setup: $(STAMP)
 run: setup
 	$(PY) -m launch.actorq
 
-# Default suite: reduced-size learning runs, no real-size benchmarks.
+# Default suite: one test of each kind at reduced size (docs/testing.md), on TEST_WORKERS processes (pytest-xdist; a
+# file's tests stay in one process, so its module fixtures run once). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q -m "not slow" --durations=30
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --durations=30
 
-# Everything, including slow fault-injection and fuzzing tests.
+# Everything, including slow fault-injection and fuzzing tests (one process: the slow tests time full-size runs).
 test-all: setup
 	$(PY) -m pytest -q
 

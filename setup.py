@@ -24,6 +24,6 @@ setup(
         "cuda": ["jax[cuda12]==0.10.2; python_version < '3.12'", "jax[cuda13]==0.11.2; python_version >= '3.12'"],
         # C++ DM Control tasks for vectorized actors (used for the tasks quarl.envs.envpool verified; optional).
         "envpool": ["envpool==1.2.5; python_version < '3.12'"],
-        "test": ["pytest", "pytest-timeout", "hypothesis", "nbclient", "nbformat", "ipykernel"],
+        "test": ["pytest", "pytest-timeout", "pytest-xdist", "hypothesis", "nbclient", "nbformat", "ipykernel"],
     },
 )

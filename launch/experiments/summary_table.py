@@ -157,4 +157,4 @@ def print_summary(summary: Mapping[str, JSONValue]) -> None:
         for table in actor_tables(summary):
             console.print(table)
     if summary.get("logdir"):
-        console.print(f"run folder: {summary['logdir']}")
+        console.print(f"run folder: {summary['logdir']}", soft_wrap=True)  # one line, however long: logs grep it
