@@ -28,7 +28,7 @@ from launch.experiments.acting import (
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.feeds import make_feed
 from launch.experiments.stages import StageTimes, runtime_section
-from launch.experiments.summary import Summary, build_summary
+from launch.experiments.summary import Summary, build_summary, final_policy_record
 from launch.program.devices import device_report, use_learner_device
 from quarl.acting.evaluation import EpisodeInterrupted
 from quarl.envs.factory import make_environment
@@ -348,5 +348,4 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
         train_clock_s=round(wall - clock["evaluation_s"], 3), evaluation_s=clock["evaluation_s"],
         sync_learner=bool(sync_learner), final_eval_return_fp32=evals[-1].get("return_fp32") if evals else None,
         actor_update_period=update_period, policy_file=policy_file, best_policy_file=best_policy_file,
-        # One process stops right after the evaluation that solved it: the final policy is the evaluated one.
-        final_policy={"weights_version": steps, "learner_steps": steps, "why": "the learner's newest weights"})
+        final_policy=final_policy_record(steps, steps, solved=None))

@@ -151,3 +151,14 @@ def make_summary(config: "ExperimentConfig", status: str, error: str | None, res
         actor_update_period=None if agent_config is None else agent_config.get("actor_update_period"))
 
 
+def final_policy_record(version: int, trained_to: int, solved: int | None) -> dict[str, object]:
+    """summary.json's `final_policy` (both runners): the weights version the policy file and the final evaluation
+    are, and why. `solved`: the version whose evaluations solved a distributed run (None: not stopped by solving; one
+    process stops right after the evaluation that solved it, so its newest weights are the evaluated ones)."""
+    if solved is not None and version == solved:
+        why = f"the version whose evaluations solved the run (the learner had trained to step {trained_to})"
+    elif solved is not None:
+        why = f"the learner's newest weights (the solving version {solved} was no longer held)"
+    else:
+        why = "the learner's newest weights"
+    return {"weights_version": int(version), "learner_steps": int(trained_to), "why": why}

@@ -1,7 +1,8 @@
 """The learner's kept versions: what lets a solved run end on the policy its evaluations solved it with."""
 from __future__ import annotations
 
-from launch.distributed.nodes.kept_versions import KeptVersions, final_policy_record
+from launch.distributed.nodes.kept_versions import KeptVersions
+from launch.experiments.summary import final_policy_record
 
 
 def test_a_pinned_version_outlives_newer_publications_and_an_unpinned_one_does_not():

@@ -45,15 +45,3 @@ class KeptVersions:
     def pinned(self, version: int | None) -> ArrayTree | None:
         with self._lock:
             return None if version is None else self._pinned.get(int(version))
-
-
-def final_policy_record(version: int, trained_to: int, solved: int | None) -> dict[str, object]:
-    """summary.json's `final_policy`: the weights version the policy file and the final evaluation are, and why.
-    `solved`: the version whose evaluations solved the run (None: the run was not stopped by solving)."""
-    if solved is not None and version == solved:
-        why = f"the version whose evaluations solved the run (the learner had trained to step {trained_to})"
-    elif solved is not None:
-        why = f"the learner's newest weights (the solving version {solved} was no longer held)"
-    else:
-        why = "the learner's newest weights"
-    return {"weights_version": int(version), "learner_steps": int(trained_to), "why": why}

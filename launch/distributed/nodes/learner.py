@@ -16,13 +16,14 @@ from agents.learner_base import Metrics, to_numpy
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
-from launch.distributed.nodes.kept_versions import KeptVersions, final_policy_record
+from launch.distributed.nodes.kept_versions import KeptVersions
 from launch.distributed.nodes.learner_feed import (  # noqa: F401  (K's defaults, re-exported for the program)
     STEPS_PER_CALL_BY_PLATFORM, STEPS_PER_CALL_OTHER, BlockFeed, PriorityUpdates, default_steps_per_call,
 )
 from launch.distributed.nodes.publisher import PublishTimes, Publisher
 from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments.agent_spec import AgentSpec
+from launch.experiments.summary import final_policy_record
 from launch.program.graph import NodeHandle
 from quarl.ops.carbon import stop_tracking
 from quarl.ops.logs import Logger
@@ -127,8 +128,7 @@ class LearnerNode(NodeBase):
         self._stop.set()
 
     def pin(self, version: int) -> bool:
-        """Keeps weights version `version`'s fp32 snapshot (the evaluator pins each version it evaluates), so that a
-        run solved by its evaluations can end on that policy. False: no longer held (a newer one took its place)."""
+        """Keeps version `version`'s fp32 snapshot for a solved run's final policy; False: no longer held."""
         return self._kept.pin(version)
 
     def steps(self) -> int:
