@@ -52,19 +52,12 @@ def mlp_kernel_forms() -> dict:
     from quarl.policy.reference import reference_apply  # pylint: disable=import-outside-toplevel
     from quarl.policy.spec import mlp_q_network  # pylint: disable=import-outside-toplevel
     from quarl.quant.quantization import quantize_params  # pylint: disable=import-outside-toplevel
-    from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
     from tests.quarl.helpers import random_params  # pylint: disable=import-outside-toplevel
 
     spec = mlp_q_network(8, [256, 256], 5)
     params = random_params(spec, 0)
     obs = np.random.default_rng(1).normal(size=(64, 8)).astype(np.float32)
-    ref = reference_apply(spec, params, obs)
-    out = {}
-    for form in (None, "u8s8"):
-        ex = make_executor(spec, quantize_params(params, "int8"), "onnx", batch_size=64, kernel_form=form)
-        err = float(np.abs(ex(obs) - ref).max() / np.ptp(ref))
-        out[str(form)] = {"form": ex.kernel_form, "checks": ex.kernel_check["checks"], "rel_err": err}
-    return out
+    return _forms(spec, quantize_params(params, "int8"), obs, reference_apply(spec, params, obs), batch_size=64)
 
 
 def conv_kernel_forms() -> dict:
@@ -76,18 +69,26 @@ def conv_kernel_forms() -> dict:
     from quarl.policy.spec import minatar_q_network  # pylint: disable=import-outside-toplevel
     from quarl.quant.calibration import quantize_for_actors  # pylint: disable=import-outside-toplevel
     from quarl.quant.quantization import dequantize_params  # pylint: disable=import-outside-toplevel
-    from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
     from tests.quarl.helpers import random_params  # pylint: disable=import-outside-toplevel
 
     spec = minatar_q_network((10, 10, 4), 6)
     params = random_params(spec, 0)
     obs = np.random.default_rng(1).integers(0, 2, (72, spec.input_dim)).astype(np.float32)
     qp = quantize_for_actors(spec, params, "int8", obs[:64])
-    ref = reference_apply(spec, dequantize_params(qp), obs[64:])
+    return _forms(spec, qp, obs[64:], reference_apply(spec, dequantize_params(qp), obs[64:]), batch_size=8)
+
+
+def _forms(spec: Any, qparams: Any, obs: Any, ref: Any, batch_size: int) -> dict:
+    """An int8 ONNX executor of `qparams`, unrequested and with u8s8 requested: the form it ended on, its self-checks
+    and its error relative to `ref`'s range."""
+    import numpy as np  # pylint: disable=import-outside-toplevel
+
+    from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
+
     out = {}
     for form in (None, "u8s8"):
-        ex = make_executor(spec, qp, "onnx", batch_size=8, kernel_form=form)
-        err = float(np.abs(ex(obs[64:]) - ref).max() / np.ptp(ref))
+        ex = make_executor(spec, qparams, "onnx", batch_size=batch_size, kernel_form=form)
+        err = float(np.abs(ex(obs) - ref).max() / np.ptp(ref))
         out[str(form)] = {"form": ex.kernel_form, "checks": ex.kernel_check["checks"], "rel_err": err}
     return out
 
