@@ -9,6 +9,7 @@ an executable compiled for this CPU must not run on another). QUARL_JAX_CACHE=0 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 EMULATED_ENV = "QUARL_EMULATED_CPU"  # set by bench.harness.emulation for processes under qemu
@@ -21,7 +22,7 @@ def pytest_configure(config) -> None:
     os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", str(cache))
     # Cache every compile worth a file read (the default keeps only those over 1 s: most of ours take 0.1-1 s).
     os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0.1")
-    if "jax" in __import__("sys").modules:  # imported by a plugin before us: tell it directly
+    if "jax" in sys.modules:  # imported by a plugin before us: tell it directly
         import jax  # pylint: disable=import-outside-toplevel
 
         jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
