@@ -9,6 +9,7 @@ import haiku as hk
 import jax
 import jax.numpy as jnp
 
+from quarl.nets.conv import Conv2D as FastConv2D
 from quarl.policy.spec import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
 
 if TYPE_CHECKING:
@@ -22,7 +23,7 @@ def haiku_forward(spec: PolicySpec, qat_bits: int | None = None) -> Callable[[ja
     8-bit activations, straight-through gradients; see `quarl.nets.qat`) for quantization-aware training. The
     parameter tree and its initialisation are the same either way."""
     linear_cls: type[hk.Linear] = hk.Linear
-    conv_cls: LayerClass = hk.Conv2D
+    conv_cls: LayerClass = FastConv2D  # hk.Conv2D's parameters; gradients fast inside lax.scan on CPU
     if qat_bits is not None:
         from quarl.nets.qat import qat_conv2d, qat_linear  # pylint: disable=import-outside-toplevel (AQT: QAT only)
         linear_cls, conv_cls = qat_linear(qat_bits), qat_conv2d(qat_bits)

@@ -209,29 +209,21 @@ def qat_conv2d(bits: int) -> LayerClass:
     own and the weights per output channel, with straight-through gradients. Parameter names, shapes and
     initialisers are `hk.Conv2D`'s, so QAT and fp32 networks share one parameter tree. (ONNX actors quantize conv
     inputs with the calibrated static scales instead: they differ from this by activation rounding only.)"""
-    import haiku as hk
     import jax.numpy as jnp
+
+    from quarl.nets.conv import Conv2D, conv_parameters  # pylint: disable=import-outside-toplevel (learner side)
 
     dense = make_qat_dense(bits)
 
-    class QATConv2D(hk.Module):
+    class QATConv2D(Conv2D):
         """hk.Conv2D's parameters with the deployed int-B conv arithmetic (im2col + W`bits`A8 dot, STE)."""
-
-        def __init__(self, output_channels: int, kernel_shape: int, stride: int = 1, padding: str = "VALID",
-                     name: str | None = None):
-            super().__init__(name=name)
-            if padding != "VALID" or not isinstance(kernel_shape, int) or not isinstance(stride, int):
-                raise ValueError("QAT conv supports square kernels, int strides and VALID padding only")
-            self.output_channels, self.kernel, self.stride = int(output_channels), kernel_shape, stride
 
         def __call__(self, inputs: jax.Array) -> jax.Array:
             inputs = jnp.asarray(inputs)
             if inputs.ndim != 4:
                 raise ValueError(f"QAT conv takes [B, H, W, C] inputs, got shape {inputs.shape}")
             k, c_in, out = self.kernel, inputs.shape[-1], self.output_channels
-            w_init = hk.initializers.TruncatedNormal(stddev=1.0 / np.sqrt(k * k * c_in))  # hk.Conv2D's default
-            w = hk.get_parameter("w", [k, k, c_in, out], inputs.dtype, init=w_init)
-            b = hk.get_parameter("b", [out], inputs.dtype, init=jnp.zeros)
+            w, b = conv_parameters(out, k, c_in, inputs.dtype)
             win = conv_windows(inputs.astype(jnp.float32), k, self.stride)
             y = dense(win.reshape(-1, win.shape[-1]), w.reshape(k * k * c_in, out))
             return y.reshape(*win.shape[:3], out) + b
