@@ -4,7 +4,8 @@
 - the step counter (a host copy: reading the device counter would make the host wait for every update);
 - batch coercion from the agent's column table, with one non-finite rule for every agent (a NaN or inf in any
   float column is a ValueError on the host, before the batch reaches the device);
-- one SGD step per call (`step`), or K SGD steps in one jitted `lax.scan` over K stacked batches
+- one SGD step per call (`step`), or K SGD steps in one jitted `lax.scan` over K stacked batches (or unrolled:
+  `agents.loops`)
   (`prepare` + `run_block`; Acme's `process_multiple_batches`), which removes K - 1 host round trips and
   dispatches per K steps: what a GPU learner needs to run at device speed;
 - state save/restore with structure, shape and finiteness checks; policy params for actors, as a NumPy copy or
@@ -24,6 +25,7 @@ import numpy as np
 from chex import ArrayTree
 from numpy.typing import DTypeLike
 
+from agents.loops import sgd_loop
 from quarl.replay.items import Sample, StackedSample
 
 # column -> (dtype, shape of one item); None = any shape (checked only for a common batch size). Items of shape
@@ -98,7 +100,7 @@ class JaxLearner(abc.ABC):
 
         def scan_split(donated: TrainingState, kept_values: tuple[ArrayTree, ...],
                        batches: Mapping[str, jax.Array]) -> tuple[TrainingState, Mapping[str, jax.Array]]:
-            return jax.lax.scan(update, join(donated, kept_values), batches)
+            return sgd_loop(update, join(donated, kept_values), batches)
 
         # Only the first argument (the state without the kept fields) is donated.
         donate_args = (0,) if donate else ()

@@ -58,7 +58,7 @@ ACTOR_KEYS = ("actor_id", "attempt", "starts", "actor_steps", "total_steps", "ep
 
 LEARNER_KEYS = ("learner_steps", "steps_this_run", "training_s", "steps_per_s", "step_s", "step_s_mean",
                 "sample_wait_s", "weights_version", "resumed_from", "policy_file", "publish", "energy", "steps_per_call",
-                "publish_handoff")
+                "publish_handoff", "loop_form")
 
 
 # ready_wait_*: the distributed learner's publisher thread waiting for the offered params to be computed, kept out

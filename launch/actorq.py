@@ -40,10 +40,11 @@ from launch.experiments import checkpoint as ckpt
 import agents
 from launch.cli import (
     DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, TASK_HELP, ListTasksAction, OneLineArgumentParser, UsageError,
-    add_qat_argument, build_config, check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir,
-    check_positive, check_task, fail, flag_names, parse_overrides, parse_resources, qat_overrides,
+    add_learner_loop_argument, add_qat_argument, build_config, check_actor_precision, check_agent, check_agent_task,
+    check_carbon_country, check_logdir, check_positive, check_task, fail, flag_names, parse_resources, qat_overrides,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
+from launch.overrides import parse_overrides
 from launch.experiments.config import ALE_MIN_EVAL_EVERY, ROLLOUT_MODES, SERVICE_SHARE, ExperimentConfig
 from launch.experiments.summary_table import print_summary
 from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
@@ -135,6 +136,7 @@ def build_parser() -> OneLineArgumentParser:
     p.add_argument("--learner-device", default="auto", choices=LEARNER_DEVICES,
                    help="where the learner's JAX runs: auto (a GPU when the learner's process sees one), cpu or "
                         "gpu (one GPU from Ray, else an error); every other process runs on the CPU")
+    add_learner_loop_argument(p)
     p.add_argument("--pin-actors", action="store_true",
                    help="pin each actor to a core of its machine that no other actor holds (Linux): its policy "
                         "runtime and environments then share that one core")
@@ -266,6 +268,7 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
         publish_period=args.publish_period, insert_batch=args.insert_batch, checkpoint_every=args.checkpoint_every,
         publish_min_interval_s=args.publish_min_interval_s, learner_steps_per_call=args.learner_steps_per_call,
         resume=args.resume, pin_actors=args.pin_actors, learner_device=args.learner_device,
+        learner_loop=args.learner_loop,
         rollout_mode=args.rollout_mode, max_staleness=args.max_staleness,
         actor_resources=parse_resources("--actor-resource", args.actor_resources),
         learner_resources={k: SERVICE_SHARE for k in parse_resources("--learner-resource", args.learner_resources)})

@@ -7,17 +7,15 @@ overrides, log directory) is validated here before a run creates its log directo
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
 import os
 import sys
 import tempfile
-import types
-import typing
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, NoReturn, Sequence
 
 import agents
+from agents.loops import LOOP_FORMS
 from launch.experiments.config import ALE_EVAL_EPISODES, DISTRIBUTED_FIELDS, EVALUATION_HELP, ExperimentConfig
 from quarl.ops.checks import ConfigError, check_int
 from quarl.quant.precision import Precision
@@ -114,7 +112,14 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
                              "batch of K observations (default 1, the paper's setting)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="agent config override, repeatable (e.g. --set batch_size=128)")
+    add_learner_loop_argument(parser)
     add_qat_argument(parser)
+
+
+def add_learner_loop_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--learner-loop", default="auto", choices=LOOP_FORMS,
+                        help="the learner's SGD loops (K steps per call; PPO's epochs x minibatches): auto (the "
+                             "scan; agents.loops says why), scan, or unroll (one jit, no loop; slower to compile)")
 
 
 def add_qat_argument(parser: argparse.ArgumentParser) -> None:
@@ -233,85 +238,6 @@ def _can_create_in(directory: Path) -> bool:
     except OSError:
         pass
     return True
-
-
-def parse_overrides(agent: str, items: Sequence[str]) -> dict[str, object]:
-    """`["key=value", ...]` -> typed config overrides, checked by building the agent's config.
-
-    Values are parsed by the field's annotated type: int, float, bool (true/false/1/0/yes/no), str,
-    tuple[int, ...] (comma-separated: `hidden_sizes=128,128`), and `X | None` (`none`)."""
-    cls = agents.config_class(agent)
-    hints = typing.get_type_hints(cls)
-    fields = {f.name for f in dataclasses.fields(cls) if f.init}
-    overrides: dict[str, object] = {}
-    for item in items:
-        key, sep, raw = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise UsageError(f"--set expects KEY=VALUE, got {item!r}")
-        if key not in fields:
-            raise UsageError(f"unknown {agent} config key {key!r}; valid keys: {', '.join(sorted(fields))}")
-        try:
-            overrides[key] = _parse_value(raw.strip(), hints[key])
-        except ValueError as e:
-            raise UsageError(f"--set {key}: {e}") from None
-    try:
-        agents.make_config(agent, **overrides)
-    except ValueError as e:
-        raise UsageError(f"bad --set value: {e}") from None
-    return overrides
-
-
-def _parse_value(raw: str, annotation: object) -> object:
-    """`raw` as a value of the type hint `annotation` (a class or a typing form; see `parse_overrides`)."""
-    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
-    if origin in (typing.Union, types.UnionType):
-        if type(None) in args and raw.lower() in ("none", "null"):
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            return _parse_value(raw, inner[0])
-        raise ValueError(f"cannot parse {raw!r} as {annotation}")
-    if origin is tuple:
-        elem = args[0] if args else str
-        if typing.get_origin(elem) is tuple:  # tuples of tuples (observation_bounds): one group per inner tuple
-            return tuple(_parse_value(group, elem) for group in _groups(raw))
-        parts = [p.strip() for p in raw.strip("()[] ").split(",") if p.strip()]
-        return tuple(_parse_value(p, elem) for p in parts)
-    if annotation is bool:
-        low = raw.lower()
-        if low in ("true", "1", "yes", "on"):
-            return True
-        if low in ("false", "0", "no", "off"):
-            return False
-        raise ValueError(f"expected true/false, got {raw!r}")
-    if annotation is int:
-        try:
-            return int(raw)
-        except ValueError:
-            raise ValueError(f"expected an integer, got {raw!r}") from None
-    if annotation is float:
-        try:
-            return float(raw)
-        except ValueError:
-            raise ValueError(f"expected a number, got {raw!r}") from None
-    if annotation is str:
-        return raw
-    raise ValueError(f"cannot parse {raw!r} for a field of type {annotation}")
-
-
-def _groups(raw: str) -> list[str]:
-    """The comma-separated groups of a tuple of tuples, written `1,2;3,4` or `[[1, 2], [3, 4]]` (as JSON keeps
-    `observation_bounds`): one string per inner tuple."""
-    if ";" in raw:
-        return [g for g in (g.strip() for g in raw.split(";")) if g]
-    try:
-        value = ast.literal_eval(raw)
-    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-        value = None
-    if not isinstance(value, (list, tuple)) or not all(isinstance(g, (list, tuple)) for g in value):
-        raise ValueError(f"expected groups as `1,2;3,4` or [[1, 2], [3, 4]], got {raw!r}")
-    return [",".join(str(v) for v in g) for g in value]
 
 
 def check_agent_task(agent: str, task: str, overrides: Mapping[str, object]) -> "BuilderBase":

@@ -25,9 +25,10 @@ import agents
 from launch.cli import (
     DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError, add_common_arguments, build_config,
     check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, check_task,
-    fail, flag_names, parse_overrides, qat_overrides,
+    fail, flag_names, qat_overrides,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
+from launch.overrides import parse_overrides
 from launch.experiments.config import ExperimentConfig
 from launch.program.devices import LEARNER_DEVICES
 
@@ -80,7 +81,7 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
                         target_return=args.target_return, target_streak=args.target_streak,
                         eval_every=args.eval_every, eval_episodes=args.eval_episodes,
                         envs_per_actor=args.envs_per_actor, overrides=overrides, eval_fp32=bool(args.eval_fp32),
-                        learner_device=args.learner_device)
+                        learner_device=args.learner_device, learner_loop=args.learner_loop)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -36,6 +36,7 @@ import optax
 from chex import ArrayTree
 
 from agents.learner_base import Batch, JaxLearner
+from agents.loops import sgd_loop
 from agents.ppo.config import PPOConfig
 from agents.ppo.networks import PPONetworks, entropy, log_prob
 from quarl.replay.items import StackedSample
@@ -193,11 +194,12 @@ def _update(state: TrainingState, rollout: Mapping[str, jax.Array], *, apply: Ap
 
     def epoch(carry: tuple, key: jax.Array) -> tuple[tuple, dict]:
         order = jax.random.permutation(key, size) if config.num_minibatches > 1 else jnp.arange(size)
-        return jax.lax.scan(minibatch_step, carry, order.reshape(config.num_minibatches, mb))
+        return sgd_loop(minibatch_step, carry, order.reshape(config.num_minibatches, mb))
 
     key, sub = jax.random.split(state.key)
-    (params, opt_state), metrics = jax.lax.scan(epoch, (state.params, state.opt_state),
-                                                jax.random.split(sub, config.update_epochs))
+    # Epochs x minibatches in the process's loop form (agents.loops: a scan, or unrolled).
+    (params, opt_state), metrics = sgd_loop(epoch, (state.params, state.opt_state),
+                                            jax.random.split(sub, config.update_epochs))
     metrics = jax.tree_util.tree_map(lambda m: m[-1, -1], metrics)  # the last minibatch's
     ret = data["return"]
     metrics["explained_variance"] = 1.0 - jnp.var(ret - data["value"]) / (jnp.var(ret) + 1e-8)

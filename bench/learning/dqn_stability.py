@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=REPO / "runs" / "bench" / "dqn_stability.jsonl")
     args = parser.parse_args(argv)
     from bench.harness.rows import DQN_ROWS  # pylint: disable=import-outside-toplevel  # imports the agents
-    from launch.cli import UsageError, parse_overrides  # pylint: disable=import-outside-toplevel
+    from launch.cli import UsageError  # pylint: disable=import-outside-toplevel
+    from launch.overrides import parse_overrides  # pylint: disable=import-outside-toplevel
 
     if args.task not in {r.task for r in DQN_ROWS}:
         parser.exit(2, f"{parser.prog}: error: --task must be one of {', '.join(r.task for r in DQN_ROWS)}\n")

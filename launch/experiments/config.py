@@ -13,6 +13,7 @@ import dataclasses
 import os
 from typing import TYPE_CHECKING, Mapping
 
+from agents.loops import check_loop_form
 from quarl.ops.checks import ConfigError, check_bool, check_int, check_number, is_finite
 from quarl.ops.io import JSONValue
 from quarl.quant.precision import Precision, parse_precision
@@ -153,6 +154,8 @@ class ExperimentConfig:
     # Where the learner's JAX runs: auto (a GPU when its process sees one, else the CPU) | cpu | gpu. Every other
     # process runs JAX on the CPU whatever this says (`launch.program.devices`).
     learner_device: str = "auto"
+    # The form of the learner's SGD loops (agents.loops): auto (the scan, see there) | scan | unroll.
+    learner_loop: str = "auto"
 
     def __post_init__(self) -> None:
         self._check()
@@ -207,6 +210,10 @@ class ExperimentConfig:
         if self.learner_device not in LEARNER_DEVICES:
             raise ConfigError("learner_device", f"must be one of {', '.join(LEARNER_DEVICES)}, "
                                                 f"got {self.learner_device!r}")
+        try:
+            check_loop_form(self.learner_loop)
+        except ValueError as e:
+            raise ConfigError("learner_loop", str(e)) from None
         if not isinstance(self.overrides, Mapping):
             raise ConfigError("overrides", f"must map agent config keys to values, got {self.overrides!r}")
         try:

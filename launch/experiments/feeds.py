@@ -108,20 +108,21 @@ class ReplayFeed:
 
 
 class RolloutFeed:
-    """Rollouts -> learner, one update each (see the module); no replay."""
+    """Rollouts -> learner, one update each (see the module); no replay.
+
+    Each update is waited for where it is timed, so `learner_s` is the update's work, not its dispatch: the next
+    rollout acts with the weights this update makes, so nothing could overlap it anyway."""
 
     def __init__(self, learner: "OnPolicyLearner", *, clock: dict[str, float], log: CSVLogger, steps: Callable[[], int],
-                 start: float, sync_learner: bool = False):
+                 start: float):
         self.learner, self._clock, self._log = learner, clock, log
-        self._steps, self._start, self._sync = steps, start, bool(sync_learner)
+        self._steps, self._start = steps, start
         self._updated = False
 
     def insert(self, rollouts: list) -> None:
         for rollout in rollouts:
             t = time.perf_counter()
-            metrics = self.learner.step(rollout)
-            if self._sync:
-                jax.block_until_ready(metrics)
+            metrics = jax.block_until_ready(self.learner.step(rollout))
             self._clock["learner_s"] += time.perf_counter() - t
             self._log.write({"learner_steps": self.learner.steps, "actor_steps": self._steps(),
                              "wall_clock_s": round(time.perf_counter() - self._start, 3),
@@ -156,8 +157,7 @@ def make_feed(builder: "BuilderBase", env_spec: EnvSpec, learner: "Learner", *, 
     """The feed of `builder`'s agent: rollouts for an on-policy agent (no table, so no seed; the learner's time
     is all it clocks), a replay table for the others."""
     if builder.on_policy:  # its learner is an OnPolicyLearner
-        return RolloutFeed(learner, clock=clock, log=log, steps=steps, start=start,  # type: ignore[arg-type]
-                           sync_learner=sync_learner)
+        return RolloutFeed(learner, clock=clock, log=log, steps=steps, start=start)  # type: ignore[arg-type]
     return ReplayFeed(builder, env_spec, learner, seed=seed, times=times, clock=clock, log=log, steps=steps,
                       start=start, sync_learner=sync_learner)
 

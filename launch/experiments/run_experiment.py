@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, TypedDict
 
 import numpy as np
 
+from agents.loops import loop_form_record, use_loop_form
 from analysis.schema import solved_at, sum_energy
 from launch.experiments.acting import (
     EPISODE_FIELDS, EVAL_FIELDS, ActingLoop, EvalRow, crossed, evaluation_returns, evaluation_row,
@@ -122,10 +123,11 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     evaluation, and the logs, final policy and summary.json written as at any end.
     The keyword arguments are how this process runs the experiment, not part of it: `progress` (a bar),
     `energy` (the energy tracker), `on_builder(builder)` (sees the builder before anything is made from it:
-    benchmarks wrap its factories to keep a handle on the learner). Learner updates are dispatched
+    benchmarks wrap its factories to keep a handle on the learner). A replay agent's updates are dispatched
     asynchronously (JAX), so their compute overlaps acting and part of it shows up in the stage that next waits
     on the device (usually `quantize_encode_s`); `sync_learner=True` waits for every update so each stage's
-    time is its own, at some cost in throughput.
+    time is its own, at some cost in throughput. An on-policy update is always waited for where it is timed (the
+    next rollout needs its weights, so nothing overlaps it): its `learner.step_s` is the update's work.
     The actor steps K environments (`envs_per_actor`, or an on-policy agent's `num_envs`) and runs its policy
     once per step on the batch of K observations (`quarl.acting.loop`); every count (steps, evaluation and
     update periods) is in env steps, so one loop iteration advances them by K.
@@ -133,6 +135,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     (policy_fp32.qrlp + .json, see `quarl.runtimes.policy_io`) under `config.logdir`.
     """
     use_learner_device(config.learner_device)  # one process: the learner's device is the process's
+    use_loop_form(config.learner_loop)  # before the learner is built: read when its update is traced
     builder = config.builder()
     if on_builder is not None:
         on_builder(builder)
@@ -338,7 +341,8 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
                      "steps_per_s": steps / max(wall, 1e-9), "step_s": clock["learner_s"],
                      "step_s_mean": clock["learner_s"] / steps if steps else 0.0,
                      "sample_wait_s": clock["sample_s"], "weights_version": channel.version,
-                     "resumed_from": None, "policy_file": policy_file, "publish": publish, "energy": None}
+                     "resumed_from": None, "policy_file": policy_file, "publish": publish, "energy": None,
+                     "loop_form": loop_form_record()}
     return build_summary(
         run, runner="single", status=status, error=None, wall_clock_s=wall, run_wall_clock_s=wall,
         counts={"actor_steps": times.env_steps, "learner_steps": steps, "episodes": episodes}, evals=evals,

@@ -19,7 +19,8 @@ from agents.d4pg.networks import make_networks
 from agents.dqn import DQNConfig
 from agents.dqn.learning import DQNLearner, make_loss
 from agents.dqn.networks import make_q_spec, q_apply_fn
-from launch.cli import UsageError, parse_overrides
+from launch.cli import UsageError
+from launch.overrides import parse_overrides
 from quarl.envs.spec import EnvironmentSpec
 from quarl.quant.quantization import quantize_params
 from quarl.runtimes import make_executor

@@ -61,14 +61,14 @@ def test_distributed_fields_are_nested_once_and_old_flat_summaries_still_read(tm
     """The distributed-only fields live in one frozen sub-config; a summary.json written when they were flat
     (results/legacy/flat_experiment, a real run of that code) reads into the same nested config."""
     old = json.loads((REPO / "results" / "legacy" / "flat_experiment" / "summary.json").read_text())["experiment"]
-    # The flat layout, as written; the on-policy fields came later and take their defaults.
+    # The flat layout, as written; the on-policy fields and the learner loop came later and take their defaults.
     legacy = [k for k in DISTRIBUTED_FIELDS if k in old]
     assert set(DISTRIBUTED_FIELDS) - set(legacy) == {"rollout_mode", "max_staleness"} and "distributed" not in old
     config = ExperimentConfig.from_dict(old)
     assert config.distributed == DistributedConfig(**{k: old[k] for k in legacy})
     assert config.to_dict() == {**{k: v for k, v in old.items() if k not in DISTRIBUTED_FIELDS},
                                 "distributed": {**{k: old[k] for k in legacy}, "rollout_mode": "sync",
-                                                "max_staleness": None}}
+                                                "max_staleness": None}, "learner_loop": "auto"}
     assert _roundtrip(config) == config
     assert config.replace(num_actors=3).distributed.num_actors == 3 and config.distributed.num_actors == 1
     with pytest.raises(ConfigError, match="distributed is given twice"):

@@ -16,7 +16,8 @@ from hypothesis import strategies as st
 
 import agents
 from launch.actorq import build_parser, validate
-from launch.cli import UsageError, parse_overrides
+from launch.cli import UsageError
+from launch.overrides import parse_overrides
 
 pytestmark = pytest.mark.slow
 

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from launch import train
-from launch.cli import UsageError, parse_overrides
+from launch.cli import UsageError
+from launch.overrides import parse_overrides
 from tests.agents.executed import assert_integer_kernel_ran
 from tests.launch.tiny import assert_one_line_exit_2
 
@@ -41,6 +42,7 @@ def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
     assert summary["agent"] == "dqn" and summary["task"] == "CartPole-v1"
     assert summary["precision"] == "int8" and summary["backend"] == ["onnx"] and summary["seed"] == 3
     assert summary["actor_steps"] == 1200 and summary["config"]["hidden_sizes"] == [32, 32]
+    assert summary["learner"]["loop_form"]["form"] == "scan"  # agents.loops' auto: the scan, with its reason
     # The int8 kernel form the CPU settled on, and the self-check that confirmed it.
     kernel = summary["actors"][0]["kernel"]
     assert summary["kernel_form"] == [kernel["form"]]
@@ -121,6 +123,7 @@ def _argv(logdir: Path, flags: list[str]) -> list[str]:
     (["--qat-bits", "1"], "--qat-bits"),
     (["--qat-bits", "4"], "--precision int4"),  # default precision int8: QAT must train for what is deployed
     (["--qat-bits", "4", "--precision", "int3"], "--precision int4"),
+    (["--learner-loop", "fast"], "--learner-loop"),
 ])
 def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, flags, needle):
     logdir = tmp_path / "run"

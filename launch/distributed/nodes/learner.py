@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextlib
 import logging
 import threading
 import time
@@ -13,6 +14,7 @@ import numpy as np
 from chex import ArrayTree
 
 from agents.learner_base import Metrics, to_numpy
+from agents.loops import loop_form_record, use_loop_form
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
@@ -44,18 +46,15 @@ INT8 = parse_precision("int8")  # the actors' precision unless the run says othe
 # an int conv policy's activations (empty for every other policy) and the agent's payload extras of that version.
 Offered = tuple[ArrayTree, tuple[np.ndarray, ...], dict[str, np.ndarray]]
 
-# Blocks dispatched but not yet run that the training thread allows. Updates are asynchronous and XLA itself lets
-# tens of calls queue up: the publisher's snapshot then waits for all of them (2.7-7 s per 2048x3 version on the
-# 2-core EPYC), so actors got weights seconds older than their version's place in training, and the step count
-# ran ahead of the device. Two keep the device busy (one runs while the next waits) at no cost in steps/s.
+# Blocks dispatched but not yet run that the training thread allows. XLA lets tens of calls queue up: the
+# publisher's snapshot then waited for all of them (2.7-7 s per 2048x3 version on the 2-core EPYC), so actors got
+# weights older than their version, and the step count ran ahead of the device. Two keep the device busy.
 MAX_BLOCKS_IN_FLIGHT = 2
 
 
 def _import_orbax() -> None:
-    try:
+    with contextlib.suppress(Exception):  # a failure here is the checkpoint's to report
         import orbax.checkpoint  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
-    except Exception:  # pylint: disable=broad-except
-        pass  # the checkpoint itself will report it
 
 
 class LearnerNode(NodeBase):
@@ -79,6 +78,7 @@ class LearnerNode(NodeBase):
         self._builder = spec.builder()
         env_spec = spec.env_spec()
         self._policy_spec = self._builder.policy_spec(env_spec)
+        use_loop_form(str((run_config or {}).get("learner_loop", "auto")))  # read when the update is traced
         self._learner: Learner = self._make_learner(env_spec, seed)
         self._replay, self._counter, self._weights = replay, counter, weights
         self._precision = parse_precision(precision)
@@ -260,7 +260,7 @@ class LearnerNode(NodeBase):
                 "steps_per_call": self._steps_per_call, "weights_version": self._version,
                 "resumed_from": self.resumed_from, "policy_file": policy_file, "final_policy": self.final_policy,
                 "publish": self.publish_times.summary(), "publish_handoff": self.publish_times.handoff(),
-                "energy": energy}
+                "energy": energy, "loop_form": loop_form_record()}
 
     @staticmethod
     def _done_marker(metrics: Metrics) -> jax.Array | None:
