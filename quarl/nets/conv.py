@@ -5,11 +5,12 @@ order (input NHWC, kernel HWIO, output NHWC). JAX writes the two gradient convol
 orders (the weight gradient as `f01b_i01o->01bf`), and XLA:CPU's `ConvCanonicalization` pass, which would insert
 the transposes that make them canonical, walks the entry computation only. Inside a `while` body, which is what
 `lax.scan`, `fori_loop` and `while_loop` compile to, it never sees them, and they fall to XLA's naive elemental
-convolution loop: a conv learner's update ran 4.4-5x slower per step inside a K=4 `lax.scan` than unrolled on a
-2-core EPYC (AVX-512), and 13-20x on a 2-core Xeon (results/bench/conv_update.md, ../shared/DESIGN.md).
+convolution loop: a conv learner's update ran 2.5-5.4x slower inside a `lax.scan` than it does now on a 2-core
+AVX2 EPYC (results/bench/conv_update.md), and 13-20x slower than unrolled on a 2-core Xeon (../shared/DESIGN.md).
 
-`conv2d` has the same forward as `lax.conv_general_dilated` (VALID, NHWC/HWIO) and a custom VJP that writes both
-gradients as canonical convolutions with explicit transposes, so the loop form no longer matters for speed. The
+`conv2d` has the same forward as `lax.conv_general_dilated` (VALID, NHWC/HWIO) and a custom VJP that writes the
+input gradient as a canonical convolution and the weight gradient as a canonical convolution or, for small windows,
+an im2col dot (`_weight_gradient`), so the loop form no longer matters for speed. The
 gradients equal JAX's own to float tolerance (tests/quarl/test_conv.py). `Conv2D` is `hk.Conv2D` for the layers
 `PolicySpec` has (square kernel, int stride, VALID): same parameter names, shapes and initialisers, so parameter
 trees, checkpoints and payloads are unchanged.
@@ -24,7 +25,11 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from quarl.policy.im2col import conv_windows
+
 _CANONICAL = ("NHWC", "HWIO", "NHWC")
+# Window values per sample (H' * W' * k * k * C_in) up to which the weight gradient is an im2col dot, not a conv.
+IM2COL_MAX_WINDOW_VALUES = 8192
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -47,12 +52,25 @@ def _conv2d_bwd(stride: int, residuals: tuple[jax.Array, jax.Array],
     w_flipped = jnp.flip(w, (0, 1)).transpose(0, 1, 3, 2)
     dx = lax.conv_general_dilated(dy, w_flipped, (1, 1), [(k - 1, k - 1 + rest_h), (k - 1, k - 1 + rest_w)],
                                   lhs_dilation=(stride, stride), dimension_numbers=_CANONICAL)
-    # dw: a convolution over the batch, with C_in in the batch slot and the batch in the feature slot:
-    # x as [C_in, H, W, B] against dy as [H', W', B, C_out] dilated by the stride -> [C_in, k(+rest), k(+rest), C_out].
+    return dx.astype(x.dtype), _weight_gradient(x, dy, k, stride).astype(w.dtype)
+
+
+def _weight_gradient(x: jax.Array, dy: jax.Array, k: int, stride: int) -> jax.Array:
+    """dL/dw [k, k, C_in, C_out] for the VALID conv of x [B, H, W, C_in] whose output gradient is dy.
+
+    Small windows (MinAtar's 3x3x4 over 10x10): the windows (im2col) times dy, one dot, 1.2-1.6x faster than the
+    conv form on the 2-core EPYC (results/bench/conv_update.md). Large windows (the Nature torso: 28k-102k window
+    values per sample) would be copied out at several times the input's size; there the conv form is as fast or
+    faster: a convolution over the batch, with C_in in the batch slot and the batch in the feature slot, x as
+    [C_in, H, W, B] against dy as [H', W', B, C_out] dilated by the stride -> [C_in, k(+rest), k(+rest), C_out]."""
+    h_out, w_out = dy.shape[1], dy.shape[2]
+    if h_out * w_out * k * k * x.shape[3] <= IM2COL_MAX_WINDOW_VALUES:
+        windows = conv_windows(x, k, stride)  # [B, H', W', k * k * C_in], ordered as w.reshape(-1, C_out)
+        dw = jnp.dot(windows.reshape(-1, windows.shape[-1]).T, dy.reshape(-1, dy.shape[-1]))
+        return dw.reshape(k, k, x.shape[3], dy.shape[3])
     dw = lax.conv_general_dilated(x.transpose(3, 1, 2, 0), dy.transpose(1, 2, 0, 3), (1, 1), "VALID",
                                   rhs_dilation=(stride, stride), dimension_numbers=_CANONICAL)
-    dw = dw[:, :k, :k, :].transpose(1, 2, 0, 3)
-    return dx.astype(x.dtype), dw.astype(w.dtype)
+    return dw[:, :k, :k, :].transpose(1, 2, 0, 3)
 
 
 conv2d.defvjp(_conv2d_fwd, _conv2d_bwd)
