@@ -1,19 +1,20 @@
 """A 2-D convolution whose gradient stays on XLA:CPU's fast path inside loops.
 
-Why this exists: XLA's CPU backend runs a convolution through Eigen only when its dimensions are in the canonical
-order (input NHWC, kernel HWIO, output NHWC). JAX writes the two gradient convolutions of an NHWC conv in other
-orders (the weight gradient as `f01b_i01o->01bf`), and XLA:CPU's `ConvCanonicalization` pass, which would insert
-the transposes that make them canonical, walks the entry computation only. Inside a `while` body, which is what
-`lax.scan`, `fori_loop` and `while_loop` compile to, it never sees them, and they fall to XLA's naive elemental
-convolution loop: a conv learner's update ran 2.5-5.4x slower inside a `lax.scan` than it does now on a 2-core
-AVX2 EPYC (results/bench/conv_update.md), and 13-20x slower than unrolled on a 2-core Xeon (../shared/DESIGN.md).
+Why this exists: XLA's CPU backend runs a convolution through its conv library (Eigen, YNNPACK) only when its
+dimensions are in the canonical order (input NHWC, kernel HWIO, output NHWC); any other order gets XLA's own naive
+loop. JAX writes the two gradient convolutions of an NHWC conv in other orders (the weight gradient as
+`f01b_i01o->01bf`), and XLA:CPU's `ConvCanonicalization` pass, which would insert the transposes that make them
+canonical, walks the entry computation only. Inside a `while` body, which is what `lax.scan`, `fori_loop` and
+`while_loop` compile to, it never sees them: a conv learner's update ran 2.5-5.5x slower inside a `lax.scan` than it
+does now on a 2-core AVX2 EPYC (results/bench/conv_update.md), and 13-20x slower than unrolled on a 2-core Xeon
+(../shared/DESIGN.md).
 
 `conv2d` has the same forward as `lax.conv_general_dilated` (VALID, NHWC/HWIO) and a custom VJP that writes the
 input gradient as a canonical convolution and the weight gradient as a canonical convolution or, for small windows,
-an im2col dot (`_weight_gradient`), so the loop form no longer matters for speed. The
-gradients equal JAX's own to float tolerance (tests/quarl/test_conv.py). `Conv2D` is `hk.Conv2D` for the layers
-`PolicySpec` has (square kernel, int stride, VALID): same parameter names, shapes and initialisers, so parameter
-trees, checkpoints and payloads are unchanged.
+an im2col dot (`_weight_gradient`), so the loop form no longer matters for speed. The gradients equal JAX's own to
+float tolerance (tests/quarl/test_conv.py). `Conv2D` is `hk.Conv2D` for the layers `PolicySpec` has (square
+kernel, int stride, VALID): same parameter names, shapes and initialisers, so parameter trees, checkpoints and
+payloads are unchanged.
 """
 from __future__ import annotations
 
