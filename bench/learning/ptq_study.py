@@ -25,8 +25,8 @@ evaluate it at int-B (rows "qat-intB").
 It resumes like bench.peers.fidelity: each finished cell's rows go into OUT/ptq_study.csv as soon as it is done, and a
 cell whose precisions are all there is not run again (its data are kept, also when its run folder is on another
 machine), so the grid can be split over sessions that each commit their part. Rows record the stopping rule their run
-stopped by; after a row's rule changes, `--retrain-stale` trains the selected cells recorded under another rule again
-(their old run folders are kept beside as `sN.stale`). Every row names the CPU it was
+stopped by; after a row's rule changes, or its budget grows past a cell that did not converge, `--retrain-stale` trains
+those selected cells again (their old run folders are kept beside as `sN.stale`). Every row names the CPU it was
 evaluated on. No timing is reported: returns per env step do not depend on the machine's load (the busy-machine
 guard still applies, as for every benchmark; pass --allow-busy on a shared machine).
 
@@ -127,8 +127,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
                      help="QAT runs beside PTQ at these widths, for rows that have QAT ('none': PTQ only; default: "
                           "each row's, none with --quick)")
     run.add_argument("--retrain-stale", action="store_true",
-                     help="train the selected cells recorded under a stopping rule other than their row's again "
-                          "(old run folders kept as sN.stale)")
+                     help="train the selected cells again that were recorded under a stopping rule other than their "
+                          "row's, or did not converge within a budget since raised (old run folders kept as sN.stale)")
     add_allow_busy(run)
     report = sub.add_parser("report", help="table and plot from OUT/ptq_study.csv")
     report.add_argument("--out", default=str(REPO / "results" / "bench"))
@@ -325,21 +325,27 @@ def has_policy(logdir: Path) -> bool:
 
 def drop_stale(rows: list[dict[str, Any]], cells: Sequence[tuple[StudyRow, int]], runs: Path,
                asked_qat: Sequence[int] | None) -> list[dict[str, Any]]:
-    """`rows` without those of `cells` recorded under a stopping rule other than their grid row's, for the runs this
-    session trains (the fp32 run's precisions, and the QAT widths asked for), each such run moved aside to
-    `<run>.stale` so it trains again. The CSV keeps the old rows until the first retrained cell is written."""
-    stale: set[tuple[str, str, int, int | None]] = set()
+    """`rows` without those of `cells` that are stale, for the runs this session trains (the fp32 run's precisions,
+    and the QAT widths asked for), each such run moved aside to `<run>.stale` so it trains again. A run is stale when
+    it was recorded under a stopping rule other than its grid row's, or when it did not converge (its fp32 policy
+    below the reference) within a budget the row has since raised. The CSV keeps the old rows until the first
+    retrained cell is written."""
+    stale: dict[tuple[str, str, int, int | None], str] = {}
     for row, seed in cells:
         retrained = {None, *qat_widths(row, asked_qat)}
         for r in rows:
             key = group(r)
-            if key[:3] == (row.algo, row.task, seed) and key[3] in retrained and \
-                    (r["train_eval_episodes"], r["train_target_streak"]) != (row.eval_episodes, row.target_streak):
-                stale.add(key)
-    for algo, task, seed, bits in sorted(stale, key=str):
+            if key[:3] != (row.algo, row.task, seed) or key[3] not in retrained:
+                continue
+            if (r["train_eval_episodes"], r["train_target_streak"]) != (row.eval_episodes, row.target_streak):
+                stale[key] = "recorded under another stopping rule"
+            elif r["precision"] == "fp32" and row.reference is not None and r["mean_return"] < row.reference \
+                    and r["train_steps"] < row.steps:
+                stale[(*key[:3], None)] = f"did not converge in {r['train_steps']:,} env steps; its budget is now " \
+                                          f"{row.steps:,}"
+    for (algo, task, seed, bits), why in sorted(stale.items(), key=str):
         run = run_dir(runs, algo, task, seed, bits)
-        print(f"{algo} {task} seed {seed}{f' QAT int{bits}' if bits else ''}: recorded under another stopping rule; "
-              f"training it again", flush=True)
+        print(f"{algo} {task} seed {seed}{f' QAT int{bits}' if bits else ''}: {why}; training it again", flush=True)
         if run.exists():
             aside = run.with_name(run.name + ".stale")
             shutil.rmtree(aside, ignore_errors=True)

@@ -322,3 +322,18 @@ def test_retrain_stale_trains_again_only_the_runs_recorded_under_another_rule(tm
     assert (runs / "dqn" / "CartPole-v1" / "s0.stale" / "summary.json").is_file()
     assert (runs / "dqn" / "CartPole-v1" / "s0" / "policy_fp32.qrlp").is_file()
 
+
+
+def test_a_cell_that_did_not_converge_within_a_since_raised_budget_is_stale(tmp_path, capsys):
+    """`drop_stale` without training: a seed below the reference after fewer env steps than its row's budget now is
+    trained again; a converged seed, and one that missed within today's budget, are kept."""
+    row = ptq_study.dataclasses.replace(next(r for r in ptq_study.GRID if r.task == "MinAtar/Breakout"),
+                                        steps=2_000_000, target_streak=2, eval_episodes=10)
+    base = {"algo": row.algo, "task": row.task, "bits": 32, "precision": "fp32", "train_eval_episodes": 10,
+            "train_target_streak": 2}
+    rows = [dict(base, seed=0, mean_return=5.3, train_steps=500_000),  # missed, budget since raised: stale
+            dict(base, seed=1, mean_return=6.4, train_steps=500_000),  # converged: kept
+            dict(base, seed=2, mean_return=5.0, train_steps=2_000_000)]  # missed within today's budget: kept
+    kept = ptq_study.drop_stale(rows, [(row, 0), (row, 1), (row, 2)], tmp_path, None)
+    assert [r["seed"] for r in kept] == [1, 2]
+    assert "seed 0: did not converge in 500,000 env steps; its budget is now 2,000,000" in capsys.readouterr().out
