@@ -4,10 +4,10 @@ Two loops are affected: the K SGD steps a distributed learner runs per call (`Ja
 epochs x minibatches inside one update (`agents.ppo.learning`). The third form, one jit call per SGD step, is
 `DistributedConfig.learner_steps_per_call = 1` for the first and does not apply to the second.
 
-Why it is a setting: XLA:CPU once ran a conv gradient 4-20x slower inside a scan than unrolled (its
+Why it is a setting: XLA:CPU once ran a conv gradient 2-20x slower inside a scan than unrolled (its
 `ConvCanonicalization` pass skips loop bodies). `quarl.nets.conv` removed that cause, so "auto" picks the scan:
 on the measured nets the scan runs within noise of the unrolled form and compiles several times faster (PPO on
-MinAtar: 5 s against 35 s; results/bench/conv_update.md). `unroll` stays for measurements and for devices where a
+MinAtar: 6 s against 23 s; results/bench/conv_update.md). `unroll` stays for measurements and for devices where a
 loop body costs more than its steps.
 
 The form is read when a learner's update is traced, so a runner sets it (`use_loop_form`) before it builds the
