@@ -109,3 +109,15 @@ def write_report(out: Path, module: str, argv: Sequence[str] | None, result: Any
     name = module.rsplit(".", 1)[-1]
     write_results(out, name, result, markdown(result, command_line(module, argv)), newline=newline)
     print(f"wrote {out}/{name}.{{json,md}}")
+
+
+def write_and_print(out: Path, module: str, argv: Sequence[str] | None, result: dict[str, Any],
+                    markdown: Callable[[dict[str, Any]], str]) -> int:
+    """The tail of a benchmark whose page reads the command from its result: records the command line in
+    `result["command"]`, writes `out/<name>.json` and `.md` (`<name>` the last part of `module`) and prints the
+    page. Returns 0, the benchmark's exit code."""
+    result["command"] = command_line(module, argv)
+    page = markdown(result)
+    write_results(out, module.rsplit(".", 1)[-1], result, page)
+    print(page)
+    return 0

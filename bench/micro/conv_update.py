@@ -33,7 +33,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
-from bench.harness.results_io import command_line, write_results
+from bench.harness.results_io import write_and_print
 
 MINATAR, NATURE, ACTIONS, K = (10, 10, 4), (84, 84, 4), 6, 4
 VARIANTS = ("program", "unrolled", "before")
@@ -190,10 +190,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         variants = measure(factory, name.startswith("DQN"), args.repeats, args.rounds)
         rows.append({"learner": name, "unit": unit, "variants": variants})
         print(name, {n: round(v["ms_per_unit"], 3) for n, v in variants.items()}, flush=True)
-    result = {"command": command_line("bench.micro.conv_update", argv), "rows": rows, "machine": finish(machine)}
-    write_results(args.out, "conv_update", result, markdown(result))
-    print(markdown(result))
-    return 0
+    return write_and_print(args.out, "bench.micro.conv_update", argv, {"rows": rows, "machine": finish(machine)},
+                           markdown)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
-from bench.harness.results_io import command_line, write_results
+from bench.harness.results_io import write_and_print
 
 
 def one_pass_loss(spec, huber_loss_parameter: float, qat_bits: int | None = None):
@@ -128,10 +128,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         rows.append({"net": name, "batch": int(batch["reward"].shape[0]), "current_ms": ms["current"],
                      "one_pass_ms": ms["one pass over [s; s']"]})
         print(f"{name}: {ms}", flush=True)
-    result = {"command": command_line("bench.micro.dqn_update", argv), "rows": rows, "machine": finish(machine)}
-    write_results(args.out, "dqn_update", result, markdown(result))
-    print(markdown(result))
-    return 0
+    return write_and_print(args.out, "bench.micro.dqn_update", argv, {"rows": rows, "machine": finish(machine)},
+                           markdown)
 
 
 if __name__ == "__main__":

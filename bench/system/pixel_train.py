@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
-from bench.harness.results_io import command_line, write_results
+from bench.harness.results_io import write_and_print
 from bench.micro.conv_update import variant
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,11 +110,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in variants:
             rows.append(run_variant(name, args.agent, args.task, steps, args.precision, Path(tmp) / name))
             print(f"{name}: {rows[-1]['env_steps_per_s']:,.0f} env steps/s", flush=True)
-    result = {"command": command_line("bench.system.pixel_train", argv), "agent": args.agent, "task": args.task,
-              "precision": args.precision, "steps": steps, "rows": rows, "machine": finish(machine)}
-    write_results(out, "pixel_train", result, markdown(result))
-    print(markdown(result))
-    return 0
+    result = {"agent": args.agent, "task": args.task, "precision": args.precision, "steps": steps, "rows": rows,
+              "machine": finish(machine)}
+    return write_and_print(out, "bench.system.pixel_train", argv, result, markdown)
 
 
 if __name__ == "__main__":
