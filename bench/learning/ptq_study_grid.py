@@ -111,8 +111,11 @@ GRID: tuple[StudyRow, ...] = (
     # 24.2 at 400k (same figure, its pixels); on Freeway both stay near 0 until ~1.5M. PPO's pixel preset also
     # anneals its learning rate to 0 over the budget: at 200k, seed 0 sat at 4-5.4 from 80k on (evaluated 4.4 at the
     # end). A2C with 500k sat at 4-5.6 from 240k on (seed 0). Since the conv learners' fix (quarl.nets.conv: PPO's
-    # MinAtar update 4-5x faster) 2M env steps train in ~11 minutes, and the budgets follow the authors' curves.
-    _minatar("ppo", "Breakout", 2_000_000, 20_480, _QAT),
+    # MinAtar update 4-5x faster) 2M env steps train in ~11 minutes, and the budgets follow the authors' curves. At
+    # 2M and 2 evaluations of 10, seed 0 stopped at 778k on 6.2 / 6.0 and scored 5.54 on the study's 50 episodes:
+    # 10-episode evaluations at the reference's edge stop early, so Breakout trains its whole budget (its learning
+    # rate anneals to 0 there, so the final policy is a settled one).
+    dataclasses.replace(_minatar("ppo", "Breakout", 2_000_000, 20_480, _QAT), target_streak=0),
     _minatar("ppo", "SpaceInvaders", 500_000, 20_480, _QAT),
     # PPO on Freeway: seed 0 stopped at 512k (23-33 from 51k to 360k), seed 1 sat at 9-26 from 300k to 1.2M and
     # stopped at 1.48M, seed 2 at 1.33M. Its greedy episodes are bimodal (most ~40, some stuck at 4-16), so
@@ -120,7 +123,7 @@ GRID: tuple[StudyRow, ...] = (
     _minatar("ppo", "Freeway", 1_500_000, 51_200, _QAT),
     StudyRow("a2c", "CartPole-v1", 200_000, 10_000, reference=475.0, source=_GYM),
     StudyRow("a2c", "Acrobot-v1", 200_000, 10_000, reference=-100.0, source=_GYM),
-    _minatar("a2c", "Breakout", 2_000_000, 20_000),
+    dataclasses.replace(_minatar("a2c", "Breakout", 2_000_000, 20_000), target_streak=0),  # as PPO's
     _minatar("a2c", "SpaceInvaders", 500_000, 20_000),
     # A2C on Freeway: seed 0 sat at 9-24 from 100k to 850k, then reached 48-49 at 950k-1M (a 2M budget); 1.5M leaves
     # room (AC(0.8) in the authors' figure stays near 0 until ~1.5M).

@@ -22,39 +22,20 @@ Writes DIR/conv_update.{json,md} (default results/bench) with the machine record
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from bench.harness.learner_variants import VARIANTS, variant
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.harness.results_io import write_and_print
 
 MINATAR, NATURE, ACTIONS, K = (10, 10, 4), (84, 84, 4), 6, 4
-VARIANTS = ("program", "unrolled", "before")
-
-
-@contextlib.contextmanager
-def variant(name: str) -> Iterator[None]:
-    """Learners built inside trace as `name`: the loop form, and which conv gradient (`quarl.nets.haiku`'s layer)."""
-    import haiku as hk  # pylint: disable=import-outside-toplevel
-    from agents.loops import use_loop_form  # pylint: disable=import-outside-toplevel
-    from quarl.nets import haiku as nets  # pylint: disable=import-outside-toplevel
-
-    layer = nets.FastConv2D
-    use_loop_form("unroll" if name == "unrolled" else "scan")
-    if name == "before":
-        nets.FastConv2D = hk.Conv2D
-    try:
-        yield
-    finally:
-        nets.FastConv2D = layer
-        use_loop_form("auto")
 
 
 def _rollout(rng: np.random.Generator, t: int, n: int) -> dict[str, np.ndarray]:

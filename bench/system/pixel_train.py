@@ -22,12 +22,11 @@ import tempfile
 from pathlib import Path
 from typing import Any, Sequence
 
+from bench.harness.learner_variants import VARIANTS, variant
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.harness.results_io import write_and_print
-from bench.micro.conv_update import variant
 
 REPO = Path(__file__).resolve().parents[2]
-VARIANTS = ("program", "before", "unrolled")
 ACTOR_STAGES = ("env_step_s", "policy_s", "insert_s", "quantize_encode_s", "load_s", "deserialize_s")
 TARGET_STEPS_PER_S = 8_000  # issue 45: PPO on MinAtar Breakout with int8 actors
 

@@ -8,6 +8,7 @@ import haiku as hk
 import pytest
 
 from agents.loops import loop_form
+from bench.harness.learner_variants import variant
 from bench.micro import conv_update
 from bench.system import pixel_train
 from quarl.nets import haiku as nets
@@ -17,7 +18,7 @@ from quarl.nets.conv import Conv2D
 @pytest.mark.parametrize("name, form, layer", [("program", "scan", Conv2D), ("unrolled", "unroll", Conv2D),
                                                ("before", "scan", hk.Conv2D)])
 def test_each_variant_builds_its_loop_form_and_conv_and_restores_the_process(name, form, layer):
-    with conv_update.variant(name):
+    with variant(name):
         assert loop_form() == form and nets.FastConv2D is layer
     assert loop_form() == "scan" and nets.FastConv2D is Conv2D
 
