@@ -265,10 +265,12 @@ def run_grid(args: argparse.Namespace) -> None:
     machine = machine_info(args.allow_busy)
     precisions = ["fp32", *args.include, *(f"int{b}" for b in sorted(args.bits, reverse=True))]
     cells = [(row, seed) for row in args.rows for seed in args.seeds]
+    stale: list[dict[str, Any]] = []
     if args.retrain_stale:
-        rows = drop_stale(rows, cells, args.runs, args.qat_bits)
+        kept = drop_stale(rows, cells, args.runs, args.qat_bits)
+        stale, rows = [r for r in rows if r not in kept], kept
     try:
-        _run_cells(args, cells, rows, precisions, machine, csv_path)
+        _run_cells(args, cells, rows, precisions, machine, csv_path, stale)
     finally:  # a stopped session's cells are in the CSV already: its machine and load go beside them
         sessions = read_json_list(args.out / SESSIONS_FILE)
         sessions.append(finish(machine))
@@ -276,7 +278,10 @@ def run_grid(args: argparse.Namespace) -> None:
 
 
 def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], rows: list[dict[str, Any]],
-               precisions: Sequence[str], machine: dict[str, Any], csv_path: Path) -> None:
+               precisions: Sequence[str], machine: dict[str, Any], csv_path: Path,
+               stale: Sequence[dict[str, Any]] = ()) -> None:
+    """Trains and sweeps each cell not in `rows`; every write keeps the `stale` rows of runs not yet retrained, so a
+    session stopped part-way loses none of them."""
     for i, (row, seed) in enumerate(cells, 1):
         tag = f"[{i}/{len(cells)}] {row.algo} {row.task} seed {seed}"
         widths = qat_widths(row, args.qat_bits)
@@ -308,7 +313,8 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
             print(f"{what}: evaluating {', '.join(wanted)} ...", flush=True)
             rows += sweep_cell(logdir, seed, wanted, episodes, args.backend, machine["cpu"], row.reference,
                                label=QAT_PREFIX if bits else "")
-            write_rows(csv_path, rows)
+            retrained = {group(r) for r in rows}
+            write_rows(csv_path, rows + [r for r in stale if group(r) not in retrained])
         if not qat and not [p for p in precisions if p not in have]:
             print(f"{tag}: in {csv_path} already", flush=True)
 
@@ -328,8 +334,8 @@ def drop_stale(rows: list[dict[str, Any]], cells: Sequence[tuple[StudyRow, int]]
     """`rows` without those of `cells` that are stale, for the runs this session trains (the fp32 run's precisions,
     and the QAT widths asked for), each such run moved aside to `<run>.stale` so it trains again. A run is stale when
     it was recorded under a stopping rule other than its grid row's, or when it did not converge (its fp32 policy
-    below the reference) within a budget the row has since raised. The CSV keeps the old rows until the first
-    retrained cell is written."""
+    below the reference) within a budget the row has since raised. The CSV keeps a run's old rows until its new
+    ones are written (`_run_cells`)."""
     stale: dict[tuple[str, str, int, int | None], str] = {}
     for row, seed in cells:
         retrained = {None, *qat_widths(row, asked_qat)}
