@@ -61,8 +61,8 @@ def markdown(result: dict[str, Any]) -> str:
              "actors", "", f"Command: `{result['command']}`", "",
              f"Machine: {m['cpu']} ({m['cpu_flags']}), {m['cores']} logical cores; {describe_load(m)}.", "",
              f"One `launch.train` run per variant ({result['steps']:,} env steps, seed 0, the task's preset). Train "
-             "clock excludes start-up and compilation before the first step; the learner's seconds are its updates' "
-             "work; the actor's stages are what the acting loop timed.", "",
+             "clock: the run's wall clock less its evaluations (the first update's compilation included); the "
+             "learner's seconds are its updates' work; the actor's stages (s) are what the acting loop timed.", "",
              "| variant | env steps/s | train clock (s) | learner (s) | ms per update | env | policy | insert | "
              "quantize + load | evaluations (s) | final return |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
