@@ -68,7 +68,8 @@ def _on_policy(agent: str) -> tuple[Callable[[], Any], Callable[[Any], None], in
 
 def _dqn(shape: tuple[int, ...], per_call: bool = False) -> tuple[Callable[[], Any], Callable[[Any], None], int]:
     """(make a learner, run K SGD steps, K) for DQN's torso on `shape` at its preset's batch 32."""
-    from agents.dqn.config import ATARI_OVERRIDES, MINATAR_OVERRIDES, DQNConfig  # pylint: disable=import-outside-toplevel
+    from agents.dqn.config import (  # pylint: disable=import-outside-toplevel
+        ATARI_OVERRIDES, MINATAR_OVERRIDES, DQNConfig)
     from agents.dqn.learning import DQNLearner  # pylint: disable=import-outside-toplevel
     from agents.dqn.networks import make_q_spec  # pylint: disable=import-outside-toplevel
 

@@ -68,7 +68,8 @@ def markdown(result: dict[str, Any]) -> str:
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
         a = r["actor"]
-        lines.append(f"| {r['variant']} | {r['env_steps_per_s']:,.0f} | {r['train_clock_s']:.1f} | {r['learner_s']:.1f} "
+        lines.append(f"| {r['variant']} | {r['env_steps_per_s']:,.0f} | {r['train_clock_s']:.1f} "
+                     f"| {r['learner_s']:.1f} "
                      f"| {r['learner_ms_per_update']:.0f} | {a['env_step_s']:.1f} | {a['policy_s']:.1f} | "
                      f"{a['insert_s']:.1f} | {a['quantize_encode_s'] + a['load_s'] + a['deserialize_s']:.1f} | "
                      f"{r['evaluation_s']:.1f} | {r['final_eval_return']} |")

@@ -37,7 +37,8 @@ def _ppo() -> PPOLearner:
 def _rollout(rng: np.random.Generator, t: int = 8, n: int = 2) -> dict[str, np.ndarray]:
     obs = rng.integers(0, 2, (t, n, OBS_DIM)).astype(np.float32)
     return {"observation": obs, "next_observation": np.roll(obs, 1, axis=0),
-            "action": rng.integers(0, ACTIONS, (t, n)).astype(np.int32), "reward": rng.normal(size=(t, n)).astype(np.float32),
+            "action": rng.integers(0, ACTIONS, (t, n)).astype(np.int32),
+            "reward": rng.normal(size=(t, n)).astype(np.float32),
             "discount": np.full((t, n), 0.99, np.float32), "last": np.zeros((t, n), np.float32),
             "behaviour_logp": np.full((t, n), -1.1, np.float32)}
 
