@@ -4,10 +4,9 @@
 - the step counter (a host copy: reading the device counter would make the host wait for every update);
 - batch coercion from the agent's column table, with one non-finite rule for every agent (a NaN or inf in any
   float column is a ValueError on the host, before the batch reaches the device);
-- one SGD step per call (`step`), or K SGD steps in one jitted `lax.scan` over K stacked batches (or unrolled:
-  `agents.loops`)
-  (`prepare` + `run_block`; Acme's `process_multiple_batches`), which removes K - 1 host round trips and
-  dispatches per K steps: what a GPU learner needs to run at device speed;
+- one SGD step per call (`step`), or K SGD steps in one jitted `lax.scan` over K stacked batches
+  (`prepare` + `run_block`; Acme's `process_multiple_batches`; unrolled instead with `agents.loops`), which removes
+  K - 1 host round trips and dispatches per K steps: what a GPU learner needs to run at device speed;
 - state save/restore with structure, shape and finiteness checks; policy params for actors, as a NumPy copy or
   as a device snapshot the publisher quantizes where it lives.
 
