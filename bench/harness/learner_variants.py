@@ -13,10 +13,10 @@ VARIANTS = ("program", "unrolled", "before")
 def variant(name: str) -> Iterator[None]:
     """Learners built inside trace as `name`: the loop form, and which conv gradient (`quarl.nets.haiku`'s layer)."""
     import haiku as hk  # pylint: disable=import-outside-toplevel
-    from agents.loops import use_loop_form  # pylint: disable=import-outside-toplevel
+    from agents.loops import loop_form_record, use_loop_form  # pylint: disable=import-outside-toplevel
     from quarl.nets import haiku as nets  # pylint: disable=import-outside-toplevel
 
-    layer = nets.FastConv2D
+    layer, requested = nets.FastConv2D, loop_form_record()["requested"]
     use_loop_form("unroll" if name == "unrolled" else "scan")
     if name == "before":
         nets.FastConv2D = hk.Conv2D
@@ -24,4 +24,4 @@ def variant(name: str) -> Iterator[None]:
         yield
     finally:
         nets.FastConv2D = layer
-        use_loop_form("auto")
+        use_loop_form(requested)  # the process's own setting, whatever it was
