@@ -12,7 +12,7 @@ import math
 import numbers
 import os
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Mapping, Sequence, TextIO
 
 import numpy as np
 
@@ -54,6 +54,8 @@ class CSVLogger:
     The columns are `fieldnames`, or else the existing file's header, or else the keys of the first row.
     A row with a key outside the columns is refused (the header of an append-only file cannot grow);
     missing keys are left empty. NaN and inf are written as 'nan' / 'inf' / '-inf'.
+    A file on disk always starts with its header: with known columns it is written at once (a run stopped before
+    its first row leaves a header-only CSV, never a 0-byte one); without them the file is created at the first row.
     """
 
     def __init__(self, path: str | os.PathLike, fieldnames: Sequence[str] | None = None):
@@ -70,7 +72,10 @@ class CSVLogger:
                 raise ValueError(f"{self.path} already has columns {existing}, not {fieldnames}")
         self._fieldnames: list[str] | None = existing if fieldnames is None else fieldnames
         self._header_written = existing is not None
-        self._file = open(self.path, "a", newline="", encoding="utf-8")  # pylint: disable=consider-using-with
+        self._closed = False
+        self._file: TextIO | None = None
+        if self._fieldnames is not None:
+            self._open()
 
     @property
     def fieldnames(self) -> list[str] | None:
@@ -83,9 +88,19 @@ class CSVLogger:
             header = next(csv.reader(f), None)
         return header or None
 
+    def _open(self) -> TextIO:
+        """The file, opened for appending, its header written first if it has none yet."""
+        if self._file is None:
+            self._file = open(self.path, "a", newline="", encoding="utf-8")  # pylint: disable=consider-using-with
+            if not self._header_written and self._fieldnames is not None:
+                csv.writer(self._file).writerow(self._fieldnames)
+                self._file.flush()
+                self._header_written = True
+        return self._file
+
     def write(self, values: Mapping[str, object]) -> None:
         """Appends one row; values must be scalars or None (use `scalar_items` to drop arrays)."""
-        if self._file.closed:
+        if self._closed:
             raise ValueError(f"CSV logger for {self.path} is closed")
         row = {}
         for key, value in values.items():
@@ -101,15 +116,14 @@ class CSVLogger:
         unknown = [k for k in row if k not in self._fieldnames]
         if unknown:
             raise ValueError(f"keys {unknown} are not columns of {self.path} ({self._fieldnames})")
-        writer = csv.writer(self._file)
-        if not self._header_written:
-            writer.writerow(self._fieldnames)
-            self._header_written = True
-        writer.writerow([row.get(k, "") for k in self._fieldnames])
-        self._file.flush()
+        file = self._open()
+        csv.writer(file).writerow([row.get(k, "") for k in self._fieldnames])
+        file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        self._closed = True
+        if self._file is not None:
+            self._file.close()
 
 
 class TensorBoardLogger:

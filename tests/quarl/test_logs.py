@@ -43,6 +43,23 @@ def test_csv_appends_to_existing_file_with_its_header(tmp_path):
         logs.CSVLogger(path, fieldnames=["step", "other"])
 
 
+def test_csv_files_always_start_with_their_header(tmp_path):
+    # Known columns: the header is on disk before any row, so a run stopped before its first evaluation leaves a
+    # readable, header-only evaluator.csv rather than a 0-byte file.
+    path = tmp_path / "evaluator.csv"
+    logs.CSVLogger(path, fieldnames=["actor_steps", "return"]).close()
+    assert _rows(path) == [["actor_steps", "return"]]
+    again = logs.CSVLogger(path, fieldnames=["actor_steps", "return"])  # reopened: the header is not repeated
+    again.write({"actor_steps": 5, "return": 1.5})
+    again.close()
+    assert _rows(path) == [["actor_steps", "return"], ["5", "1.5"]]
+    # Columns known only from the first row: no file until that row, never an empty one.
+    lazy = logs.CSVLogger(tmp_path / "learner.csv")
+    assert not (tmp_path / "learner.csv").exists()
+    lazy.close()
+    assert not (tmp_path / "learner.csv").exists()
+
+
 def test_csv_refuses_unknown_keys_and_arrays(tmp_path):
     logger = logs.CSVLogger(tmp_path / "log.csv", fieldnames=["a"])
     with pytest.raises(ValueError, match="not columns"):
