@@ -3,6 +3,7 @@ and markdown rendering (definitions in `analysis.runs`)."""
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -10,6 +11,7 @@ import pandas as pd
 
 from analysis.execution import integer_kernel
 from analysis.runs import BASELINE, STAGES, check_x, finished, panel_order, precision_order, read_evaluator
+from quarl.quant.precision import is_int_name
 
 
 # ------------------------------------------------------------------------------------------------ targets
@@ -93,7 +95,7 @@ def speedup_note(precision: str, executed: str, baseline: str = BASELINE) -> str
     floats); else what it is instead, so no fp32-compute speed reads as an int8 kernel's."""
     if precision == baseline:
         return ""
-    if str(precision).startswith("int"):
+    if is_int_name(precision):
         if integer_kernel(executed) and " / " not in executed:
             return ""
         what = "kernel unknown" if "unknown" in executed else "ran fp32 compute" if "fp32 compute" in executed \
@@ -157,7 +159,7 @@ def carbon_ratio_table(carbon: pd.DataFrame, baseline: str = BASELINE) -> pd.Dat
         for precision, p in g.groupby("precision", sort=False):
             work = (p["energy_kwh"] / p["actor_steps"]).mean(), (p["emissions_kg"] / p["actor_steps"]).mean()
             out = p["kwh_to_target"].mean(), p["kg_to_target"].mean()
-            methods = sorted({str(m) for m in p["method"].dropna()})
+            methods = sorted({_method_kind(m) for m in p["method"].dropna()})
             rows.append({"panel": panel, "precision": precision, "seeds": len(p),
                          "energy_kwh_mean": p["energy_kwh"].mean(), "emissions_kg_mean": p["emissions_kg"].mean(),
                          "ram_model_share_mean": p["ram_model_share"].mean() if "ram_model_share" in p else math.nan,
@@ -169,6 +171,15 @@ def carbon_ratio_table(carbon: pd.DataFrame, baseline: str = BASELINE) -> pd.Dat
     cols = ["panel", "precision", "seeds", "energy_kwh_mean", "emissions_kg_mean", "ram_model_share_mean",
             *_RATIO_COLUMNS, "method"]
     return _sorted_table(pd.DataFrame(rows, columns=cols))
+
+
+_RUN_SHARE = re.compile(r"; RAM model share of the energy: [0-9.]+%")
+
+
+def _method_kind(method: object) -> str:
+    """A run's energy method without its own RAM share (a per-run number, in `ram_model_share_mean` already), so
+    that the runs of one cell that were measured the same way show one method, not one per run."""
+    return _RUN_SHARE.sub("", str(method))
 
 
 def _ratio(a: float, b: float) -> float:

@@ -16,11 +16,11 @@ Ape-X's fixed ladder), weights published every 100 learner steps (= the actor's 
 `--eval-episodes` greedy episodes with the deployed (int8 or fp32) policy `--evals` times during the run and once
 more at its end; the returns are read from each run's evaluator.csv (`bench.learning.minatar_dqn.results_from_runs`).
 
-"Within seed noise" is judged as: |mean over seeds of int8's final return - the same for fp32| is no larger
-than fp32's seed-to-seed range (max - min over seeds of fp32's final return), where a run's final return is the
-mean of its last 3 evaluations (the last ones, with the end-of-run one, are the least noisy single figure a
-run gives). Per-seed int8 - fp32 differences and their paired t-test p-value (`bench.harness.learning_runs.paired_test`) are
-shown beside it. ActorQ is asynchronous (actor, learner and evaluator run concurrently, and how many learner
+"Within seed noise" needs both: |mean over seeds of int8's final return - the same for fp32| is no larger than
+fp32's seed-to-seed range (max - min over seeds of fp32's final return), and the per-seed int8 - fp32 differences
+are not significant at 5% in a paired t-test (`bench.harness.learning_runs.paired_test`): a gap inside the range
+that has the same sign on every seed is a real, small effect, not noise. A run's final return is the mean of its
+last 3 evaluations (the last ones, with the end-of-run one, are the least noisy single figure a run gives). ActorQ is asynchronous (actor, learner and evaluator run concurrently, and how many learner
 steps fit between two weight pulls depends on timing), so a rerun with the same seed is not bit-identical;
 seeds fix the environments, the initial weights and the exploration draws.
 
@@ -130,7 +130,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         out["mean_difference"] = gap
         out["paired_t_p"] = paired_test(diffs)
         spread = out["fp32"]["range"]
-        out["within_seed_noise"] = None if spread is None else abs(gap) <= spread
+        significant = out["paired_t_p"] is not None and out["paired_t_p"] < 0.05
+        out["paired_significant"] = significant
+        out["int8_lower_on_seeds"] = sum(d < 0 for d in diffs)
+        out["within_seed_noise"] = None if spread is None else abs(gap) <= spread and not significant
         out["not_below_fp32_noise"] = None if spread is None else gap >= -spread  # the one-sided question
     steps = [abs(r["curve"][-1]["return"] - r["curve"][-2]["return"]) for r in results if len(r["curve"]) > 1]
     out["last_two_evals_abs_change"] = statistics.mean(steps) if steps else None  # evaluation noise, for scale
@@ -153,6 +156,10 @@ def markdown(result: dict[str, Any]) -> str:
              "| seed | precision | frames | last eval | final (mean of last "
              f"{s['last_k']}) | every evaluation (frames: return) | load at start / end |",
              "|---:|---|---:|---:|---:|---|---|"]
+    executed = sorted({f"{r['precision']}: {r['run']['executed']}" for r in result["results"]
+                       if r.get("run", {}).get("executed")})
+    if executed:
+        lines[-3:-3] = [f"What the actors executed (summary.json `executed`): {'; '.join(executed)}.", ""]
     for r in sorted(result["results"], key=lambda r: (r["seed"], PRECISIONS.index(r["precision"]))):
         curve = ", ".join(f"{c['actor_steps']:,}: {c['return']:.1f}" for c in r["curve"])
         lines.append(f"| {r['seed']} | {r['precision']} | {r['frames']:,} | {r['final_return']:.1f} | "
@@ -166,10 +173,13 @@ def markdown(result: dict[str, Any]) -> str:
         p_text = "n/a" if s["paired_t_p"] is None else f"{s['paired_t_p']:.2f}"
         verdict = {True: "within", False: "outside", None: "not judged (one fp32 seed:"
                    " no spread)"}[s["within_seed_noise"]]
-        lines += ["", f"int8 - fp32 final return: {per_seed}; mean {s['mean_difference']:+.2f} (paired t-test p = "
-                      f"{p_text}). fp32's seed-to-seed range is "
-                      f"{'—' if s['fp32']['range'] is None else format(s['fp32']['range'], '.2f')}: "
-                      f"the int8 - fp32 gap is **{verdict}** seed noise (|mean gap| <= fp32's range over seeds)"
+        n, lower = len(s["paired_seeds"]), s.get("int8_lower_on_seeds")
+        sign = "" if lower is None else f"int8 is lower on {lower} of {n} seeds; "
+        lines += ["", f"int8 - fp32 final return: {per_seed}; mean {s['mean_difference']:+.2f} ({sign}paired t-test p = "
+                      f"{p_text}{', significant at 5%' if s.get('paired_significant') else ''}). fp32's seed-to-seed "
+                      f"range is {'—' if s['fp32']['range'] is None else format(s['fp32']['range'], '.2f')}: "
+                      f"the int8 - fp32 gap is **{verdict}** seed noise (|mean gap| <= fp32's range over seeds, and "
+                      "no significant paired difference)"
                       + ("" if s["not_below_fp32_noise"] is None else
                          f"; int8 is {'not ' if s['not_below_fp32_noise'] else ''}below fp32 by more than that range")
                       + "."]

@@ -55,6 +55,7 @@ def test_summary_judges_the_gap_against_fp32s_seed_range():
     worse = actorq_minatar_returns.summarize([run(0, "fp32", [5, 5]), run(0, "int8", [1, 1]),
                                               run(1, "fp32", [6, 6]), run(1, "int8", [2, 2])])
     assert worse["mean_difference"] == pytest.approx(-4.0) and worse["within_seed_noise"] is False
+    assert worse["int8_lower_on_seeds"] == 2
     assert worse["not_below_fp32_noise"] is False
 
 
@@ -75,3 +76,17 @@ def test_the_system_benchmarks_returns_mode_runs_the_learning_benchmark(capfd, t
     err = capfd.readouterr().err
     assert "bench.system.actorq_minatar returns: error: --frames" in err and err.count("\n") == 1
     assert not (tmp_path / "out").exists()
+
+
+def test_a_gap_of_one_sign_on_every_seed_is_not_seed_noise():
+    """A gap inside fp32's range that is significant in the paired test is a real effect (issue 46: MinAtar row)."""
+    def run(seed: int, precision: str, value: float) -> dict:
+        return {"seed": seed, "precision": precision, "curve": [{"actor_steps": 0, "return": value}]}
+    fp32 = [5.4, 5.6, 5.6, 5.9, 5.7]
+    gaps = [-0.27, -0.37, -0.43, -0.10, -0.03]
+    runs = [run(k, "fp32", v) for k, v in enumerate(fp32)] + [run(k, "int8", v + g)
+                                                             for k, (v, g) in enumerate(zip(fp32, gaps))]
+    s = actorq_minatar_returns.summarize(runs)
+    assert abs(s["mean_difference"]) <= s["fp32"]["range"]  # inside the range ...
+    assert s["paired_significant"] and s["int8_lower_on_seeds"] == 5
+    assert s["within_seed_noise"] is False  # ... but one sign on every seed, p < 0.05

@@ -167,6 +167,10 @@ def test_carbon_table_scales_energy_to_time_to_target_and_gives_ratios(tmp_path:
     fp32_to_target = np.mean([4e-3 * 50 / 60, 4e-3 * 60 / 60])
     int8_to_target = np.mean([2e-3 * 20 / 60, 2e-3 * 30 / 60])
     assert ratios.loc[("CartPole", "int8"), "kwh_ratio_same_outcome"] == pytest.approx(fp32_to_target / int8_to_target)
+    # Runs measured the same way show one method, not one per run's own RAM share (issue 46: "\|"-joined repeats).
+    shares = carbon.copy()
+    shares["method"] = [f"codecarbon; RAM model share of the energy: {60 + i}%; grid" for i in range(len(shares))]
+    assert set(report.carbon_ratio_table(shares)["method"]) == {"codecarbon; grid"}
     # Distributed summaries: CO2 summed over nodes when the total is missing.
     acro = carbon[(carbon["panel"] == "Acrobot")].set_index("precision")
     assert acro.loc["int8", "emissions_kg"] == pytest.approx(5e-4)
