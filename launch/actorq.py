@@ -113,7 +113,8 @@ def build_parser() -> OneLineArgumentParser:
                    help="environments each actor steps together, with one policy call per step on the batch "
                         "of K observations (default 1, the paper's setting)")
     p.add_argument("--max-actor-steps", type=int, default=None,
-                   help="environment steps over all actors (with --resume: including the steps before it)")
+                   help="environment steps over all actors (with --resume: including the steps before it; "
+                        "default: " + ", ".join(f"{n} for {a}" for a, n in DEFAULT_STEPS.items()) + ")")
     p.add_argument("--seed", type=int, default=None, help="the run's seed (default: 0)")
     p.add_argument("--logdir", default=None,
                    help="new directory for logs (default: runs/actorq/<agent>-<task>-<precision>-<time>)")

@@ -34,12 +34,13 @@ class UsageError(ValueError):
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     """--help keeps the module docstring's layout (the whole of it is the description) and ends each flag's help
-    with its default, unless the help already says it or there is none (None, False, an empty list)."""
+    with its default, unless the help already says it or there is none (None, False, an empty list). A default of
+    0 or 0.0 is shown: it equals False, but it is a value the flag takes."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
         text = action.help or ""
         default = action.default
-        if "default" in text or default in (None, False, argparse.SUPPRESS) or default == []:
+        if "default" in text or default is None or default is False or default == argparse.SUPPRESS or default == []:
             return text
         return f"{text} (default: %(default)s)" if action.option_strings else text
 

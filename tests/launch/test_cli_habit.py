@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from launch import actorq, train
+from launch import actorq, ptq, train
 from launch.experiments.progress import ProgressView, Snapshot, StepProgress
 from launch.experiments.summary_table import print_summary
 from tests.launch.tiny import tiny_config
@@ -27,7 +27,11 @@ CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # anything but \t and \n: \r,
              "(default: 60000 for d4pg, 25000 for dqn, 100000 for ppo, 100000 for a2c)", "greedy episodes per evaluation (default: 10; ALE: 3",
              "evaluations in a row"]),
     (actorq, ["Faults:", "(default: int8)", "(default: 0)", "(default: 2)", "(default: ray)",
-              "learner steps between weight versions (default: 10)", "evaluations in a row"]),
+              "learner steps between weight versions (default: 10)", "evaluations in a row",
+              # defaults of 0, 0.0 and None are shown too (0 == False once hid them)
+              "(0: only when the run ends) (default: 0)", "between weight versions (default: 0.0)",
+              "default: 60000 for d4pg, 25000 for dqn, 100000 for ppo, 100000 for a2c)"]),
+    (ptq, ["episode i uses environment seed SEED + i (default: 0)"]),
 ])
 def test_help_shows_the_whole_text_and_every_default(module, needles, capsys) -> None:
     with pytest.raises(SystemExit) as exc:
