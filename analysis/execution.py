@@ -7,14 +7,12 @@ before summaries carried the words. Pure functions: launch.experiments.summary w
 """
 from __future__ import annotations
 
-import re
 from typing import Any, Iterable, Mapping
 
-from quarl.quant.precision import MAX_KERNEL_BITS
+from quarl.quant.precision import find_precision, is_int_name
 
 DEQUANTIZED = "dequantized"  # int weights expanded to fp32 in the graph, fp32 matmuls
 UNKNOWN = "unknown"
-_INT = re.compile(r"^int(\d+)$")
 _NATIVE_FLOATS = {"jax": ("fp16", "bf16")}  # backends that compute fp16/bf16 natively; others simulate in fp32
 
 
@@ -22,7 +20,7 @@ def executor_name(precision: str, backend: str | None, form: str | None) -> str:
     """The executor that ran, as `auto` names its candidates: jax, onnx, onnx-nbits or onnx-dequantized."""
     if backend is None:
         return UNKNOWN
-    if backend == "onnx" and form == "fp32" and _int_bits(precision) is not None:
+    if backend == "onnx" and form == "fp32" and is_int_name(precision):
         return "onnx-dequantized"
     return str(backend)
 
@@ -30,9 +28,9 @@ def executor_name(precision: str, backend: str | None, form: str | None) -> str:
 def describe(precision: str, backend: str | None, form: str | None) -> str:
     """One actor's execution in words (`form` is the integer kernel form summary.json records; None on floats,
     or when the run did not record it)."""
-    bits = _int_bits(precision)
-    if bits is not None:
-        if bits > MAX_KERNEL_BITS:
+    prec = find_precision(precision)
+    if prec is not None and prec.is_int:
+        if prec.simulated:
             return f"{precision} weights, fp32 compute (simulated)"
         if form in (None, UNKNOWN) or backend is None:
             return f"{precision} weights, kernel {UNKNOWN}"
@@ -53,11 +51,6 @@ def integer_kernel(executed: str | None) -> bool:
     return "integer kernel (" in str(executed or "")
 
 
-def _int_bits(precision: str) -> int | None:
-    m = _INT.match(str(precision))
-    return int(m.group(1)) if m else None
-
-
 def run_execution(summary: Mapping[str, Any]) -> dict[str, Any]:
     """{"executed", "executor", "cpu_class"} of a summary, from its actors (several actors that ran differently
     are joined with ' / '). Kernel form not recorded (`kernel_form` None, no actor kernel): 'unknown'."""
@@ -76,7 +69,7 @@ def run_execution(summary: Mapping[str, Any]) -> dict[str, Any]:
         backend = backends[0] if isinstance(backends, list) and len(backends) == 1 else None
         form = forms_top[0] if isinstance(forms_top, list) and len(forms_top) == 1 else None
         rows = [(backend, form, None)]
-    if _int_bits(precision) is None:  # floats: no kernel form; the backend alone tells
+    if not is_int_name(precision):  # floats: no kernel form; the backend alone tells
         rows = [(b, None, c) for b, _, c in rows]
     return {"executed": _join(describe(precision, b, f) for b, f, _ in rows),
             "executor": _join(executor_name(precision, b, f) for b, f, _ in rows),

@@ -12,7 +12,7 @@ import pandas as pd
 
 from analysis.runs import STAGES, STAGE_LABELS, curves, panel_order, precision_color, precision_order
 from analysis.tables import panel_targets
-from quarl.quant.precision import MAX_KERNEL_BITS
+from quarl.quant.precision import MAX_KERNEL_BITS, is_int_name
 
 
 # ------------------------------------------------------------------------------------------------ plots
@@ -179,13 +179,14 @@ def plot_ptq(ptq: pd.DataFrame, *, path: str | os.PathLike | None = None) -> Any
     precisions as horizontal reference lines. Returns the Figure."""
     plt = pyplot()
     fig, (ax_e, ax_s) = plt.subplots(1, 2, figsize=(11, 4))
-    ints = ptq[ptq["precision"].astype(str).str.startswith("int")]
+    is_int = ptq["precision"].map(is_int_name).astype(bool)
+    ints = ptq[is_int]
     for granularity, g in ints.groupby("granularity", sort=True):
         g = g.sort_values("bits")
         ax_e.errorbar(g["bits"], 100 * g["error_mean"], yerr=100 * g["error_std"], marker="o", capsize=3,
                       label=granularity)
         ax_s.plot(g["bits"], g["weight_sqnr_db"], marker="o", label=granularity)
-    for row in ptq[~ptq["precision"].astype(str).str.startswith("int")].itertuples():
+    for row in ptq[~is_int].itertuples():
         if row.precision != "fp32":
             color = precision_color(row.precision)
             ax_e.axhline(100 * row.error_mean, color=color, ls="--", lw=1, label=row.precision)
@@ -246,7 +247,7 @@ def plot_ptq_returns(rows: Sequence[Mapping[str, Any]], title: str, *,
 
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ints = [r for r in rows if str(r["precision"]).startswith("int")]
+    ints = [r for r in rows if is_int_name(r["precision"])]
     for granularity, marker in zip(granularities, ("o", "s")):
         pts = sorted((r["bits"], r["mean_return"], r["std_return"]) for r in ints if r["granularity"] == granularity)
         if pts:
@@ -254,7 +255,7 @@ def plot_ptq_returns(rows: Sequence[Mapping[str, Any]], title: str, *,
             ax.errorbar(b, m, yerr=clipped_spread(m, s, bounds), marker=marker, capsize=3, label=f"int, {granularity}")
     styles = {"fp32": ("black", "-"), "fp16": ("tab:green", "--"), "bf16": ("tab:red", ":")}
     for r in rows:
-        if not str(r["precision"]).startswith("int"):
+        if not is_int_name(r["precision"]):
             color, style = styles[r["precision"]]
             ax.axhline(r["mean_return"], color=color, linestyle=style, label=f"{r['precision']}")
     int_bits = [r["bits"] for r in ints]

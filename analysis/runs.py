@@ -38,6 +38,7 @@ import numpy as np
 import pandas as pd
 
 from analysis.execution import run_execution
+from quarl.quant.precision import find_precision
 
 
 # ------------------------------------------------------------------------------------------------ panels
@@ -77,12 +78,8 @@ _SEED_DIR = re.compile(r"^seed(\d+)$")
 
 def precision_order(name: str) -> tuple[int, int]:
     """Sort key: fp32, bf16, fp16, then integer precisions from the widest to the narrowest."""
-    if name == "fp32":
-        return (0, 0)
-    if name in ("bf16", "fp16"):
-        return (1, 0 if name == "bf16" else 1)
-    m = re.fullmatch(r"int(\d+)", str(name))
-    return (2, -int(m.group(1))) if m else (3, 0)
+    prec = find_precision(name)
+    return prec.sort_key if prec is not None else (3, 0)
 
 
 def panel_order(name: str) -> tuple[int, str]:

@@ -25,6 +25,7 @@ from typing import Any, Mapping
 from analysis.execution import UNKNOWN, run_execution
 from analysis.schema import ACTOR_KEYS, LEARNER_KEYS, PAYLOAD_KEYS, PUBLISH_KEYS, SUMMARY_KEYS
 from quarl.ops.io import write_json_atomic
+from quarl.quant.precision import is_int_name
 
 
 def is_old_single_process(summary: Mapping[str, Any]) -> bool:
@@ -111,7 +112,7 @@ def fill_execution(summary: Mapping[str, Any]) -> dict[str, Any]:
         forms = sorted({str(a["kernel"]["form"]) for a in out.get("actors") or []
                         if isinstance(a, Mapping) and isinstance(a.get("kernel"), Mapping)
                         and a["kernel"].get("form")})
-        is_int = str(out.get("precision", "")).startswith("int")
+        is_int = is_int_name(out.get("precision"))
         out["kernel_form"] = forms or ([UNKNOWN] if is_int else [])
     out.update(run_execution(out))
     return {**{k: out.get(k) for k in SUMMARY_KEYS}, **{k: v for k, v in out.items() if k not in SUMMARY_KEYS}}

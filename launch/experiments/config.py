@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Mapping
 from agents.loops import check_loop_form
 from quarl.ops.checks import ConfigError, check_bool, check_int, check_number, is_finite
 from quarl.ops.io import JSONValue
-from quarl.quant.precision import Precision, parse_precision
+from quarl.quant.precision import Precision, parse_precision, precision_names
 
 if TYPE_CHECKING:  # agents.base imports JAX; this module stays light (CLIs check their flags with it first)
     from agents.base import BuilderBase, ExecutorFactory
@@ -301,20 +301,13 @@ def executor_factory(kernel_form: str | None) -> "ExecutorFactory | None":
     return functools.partial(make_executor, kernel_form=kernel_form)
 
 
-# What actors may run: int2..int8 have integer kernels and int16 is the paper's wide baseline; int9..int15 (which
-# quarl.quant.quantization keeps for PTQ sweeps) send 2 bytes per weight and run no integer kernel, so on a command
-# line they are almost surely a typo for int8 and are refused.
-ACTOR_PRECISIONS = ("fp32", "bf16", "fp16", *(f"int{b}" for b in range(8, 1, -1)), "int16")
+ACTOR_PRECISIONS = precision_names("actor")  # what actors may run (quarl.quant.precision says why)
 
 
 def actor_precision(name: object) -> Precision:
     """An actor precision, parsed from its name (shorthands 32, 16, 8 ... 2 accepted) or given as a `Precision`;
     ValueError otherwise."""
-    precision = parse_precision(name if isinstance(name, Precision) else str(name))
-    if precision.name not in ACTOR_PRECISIONS:
-        raise ValueError(f"precision {precision} is not an actor precision (no integer kernel; 2 bytes per weight): "
-                         "valid are fp32, bf16, fp16, int2..int8, int16 (shorthands 32, 16, 8..2)")
-    return precision
+    return parse_precision(name if isinstance(name, Precision) else str(name), "actor")
 
 
 def _precision(name: object) -> Precision:
