@@ -131,6 +131,20 @@ def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, flag
     assert not logdir.exists()
 
 
+def test_an_unknown_precision_lists_only_what_actors_run(tmp_path, capsys):
+    """`--precision int1` lists the actor precisions, not int9..int15, which `--precision int9` then refuses."""
+    from launch import actorq
+    for main, argv in ((train.main, _argv(tmp_path / "run", [])),
+                       (actorq.main, ["--agent", "dqn", "--task", "CartPole-v1", "--logdir", str(tmp_path / "run")])):
+        assert_one_line_exit_2(capsys, main, [*argv, "--precision", "int1"], "unknown precision")
+        assert_one_line_exit_2(capsys, main, [*argv, "--precision", "int9"], "not an actor precision")
+    with pytest.raises(SystemExit):
+        train.main(_argv(tmp_path / "run", ["--precision", "int1"]))
+    err = capsys.readouterr().err
+    assert "int2..int8, int16" in err and not any(f"int{b}" in err for b in range(9, 16)), err
+    assert not (tmp_path / "run").exists()
+
+
 def test_unusable_logdirs_are_refused_before_anything_is_written(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
