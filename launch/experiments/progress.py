@@ -181,8 +181,14 @@ class StepProgress:
         if self._bar is not None:
             self._bar.set_postfix(refresh=refresh, **self._postfix)
 
-    def update(self, delta: int) -> None:
+    def update(self, delta: int, learner_steps: int | None = None) -> None:
+        """`delta` more actor steps; `learner_steps`, the learner's count now (else the last one given), so the
+        line shows the learner's progress between evaluations too."""
         self.n += int(delta)
+        if learner_steps is not None:
+            self._postfix["learner_steps"] = int(learner_steps)
+            if self._bar is not None:
+                self._bar.set_postfix(refresh=False, **self._postfix)
         if self._bar is not None:
             self._bar.update(delta)
         elif self._lines is not None:

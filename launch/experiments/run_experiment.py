@@ -252,7 +252,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
                                             refresh=False)
                     evaluated_to = step
                 if crossed(prev, step, 100) or step >= run_steps or stop:
-                    bar.update(min(step, run_steps) - bar.n)
+                    bar.update(min(step, run_steps) - bar.n, learner_steps=learner.steps)
                 if stop:
                     if stopping():
                         status = "interrupted"

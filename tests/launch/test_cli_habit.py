@@ -55,6 +55,15 @@ def test_progress_lines_when_stdout_is_no_terminal() -> None:
     assert lines[0].startswith("launch.train: ") and "actor steps 250 / 1,000 (25%" in lines[0]
     assert "actor steps 1,000 / 1,000 (100%" in lines[-1] and "eval return 12.5 at 750 steps" in lines[-1]
 
+    # The learner's count moves with every update, not only at evaluations (launch.train passes it each time).
+    out = io.StringIO()
+    bar = StepProgress(1000, True, tty=False, line_every_s=0.0, stream=out)
+    bar.update(500, learner_steps=130)
+    bar.update(500, learner_steps=13_000)
+    bar.close()
+    assert ["learner steps 130 (" in l for l in out.getvalue().splitlines()] == [True, False]
+    assert "learner steps 13,000 (" in out.getvalue().splitlines()[-1]
+
     # Lines are rate-limited: many updates within the period give one line now and the last state at the end.
     out = io.StringIO()
     bar = StepProgress(1000, True, tty=False, line_every_s=3600.0, stream=out)
@@ -134,6 +143,9 @@ def test_train_in_a_log_prints_plain_progress_lines_the_table_and_the_run_folder
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert not CONTROL.search(proc.stdout), repr(proc.stdout[:300])
     assert "launch.train: " in proc.stdout and "actor steps 300 / 300 (100%" in proc.stdout
+    # The first line comes at step 100, before the first evaluation (150), and the learner already trains by then.
+    first = next(line for line in proc.stdout.splitlines() if line.startswith("launch.train: "))
+    assert "actor steps 100 / 300" in first and int(re.search(r"learner steps ([\d,]+)", first)[1].replace(",", "")) > 0
     summary = json.loads((logdir / "summary.json").read_text())
     assert f"actors ran {summary['executed']}" in " ".join(proc.stdout.split())
     assert proc.stdout.strip().splitlines()[-1] == f"run folder: {logdir.absolute()}"
