@@ -6,9 +6,11 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup run test test-all clean
 
-$(STAMP): requirements.lock setup.py
+# requirements-nodeps.lock: gymnax, which declares gymnasium<1.4 but runs on the lock's 1.4.0 (that file says why).
+$(STAMP): requirements.lock requirements-nodeps.lock setup.py
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --disable-pip-version-check -r requirements.lock
+	$(PY) -m pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.lock
 	$(PY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 

@@ -33,7 +33,11 @@ import numpy as np
 from jax.typing import DTypeLike
 
 from quarl.policy.im2col import conv_windows
-from quarl.policy.spec import LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.nets.qat import weight_codes
+from quarl.policy.spec import (
+    LAYER_NORM_EPS, Activation, Conv2D, Flatten, LayerNorm, Linear, ParamTree, PolicySpec, TanhToSpec,
+)
+from quarl.quant.precision import Precision
 from quarl.quant.quantization import QuantizedParams
 from quarl.runtimes.base import LoweredParams, PolicyExecutor
 
@@ -74,13 +78,15 @@ def _conv(x: jax.Array, p: Mapping[str, jax.Array], layer: Conv2D, int_dense: In
     return y + p["b"]
 
 
-def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[DeviceParams, jax.Array], jax.Array]:
-    """The jittable forward(params, obs) for this spec; structure fixed by the first load."""
+def policy_forward(spec: PolicySpec, precision: Precision, *,
+                   simulated: bool = False) -> Callable[[DeviceParams, jax.Array], jax.Array]:
+    """The jittable forward(params, obs) of the JAX runtime for `spec` at `precision`: what `JaxExecutor` runs, and
+    what the jitted trainer (`agents.anakin`) runs inside its jit on `traced_device_params`, so the actors inside the
+    jit compute exactly as a deployed JAX actor does. `simulated`: the weights were rounded but run in fp32."""
     compute = jnp.float32
-    if not lowered.simulated:
-        compute = {"fp16": jnp.float16, "bf16": jnp.bfloat16}.get(lowered.precision.name, jnp.float32)
-    int_dense = _aqt_dense(lowered.precision.bits) if any(
-        d.kind == "int" for d in lowered.dense.values()) else None
+    if not simulated:
+        compute = {"fp16": jnp.float16, "bf16": jnp.bfloat16}.get(precision.name, jnp.float32)
+    int_dense = _aqt_dense(precision.bits) if precision.has_int_kernel and not simulated else None
     activations = {"relu": jax.nn.relu, "elu": jax.nn.elu, "tanh": jnp.tanh}
 
     def forward(params: DeviceParams, obs: jax.Array) -> jax.Array:
@@ -122,6 +128,27 @@ def _forward_fn(spec: PolicySpec, lowered: LoweredParams) -> Callable[[DevicePar
     return forward
 
 
+def traced_device_params(spec: PolicySpec, params: ParamTree, precision: Precision) -> DeviceParams:
+    """An fp32 haiku tree as `policy_forward`'s params at `precision`, computed with jnp so it runs inside a jit (and
+    under vmap): the weight codes and per-channel scales are `quarl.nets.qat.weight_codes`, bit-identical to
+    `quantize_params` (what a payload carries), laid out as `JaxExecutor._load` lays out a payload's. fp32 and
+    int2..int8 only: the precisions the JAX runtime computes natively in float32 or on its integer kernel."""
+    if not (precision.name == "fp32" or precision.has_int_kernel):
+        raise ValueError(f"in-jit weights are fp32 or int2..int8, got {precision.name}")
+    out: dict[str, dict[str, jax.Array]] = {}
+    for layer in spec.layers:
+        if isinstance(layer, LayerNorm):
+            out[layer.name] = {"scale": params[layer.name]["scale"], "offset": params[layer.name]["offset"]}
+        elif isinstance(layer, (Linear, Conv2D)):
+            w, b = params[layer.name]["w"], params[layer.name]["b"]
+            if precision.is_int:
+                codes, scale = weight_codes(w, precision.bits)  # conv w [k, k, C_in, O]: one scale per O
+                out[layer.name] = {"codes": codes.reshape(-1, codes.shape[-1]), "scale": scale.reshape(1, -1), "b": b}
+            else:
+                out[layer.name] = {"w": w, "b": b}
+    return out
+
+
 class JaxExecutor(PolicyExecutor):
     """Jitted XLA forward; int precisions through AQT v2 with load-time quantized weights."""
 
@@ -147,7 +174,7 @@ class JaxExecutor(PolicyExecutor):
             host[name] = {"scale": scale, "offset": offset}
         params = jax.device_put(host)
         if self._jitted is None:
-            self._jitted = jax.jit(_forward_fn(self.spec, lowered))
+            self._jitted = jax.jit(policy_forward(self.spec, lowered.precision, simulated=lowered.simulated))
             if any(d.kind == "int" for d in lowered.dense.values()):
                 self.kernel_form = "aqt_s8s8"  # XLA's s8 x s8 -> s32 dot: exact on every CPU
         self._params = params
