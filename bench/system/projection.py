@@ -105,14 +105,16 @@ def project(learner: Mapping[str, Any], actorq: Mapping[str, Any], inference: Ma
             "paper_actors": PAPER_ACTORS, "rows": rows}
 
 
-def markdown(proj: Mapping[str, Any], inputs: Mapping[str, str], heading: bool = True) -> str:
+def markdown(proj: Mapping[str, Any], inputs: Mapping[str, str], heading: bool = True,
+             machines: Mapping[str, str | None] | None = None) -> str:
     per_step = proj["batch"] / proj["samples_per_insert"]
     n = proj["paper_actors"]
+    machines = machines or {}
     lines = [
         "# Projection: the paper's regime from measured parts" if heading else f"## Learner on {proj['device']}",
         "",
         "**A projection, not a measurement**: every input below is a committed measurement "
-        + ", ".join(f"([`{k}`]({v}))" for k, v in inputs.items())
+        + ", ".join(f"([`{k}`]({v}){', ' + machines[k] if machines.get(k) else ''})" for k, v in inputs.items())
         + f"; the arithmetic is shown. Learner device: {proj['device']}. Each actor on its own core, the "
         f"learner on its own device; batch {proj['batch']}, {proj['samples_per_insert']:g} samples per insert, "
         f"so one SGD step consumes {per_step:g} env steps. Regenerate with `python -m bench.system.projection`.",
@@ -150,29 +152,55 @@ def markdown(proj: Mapping[str, Any], inputs: Mapping[str, str], heading: bool =
     return "\n".join(lines)
 
 
+def input_cpu(record: Mapping[str, Any]) -> str | None:
+    """The CPU model an input was measured on (results files name it `cpu` or `cpu_model`)."""
+    m = record.get("machine") if isinstance(record.get("machine"), Mapping) else record
+    value = m.get("cpu_model") or m.get("cpu")
+    return str(value) if value else None
+
+
+def mixed_machines(data: Mapping[str, Mapping[str, Any]], names: Sequence[str]) -> dict[str, str | None]:
+    """{input: its CPU} when the named inputs were measured on more than one CPU model, else {}."""
+    cpus = {name: input_cpu(data[name]) for name in names}
+    return cpus if len({c for c in cpus.values()}) > 1 else {}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="bench.system.projection", description=__doc__.split("\n\n")[0])
     p.add_argument("--results", default=str(REPO / "results" / "bench"), help="folder with the input JSONs")
+    p.add_argument("--learner", default=INPUTS[0], help="learner input, relative to RESULTS (default: %(default)s)")
+    p.add_argument("--actor", default=INPUTS[1], help="actor input, relative to RESULTS (default: %(default)s)")
+    p.add_argument("--inference", default=INPUTS[2],
+                   help="policy-call input, relative to RESULTS (default: %(default)s)")
+    p.add_argument("--allow-mixed", action="store_true",
+                   help="project from CPU-side inputs measured on different CPUs (the table then says so)")
     p.add_argument("--out", default=None, help="markdown file (default: RESULTS/projection.md)")
     args = p.parse_args(argv)
     results = Path(args.results)
     # One table per learner device: this machine's CPU, and the GPU machine's when it has been measured.
-    learners = [name for name in (INPUTS[0], GPU_LEARNER) if name == INPUTS[0] or (results / name).exists()]
+    learners = [args.learner] + ([GPU_LEARNER] if (results / GPU_LEARNER).exists() else [])
     data = {}
-    for name in (*learners, *INPUTS[1:]):
+    for name in (*learners, args.actor, args.inference):
         try:
             data[name] = json.loads((results / name).read_text(encoding="utf-8"))
         except (OSError, ValueError) as e:
             p.exit(2, f"bench.system.projection: error: cannot read {results / name}: {e}\n")
+    # The CPU learner, the actor and the policy calls must come from one machine, or the projection mixes them.
+    mixed = mixed_machines(data, (args.learner, args.actor, args.inference))
+    if mixed and not args.allow_mixed:
+        p.exit(2, "bench.system.projection: error: the inputs come from different CPUs ("
+               + "; ".join(f"{k}: {v}" for k, v in mixed.items())
+               + "); pass files measured on one machine, or --allow-mixed\n")
     parts = []
     for name in learners:
         try:
-            proj = project(data[name], data["actorq.json"], data["inference.json"])
+            proj = project(data[name], data[args.actor], data[args.inference])
         except (KeyError, TypeError, ValueError, StopIteration) as e:
             p.exit(2, f"bench.system.projection: error: an input lacks a field the projection needs: {e!r}\n")
         if not all(math.isfinite(r["learner_steps_per_s"]) and r["learner_steps_per_s"] > 0 for r in proj["rows"]):
             p.exit(2, f"bench.system.projection: error: a learner rate in {name} is not a positive number\n")
-        parts.append(markdown(proj, {n: n for n in (name, *INPUTS[1:])}, heading=name == INPUTS[0]))
+        parts.append(markdown(proj, {n: n for n in (name, args.actor, args.inference)}, heading=name == learners[0],
+                              machines={n: input_cpu(data[n]) for n in (name, args.actor, args.inference)}))
     out = Path(args.out) if args.out else results / "projection.md"
     write_text(out, "\n".join(parts))
     print(f"wrote {out}")

@@ -74,3 +74,26 @@ def test_cli_writes_the_table_and_refuses_bad_inputs(tmp_path: Path, capsys: pyt
     with pytest.raises(SystemExit) as e:
         projection.main(["--results", str(tmp_path)])
     assert e.value.code == 2 and "lacks a field" in capsys.readouterr().err
+
+
+def test_inputs_from_different_cpus_are_refused_unless_allowed(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """Issue 46: a projection once mixed a Xeon actor run with EPYC figures without saying so."""
+    learner, actorq, inference = _inputs(100.0, 1000.0)
+    learner["machine"]["cpu"] = "Intel(R) Xeon(R) Processor"
+    actorq["machine"] = {"cpu": "AMD EPYC"}
+    inference["cpu_model"] = "AMD EPYC"
+    (tmp_path / "epyc").mkdir()
+    for name, data in zip(projection.INPUTS, (learner, actorq, inference)):
+        (tmp_path / name).write_text(json.dumps(data))
+    with pytest.raises(SystemExit) as e:
+        projection.main(["--results", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "different CPUs" in err and "Xeon" in err and err.count("\n") == 1
+    assert projection.main(["--results", str(tmp_path), "--allow-mixed"]) == 0
+    assert "learner_throughput.json), Intel(R) Xeon(R) Processor" in (tmp_path / "projection.md").read_text()
+    # The same learner measured on the EPYC, passed by name: accepted, and each input names its CPU.
+    learner["machine"]["cpu"] = "AMD EPYC"
+    (tmp_path / "epyc" / "learner_throughput.json").write_text(json.dumps(learner))
+    assert projection.main(["--results", str(tmp_path), "--learner", "epyc/learner_throughput.json"]) == 0
+    assert "(epyc/learner_throughput.json), AMD EPYC" in (tmp_path / "projection.md").read_text()
