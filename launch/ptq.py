@@ -33,7 +33,7 @@ import numpy as np
 
 from analysis.plots import plot_ptq_returns, plot_weight_histograms, redraw_ptq_returns
 from launch.cli import (
-    OneLineArgumentParser, UsageError, check_backend, check_logdir, check_positive, check_precision, check_seed, fail,
+    OneLineArgumentParser, UsageError, check_backend, check_logdir, check_positive, check_seed, fail,
 )
 from launch.ptq_policy import (  # re-exported: tests and notebooks reach them as launch.ptq.<name>
     GRANULARITIES,
@@ -48,13 +48,13 @@ from quarl.acting.evaluation import evaluate_seeds
 from quarl.ops.io import write_json_atomic
 from quarl.ops.machine import machine_info
 from quarl.quant.metrics import layer_errors, sqnr_db
-from quarl.quant.precision import MAX_BITS, MIN_BITS
+from quarl.quant.precision import FLOAT_PRECISIONS, MAX_BITS, MIN_BITS, parse_bit_list, parse_precision
 from quarl.quant.quantization import dequantize_params, is_quantized_leaf, path_str, quantize_params, tree_items
 from quarl.runtimes.policy_io import LoadedPolicy, policy_paths
 
 PROG = "launch.ptq"
 DEFAULT_BITS = "2,3,4,5,6,7,8,16"
-FLOAT_PRECISIONS = ("fp16", "bf16")  # what --include may name; fp32 is always the baseline
+INCLUDABLE = tuple(p for p in FLOAT_PRECISIONS if p != "fp32")  # what --include may name; fp32 is the baseline
 OUTPUT_FILES = ("ptq.csv", "ptq_episodes.csv", "ptq.md", "ptq_returns.png", "weights.csv", "weights.png")
 CSV_FIELDS = ("precision", "bits", "granularity", "backend", "execution", "episodes", "mean_return", "std_return",
               "min_return", "max_return", "error_mean", "error_std", "weight_sqnr_db", "weight_max_rel_err",
@@ -88,7 +88,7 @@ def build_parser() -> OneLineArgumentParser:
                         help="run directory holding policy_fp32.qrlp (or a .qrlp file); required unless --report-only")
     parser.add_argument("--bits", default=DEFAULT_BITS,
                         help=f"comma-separated integer bit widths in {MIN_BITS}..{MAX_BITS}")
-    parser.add_argument("--include", default=",".join(FLOAT_PRECISIONS),
+    parser.add_argument("--include", default="fp16,bf16",
                         help="comma-separated float precisions to add (fp16, bf16); empty for none")
     parser.add_argument("--episodes", type=int, default=10, help="episodes per precision")
     parser.add_argument("--out", default=None, help="output directory (default: CHECKPOINT_DIR/ptq)")
@@ -101,21 +101,12 @@ def build_parser() -> OneLineArgumentParser:
     return parser
 
 
-def parse_bits(text: str) -> tuple[int, ...]:
-    """'2,4,8' -> (2, 4, 8): sorted, deduplicated, each in MIN_BITS..MAX_BITS."""
-    items = [t.strip() for t in str(text).split(",") if t.strip()]
-    if not items:
-        raise UsageError("--bits needs at least one bit width")
-    bits = set()
-    for item in items:
-        try:
-            b = int(item)
-        except ValueError:
-            raise UsageError(f"--bits: {item!r} is not an integer") from None
-        if not MIN_BITS <= b <= MAX_BITS:
-            raise UsageError(f"--bits: {b} is outside {MIN_BITS}..{MAX_BITS}")
-        bits.add(b)
-    return tuple(sorted(bits))
+def parse_bits(text: str, flag: str = "--bits") -> tuple[int, ...]:
+    """'2,4,8' -> (2, 4, 8): sorted, deduplicated, each in MIN_BITS..MAX_BITS (`quarl.quant.precision`)."""
+    try:
+        return parse_bit_list(text)
+    except ValueError as e:
+        raise UsageError(f"{flag}: {e}") from None
 
 
 def parse_include(text: str) -> tuple[str, ...]:
@@ -124,9 +115,12 @@ def parse_include(text: str) -> tuple[str, ...]:
     for item in (t.strip() for t in str(text).split(",")):
         if not item:
             continue
-        name = check_precision(item)
-        if name not in FLOAT_PRECISIONS:
-            raise UsageError(f"--include: {item!r} is not one of {', '.join(FLOAT_PRECISIONS)} "
+        try:
+            name = parse_precision(item).name
+        except ValueError as e:
+            raise UsageError(f"--include: {e}") from None
+        if name not in INCLUDABLE:
+            raise UsageError(f"--include: {item!r} is not one of {', '.join(INCLUDABLE)} "
                              "(integer widths go in --bits; fp32 is always the baseline)")
         if name not in names:
             names.append(name)

@@ -23,7 +23,7 @@ from dm_env import specs
 import agents
 from quarl.acting.evaluation import GreedyPolicy, check_compatible, make_greedy_policy
 from quarl.quant.calibration import quantize_for_actors, rollout_observations
-from quarl.quant.precision import MAX_KERNEL_BITS, parse_precision
+from quarl.quant.precision import int_precision, parse_precision
 from quarl.quant.quantization import fake_quantize_params, quantize_params
 from quarl.runtimes.policy_io import LoadedPolicy, load_policy, policy_paths
 
@@ -97,7 +97,7 @@ def sweep_grid(bits: Sequence[int], include: Sequence[str],
     from widest to narrowest, each at every granularity asked for."""
     points = [GridPoint("fp32"), *(GridPoint(name) for name in include)]
     for b in sorted(bits, reverse=True):
-        points += [GridPoint(f"int{b}", granularity) for granularity in granularities]
+        points += [GridPoint(int_precision(b).name, granularity) for granularity in granularities]
     return points
 
 
@@ -106,7 +106,7 @@ def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: specs.A
     """The greedy policy for one row and how it executes: 'int-kernel', 'native' or 'simulated'. Conv policies'
     int rows calibrate their activation ranges on `observations` (`calibration_observations`)."""
     prec = parse_precision(point.precision)
-    if prec.is_int and prec.bits > MAX_KERNEL_BITS:
+    if prec.simulated:
         rounded = fake_quantize_params(policy.params, prec, point.per_channel)
         fp32 = quantize_params(rounded, "fp32")
         return make_greedy_policy(policy.spec, fp32, action_spec, backend="jax"), "simulated"

@@ -19,6 +19,7 @@ from typing import Any, Iterator, Sequence
 
 from bench.harness.learning_runs import eval_metrics, read_our_evals, run_one
 from bench.harness.results_io import append_json_line
+from quarl.quant.precision import precision_list_arg
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,7 +48,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.learning.dqn_stability", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="CartPole-v1")
     parser.add_argument("--seeds", default="0,1,2")
-    parser.add_argument("--precisions", default="int8,fp32")
+    parser.add_argument("--precisions", default="int8,fp32", type=precision_list_arg("actor"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--label", default="setting")
     parser.add_argument("--steps", type=int, default=None, help="env steps per run (default: the row's budget)")
@@ -65,7 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides = parse_overrides("dqn", args.overrides)
     except (ValueError, UsageError) as e:
         parser.exit(2, f"{parser.prog}: error: {e}\n")
-    precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
+    precisions = args.precisions
     args.out.parent.mkdir(parents=True, exist_ok=True)
     for rec in run_setting(args.task, overrides, seeds, precisions, label=args.label,
                            runs_dir=args.out.parent / "dqn_stability", backend=args.backend,

@@ -33,6 +33,7 @@ from bench.harness.machine import add_allow_busy, cpu_model, refuse_if_busy
 from bench.harness.results_io import write_csv, write_text
 from bench.harness.rows import DQN_ROWS, QUICK_ROWS, LearningRow
 from bench.learning.int8_vs_fp32_report import markdown_table, plot_curves, read_curves
+from quarl.quant.precision import precision_list_arg
 
 _ROW_SETS: dict[str, tuple[LearningRow, ...]] = {"dqn": DQN_ROWS}
 
@@ -91,7 +92,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--rows", default="dqn", help="row set: dqn, d4pg, ... or all")
     p.add_argument("--tasks", default=None, help="comma-separated subset of the row set's tasks")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--precisions", default="fp32,int8")
+    p.add_argument("--precisions", default="fp32,int8", type=precision_list_arg("actor"))
     p.add_argument("--backend", default="auto")
     p.add_argument("--full-curves", action="store_true", help="run every budget to the end (no stop at target)")
     p.add_argument("--quick", action="store_true", help="CartPole only, seed 0, small budget (a smoke run)")
@@ -111,7 +112,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-        precisions = [s.strip() for s in args.precisions.split(",") if s.strip()]
+        precisions = args.precisions
         if args.quick:
             name, rows, seeds = "quick", QUICK_ROWS, seeds[:1]
         elif args.rows == "all":

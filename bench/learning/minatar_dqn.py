@@ -37,6 +37,7 @@ from bench.harness.learning_runs import run_one
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info
 from bench.harness.results_io import command_line, write_results
 from bench.harness.rows import LearningRow
+from quarl.quant.precision import precision_name_arg
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "bench"
@@ -116,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--frames", type=int, default=100_000, help="env steps (= MinAtar frames) per run")
     parser.add_argument("--eval-every", type=int, default=25_000)
     parser.add_argument("--eval-episodes", type=int, default=10)
-    parser.add_argument("--precision", default="int8")
+    parser.add_argument("--precision", default="int8", type=precision_name_arg("actor"))
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="override one of the authors' settings (JSON value), e.g. --set min_replay_size=500")
     parser.add_argument("--out", default=str(RESULTS))

@@ -33,6 +33,7 @@ from bench.harness.learning_runs import REPO, empty_run_dir, paired_test, read_o
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.harness.results_io import command_line, save_figure, write_results
 from bench.harness.subprocess_runs import run_subprocess
+from quarl.quant.precision import precision_list_arg
 
 ARMS = ("sync-none", "async-none", "async-tis", "async-vtrace")
 DEFAULT_STEPS = {"CartPole-v1": 40_000, "cartpole:balance": 100_000}
@@ -211,7 +212,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--tasks", default="CartPole-v1,cartpole:balance")
     p.add_argument("--seeds", default="0,1,2,3,4")
     p.add_argument("--arms", default=",".join(ARMS))
-    p.add_argument("--precisions", default="fp32,int8")
+    p.add_argument("--precisions", default="fp32,int8", type=precision_list_arg("actor"))
     p.add_argument("--num-actors", type=int, default=2)
     p.add_argument("--steps", default="")
     p.add_argument("--runs", type=Path, default=REPO / "runs" / "bench" / "onpolicy_corrections")
@@ -224,7 +225,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     bad = [a for a in args.arms if a not in ARMS]
     if bad:
         p.error(f"--arms: unknown {', '.join(bad)} (choose from {', '.join(ARMS)})")
-    args.precisions = [x for x in args.precisions.split(",") if x]
     try:
         args.seeds = [int(s) for s in args.seeds.split(",") if s]
     except ValueError:

@@ -33,6 +33,7 @@ from bench.harness.results_io import write_csv, write_text
 from bench.learning.ptq_study import EVAL_SEED_BASE, REPO, has_policy
 from quarl.policy.reference import reference_apply
 from quarl.policy.spec import ParamTree, PolicySpec
+from quarl.quant.precision import precision_name_arg
 from quarl.quant.quantization import fake_quantize_params
 
 FIELDS = ("algo", "task", "seed", "precision", "states", "median_margin", "median_error", "error_over_margin",
@@ -137,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench.learning.ptq_margins", description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=Path, default=REPO / "runs" / "bench" / "ptq_study")
     parser.add_argument("--out", type=Path, default=REPO / "results" / "bench")
-    parser.add_argument("--precision", default="int8", choices=[f"int{b}" for b in range(2, 9)])
+    parser.add_argument("--precision", default="int8", type=precision_name_arg("kernel"))
     args = parser.parse_args(argv)
     # The fp32 runs ("s<seed>"): QAT runs beside them ("s<seed>-qat<B>") are evaluated at their own width, not PTQ'd.
     # Only completed runs: a stopped or failed one leaves a policy too, not the cell's (as bench.learning.ptq_study).

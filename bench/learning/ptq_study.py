@@ -55,6 +55,7 @@ from bench.learning.ptq_study_report import CSV_FILE, MD_FILE, PNG_FILE, SESSION
 from bench.learning.ptq_study_rows import QAT_PREFIX, group, merge_folders, read_rows, write_rows
 from launch.cli import OneLineArgumentParser, UsageError
 from quarl.ops.io import read_json_list
+from quarl.quant.precision import MAX_KERNEL_BITS, is_int_name
 
 REPO = Path(__file__).resolve().parents[2]
 EVAL_SEED_BASE = 500_000  # PTQ evaluation seeds: apart from training (seed) and its evaluator (seed + 10,000)
@@ -152,14 +153,14 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         if args.episodes is not None and args.episodes <= 0:
             raise UsageError("--episodes must be positive")
         args.bits = parse_bits(args.bits)
-        if max(args.bits) > 8:
+        if max(args.bits) > MAX_KERNEL_BITS:
             raise UsageError("--bits: the study covers the integer kernels, 2..8")
         args.include = parse_include(args.include)
         if args.qat_bits is None or args.qat_bits.strip().lower() == "none":
             args.qat_bits = None if args.qat_bits is None and not args.quick else []
         else:
-            args.qat_bits = parse_bits(args.qat_bits)
-            if max(args.qat_bits) > 8:
+            args.qat_bits = parse_bits(args.qat_bits, "--qat-bits")
+            if max(args.qat_bits) > MAX_KERNEL_BITS:
                 raise UsageError("--qat-bits: QAT trains for the integer kernels, 2..8")
         args.backend = check_backend(args.backend)
         quick_dir = REPO / "runs" / "bench" / "ptq_study-quick"
@@ -232,7 +233,7 @@ def sweep_cell(logdir: Path, seed: int, precisions: Sequence[str], episodes: int
     seeds = [EVAL_SEED_BASE + 1000 * seed + i for i in range(episodes)]
     out = []
     for precision in precisions:
-        point = GridPoint(precision, "per-channel" if precision.startswith("int") else "n/a")
+        point = GridPoint(precision, "per-channel" if is_int_name(precision) else "n/a")
         greedy, execution = make_row_policy(point, policy, action_spec, backend, observations)
         stats = evaluate_seeds(policy.task, greedy, seeds)
         out.append({"algo": policy.agent, "task": policy.task, "seed": seed, "train_steps": summary["actor_steps"],

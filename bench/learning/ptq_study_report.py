@@ -13,16 +13,17 @@ from typing import Any, Sequence
 from bench.harness.machine import describe_load
 from bench.harness.results_io import save_figure
 from bench.learning.ptq_study_grid import recorded_rule
+from quarl.quant.precision import parse_precision
 
 CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE = "ptq_study.csv", "ptq_study.md", "ptq_study.png", "ptq_study_sessions.json"
+QAT_PREFIX = "qat-"  # a QAT run's row: "qat-int4" is the policy trained with --qat-bits 4, evaluated at int4
 WITHIN = 0.05  # "int8 within a few percent of fp32": |relative change| <= 5%
 
 
-def precision_order(name: str) -> tuple[int, str]:
+def precision_order(name: str) -> tuple[int, int, str]:
     """fp32, bf16, fp16, then integers from widest to narrowest, each QAT row ("qat-int4") after its PTQ width:
     the plot's x axis and the table's row order."""
-    floats = {"fp32": 0, "bf16": 1, "fp16": 2}
-    return (floats[name], name) if name in floats else (100 - int(name.removeprefix("qat-").removeprefix("int")), name)
+    return (*parse_precision(name.removeprefix(QAT_PREFIX)).sort_key, name)
 
 
 def converged(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -152,18 +153,19 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
         lines += ["", "Why a discrete policy misses: `python -m bench.learning.ptq_margins` measures each cell's "
                   "greedy-action margins against int8's output error on the states it visits "
                   "([ptq_margins.md](ptq_margins.md))."]
-    qat = [s for s in summary if s["precision"].startswith("qat-")]
+    qat = [s for s in summary if s["precision"].startswith(QAT_PREFIX)]
     if qat:
         lines += ["", "## QAT beside PTQ (change from the seed's fp32 reward, mean ± std over seeds)", "",
                   "PTQ on the QAT runs' seeds only, so each row compares the same seeds (a QAT run may exist for "
                   "fewer seeds than the cell has).", "",
                   "| algorithm | task | bits | PTQ | QAT | seeds (QAT) |", "|---|---|---:|---:|---:|---:|"]
         for s in qat:
-            ptq = by_key.get((s["algo"], s["task"], s["precision"].removeprefix("qat-")))
+            deployed = parse_precision(s["precision"].removeprefix(QAT_PREFIX))
+            ptq = by_key.get((s["algo"], s["task"], deployed.name))
             paired = [] if ptq is None else [ptq["changes_by_seed"][k] for k in sorted(s["changes_by_seed"])
                                              if k in ptq["changes_by_seed"]]
             ptq_text = _change(*_spread(paired)) if paired else "—"
-            lines.append(f"| {s['algo']} | {s['task']} | {s['precision'].removeprefix('qat-int')} | {ptq_text} | "
+            lines.append(f"| {s['algo']} | {s['task']} | {deployed.bits} | {ptq_text} | "
                          f"{_change(s['change_mean'], s['change_std'])} | {s['seeds']} |")
     lines += ["", "## Every precision", "",
               "| algorithm | task | precision | seeds | episodes / seed | env steps | reward (mean ± std over seeds) | "

@@ -9,14 +9,13 @@ from typing import Any, Sequence
 
 from bench.harness.results_io import write_csv, write_json
 from bench.learning.ptq_study_grid import recorded_rule
-from bench.learning.ptq_study_report import CSV_FILE, SESSIONS_FILE
+from bench.learning.ptq_study_report import CSV_FILE, QAT_PREFIX, SESSIONS_FILE
 from launch.cli import UsageError
 from quarl.ops.io import read_json_list
 
 CSV_FIELDS = ("algo", "task", "seed", "train_steps", "precision", "bits", "granularity", "execution", "backend",
               "episodes", "mean_return", "std_return", "policy_bytes", "train_final_eval", "reference", "cpu",
               "train_eval_episodes", "train_target_streak")
-QAT_PREFIX = "qat-"  # a QAT run's row: "qat-int4" is the policy trained with --qat-bits 4, evaluated at int4
 
 
 def group(r: dict[str, Any]) -> tuple[str, str, int, int | None]:

@@ -42,6 +42,7 @@ import numpy as np
 from bench.harness.machine import describe_load, finish, machine_info as base_machine_info
 from bench.harness.results_io import save_figure, write_json_sorted, write_text
 from quarl.ops.machine import package_versions
+from quarl.quant.precision import parse_bit_list
 
 TASK = "CartPole-v1"
 HIDDEN = (64, 64)
@@ -120,11 +121,9 @@ def parse_args(argv: Sequence[str] | None) -> Plan:
     if episodes > 10_000:
         parser.error(f"--episodes must be at most 10000, got {episodes}")
     try:
-        bits = tuple(sorted({int(b) for b in (args.bits or ("2,4" if quick else "2,3,4")).split(",")}))
-    except ValueError:
-        parser.error(f"--bits must be comma-separated integers, got {args.bits!r}")
-    if not bits or not all(2 <= b <= 8 for b in bits):
-        parser.error(f"--bits must be in [2, 8], got {args.bits!r}")
+        bits = parse_bit_list(args.bits or ("2,4" if quick else "2,3,4"), "kernel")
+    except ValueError as e:
+        parser.error(f"--bits: {e}")
     out = Path(args.out) if args.out else Path("runs/bench/qat-quick" if quick else "results/bench")
     refuse_if_busy(parser, args.allow_busy)
     return Plan(seeds, steps, max(1000, steps // 16), episodes, bits, out, quick, args.allow_busy)

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.harness.results_io import write_text
+from quarl.quant.precision import parse_bit_list
 
 
 def measure(bits: list[int], width: int) -> dict[str, Any]:
@@ -122,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     try:
-        bits = [int(b) for b in args.bits.split(",") if b]
-        if not bits or any(not 2 <= b <= 8 for b in bits) or args.width < 2:
-            raise ValueError
-    except ValueError:
-        p.exit(2, f"{p.prog}: error: --bits takes integers in 2..8 and --width at least 2\n")
+        bits = sorted(parse_bit_list(args.bits, "kernel"), reverse=True)
+    except ValueError as e:
+        p.exit(2, f"{p.prog}: error: --bits: {e}\n")
+    if args.width < 2:
+        p.exit(2, f"{p.prog}: error: --width must be at least 2\n")
     from bench.harness.emulation import ARM_CPUS  # pylint: disable=import-outside-toplevel
 
     unknown = [m for m in args.qemu_arm_cpus.split(",") if m and m not in ARM_CPUS]

@@ -28,6 +28,7 @@ import numpy as np
 from bench.micro.inference import OBS_DIM, make_params
 from bench.harness.machine import add_allow_busy, refuse_if_busy
 from bench.harness.results_io import write_json
+from quarl.quant.precision import precision_name_arg
 
 
 def _call_us(fn: Callable[[], Any], n: int = 200) -> float:
@@ -107,7 +108,7 @@ def measure(hidden: int, precision: str, repeats: int) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.micro.update", description=__doc__.splitlines()[0])
     p.add_argument("--hidden", type=int, default=2048)
-    p.add_argument("--precision", default="int8")
+    p.add_argument("--precision", default="int8", type=precision_name_arg())
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--out", type=Path)
     add_allow_busy(p)
@@ -115,11 +116,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.hidden < 1 or args.repeats < 1:
         p.exit(2, f"{p.prog}: error: --hidden and --repeats must be positive\n")
     refuse_if_busy(p, args.allow_busy)
-    try:
-        from quarl.quant.precision import parse_precision
-        parse_precision(args.precision)
-    except ValueError as e:
-        p.exit(2, f"{p.prog}: error: {e}\n")
     result = measure(args.hidden, args.precision, args.repeats)
     for key, value in result.items():
         print(f"{key:34s} {value}")

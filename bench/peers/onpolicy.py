@@ -35,6 +35,7 @@ from bench.harness.machine import add_allow_busy, finish, machine_info, refuse_i
 from bench.harness.results_io import write_results
 from bench.harness.subprocess_runs import run_subprocess
 from bench.peers.offpolicy_results import dqn_markdown
+from quarl.quant.precision import precision_list_arg
 
 RUN_TIMEOUT_S = 3600.0
 
@@ -126,7 +127,8 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--eval-every", type=int, default=None, help="default 5000 (2000 quick)")
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--target", type=float, default=475.0)
-    parser.add_argument("--precisions", default="int8,fp32", help="our actors' precisions")
+    parser.add_argument("--precisions", default="int8,fp32", type=precision_list_arg("actor"),
+                        help="our actors' precisions")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="our agent's config overrides (launch.train --set)")
     parser.add_argument("--sb3-python", default=os.environ.get("QUARL_SB3_PYTHON"),
@@ -142,7 +144,6 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
     args.steps = args.steps or (4000 if args.quick else 100_000)
     args.eval_every = args.eval_every or (2000 if args.quick else 5000)
-    args.precisions = [p.strip() for p in args.precisions.split(",") if p.strip()]
     if not args.seeds or min(args.seeds) < 0 or min(args.steps, args.eval_every, args.eval_episodes) <= 0:
         parser.error("--seeds, --steps, --eval-every and --eval-episodes must be non-negative / positive")
     import agents  # pylint: disable=import-outside-toplevel

@@ -34,6 +34,7 @@ import numpy as np
 
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, pin_to_one_core, refuse_if_busy
 from bench.harness.results_io import write_results
+from quarl.quant.precision import precision_list_arg
 
 REPO = Path(__file__).resolve().parents[2]
 FULL = {"rounds": 40, "block": 50}
@@ -139,7 +140,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return run_returns(argv[1:])
     parser = argparse.ArgumentParser(prog="bench.system.actorq_minatar", description=__doc__.split("\n\n")[0])
     parser.add_argument("--task", default="MinAtar/Breakout")
-    parser.add_argument("--precisions", default="fp32,int8")
+    parser.add_argument("--precisions", default="fp32,int8", type=precision_list_arg("actor"))
     parser.add_argument("--rounds", type=int, default=None)
     parser.add_argument("--block", type=int, default=None)
     parser.add_argument("--quick", action="store_true", help="seconds: a smoke run, not a figure")
@@ -148,7 +149,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if not args.task.startswith("MinAtar/"):
         parser.exit(2, f"{parser.prog}: error: --task must be a MinAtar task, got {args.task!r}\n")
-    precisions = [p for p in args.precisions.split(",") if p]
+    precisions = args.precisions
     budget = dict(QUICK if args.quick else FULL)
     budget.update({k: v for k, v in (("rounds", args.rounds), ("block", args.block)) if v is not None})
     if budget["rounds"] < 1 or budget["block"] < 1 or not precisions:

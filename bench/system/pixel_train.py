@@ -25,6 +25,7 @@ from typing import Any, Sequence
 from bench.harness.learner_variants import VARIANTS, variant
 from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
 from bench.harness.results_io import write_and_print
+from quarl.quant.precision import precision_name_arg
 
 REPO = Path(__file__).resolve().parents[2]
 ACTOR_STAGES = ("env_step_s", "policy_s", "insert_s", "quantize_encode_s", "load_s", "deserialize_s")
@@ -89,7 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--agent", default="ppo", choices=("ppo", "a2c", "dqn"))
     parser.add_argument("--task", default="MinAtar/Breakout")
     parser.add_argument("--steps", type=int, default=160_000, help="env steps per run")
-    parser.add_argument("--precision", default="int8")
+    parser.add_argument("--precision", default="int8", type=precision_name_arg("actor"))
     parser.add_argument("--variants", default="program,before", help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--quick", action="store_true", help="20,000 steps of `program` only (a smoke run)")
     parser.add_argument("--out", type=Path, default=None)

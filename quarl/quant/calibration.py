@@ -23,7 +23,7 @@ import numpy.typing as npt
 
 from quarl.policy.reference import reference_apply
 from quarl.policy.spec import ParamTree, PolicySpec
-from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
+from quarl.quant.precision import Precision, parse_precision
 from quarl.quant.quantization import QuantizedParams, dequantize_params, quantize_params
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ MAX_CALIBRATION_OBS = 256
 def needs_calibration(spec: PolicySpec, precision: str | Precision) -> bool:
     """True for conv policies at int2..int8: their actors quantize activations with static scales."""
     prec = parse_precision(precision)
-    return bool(spec.conv_layers) and prec.is_int and prec.bits <= MAX_KERNEL_BITS
+    return bool(spec.conv_layers) and prec.has_int_kernel
 
 
 def cold_start_observations(spec: PolicySpec, count: int = 64, seed: int = 0) -> np.ndarray:

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
 
 MIN_BITS, MAX_BITS = 2, 16
 # The widest integer code an int8 kernel (AQT's s8 dot, ONNX Runtime's integer GEMMs) takes. Wider integer
@@ -183,9 +185,23 @@ def parse_bit_list(text: str, role: str = "any") -> tuple[int, ...]:
 
 def precision_arg(role: str = "any") -> Callable[[str], Precision]:
     """An argparse `type=` that parses one precision of `role` (a bad one is argparse's one-line error, exit 2)."""
-    def parse(text: str) -> Precision:
+    return _argparse_type(lambda text: parse_precision(text, role))
+
+
+def precision_name_arg(role: str = "any") -> Callable[[str], str]:
+    """`precision_arg`, giving the canonical name: for CLIs that pass it on to a subprocess or key records by it."""
+    return _argparse_type(lambda text: parse_precision(text, role).name)
+
+
+def precision_list_arg(role: str = "any") -> Callable[[str], list[str]]:
+    """An argparse `type=` for comma-separated precisions of `role` ('fp32,8' -> ['fp32', 'int8'])."""
+    return _argparse_type(lambda text: [p.name for p in parse_precision_list(text, role)])
+
+
+def _argparse_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    def checked(text: str) -> T:
         try:
-            return parse_precision(text, role)
+            return parse(text)
         except ValueError as e:
             raise argparse.ArgumentTypeError(str(e)) from None
-    return parse
+    return checked

@@ -19,7 +19,7 @@ import functools
 from typing import Callable
 
 from quarl.policy.spec import ParamTree, PolicySpec
-from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
+from quarl.quant.precision import Precision, parse_precision
 from quarl.quant.quantization import QuantizedParams, quantize_params
 from quarl.runtimes.auto import auto_decisions, cache_path, clear_auto_decisions, make_auto_executor
 from quarl.runtimes.base import PolicyExecutor, check_sizes, layer_widths
@@ -58,7 +58,7 @@ def auto_candidates(precision: str | Precision,
     nbits = prec.is_int and prec.bits <= MAX_NBITS_PRECISION
     out = {name: make for name, make in BACKENDS.items() if nbits or name != "onnx-nbits"}
     out["onnx"] = functools.partial(OnnxExecutor, kernel_form=kernel_form)
-    if prec.is_int and prec.bits <= MAX_KERNEL_BITS and kernel_form != FALLBACK_FORM:
+    if prec.has_int_kernel and kernel_form != FALLBACK_FORM:
         out[DEQUANTIZED_CANDIDATE] = functools.partial(OnnxExecutor, kernel_form=FALLBACK_FORM)
     return out
 

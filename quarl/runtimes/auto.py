@@ -33,7 +33,7 @@ import numpy as np
 
 from quarl.ops.io import write_text_atomic
 from quarl.policy.spec import Linear, PolicySpec
-from quarl.quant.precision import MAX_KERNEL_BITS, parse_precision
+from quarl.quant.precision import parse_precision
 from quarl.quant.quantization import QuantizedParams
 from quarl.runtimes.base import PolicyExecutor, layer_widths
 from quarl.runtimes.cpu import cpu_info
@@ -82,7 +82,7 @@ def onnx_kernel_form(spec: PolicySpec, precision: str, kernel_form: str | None =
     """The (self-checked, cached) ONNX integer kernel form this CPU uses for `spec` at `precision`; "-" for
     precisions without an integer kernel."""
     prec = parse_precision(precision)
-    if not prec.is_int or prec.bits > MAX_KERNEL_BITS:
+    if not prec.has_int_kernel:
         return "-"
     if spec.conv_layers:  # conv policies run static int8 graphs with their own forms
         return select_static_form(prec.bits, kernel_form)["form"]

@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from quarl.policy.spec import Activation, Conv2D, Flatten, Layer, LayerNorm, Linear, PolicySpec, TanhToSpec
-from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
+from quarl.quant.precision import Precision, parse_precision
 from quarl.quant.quantization import QTensor, QuantizedParams, dequantize
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def lower_params(spec: PolicySpec, qparams: QuantizedParams, native_floats: tupl
     tree = qparams.tree
     if not isinstance(tree, Mapping):
         raise ValueError("QuantizedParams.tree must be a nested mapping (haiku layout)")
-    simulated = (prec.is_int and prec.bits > MAX_KERNEL_BITS) or (
+    simulated = prec.simulated or (
         prec.kind == "float" and prec.name != "fp32" and prec.name not in native_floats)
     dense: dict[str, DenseWeights] = {}
     norms: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -185,7 +185,7 @@ def lower_params(spec: PolicySpec, qparams: QuantizedParams, native_floats: tupl
         if prec.is_int:
             if not isinstance(leaf, QTensor):
                 raise ValueError(f"{what} must be a QTensor for precision {prec.name}, got {type(leaf).__name__}")
-            if prec.bits <= MAX_KERNEL_BITS:
+            if prec.has_int_kernel:
                 codes, scale = _int_leaf(leaf, shape, prec.bits, what)
                 dense[layer.name] = DenseWeights("int", codes, b, scale)
             else:

@@ -126,7 +126,7 @@ def test_sweep_grid_order():
     (["--bits", "four"], "not an integer"),
     (["--bits", ""], "at least one"),
     (["--include", "fp64"], "unknown precision"),
-    (["--include", "int8"], "not one of fp16, bf16"),
+    (["--include", "int8"], "not one of bf16, fp16"),
     (["--episodes", "0"], "--episodes must be a positive integer"),
     (["--episodes", "-3"], "--episodes must be a positive integer"),
     (["--seed", "-1"], "--seed"),
