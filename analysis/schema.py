@@ -53,7 +53,10 @@ SUMMARY_KEYS = (
 ACTOR_KEYS = ("actor_id", "attempt", "starts", "actor_steps", "total_steps", "episodes", "envs_per_actor",
               "pinned_core", "elapsed_s", "steps_per_s", "backend", "kernel", "weights_version",
               "first_weights_version", "transitions_inserted", "payloads_rejected", "last_payload_rejection",
-              "build_s", "times", "energy")
+              "build_s", "times", "learner_wait_s", "energy")
+# learner_wait_s: seconds an on-policy actor stood still for its learner (distributed: the long poll for the
+# weights after a rollout, and waiting for room in its outbox; one process: the updates it waited through), kept
+# out of `times`' stages; None for a replay actor, whose wait is the rate limiter's (replay.insert_blocked_s).
 
 
 LEARNER_KEYS = ("learner_steps", "steps_this_run", "training_s", "steps_per_s", "step_s", "step_s_mean",

@@ -269,7 +269,9 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
                       actor=actor, actor_build_s=actor_build_s, episodes=loop.episodes, table_info=feed.info(),
                       energy_result=energy_result, best_policy_file=best_file,
                       sync_learner=sync_learner, update_period=update_period, agent_config=agent_config,
-                      status=status)
+                      status=status, num_envs=num_envs,
+                      # On-policy, the actor stands still while the learner updates on its rollout.
+                      learner_wait_s=clock["learner_s"] if builder.on_policy else None)
 
 
 def save_best_policy(config: ExperimentConfig, spec: PolicySpec, learner: "Learner", row: EvalRow) -> str:
@@ -298,7 +300,8 @@ def finish_run(config: ExperimentConfig, spec: PolicySpec, learner: "Learner", c
                evals: list[EvalRow], wall: float, times: StageTimes, clock: dict[str, float], *,
                actor: "Actor", actor_build_s: float, episodes: int, table_info: dict[str, JSONValue],
                energy_result: dict[str, JSONValue] | None, best_policy_file: str | None, sync_learner: bool,
-               update_period: int, agent_config: "AgentConfig", status: str = "completed") -> Summary:
+               update_period: int, agent_config: "AgentConfig", status: str = "completed",
+               num_envs: int = 1, learner_wait_s: float | None = None) -> Summary:
     """Ends a single-process run the one way every agent's run ends, whether it completed or was stopped
     (`status` "interrupted"): saves the final policy, writes summary.json atomically (with where the learner
     ran) and returns the summary."""
@@ -307,7 +310,8 @@ def finish_run(config: ExperimentConfig, spec: PolicySpec, learner: "Learner", c
                        actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
                        table_info=table_info, energy_result=energy_result, policy_file=policy_file,
                        best_policy_file=best_policy_file, sync_learner=sync_learner, update_period=update_period,
-                       agent_config=jsonable(dataclasses.asdict(agent_config)), status=status)
+                       agent_config=jsonable(dataclasses.asdict(agent_config)), status=status, num_envs=num_envs,
+                       learner_wait_s=learner_wait_s)
     summary["learner_device"] = device_report()
     write_json_atomic(Path(config.logdir) / "summary.json", summary)
     return summary
@@ -317,7 +321,8 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
              fp32_bytes: int, actor: "Actor", actor_build_s: float, episodes: int, learner: "Learner",
              evals: list[EvalRow], table_info: dict[str, JSONValue], energy_result: dict[str, JSONValue] | None,
              policy_file: str, best_policy_file: str | None, sync_learner: bool, update_period: int,
-             agent_config: dict[str, JSONValue], status: str) -> Summary:
+             agent_config: dict[str, JSONValue], status: str, num_envs: int,
+             learner_wait_s: float | None) -> Summary:
     """This run in summary.json's one layout (`launch.experiments.summary.build_summary`): one actor, one learner, and a
     weight channel that publishes one version per update, all in this process."""
     steps, updates = int(learner.steps), times.updates
@@ -330,13 +335,13 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
                "published": updates, "requests": updates, "payloads_served": updates, "not_modified": 0}
     del payload["payload_bytes"]
     actor_entry = {"actor_id": 0, "attempt": 1, "starts": 1, "actor_steps": times.env_steps,
-                   "total_steps": times.env_steps, "episodes": episodes, "envs_per_actor": run.envs_per_actor,
+                   "total_steps": times.env_steps, "episodes": episodes, "envs_per_actor": num_envs,
                    "elapsed_s": wall, "steps_per_s": times.env_steps / max(wall, 1e-9), "backend": actor.backend,
                    "kernel": actor.kernel,  # integer kernel form + self-check (None on floats)
                    "weights_version": channel.version, "first_weights_version": 0,
                    "transitions_inserted": int(table_info.get("inserts", 0)), "payloads_rejected": 0,
                    "last_payload_rejection": None, "build_s": actor_build_s, "times": times.summary(),
-                   "energy": None}  # one process: its energy is energy.nodes.run
+                   "learner_wait_s": learner_wait_s, "energy": None}  # one process: its energy is energy.nodes.run
     learner_entry = {"learner_steps": steps, "steps_this_run": steps, "training_s": None,
                      "steps_per_s": steps / max(wall, 1e-9), "step_s": clock["learner_s"],
                      "step_s_mean": clock["learner_s"] / steps if steps else 0.0,

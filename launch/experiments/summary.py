@@ -64,7 +64,7 @@ def build_summary(config: "ExperimentConfig", *, runner: str, status: str, error
         # would name (onnx-dequantized ...) and the CPU class: with the seed, what fixes the run's numerics.
         **run_execution({"precision": config.precision.name, "actors": actors}),
         "num_actors": 1 if runner == "single" else config.distributed.num_actors,  # ExperimentConfig.distributed
-        "envs_per_actor": getattr(config, "envs_per_actor", 1),
+        "envs_per_actor": _envs_per_actor(actors, getattr(config, "envs_per_actor", 1)),
         "seed": config.seed,
         "experiment": config.to_dict(),
         "config": None if agent_config is None else dict(agent_config),  # the agent's config, every field
@@ -110,6 +110,14 @@ def build_summary(config: "ExperimentConfig", *, runner: str, status: str, error
     if summary["policy_file"] is None:
         summary["policy_file"] = learner.get("policy_file")
     return {k: summary[k] for k in SUMMARY_KEYS}
+
+
+def _envs_per_actor(actors: Sequence[Mapping[str, JSONValue]], asked: int) -> int:
+    """The environments each actor stepped, as the actors report it: an on-policy agent's rollouts step its
+    config's `num_envs` when --envs-per-actor is 1, so the flag's value alone can be wrong (`asked`: when no
+    actor reported, or they differ)."""
+    ran = {int(a["envs_per_actor"]) for a in actors if a.get("envs_per_actor")}
+    return ran.pop() if len(ran) == 1 else int(asked)
 
 
 def _int_or_none(value: float | None) -> int | None:

@@ -64,7 +64,8 @@ def actor_tables(summary: Mapping[str, JSONValue]) -> list["Table"]:
     """The paper's runtime breakdown: where each actor's time went (seconds), then what one weight update cost
     it (ms). With replay, an actor's insert includes any time the replay's rate limiter held it back, and the
     "all actors" row splits that out (the table's own count of it); a run without replay (on-policy: PPO, A2C)
-    has no limiter, and its actors' third stage is filling the rollout buffer."""
+    has no limiter, its actors' third stage is filling the rollout buffer, and the time each stood still for the
+    learner (`actors[i].learner_wait_s`) is a column of its own."""
     from rich.table import Table  # pylint: disable=import-outside-toplevel
 
     replay = bool(summary.get("replay"))
@@ -73,8 +74,10 @@ def actor_tables(summary: Mapping[str, JSONValue]) -> list["Table"]:
                                                       "rate limiter's hold, which the all-actors row splits out")
         columns: tuple[str, ...] = ("actor", "steps/s", "env", "policy", "insert", "held by the rate limiter")
     else:
-        times = Table(title="actor time (s)", caption="rollout: filling the rollout buffer (no replay)")
-        columns = ("actor", "steps/s", "env", "policy", "rollout")
+        times = Table(title="actor time (s)", caption="rollout: filling the rollout buffer (no replay); waiting "
+                                                      "for the learner: for its update after a rollout (newer weights,"
+                                                      " room in the outbox)")
+        columns = ("actor", "steps/s", "env", "policy", "rollout", "waiting for the learner")
     for col in columns:
         times.add_column(col, justify="right")
     updates = Table(title="weight updates (ms per update)")
@@ -85,7 +88,7 @@ def actor_tables(summary: Mapping[str, JSONValue]) -> list["Table"]:
         name = f"{a.get('actor_id')} ({a.get('backend') or '?'})"
         cells = [name, _fmt(a.get("steps_per_s"), ",.0f"), _fmt(tm.get("env_step_s"), ".1f"),
                  _fmt(tm.get("policy_s"), ".1f"), _fmt(tm.get("insert_s"), ".1f")]
-        times.add_row(*cells, *(["in insert"] if replay else []))
+        times.add_row(*cells, "in insert" if replay else _fmt(a.get("learner_wait_s"), ".1f"))
         updates.add_row(name, _fmt(tm.get("updates")), _fmt(tm.get("pull_ms_per_update"), ".2f"),
                         _fmt(tm.get("deserialize_ms_per_update"), ".2f"), _fmt(tm.get("load_ms_per_update"), ".2f"))
     insert, held = insert_split(summary)

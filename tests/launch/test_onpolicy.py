@@ -128,12 +128,19 @@ def test_rollout_sink_refuses_a_policy_without_its_log_probs_and_hands_out_whole
 
 
 def test_end_of_run_table_shows_no_rate_limiter_without_replay(tmp_path, capsys):
-    """PPO has no replay: the table's actor row names its rollout stage and no rate limiter."""
+    """PPO has no replay: the table's actor row names its rollout stage and no rate limiter, and shows the time the
+    actor stood still for the learner's updates; summary.json says how many environments the actor stepped (the
+    config's num_envs: --envs-per-actor is 1)."""
     from launch.experiments.summary_table import print_summary
 
     summary = _train(tmp_path / "ppo", "--agent", "ppo", "--task", "CartPole-v1", "--steps", "32", *PPO_TINY)
     assert summary["replay"] == {}
+    assert summary["envs_per_actor"] == summary["actors"][0]["envs_per_actor"] == 2  # PPO_TINY's num_envs
+    wait = summary["actors"][0]["learner_wait_s"]
+    assert wait == summary["learner"]["step_s"] > 0  # one process: the actor waits through each update
     capsys.readouterr()
     print_summary(summary)
     out = capsys.readouterr().out
     assert "rollout" in out and "rate limiter" not in out and "in insert" not in out, out
+    row = next(line for line in out.splitlines() if line.startswith("│ 0 ("))  # the actor's row of "actor time"
+    assert "waiting for the learner ┃" in out and row.split("│")[-2].strip() == f"{wait:.1f}", out

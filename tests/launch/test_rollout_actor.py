@@ -86,6 +86,9 @@ def test_a_rollout_actor_node_hands_out_rollouts_with_their_behaviour_log_probs_
         result = future.result(timeout=60)
         assert result["rollouts"] == 2 and result["first_weights_version"] == 0 and result["weights_version"] == 1
         assert result["actor_steps"] == 2 * T * K and result["times"]["env_steps"] == 2 * T * K
+        # From its first rollout until version 1 came it stood still for the learner (at least the 1 s `take`
+        # waited above): its own figure, not part of pulling the weights or filling the rollout.
+        assert result["learner_wait_s"] >= 1.0 > result["times"]["pull_s"] + result["times"]["insert_s"], result
         assert launch.handles["counter"].call("get")["actor_steps"] == 2 * T * K
     finally:
         launch.shutdown()

@@ -73,6 +73,7 @@ class RolloutActorNode(NodeBase):
         self._handed = threading.Condition()  # notified when a rollout enters the outbox
         self.times = StageTimes()
         self.rollouts = 0  # rollouts handed to the outbox (this process)
+        self.outbox_wait_s = 0.0  # handing rollouts out: waiting for room, i.e. for the learner to take one
 
     def stop(self) -> None:
         self._stop.set()
@@ -110,6 +111,7 @@ class RolloutActorNode(NodeBase):
         tracker = energy_tracker(self._logdir, name)
         log = csv_logger(self._logdir, name, self.LOG_FIELDS, "total_actor_steps")
         times = self.times = StageTimes()
+        self.outbox_wait_s = 0.0
         client = PolicyClient(self._weights, times, spec=self._builder.policy_spec(self._env_spec),
                               precision=self._precision, logdir=self._logdir, node=name)
         env = make_vector_environment(self._spec.task, derive_seed(self._seed, ACTOR_ENV_STREAM, attempt),
@@ -163,12 +165,13 @@ class RolloutActorNode(NodeBase):
             env.close()
             energy = stop_tracking(tracker)
         return {**result, "times": times.summary(), "first_weights_version": first_version,
-                "payloads_rejected": client.rejected, "last_payload_rejection": client.last_rejection,
-                "energy": energy}
+                "learner_wait_s": client.waited_s + self.outbox_wait_s, "payloads_rejected": client.rejected,
+                "last_payload_rejection": client.last_rejection, "energy": energy}
 
     def _hand_out(self, item: HandedRollout) -> None:
         """Puts a finished rollout in the outbox, waiting while it is full (re-checking the stop flag every
-        POLL_S); a stopping actor still leaves it there, for a learner to take, if there is room."""
+        POLL_S); a stopping actor still leaves it there, for a learner to take, if there is room. The time is
+        waiting for the learner (`outbox_wait_s`; the put itself is a queue append), not filling the rollout."""
         t0 = time.perf_counter()
         try:
             while True:
@@ -182,4 +185,4 @@ class RolloutActorNode(NodeBase):
                     if self._stop.is_set():
                         return
         finally:
-            self.times.insert_s += time.perf_counter() - t0
+            self.outbox_wait_s += time.perf_counter() - t0

@@ -41,6 +41,7 @@ class PolicyClient:
         self._precision = None if precision is None else parse_precision(precision).name
         self._logdir, self._node = logdir, node
         self.version = -1
+        self.waited_s = 0.0  # long polls (`fetch(wait_s > 0)`): waiting for the learner to publish, not pulling
         self.rejected = 0
         self.last_rejection: str | None = None
         self._last_rejected_digest = b""
@@ -52,13 +53,18 @@ class PolicyClient:
 
     def fetch(self, apply: ApplyFn | None = None, wait_s: float = 0.0) -> Payload | None:
         """The newest payload if it is newer than ours and valid (decoded, and `apply(payload)` done), else
-        None (nothing new, or rejected). `wait_s` > 0: the server waits that long for a newer version."""
+        None (nothing new, or rejected). `wait_s` > 0: the server waits that long for a newer version; that call
+        (a reference, no bytes) is time spent waiting for the learner (`waited_s`), reading the bytes is the pull."""
         t0 = time.perf_counter()
-        blob = (self._weights.call("get_payload", self.version, wait_s) if wait_s > 0
-                else self._weights.call("get_payload", self.version))
+        if wait_s > 0:
+            blob = self._weights.call("get_payload", self.version, wait_s)
+            waited = time.perf_counter()
+            self.waited_s += waited - t0
+        else:
+            blob, waited = self._weights.call("get_payload", self.version), t0
         data = None if blob is None else blob.get()
         t1 = time.perf_counter()
-        self._times.pull_s += t1 - t0
+        self._times.pull_s += t1 - waited
         self._times.pulls += 1
         if data is None:
             return None
