@@ -39,12 +39,18 @@ def sum_energy(parts: Mapping[str, Any]) -> dict[str, Any]:
 # The one summary.json layout (both runners): top-level keys, and the keys of each actors[] entry, of the learner
 # section and of the payload section. A key a runner has no value for is present with None (see
 # docs/ARCHITECTURE.md, "summary.json"); `runtime` is `launch.experiments.stages.runtime_section`.
+# The clocks (seconds), one meaning each in both runners: wall_clock_s, the launcher's around the whole run
+# (start-up and shutdown included); run_wall_clock_s, the run's own from its start to its stop (evaluator.csv's
+# wall_clock_s, and that of first_at_target and solved, is on it); train_clock_s, the run clock less the time
+# training stood still for evaluations. first_at_target: the first evaluation at or above target_return; solved:
+# the one that ended the first streak of target_streak such evaluations (time_to_target_s and
+# actor_steps_to_target are solved's).
 SUMMARY_KEYS = (
     "status", "error", "runner", "agent", "task", "precision", "backend", "kernel_form", "kernel_fallback",
     "executed", "executor", "cpu_class", "num_actors", "envs_per_actor", "seed", "experiment", "config", "logdir",
     "final_eval_return", "final_eval_return_fp32", "best_eval_return", "evaluations", "eval_episodes", "target_return",
-    "time_to_target_s", "actor_steps_to_target", "solved", "wall_clock_s", "run_wall_clock_s", "train_clock_s",
-    "evaluation_s", "sync_learner", "actor_steps", "learner_steps", "episodes", "actor_steps_per_s",
+    "time_to_target_s", "actor_steps_to_target", "first_at_target", "solved", "wall_clock_s", "run_wall_clock_s",
+    "train_clock_s", "evaluation_s", "sync_learner", "actor_steps", "learner_steps", "episodes", "actor_steps_per_s",
     "learner_steps_per_s", "actor_update_period", "weight_updates", "weights_version", "payload", "payload_bytes",
     "payload_bytes_fp32", "payloads_rejected", "runtime", "actors", "learner", "replay", "energy", "policy_file",
     "best_policy_file", "final_policy", "lost_nodes", "placement", "lost_hosts", "learner_device")
@@ -75,7 +81,9 @@ PAYLOAD_KEYS = ("precision", "bytes", "fp32_bytes", "compression", "versions", "
                 "put_ms_per_version", "ready_wait_s", "ready_wait_ms_per_version")
 
 
-# Facts only one runner has (the other writes None): the single-process loop's clocks and switches.
+# Facts each runner passes itself (None where it has none): the single-process loop's switches, and the clocks
+# the runners measure differently (train_clock_s: the run clock less the time training stood still for
+# evaluations; the distributed evaluator runs beside training, so there it is the run clock).
 RUNNER_FACTS = ("train_clock_s", "evaluation_s", "sync_learner", "final_eval_return_fp32", "actor_update_period",
                 "policy_file", "best_policy_file", "final_policy")
 # best_policy_file: policy_best_<precision>.qrlp (one process). final_policy: which weights version policy_file and

@@ -42,6 +42,7 @@ from launch.cli import (
     DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, TASK_HELP, ListTasksAction, OneLineArgumentParser, UsageError,
     add_learner_loop_argument, add_qat_argument, build_config, check_actor_precision, check_agent, check_agent_task,
     check_carbon_country, check_logdir, check_positive, check_task, fail, flag_names, parse_resources, qat_overrides,
+    warn,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
 from launch.overrides import parse_overrides
@@ -327,7 +328,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported only once the flags are valid: the supervisor brings the node classes, hence JAX (1.6 s of
     # imports on a 2-core machine against 0.08 s for this CLI), and a bad flag must fail at once.
     from launch.distributed.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
+    from launch.experiments.budget import budget_warnings  # pylint: disable=import-outside-toplevel
 
+    warn("launch.actorq", budget_warnings(inv.config, "--max-actor-steps", distributed=True))
     runner = make_runner(inv.runner, inv.ray_address)
     summary, code = run_program(inv.config, runner, progress=inv.progress)
     print_summary(summary)

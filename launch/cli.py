@@ -63,6 +63,12 @@ def fail(message: str) -> NoReturn:
     sys.exit(EXIT_USAGE)
 
 
+def warn(prog: str, messages: Sequence[str]) -> None:
+    """Each message as one `prog: warning: ...` line on stderr; the run goes on."""
+    for message in messages:
+        sys.stderr.write(f"{prog}: warning: {' '.join(str(message).split())}\n")
+
+
 # ------------------------------------------------------------------------------------------------ parsers
 
 

@@ -25,7 +25,7 @@ import agents
 from launch.cli import (
     DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError, add_common_arguments, build_config,
     check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, check_task,
-    fail, flag_names, qat_overrides,
+    fail, flag_names, qat_overrides, warn,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
 from launch.overrides import parse_overrides
@@ -94,7 +94,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
     from launch.experiments.summary_table import print_summary  # pylint: disable=import-outside-toplevel
     from launch.experiments.stopping import StopSignals, exit_code  # pylint: disable=import-outside-toplevel
+    from launch.experiments.budget import budget_warnings  # pylint: disable=import-outside-toplevel
 
+    warn(PROG, budget_warnings(config, "--steps", distributed=False))
     with StopSignals() as signals:  # SIGINT/SIGTERM: stop, then write the logs, the policy and summary.json
         summary = run_experiment(config, progress=not args.no_progress, should_stop=signals.requested)
     print_summary(summary)

@@ -134,6 +134,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     Writes evaluator.csv, learner.csv, actor.csv, summary.json and the final fp32 policy
     (policy_fp32.qrlp + .json, see `quarl.runtimes.policy_io`) under `config.logdir`.
     """
+    launched = time.perf_counter()  # summary.json's wall_clock_s counts building the run too; its run clock does not
     use_learner_device(config.learner_device)  # one process: the learner's device is the process's
     use_loop_form(config.learner_loop)  # before the learner is built: read when its update is traced
     builder = config.builder()
@@ -265,7 +266,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
         loop.close()
         eval_env.close()
 
-    return finish_run(config, spec, learner, channel, evals, time.perf_counter() - start, times, clock,
+    return finish_run(config, spec, learner, channel, evals, (launched, start), times, clock,
                       actor=actor, actor_build_s=actor_build_s, episodes=loop.episodes, table_info=feed.info(),
                       energy_result=energy_result, best_policy_file=best_file,
                       sync_learner=sync_learner, update_period=update_period, agent_config=agent_config,
@@ -297,17 +298,20 @@ def save_final_policy(config: ExperimentConfig, spec: PolicySpec, learner: "Lear
 
 
 def finish_run(config: ExperimentConfig, spec: PolicySpec, learner: "Learner", channel: WeightChannel,
-               evals: list[EvalRow], wall: float, times: StageTimes, clock: dict[str, float], *,
+               evals: list[EvalRow], started: tuple[float, float], times: StageTimes, clock: dict[str, float], *,
                actor: "Actor", actor_build_s: float, episodes: int, table_info: dict[str, JSONValue],
                energy_result: dict[str, JSONValue] | None, best_policy_file: str | None, sync_learner: bool,
                update_period: int, agent_config: "AgentConfig", status: str = "completed",
                num_envs: int = 1, learner_wait_s: float | None = None) -> Summary:
     """Ends a single-process run the one way every agent's run ends, whether it completed or was stopped
     (`status` "interrupted"): saves the final policy, writes summary.json atomically (with where the learner
-    ran) and returns the summary."""
+    ran) and returns the summary. `started`: the `time.perf_counter()` readings when the launcher began building
+    the run and when the run began (the origins of summary.json's wall_clock_s and run_wall_clock_s)."""
+    wall = time.perf_counter() - started[1]  # the run clock stops here; the launcher's also counts the saving
     fp32_bytes, policy_file = save_final_policy(config, spec, learner, channel, evals)
-    summary = _summary(config, wall, times, clock, channel=channel, fp32_bytes=fp32_bytes, actor=actor,
-                       actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
+    launcher_wall = time.perf_counter() - started[0]
+    summary = _summary(config, (launcher_wall, wall), times, clock, channel=channel, fp32_bytes=fp32_bytes,
+                       actor=actor, actor_build_s=actor_build_s, episodes=episodes, learner=learner, evals=evals,
                        table_info=table_info, energy_result=energy_result, policy_file=policy_file,
                        best_policy_file=best_policy_file, sync_learner=sync_learner, update_period=update_period,
                        agent_config=jsonable(dataclasses.asdict(agent_config)), status=status, num_envs=num_envs,
@@ -317,14 +321,16 @@ def finish_run(config: ExperimentConfig, spec: PolicySpec, learner: "Learner", c
     return summary
 
 
-def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[str, float], *, channel: WeightChannel,
-             fp32_bytes: int, actor: "Actor", actor_build_s: float, episodes: int, learner: "Learner",
-             evals: list[EvalRow], table_info: dict[str, JSONValue], energy_result: dict[str, JSONValue] | None,
-             policy_file: str, best_policy_file: str | None, sync_learner: bool, update_period: int,
-             agent_config: dict[str, JSONValue], status: str, num_envs: int,
+def _summary(run: ExperimentConfig, clocks: tuple[float, float], times: StageTimes, clock: dict[str, float], *,
+             channel: WeightChannel, fp32_bytes: int, actor: "Actor", actor_build_s: float, episodes: int,
+             learner: "Learner", evals: list[EvalRow], table_info: dict[str, JSONValue],
+             energy_result: dict[str, JSONValue] | None, policy_file: str, best_policy_file: str | None,
+             sync_learner: bool, update_period: int, agent_config: dict[str, JSONValue], status: str, num_envs: int,
              learner_wait_s: float | None) -> Summary:
     """This run in summary.json's one layout (`launch.experiments.summary.build_summary`): one actor, one learner, and a
-    weight channel that publishes one version per update, all in this process."""
+    weight channel that publishes one version per update, all in this process. `clocks`: (the launcher's wall
+    clock, the run clock)."""
+    launcher_wall, wall = clocks
     steps, updates = int(learner.steps), times.updates
     publish = {"versions": updates, "quantize_encode_s": times.quantize_encode_s, "put_s": None,
                "payload_bytes": channel.payload_bytes,
@@ -349,7 +355,7 @@ def _summary(run: ExperimentConfig, wall: float, times: StageTimes, clock: dict[
                      "resumed_from": None, "policy_file": policy_file, "publish": publish, "energy": None,
                      "loop_form": loop_form_record()}
     return build_summary(
-        run, runner="single", status=status, error=None, wall_clock_s=wall, run_wall_clock_s=wall,
+        run, runner="single", status=status, error=None, wall_clock_s=launcher_wall, run_wall_clock_s=wall,
         counts={"actor_steps": times.env_steps, "learner_steps": steps, "episodes": episodes}, evals=evals,
         final_eval_return=evals[-1]["return"] if evals else None, actors=[actor_entry], learner=learner_entry,
         runtime=runtime_section([times.summary()], times.quantize_encode_s, updates), payload=payload,

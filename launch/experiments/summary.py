@@ -45,6 +45,7 @@ def build_summary(config: "ExperimentConfig", *, runner: str, status: str, error
     target = getattr(config, "target_return", None)
     streak = getattr(config, "target_streak", 1)
     hit = solved_at(evals, target, streak)
+    first = solved_at(evals, target, 1)  # the first evaluation at or above the target (a streak may need more)
     if final_eval_return is None and returns:
         final_eval_return = returns[-1]
     actor_steps, learner_steps = int(counts.get("actor_steps", 0)), int(counts.get("learner_steps", 0))
@@ -76,14 +77,16 @@ def build_summary(config: "ExperimentConfig", *, runner: str, status: str, error
         "target_return": target,
         "time_to_target_s": None if hit is None else hit["wall_clock_s"],
         "actor_steps_to_target": None if hit is None else int(hit["actor_steps"]),
-        # When the run was solved: the evaluation that ended the first streak of `target_streak` evaluations at
-        # or above the target (None: not solved).
-        "solved": None if hit is None else {"target_return": target, "streak": streak, "return": hit["return"],
-                                            "actor_steps": int(hit["actor_steps"]),
-                                            "learner_steps": _int_or_none(hit.get("learner_steps")),
-                                            "wall_clock_s": hit["wall_clock_s"]},
-        "wall_clock_s": round(wall_clock_s, 3),  # the caller's clock, start-up and shutdown included
-        "run_wall_clock_s": round(run_wall_clock_s, 3),  # the run's own clock (what time-to-target is on)
+        # The first evaluation at or above the target, and the stable solve: the evaluation that ended the first
+        # streak of `target_streak` of them (the same one when the streak is 1; None: none reached it). Their
+        # wall_clock_s is the run clock (run_wall_clock_s), evaluator.csv's.
+        "first_at_target": _at_target(first, target),
+        "solved": None if hit is None else _at_target(hit, target, streak=streak),
+        # The clocks (analysis.schema): the launcher's around the whole run, start-up and shutdown included; the
+        # run's own from its start (one process: its first env step; distributed: the counter node's start) to
+        # its stop, evaluator.csv's clock.
+        "wall_clock_s": round(wall_clock_s, 3),
+        "run_wall_clock_s": round(run_wall_clock_s, 3),
         "actor_steps": actor_steps,
         "learner_steps": learner_steps,
         "episodes": int(counts.get("episodes", 0)),
@@ -110,6 +113,15 @@ def build_summary(config: "ExperimentConfig", *, runner: str, status: str, error
     if summary["policy_file"] is None:
         summary["policy_file"] = learner.get("policy_file")
     return {k: summary[k] for k in SUMMARY_KEYS}
+
+
+def _at_target(row: Mapping[str, JSONValue] | None, target: float | None, **extra: int) -> dict[str, JSONValue] | None:
+    """summary.json's record of an evaluation at or above the target: its return, its actor and learner steps and
+    the run clock at its start (None: no such evaluation)."""
+    if row is None:
+        return None
+    return {"target_return": target, **extra, "return": row["return"], "actor_steps": int(row["actor_steps"]),
+            "learner_steps": _int_or_none(row.get("learner_steps")), "wall_clock_s": row["wall_clock_s"]}
 
 
 def _envs_per_actor(actors: Sequence[Mapping[str, JSONValue]], asked: int) -> int:
@@ -150,9 +162,10 @@ def make_summary(config: "ExperimentConfig", status: str, error: str | None, res
                               float(publish.get("quantize_encode_s", 0.0)), int(publish.get("versions", 0)))
     energy = sum_energy({name: (r or {}).get("energy") for name, r in results.items() if isinstance(r, Mapping)})
     final = (evaluator.get("final") or {}).get("return") if isinstance(evaluator, Mapping) else None
+    run_clock = float(counts.get("wall_clock_s", wall_clock_s))
     return build_summary(
         config, runner="actorq", status=status, error=error, wall_clock_s=wall_clock_s,
-        run_wall_clock_s=float(counts.get("wall_clock_s", wall_clock_s)), counts=counts,
+        run_wall_clock_s=run_clock, train_clock_s=round(run_clock, 3), counts=counts,
         evals=read_evals(Path(config.logdir) / "evaluator.csv"), final_eval_return=final, actors=actors,
         learner=learner, runtime=runtime, payload=payload, replay=stats.get("replay") or {}, energy=energy,
         agent_config=agent_config, final_policy=final_policy,

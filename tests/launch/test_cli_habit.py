@@ -101,6 +101,40 @@ def test_summary_table_names_what_ran_the_run_folder_and_a_missing_target(capsys
     assert out.endswith("run folder: /x/run")
 
 
+def test_the_end_table_shows_one_labelled_clock_and_the_first_and_the_stable_evaluation_at_the_target(
+        tmp_path: Path, capsys, monkeypatch) -> None:
+    """summary.json's three clocks have one meaning each (launch.actorq fills train_clock_s: its evaluator runs
+    beside training), the table shows the run clock, evaluator.csv's, under a label that says so, and both the
+    first evaluation at the target and the one that ended the streak, with their steps and seconds."""
+    from launch.experiments.acting import EVAL_FIELDS
+    from launch.experiments.summary import make_summary
+    from quarl.ops.logs import CSVLogger
+
+    config = tiny_config(tmp_path, target_return=950.0, target_streak=2)
+    log = CSVLogger(tmp_path / "evaluator.csv", EVAL_FIELDS)
+    for i, ret in enumerate((100.0, 960.0, 900.0, 955.0, 970.0), start=1):  # first >= 950: #2; the streak ends: #5
+        log.write({"actor_steps": 100 * i, "learner_steps": 40 * i, "wall_clock_s": 5.0 * i,
+                   "train_clock_s": 5.0 * i, "return": ret})
+    log.close()
+    summary = make_summary(config, "completed", None, {}, {"counts": {"actor_steps": 500, "wall_clock_s": 26.0}},
+                           wall_clock_s=33.0)
+    assert (summary["wall_clock_s"], summary["run_wall_clock_s"], summary["train_clock_s"]) == (33.0, 26.0, 26.0)
+    assert summary["first_at_target"] == {"target_return": 950.0, "return": 960.0, "actor_steps": 200,
+                                          "learner_steps": 80, "wall_clock_s": 10.0}
+    assert summary["solved"] == {"target_return": 950.0, "streak": 2, "return": 970.0, "actor_steps": 500,
+                                 "learner_steps": 200, "wall_clock_s": 25.0}
+    assert summary["time_to_target_s"] == 25.0 and summary["actor_steps_to_target"] == 500
+    monkeypatch.setenv("COLUMNS", "200")  # one line a row
+    print_summary(summary)
+    out = capsys.readouterr().out
+    rows = {line.split("│")[1].strip(): line.split("│")[2].strip() for line in out.splitlines() if line.count("│") == 3}
+    caption = " ".join(out.split())
+    assert rows["run clock (s)"] == "26.0" and "run clock: the run's own" in caption and "as in evaluator.csv" in caption
+    assert rows["first eval >= target"] == "960.0 >= 950 at 200 actor / 80 learner steps, 10.0 s"
+    assert rows["solved (2 evals in a row >= target)"] == "970.0 >= 950 at 500 actor / 200 learner steps, 25.0 s"
+    assert not any("wall clock" in label or "33.0" in value for label, value in rows.items())  # one clock only
+
+
 def _summary_file(tmp_path: Path) -> tuple[Path, object]:
     config = tiny_config(tmp_path / "old", num_actors=1)
     (tmp_path / "old").mkdir()

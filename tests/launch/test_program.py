@@ -548,6 +548,11 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
     assert evaluator[0][-1]["train_clock_s"] == evaluator[0][-1]["wall_clock_s"]  # the evaluator is on the side
     assert all(r["return_fp32"] == "" for r in evaluator[0] + evaluator[1])  # no --eval-fp32 in either run
     assert (single["runner"], distributed["runner"]) == ("single", "actorq")
+    # One meaning per clock in both: the launcher's around the run > the run's own >= its training clock.
+    for run in (distributed, single):
+        assert run["wall_clock_s"] > run["run_wall_clock_s"] >= run["train_clock_s"] > 0, run["runner"]
+    assert distributed["train_clock_s"] == distributed["run_wall_clock_s"]  # its evaluator runs beside training
+    assert single["train_clock_s"] == pytest.approx(single["run_wall_clock_s"] - single["evaluation_s"], abs=2e-3)
     assert single["status"] == "completed" and single["num_actors"] == len(single["actors"]) == 1
     assert single["experiment"]["distributed"]["num_actors"] == 1 and single["experiment"]["max_actor_steps"] == 400
     assert single["config"] == distributed["config"]  # the same agent config, written whole by both

@@ -145,6 +145,37 @@ def test_an_unknown_precision_lists_only_what_actors_run(tmp_path, capsys):
     assert not (tmp_path / "run").exists()
 
 
+def test_a_budget_that_ends_before_learning_or_the_first_evaluation_is_warned_about(tmp_path, capsys, monkeypatch):
+    """`--steps 3000` with learning from 10k transitions trains nothing: said before the run, which still runs."""
+    from launch.experiments.budget import budget_warnings
+    from launch.experiments.config import ExperimentConfig
+
+    def config(**kw: object) -> ExperimentConfig:
+        base = {"agent": "dqn", "task": "CartPole-v1", "max_actor_steps": 3000, "logdir": str(tmp_path / "r"),
+                "overrides": {"min_replay_size": 10_000}}
+        return ExperimentConfig.create(**{**base, **kw})
+
+    (learning,) = budget_warnings(config(), "--steps", distributed=False)
+    assert learning.startswith("--steps 3,000 ends before learning starts") and "min_replay_size=10,000" in learning
+    assert budget_warnings(config(overrides={}), "--steps", distributed=False) == []  # learns from 1,000
+    (evaluation,) = budget_warnings(config(overrides={}, eval_every=5000), "--steps", distributed=False)
+    assert "before the first evaluation (every 5,000 actor steps" in evaluation
+    # On-policy: one process rounds the budget up to whole rollouts; distributed, every actor must finish one.
+    ppo = {"agent": "ppo", "overrides": {"num_envs": 4, "num_steps": 128}}  # 512 steps a rollout
+    assert budget_warnings(config(max_actor_steps=256, **ppo), "--steps", distributed=False) == []
+    (spread,) = budget_warnings(config(max_actor_steps=800, num_actors=2, **ppo), "--max-actor-steps",
+                                distributed=True)
+    assert "each of the 2 actors must finish a rollout first (1,024 actor steps in all)" in spread
+    # launch.train prints it on stderr before the run, and runs.
+    ran = []
+    monkeypatch.setattr("launch.experiments.run_experiment.run_experiment",
+                        lambda config, **kw: ran.append(config) or {"status": "completed"})
+    monkeypatch.setattr("launch.experiments.summary_table.print_summary", lambda summary: None)
+    assert train.main(_argv(tmp_path / "run", ["--steps", "300", "--set", "min_replay_size=1000"])) == 0
+    err = capsys.readouterr().err
+    assert ran and err.startswith("launch.train: warning: --steps 300 ends before learning starts"), err
+
+
 def test_unusable_logdirs_are_refused_before_anything_is_written(tmp_path, capsys):
     blocker = tmp_path / "a_file"
     blocker.write_text("x")
