@@ -10,8 +10,11 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-from analysis.runs import STAGES, STAGE_LABELS, curves, panel_order, precision_color, precision_order
+from analysis.runs import (
+    STAGES, STAGE_LABELS, curves, finished, panel_order, precision_color, precision_order, read_evaluator,
+)
 from analysis.tables import panel_targets
+from quarl.ops.machine import machine_fields
 from quarl.quant.precision import MAX_KERNEL_BITS, is_int_name
 
 
@@ -46,8 +49,9 @@ def machine_label(machine: Mapping[str, Any] | None) -> str:
     """'AMD EPYC, 2 logical CPUs' from a machine.json (`quarl.ops.machine.machine_info`), for figure titles."""
     if not machine:
         return "machine not recorded"
-    cpu = machine.get("cpu_model") or machine.get("machine") or "unknown CPU"
-    cores = machine.get("logical_cpus", machine.get("cores"))
+    fields = machine_fields(machine)  # machine.json of any format
+    cpu = fields.get("cpu_model") or fields.get("arch") or "unknown CPU"
+    cores = fields.get("cores")
     return f"{cpu}, {cores} logical CPUs" if cores else str(cpu)
 
 
@@ -58,7 +62,12 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, ban
     band of ± standard error (band='sem', the default: narrow enough that the precisions stay apart), ± std
     ('std') or min..max ('minmax'); a dotted line marks the target return when `fraction` is given. Panels fill a
     grid of at most 3 columns; a spare cell holds the shared legend and what the band means, and `title` (the
-    budget, runner and machine) heads the figure. Saves to `path` when given; returns the matplotlib Figure."""
+    budget, runner and machine) heads the figure. Saves to `path` when given; returns the matplotlib Figure.
+
+    Seeds end at different points (a run stopped on its target, a faster one on the time axis): the solid curve is
+    the mean over every seed and stops where the first seed's run ended; past it a dashed curve is the mean over
+    the seeds still running (never a finished seed's last return carried on), and a cross marks where each seed
+    that ended early had its last evaluation."""
     if band not in BAND_MEANING:
         raise ValueError(f"band must be one of {', '.join(BAND_MEANING)}, got {band!r}")
     plt = pyplot()
@@ -76,14 +85,22 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, ban
         pdata = data[data["panel"] == panel]
         for precision in sorted(pdata["precision"].unique(), key=precision_order):
             c = pdata[pdata["precision"] == precision]
-            xs = c["x"].to_numpy() / (scale if timed else 1.0)
-            sem = c["std"] / np.sqrt(c["seeds"].clip(lower=1))
-            lo, hi = {"minmax": (c["min"], c["max"]), "std": (c["mean"] - c["std"], c["mean"] + c["std"]),
-                      "sem": (c["mean"] - sem, c["mean"] + sem)}[band]
             color = precision_color(precision)
+            seeds = _seed_ends(runs, panel, precision, x)
+            first_end = min(end for end, _ in seeds.values()) if seeds else math.inf
             label = f"{precision} (n={int(c['seeds'].iloc[0])} seeds)"
-            handles.setdefault(label, ax.plot(xs, c["mean"], color=color, label=label, lw=1.5, zorder=3)[0])
-            ax.fill_between(xs, lo, hi, color=color, alpha=0.12, lw=0, zorder=1)
+            drawn = [(label, _draw_mean(ax, c[c["x"] <= first_end], band, color, timed, scale, label=label))]
+            drawn += [(LIVE_LABEL, _draw_mean(ax, segment, band, color, timed, scale, dashed=True))
+                      for segment in _live_segments(runs, panel, precision, seeds, x, points)]
+            for name, line in drawn:
+                if line is not None:
+                    handles.setdefault(name, line)
+            early = [(end, ret) for end, ret in seeds.values() if end < max(e for e, _ in seeds.values())]
+            if early:
+                ends, rets = zip(*early)
+                mark = ax.plot(np.asarray(ends) / (scale if timed else 1.0), rets, "x", color=color, ms=6, mew=1.5,
+                               zorder=4)[0]
+                handles.setdefault(ENDED_LABEL, mark)
         if panel in targets:
             line = ax.axhline(targets[panel], color="0.4", ls=":", lw=1, zorder=2)
             handles.setdefault(f"target: {int(round(100 * fraction))}% of the fp32 final return", line)
@@ -107,6 +124,54 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, ban
     if path is not None:
         fig.savefig(path, dpi=120)
     return fig
+
+
+LIVE_LABEL = "dashed: mean over the seeds still running"
+ENDED_LABEL = "×: last evaluation of a seed that ended early"
+
+
+def _draw_mean(ax: Any, c: pd.DataFrame, band: str, color: str, timed: bool, scale: float, *, label: str | None = None,
+               dashed: bool = False) -> Any:
+    """One stretch of a precision's curve (`curves` rows) with its band; returns the line (None: no points)."""
+    if not len(c):
+        return None
+    xs = c["x"].to_numpy() / (scale if timed else 1.0)
+    sem = c["std"] / np.sqrt(c["seeds"].clip(lower=1))
+    lo, hi = {"minmax": (c["min"], c["max"]), "std": (c["mean"] - c["std"], c["mean"] + c["std"]),
+              "sem": (c["mean"] - sem, c["mean"] + sem)}[band]
+    line = ax.plot(xs, c["mean"], color=color, label=label, lw=1.2 if dashed else 1.5, ls="--" if dashed else "-",
+                   zorder=3)[0]
+    if int(c["seeds"].iloc[0]) > 1:
+        ax.fill_between(xs, lo, hi, color=color, alpha=0.07 if dashed else 0.12, lw=0, zorder=1)
+    return line
+
+
+def _seed_ends(runs: pd.DataFrame, panel: str, precision: str, x: str) -> dict[str, tuple[float, float]]:
+    """Each finished seed's run folder -> (`x` at its last evaluation, that evaluation's return)."""
+    done = finished(runs)
+    rows = done[(done["panel"] == panel) & (done["precision"] == precision)] if len(done) else done
+    out = {}
+    for run_dir in rows["run_dir"] if len(rows) else []:
+        evals = read_evaluator(run_dir)
+        if len(evals):
+            last = evals.loc[evals[x].idxmax()]
+            out[run_dir] = (float(last[x]), float(last["return"]))
+    return out
+
+
+def _live_segments(runs: pd.DataFrame, panel: str, precision: str, seeds: Mapping[str, tuple[float, float]],
+                   x: str, points: int) -> list[pd.DataFrame]:
+    """Past the first seed's end, the mean over the seeds still running: between two successive ends, `curves`
+    over exactly the seeds whose runs reach the later one (so no finished seed's return is carried on)."""
+    ends = sorted({end for end, _ in seeds.values()})
+    out = []
+    for before, end in zip(ends, ends[1:]):
+        live = [d for d, (e, _) in seeds.items() if e >= end]
+        c = curves(runs[runs["run_dir"].isin(live)], x=x, points=points)
+        c = c[(c["panel"] == panel) & (c["precision"] == precision) & (c["x"] > before) & (c["x"] <= end)]
+        if len(c):
+            out.append(c)
+    return out
 
 
 def _time_unit(max_seconds: float) -> tuple[float, str]:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterable, Mapping
 import pandas as pd
 
 from quarl.ops.io import read_json_object
-from quarl.ops.machine import machine_info
+from quarl.ops.machine import machine_fields, machine_info
 
 from analysis.plots import (
     BAND_MEANING, load_ptq, machine_label, plot_figure, plot_ptq, plot_runtime_breakdown, plot_weight_stats, pyplot,
@@ -66,9 +66,10 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
 
     if machine is None:
         mfile = out / "machine.json"
-        machine = read_json_object(mfile) or {**machine_info(), "note": "machine that drew the report "
-                                                                          "(the runs left no machine.json)"}
-    cores = machine.get("logical_cpus", machine.get("cores"))
+        machine = read_json_object(mfile) or {**machine_info().to_json(), "note": "machine that drew the report "
+                                                                                    "(the runs left no machine.json)"}
+    machine = machine_fields(machine)  # a machine.json of any format, under the current keys
+    cores = machine.get("cores")
     plt = pyplot()
     heading = f"{figure_title + ', ' if figure_title else ''}{machine_label(machine)}"
     plt.close(plot_figure(runs, fraction=fraction, title=heading, path=files.figure))
@@ -120,7 +121,8 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
              f"{int(runs['finished'].sum()) if len(runs) else 0} finished of {len(grid)} in the grid "
              "(grid.csv lists every run and its state).", "",
              "## Machine", ""]
-    text += [f"- {k}: {v}" for k, v in machine.items()]
+    text += [f"- {k}: {', '.join(f'{n} {v}' for n, v in value.items()) if isinstance(value, dict) else value}"
+             for k, value in machine.items()]
     text += ["", "Energy method(s), as recorded by the runs:", ""]
     methods = sorted({str(describe_method(m, cores)) for m in runs["energy_method"].dropna()}) if len(runs) else []
     text += [f"- {m}" for m in methods] or ["- none recorded"]

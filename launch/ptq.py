@@ -290,7 +290,7 @@ def write_outputs(run: PTQArgs, rows: list[dict[str, Any]], episode_rows: list[d
               ("precision", "granularity", "episode", "seed", "return", "length"))
     stats = weight_stats(run.policy.params)
     write_csv(out / "weights.csv", stats, ("layer", "shape", "min", "max", "mean", "std", "absmax_over_std"))
-    machine = machine_info()
+    machine = machine_info().to_json()
     write_json_atomic(out / "machine.json", machine)
     plot_ptq_returns(rows, f"PTQ: {run.policy.agent} on {run.policy.task}",
                      granularities=[g for g, _ in GRANULARITIES], machine=machine, task=run.policy.task,

@@ -277,12 +277,10 @@ def run_grid(inv: Invocation) -> tuple[int, list[str]]:
 
 
 def grid_machine() -> dict[str, object]:
-    """machine.json of a grid: the machine, the SIMD flags and CPU class that decide which int8 kernels exist,
-    and the load average as the runs start (`load_end` is added as they stop). Wall clocks compare only
-    on one machine at one load, so the report shows both."""
-    from quarl.runtimes.cpu import cpu_class, cpu_info  # pylint: disable=import-outside-toplevel
-    return {**machine_info(), "cpu_flags": cpu_info()["flags"], "cpu_class": cpu_class(),
-            "load_start": load_average()}
+    """machine.json of a grid: `quarl.ops.machine`'s record (the machine, the SIMD flags and CPU class that decide
+    which int8 kernels exist, the load average as the runs start; `load_end` is added as they stop). Wall clocks
+    compare only on one machine at one load, so the report shows both."""
+    return machine_info().to_json()
 
 
 def _run_todo(inv: Invocation, plan: Sequence[PlannedRun], todo: Sequence[PlannedRun]) -> tuple[int, list[str]]:

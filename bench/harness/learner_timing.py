@@ -1,7 +1,7 @@
 """The D4PG learner's update rate, as bench.micro.learner_throughput reports it and bench.system.learner_in_program
 sets the learner in the program against: `measure` times `agents.d4pg.learning.make_update_fn` (the step
 `D4PGLearner` jits) on the walker shapes (obs 24, action 6) in the modes that module's docstring describes (`scan`,
-`loop`, `learner.step`, and `learner.step, all donated`), and `machine_info` is the machine record those results
+`loop`, `learner.step`, and `learner.step, all donated`), and `learner_machine` is the machine record those results
 carry: bench.harness.machine's plus what JAX ran on.
 """
 from __future__ import annotations
@@ -13,22 +13,19 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench.harness.machine import machine_info as base_machine_info
+from bench.harness.machine import bench_machine
 
 OBS_DIM, ACT_DIM = 24, 6  # walker:stand / walker:walk
 
 
-def machine_info(allow_busy: bool = False) -> dict[str, Any]:
-    """bench.harness.machine's record plus JAX's version, backend and XLA flags (the machine and its load only: never
-    other processes' command lines)."""
+def learner_machine(allow_busy: bool = False) -> dict[str, Any]:
+    """bench.harness.machine's record plus JAX's backend, devices and XLA flags (the machine and its load only:
+    never other processes' command lines)."""
     import jax  # pylint: disable=import-outside-toplevel
-    info = base_machine_info(allow_busy)
-    info.update({"jax": jax.__version__, "jax_backend": jax.default_backend(),
-                 # What the learner ran on: "cpu:0 cpu" here, "gpu:0 NVIDIA H200" on an accelerator.
-                 "jax_devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
-                 "xla_flags": os.environ.get("XLA_FLAGS", ""), "load_average_start": info.pop("load_start"),
-                 "date": time.strftime("%Y-%m-%dT%H:%M:%S")})
-    return info
+    return {**bench_machine(allow_busy), "jax_backend": jax.default_backend(),
+            # What the learner ran on: "cpu:0 cpu" here, "gpu:0 NVIDIA H200" on an accelerator.
+            "jax_devices": [f"{d.platform}:{d.id} {d.device_kind}" for d in jax.devices()],
+            "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
 def _batches(rng: np.random.Generator, count: int, batch_size: int) -> dict[str, np.ndarray]:

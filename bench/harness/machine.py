@@ -1,5 +1,8 @@
 """What machine a benchmark ran on, recorded with its results, and the busy-machine guard every benchmark runs.
 
+The record is `quarl.ops.machine`'s (one format in every results file), plus what only a benchmark knows: whether
+it started with --allow-busy, and (`finish`) the load average at its end.
+
 These boxes are shared: a benchmark started while other jobs keep every core busy measures the other jobs as
 much as the code. So each benchmark refuses to start when the 1-minute load average is above the number of
 cores (unless told `--allow-busy`), and every result records the load average at its start and end.
@@ -9,13 +12,12 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import platform
 import shutil
 import tempfile
 import sys
 from typing import Any, Callable, Iterator, NoReturn, Sequence
 
-from quarl.ops.machine import cpu_model_name, load_average
+from quarl.ops.machine import load_average, machine_fields, machine_info
 
 ALLOW_BUSY_HELP = ("start even when the 1-minute load average exceeds the number of cores (the load at start "
                    "and end is recorded with the results either way)")
@@ -23,11 +25,6 @@ ALLOW_BUSY_HELP = ("start even when the 1-minute load average exceeds the number
 
 class BusyMachineError(RuntimeError):
     """The machine is too busy for a timing to mean anything (and --allow-busy was not given)."""
-
-
-def cpu_model() -> str:
-    """The CPU's model name from /proc/cpuinfo (the platform's processor string elsewhere)."""
-    return cpu_model_name() or platform.processor() or platform.machine()
 
 
 def check_load(allow_busy: bool = False, *, load: Sequence[float] | None = None,
@@ -83,16 +80,11 @@ def run_cli(prog: str, body: Callable[[], object]) -> int:
     return 0
 
 
-def machine_info(allow_busy: bool = False) -> dict[str, Any]:
-    """CPU, its class and SIMD flags (`quarl.runtimes.cpu`: what decides int8 against fp32 speed), core count,
-    Python, platform, the load average (1, 5, 15 min) now and whether --allow-busy was given.
-
-    Pair with `finish` at the end, which adds `load_end`."""
-    from quarl.runtimes.cpu import cpu_class, cpu_info  # pylint: disable=import-outside-toplevel
-
-    return {"cpu": cpu_model(), "cpu_class": cpu_class(), "cpu_flags": " ".join(cpu_info()["flags"]),
-            "cores": os.cpu_count(), "python": platform.python_version(), "platform": platform.platform(),
-            "load_start": load_average(), "allow_busy": bool(allow_busy)}
+def bench_machine(allow_busy: bool = False) -> dict[str, Any]:
+    """`quarl.ops.machine.machine_info`'s record as JSON (CPU, its class and the SIMD flags that decide int8
+    against fp32 speed, cores, memory, the load average now, Python, library versions) plus whether
+    --allow-busy was given. Pair with `finish` at the end, which adds `load_end`."""
+    return {**machine_info().to_json(), "allow_busy": bool(allow_busy)}
 
 
 def finish(machine: dict[str, Any]) -> dict[str, Any]:
@@ -101,14 +93,23 @@ def finish(machine: dict[str, Any]) -> dict[str, Any]:
     return machine
 
 
+def describe_cpu(machine: dict[str, Any], flags: bool = False) -> str:
+    """One phrase for a report: 'AMD EPYC 7B13 (avx2, fma), 2 logical cores' (the flags only when asked)."""
+    fields = machine_fields(machine)  # results files written before the one record format read the same
+    shown = f" ({', '.join(fields.get('cpu_flags') or []) or 'flags not recorded'})" if flags else ""
+    return f"{fields.get('cpu_model', 'CPU not recorded')}{shown}, {fields.get('cores', '?')} logical cores"
+
+
 def describe_load(machine: dict[str, Any]) -> str:
     """One phrase for a report: the 1-minute load average at start and end, and the core count."""
+    fields = machine_fields(machine)  # results files written before the one record format read the same
+
     def one(key: str) -> str:
-        value = machine.get(key)
+        value = fields.get(key)
         return "n/a" if not value else f"{value[0]:.1f}"
-    busy = " (started with --allow-busy)" if machine.get("allow_busy") else ""
+    busy = " (started with --allow-busy)" if fields.get("allow_busy") else ""
     return (f"load average {one('load_start')} at the start and {one('load_end')} at the end on "
-            f"{machine.get('cores', '?')} cores{busy}")
+            f"{fields.get('cores', '?')} cores{busy}")
 
 
 def pin_to_one_core(core: int | None = None) -> int | None:

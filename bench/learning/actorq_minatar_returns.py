@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.harness.learning_runs import paired_test, relative_path
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info
+from bench.harness.machine import add_allow_busy, bench_machine, describe_load, finish
 from bench.learning.minatar_dqn import AUTHORS_DQN, AUTHORS_SETTINGS, results_from_runs
 from bench.harness.results_io import command_line, write_json, write_results
 from launch.cli import OneLineArgumentParser
-from quarl.ops.machine import load_average
+from quarl.ops.machine import load_average, machine_fields
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "bench"
@@ -141,10 +141,10 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    m, s, cfg = result["machine"], result["summary"], result["config"]
+    m, s, cfg = machine_fields(result["machine"]), result["summary"], result["config"]
     lines = [f"# ActorQ on MinAtar/{cfg['game']}: final return of int8 vs fp32 actors", "",
              f"Command: `{result['command']}`", "",
-             f"Machine: {m['cpu']}, {m['cores']} logical cores; "
+             f"Machine: {m['cpu_model']}, {m['cores']} logical cores; "
              f"{'report written from the run logs, ' if m.get('from_runs') else ''}{describe_load(m)} "
              "(returns are seeded and do not depend on load; no times are reported).", "",
              f"Each run: `launch.actorq --agent dqn --task MinAtar/{cfg['game']}` with {cfg['num_actors']} actor(s), "
@@ -225,7 +225,7 @@ def _parse(argv: Sequence[str] | None) -> tuple[argparse.ArgumentParser, argpars
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser, args, seeds = _parse(argv)
-    machine = machine_info(allow_busy=True)
+    machine = bench_machine(allow_busy=True)
     eval_every = max(1, args.frames // args.evals)
     if args.from_runs:
         machine["from_runs"] = True  # the load recorded is the report's, not the training runs'

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.harness.learning_runs import run_one
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_cpu, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import command_line, write_results
 from agents.dqn.config import ATARI_OVERRIDES
 from bench.harness.rows import LearningRow
@@ -45,7 +45,7 @@ def report(result: dict[str, Any]) -> str:
     reached = result["steps_to_target"] is not None
     lines = [f"# DQN on ALE/{result['game']}, int8 actors", "",
              f"Command: `{result['command']}`", "",
-             f"Machine: {m['cpu']} ({m.get('cpu_flags') or 'flags not recorded'}), {m['cores']} logical cores; "
+             f"Machine: {describe_cpu(m, flags=True)}; "
              f"learner device {result['learner_device']}; "
              f"{describe_load(m)}.", "",
              f"Seed {result['seed']}; target {result['target']} (a random policy: {RANDOM_RETURN[result['game']]}).",
@@ -80,7 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "positive, --seed >= 0\n")
     if not args.tiny:
         refuse_if_busy(parser, args.allow_busy)
-    machine = machine_info(args.allow_busy or args.tiny)
+    machine = bench_machine(args.allow_busy or args.tiny)
     target = TARGETS[args.game] if args.target is None else args.target
     settings = TINY_SETTINGS if args.tiny else ATARI_OVERRIDES
     row = LearningRow("dqn", f"ALE/{args.game}", target, args.steps, args.eval_every, args.eval_episodes, settings)

@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
 from bench.harness.learning_runs import RESULTS, RUNS, run_one
-from bench.harness.machine import add_allow_busy, cpu_model, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_cpu, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import write_csv, write_text
 from bench.harness.rows import DQN_ROWS, QUICK_ROWS, LearningRow
 from bench.learning.int8_vs_fp32_report import markdown_table, plot_curves, read_curves
@@ -63,7 +62,7 @@ def run_rows(rows: Sequence[LearningRow], *, name: str, seeds: Sequence[int], pr
              command: str = "") -> list[dict]:
     """Runs every (row, seed, precision), interleaved, and writes the CSVs, the table and the plot."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    load_start = os.getloadavg()[0]
+    machine = bench_machine(allow_busy=True)  # the CLI refused a busy machine already; the load is recorded
     results, curves = [], []
     for seed in seeds:
         for row in rows:
@@ -80,10 +79,10 @@ def run_rows(rows: Sequence[LearningRow], *, name: str, seeds: Sequence[int], pr
     outdir.mkdir(parents=True, exist_ok=True)
     write_csv(outdir / f"learning_{name}.csv", results)
     write_csv(outdir / f"learning_{name}_curves.csv", curves)
-    machine = (f"{cpu_model()}, {os.cpu_count()} logical cores; load average {load_start:.1f} at the start and "
-               f"{os.getloadavg()[0]:.1f} at the end of the benchmark")
-    write_text(outdir / f"learning_{name}.md", markdown_table(results, rows, name, command, machine))
-    plot_curves(curves, rows, outdir / f"learning_{name}.png", machine=f"{cpu_model()}, {os.cpu_count()} cores")
+    finish(machine)
+    words = f"{describe_cpu(machine)}; {describe_load(machine)}"
+    write_text(outdir / f"learning_{name}.md", markdown_table(results, rows, name, command, words))
+    plot_curves(curves, rows, outdir / f"learning_{name}.png", machine=describe_cpu(machine))
     return results
 
 

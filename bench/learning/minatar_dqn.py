@@ -34,10 +34,11 @@ from typing import Any, Sequence
 
 from agents.dqn.config import MINATAR_OVERRIDES
 from bench.harness.learning_runs import run_one
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info
+from bench.harness.machine import add_allow_busy, bench_machine, describe_load, finish
 from bench.harness.results_io import command_line, write_results
 from bench.harness.rows import LearningRow
 from quarl.quant.precision import precision_name_arg
+from quarl.ops.machine import machine_fields
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "bench"
@@ -66,9 +67,10 @@ def authors_at(game: str, frames: int) -> tuple[int, float]:
 
 
 def markdown(results: list[dict[str, Any]], machine: dict[str, Any], command: str, episodes: int) -> str:
+    machine = machine_fields(machine)
     lines = ["# DQN on MinAtar vs the MinAtar authors' DQN", "",
              f"Command: `{command}`", "",
-             f"Machine: {machine['cpu']}, {machine['cores']} logical cores; "
+             f"Machine: {machine['cpu_model']}, {machine['cores']} logical cores; "
              f"{'report written from the run logs, ' if machine.get('from_runs') else ''}{describe_load(machine)} "
              "(returns are seeded and do not depend on load; no times are reported).", "",
              "Ours: int8 actors, fp32 learner, the authors' torso/replay/batch/update ratio/target period/exploration, "
@@ -139,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.exit(2, f"{parser.prog}: error: bad --seeds or --set ({err})\n")
     if args.frames < 1 or args.eval_every < 1 or not seeds:
         parser.exit(2, f"{parser.prog}: error: --frames and --eval-every must be positive, --seeds non-empty\n")
-    machine = machine_info(allow_busy=True)
+    machine = bench_machine(allow_busy=True)
     if args.from_runs:
         machine["from_runs"] = True  # the load below is the report's, not the training runs'
         try:

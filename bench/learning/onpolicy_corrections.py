@@ -30,10 +30,11 @@ from typing import Any, Sequence
 
 from analysis.runs import is_finished, read_summary
 from bench.harness.learning_runs import REPO, empty_run_dir, paired_test, read_our_evals
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import command_line, save_figure, write_results
 from bench.harness.subprocess_runs import run_subprocess
 from quarl.quant.precision import precision_list_arg
+from quarl.ops.machine import machine_fields
 
 ARMS = ("sync-none", "async-none", "async-tis", "async-vtrace")
 DEFAULT_STEPS = {"CartPole-v1": 40_000, "cartpole:balance": 100_000}
@@ -120,9 +121,9 @@ def _fmt(value: float | None, sd: float | None = None, spec: str = ".1f") -> str
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
-    machine = result["machine"]
+    machine = machine_fields(result["machine"])
     lines = ["# On-policy ActorQ: int8 against fp32 actors, by rollout mode and correction", "",
-             f"`{command}` on {machine['cpu']} ({machine['cpu_class']}), {describe_load(machine)}. "
+             f"`{command}` on {machine['cpu_model']} ({machine['cpu_class']}), {describe_load(machine)}. "
              f"PPO, {result['num_actors']} actors on Ray, {TOTAL_ENVS} environments per update in all; budgets "
              f"{', '.join(f'{t} {n:,} steps' for t, n in result['steps'].items())}; seeds "
              f"{', '.join(map(str, result['seeds']))}. Every run goes to its full budget.", "",
@@ -241,7 +242,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     p = argparse.ArgumentParser(prog="bench.learning.onpolicy_corrections")
     refuse_if_busy(p, args.allow_busy)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     records = []
     for task in args.tasks:  # seeds outermost within a task: a stop part-way leaves every arm with some seeds
         for seed in args.seeds:

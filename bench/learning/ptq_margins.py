@@ -28,13 +28,14 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.harness.machine import machine_info
+from bench.harness.machine import bench_machine
 from bench.harness.results_io import write_csv, write_text
 from bench.learning.ptq_study import EVAL_SEED_BASE, REPO, has_policy
 from quarl.policy.reference import reference_apply
 from quarl.policy.spec import ParamTree, PolicySpec
 from quarl.quant.precision import precision_name_arg
 from quarl.quant.quantization import fake_quantize_params
+from quarl.ops.machine import machine_fields
 
 FIELDS = ("algo", "task", "seed", "precision", "states", "median_margin", "median_error", "error_over_margin",
           "flipped", "weights_error", "head_error")
@@ -112,7 +113,8 @@ def kept_rows(path: Path, precision: str, fresh: Sequence[dict[str, Any]]) -> li
 def markdown(rows: Sequence[dict[str, Any]], precision: str, machine: dict[str, Any]) -> str:
     lines = [f"# Greedy-action margins against {precision} output error (discrete cells of bench.learning.ptq_study)",
              "",
-             f"`python -m bench.learning.ptq_margins --precision {precision}` on {machine['cpu']}. States: the fp32 "
+             f"`python -m bench.learning.ptq_margins --precision {precision}` on "
+             f"{machine_fields(machine)['cpu_model']}. States: the fp32 "
              "policy's first evaluation episode of each cell (at most 500). Margin: best minus second-best output; "
              f"error: the largest |{precision} - fp32| output difference of a state; the last two columns round only "
              "the weights (per channel, fp32 activations), all of them or only the output layer's. Cells whose run "
@@ -152,7 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   key=lambda r: (r["algo"], r["task"], r["seed"]))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(args.out / "ptq_margins.csv", rows, FIELDS)
-    text = markdown(rows, args.precision, machine_info(True))
+    text = markdown(rows, args.precision, bench_machine(True))
     write_text(args.out / "ptq_margins.md", text)
     print(text)
     return 0

@@ -48,7 +48,7 @@ from typing import Any, Sequence
 
 import agents
 from analysis.runs import is_finished, read_summary
-from bench.harness.machine import add_allow_busy, check_load, finish, machine_info, run_cli
+from bench.harness.machine import add_allow_busy, bench_machine, check_load, finish, run_cli
 from bench.harness.results_io import write_json, write_text
 from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_LEGACY, StudyRow, row_overrides
 from bench.learning.ptq_study_report import CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE, markdown, plot
@@ -263,7 +263,7 @@ def run_grid(args: argparse.Namespace) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     csv_path = args.out / CSV_FILE
     rows = read_rows(csv_path)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     precisions = ["fp32", *args.include, *(f"int{b}" for b in sorted(args.bits, reverse=True))]
     cells = [(row, seed) for row in args.rows for seed in args.seeds]
     stale: list[dict[str, Any]] = []
@@ -312,7 +312,7 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
                 print(f"{what}: training up to {row.steps:,} env steps ...", flush=True)
                 train_cell(row, seed, logdir, args.quick, bits)
             print(f"{what}: evaluating {', '.join(wanted)} ...", flush=True)
-            rows += sweep_cell(logdir, seed, wanted, episodes, args.backend, machine["cpu"], row.reference,
+            rows += sweep_cell(logdir, seed, wanted, episodes, args.backend, machine["cpu_model"], row.reference,
                                label=QAT_PREFIX if bits else "")
             retrained = {group(r) for r in rows}
             write_rows(csv_path, rows + [r for r in stale if group(r) not in retrained])

@@ -39,9 +39,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench.harness.machine import describe_load, finish, machine_info as base_machine_info
+from bench.harness.machine import bench_machine, describe_load, finish
 from bench.harness.results_io import save_figure, write_json_sorted, write_text
-from quarl.ops.machine import package_versions
+from quarl.ops.machine import machine_fields
 from quarl.quant.precision import parse_bit_list
 
 TASK = "CartPole-v1"
@@ -134,8 +134,8 @@ def _capture_learner(builder: Any, holder: dict[str, Any]) -> None:
     evaluations can snapshot its params."""
     make = builder.make_learner
 
-    def make_learner(env_spec: Any, seed: int) -> Any:
-        holder["learner"] = make(env_spec, seed)
+    def make_learner(env_spec: Any, seed: int, **run: Any) -> Any:
+        holder["learner"] = make(env_spec, seed, **run)
         return holder["learner"]
 
     builder.make_learner = make_learner
@@ -216,7 +216,7 @@ def run(plan: Plan) -> dict[str, Any]:
     qat: dict[str, list[np.ndarray]] = {p: [] for p in int_precisions}
     fp32_returns: list[np.ndarray] = []
     runs: list[dict[str, Any]] = []
-    machine = machine_info(plan.allow_busy)
+    machine = bench_machine(plan.allow_busy)  # its versions include jax and aqtp
     start = time.perf_counter()
     for seed in range(plan.seeds):
         res = train(plan, seed, None, ["fp32", *int_precisions])
@@ -253,13 +253,6 @@ def run(plan: Plan) -> dict[str, Any]:
         "backend": "jax", "fp32": _stats(fp32_returns), "table": table, "runs": runs,
         "wall_clock_s": round(time.perf_counter() - start, 1), "machine": finish(machine),
     }
-
-
-def machine_info(allow_busy: bool = False) -> dict[str, Any]:
-    """bench.harness.machine's record (load at start; `finish` adds the end) plus the JAX and AQT versions."""
-    import jax  # pylint: disable=import-outside-toplevel
-
-    return {**base_machine_info(allow_busy), "jax": jax.__version__, "aqtp": package_versions(["aqtp"]).get("aqtp")}
 
 
 _VERDICT = {"qat": "**QAT**", "ptq": "**PTQ**", "neither": "neither", None: "n/a (1 seed)"}
@@ -357,8 +350,9 @@ def plot(path: Path, result: dict[str, Any]) -> None:
     ax.axhline(result["fp32"]["mean"], color="k", ls="--", lw=1, label="fp32 policy")
     ax.set_xticks(x, [f"int{r['bits']}" for r in rows])
     ax.set_ylabel("test return (CartPole-v1, max 500)")
-    machine = result.get("machine") or {}
-    ax.set_title(f"DQN: QAT vs PTQ on {machine.get('cpu', 'an unrecorded CPU')} ({machine.get('cores', '?')} cores)\n"
+    machine = machine_fields(result.get("machine"))
+    ax.set_title(f"DQN: QAT vs PTQ on {machine.get('cpu_model', 'an unrecorded CPU')} "
+                 f"({machine.get('cores', '?')} cores)\n"
                  f"bars: mean over {result['seeds']} seeds x {result['test_episodes']} episodes; error bars: "
                  f"± standard error over the {result['seeds']} seed means", fontsize=9)
     ax.legend(fontsize=8)

@@ -23,14 +23,13 @@ import argparse
 import os
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from bench.micro.inference import SINGLE_THREAD_XLA
-from bench.harness.machine import add_allow_busy, finish, machine_info as base_machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, finish, refuse_if_busy
 from bench.harness.results_io import out_folder, write_json
 
 TORSOS = {"minatar": (10, 10, 4), "nature": (84, 84, 4)}
@@ -125,11 +124,9 @@ def speedups(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def run(quick: bool, out: Path, allow_busy: bool) -> dict[str, Any]:
     from quarl.runtimes import clear_auto_decisions
-    from quarl.runtimes.cpu import cpu_class, cpu_info
 
     budget = QUICK if quick else FULL
-    machine = {**base_machine_info(allow_busy), **cpu_info(), "cpu_class": cpu_class(), "onnx_threads": 1,
-               "quick": quick, "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+    machine = {**bench_machine(allow_busy), "onnx_threads": 1, "quick": quick}
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="quarl-auto-") as cache:
         os.environ["QUARL_CACHE_DIR"] = cache  # auto measures afresh here, not from another run's cache

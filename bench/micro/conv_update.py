@@ -32,7 +32,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from bench.harness.learner_variants import VARIANTS, variant
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_cpu, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import write_and_print
 
 MINATAR, NATURE, ACTIONS, K = (10, 10, 4), (84, 84, 4), 6, 4
@@ -140,7 +140,7 @@ def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = ["# Conv learner updates: the program against the same arithmetic unrolled", "",
              f"Command: `{result['command']}`", "",
-             f"Machine: {m['cpu']} ({m['cpu_flags']}), {m['cores']} logical cores; {describe_load(m)}.", "",
+             f"Machine: {describe_cpu(m, flags=True)}; {describe_load(m)}.", "",
              "ms per unit (env step for PPO/A2C, SGD step for DQN); first call = compile + one update.", "",
              "| learner | program | unrolled | program / unrolled | before (JAX's conv grad) | before / program "
              "| alone | program / alone | first call: program / unrolled / before (s) |",
@@ -166,7 +166,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats < 1 or args.rounds < 1:
         parser.exit(2, f"{parser.prog}: error: --repeats and --rounds must be positive\n")
     refuse_if_busy(parser, args.allow_busy)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     rows = []
     for name, unit, factory in cases(args.quick):
         variants = measure(factory, name.startswith("DQN"), args.repeats, args.rounds)

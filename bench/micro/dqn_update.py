@@ -19,7 +19,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_cpu, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import write_and_print
 
 
@@ -102,7 +102,7 @@ def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = ["# DQN update time: s' as a constant against one online pass over [s; s']", "",
              f"Command: `{result['command']}`", "",
-             f"Machine: {m['cpu']} ({m['cpu_flags']}), {m['cores']} logical cores; {describe_load(m)}.", "",
+             f"Machine: {describe_cpu(m, flags=True)}; {describe_load(m)}.", "",
              "| net | batch | current (ms) | one pass over [s; s'] (ms) | speed-up |", "|---|---:|---:|---:|---:|"]
     for r in result["rows"]:
         lines.append(f"| {r['net']} | {r['batch']} | {r['current_ms']:.2f} | {r['one_pass_ms']:.2f} | "
@@ -120,7 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.repeats < 1:
         parser.exit(2, f"{parser.prog}: error: --repeats must be positive\n")
     refuse_if_busy(parser, args.allow_busy)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     rows = []
     for name, spec, cfg, batch in cases(args.quick):
         repeats = max(1, args.repeats // 3) if "2048" in name else args.repeats

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -35,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.harness.machine import add_allow_busy, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, finish, refuse_if_busy
 from bench.harness.results_io import out_folder, write_json
 from bench.micro.inference_report import plot, print_table, summarize, target_lines
 
@@ -100,30 +99,11 @@ def configs(quick: bool) -> list[tuple[int, int]]:
     return [(h, b) for h, b in out if not (quick and (h, b) == (1024, 16))]
 
 
-def machine_info(quick: bool) -> dict[str, Any]:
-    import jax
-    import jaxlib
-    import onnx
-    import onnxruntime
-
-    from quarl.runtimes.cpu import cpu_class, cpu_info
-
-    info = {**cpu_info(), "cpu_class": cpu_class()}
-    from quarl.ops.machine import package_versions
-
-    aqt_version = package_versions(["aqtp"]).get("aqtp", "unknown")
-    return {
-        **info,
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "jax": jax.__version__, "jaxlib": jaxlib.__version__, "aqtp": aqt_version,
-        "onnxruntime": onnxruntime.__version__, "onnx": onnx.__version__, "numpy": np.__version__,
-        "xla_flags": os.environ.get("XLA_FLAGS", ""),
-        "onnx_threads": 1,
-        "load_average_start": list(os.getloadavg()),
-        "quick": quick,
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+def inference_machine(quick: bool, allow_busy: bool = False) -> dict[str, Any]:
+    """bench.harness.machine's record (CPU class and flags, versions, load at the start) plus the thread settings
+    every executor was timed under."""
+    return {**bench_machine(allow_busy), "xla_flags": os.environ.get("XLA_FLAGS", ""), "onnx_threads": 1,
+            "quick": quick}
 
 
 def make_params(hidden: int, seed: int = 0) -> tuple[Any, dict]:
@@ -187,7 +167,7 @@ def bench_config(hidden: int, batch: int, budget: Budget) -> list[dict[str, Any]
         executors[variant] = ex
     obs = np.random.default_rng(hidden + batch).standard_normal((batch, OBS_DIM)).astype(np.float32)
     samples = time_blocks(executors, obs, budget)
-    cpu = {"cpu_class": cpu_class(), "cpu_flags": " ".join(cpu_info()["flags"])}
+    cpu = {"cpu_class": cpu_class(), "cpu_flags": cpu_info()["flags"]}  # flags as a list, as the machine record
     rows = []
     for variant, ex in executors.items():
         backend, precision, form = variant
@@ -204,11 +184,11 @@ def bench_config(hidden: int, batch: int, budget: Budget) -> list[dict[str, Any]
     return rows
 
 
-def run(quick: bool, out: Path) -> dict[str, Any]:
+def run(quick: bool, out: Path, allow_busy: bool = False) -> dict[str, Any]:
     from quarl.runtimes import auto_decisions, clear_auto_decisions
 
     budget = QUICK if quick else FULL
-    machine = machine_info(quick)
+    machine = inference_machine(quick, allow_busy)
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="quarl-auto-") as cache:
         os.environ["QUARL_CACHE_DIR"] = cache
@@ -219,7 +199,7 @@ def run(quick: bool, out: Path) -> dict[str, Any]:
             print(f"  H={hidden} batch={batch}: {time.perf_counter() - t:.1f}s", file=sys.stderr, flush=True)
         decisions = auto_decisions()  # auto's own short measurements (25th percentile us), for the record
     machine["kernel_checks"] = {h: form_checks(h) for h, _ in configs(quick)}  # refused forms are not timed
-    machine["load_average_end"] = list(os.getloadavg())
+    finish(machine)
     summary = summarize(rows)
     print_table(rows, summary)
     result = {"machine": machine, "rows": rows, "summary": [{k: (round(v, 3) if isinstance(v, float) else v)
@@ -254,7 +234,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     refuse_if_busy(parser, args.allow_busy)
     os.environ.setdefault("XLA_FLAGS", SINGLE_THREAD_XLA)
-    run(args.quick, out)
+    run(args.quick, out, args.allow_busy)
     return 0
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from bench.harness.results_io import save_figure
+from quarl.ops.machine import machine_fields
 
 
 def _field(rows: list[dict], variant: str, hidden: int, batch: int, field: str) -> Any:
@@ -206,8 +207,8 @@ def plot(rows: list[dict], path: Path, machine: dict | None = None) -> None:
     ax.set_yscale("log")
     ax.set_xticks(np.arange(len(groups)), [f"H={h}\nbatch {b}" for h, b in groups])
     ax.set_ylabel("microseconds per call (median, log scale)")
-    cpu = (machine or {}).get("cpu_model") or "CPU not recorded"
-    cores = (machine or {}).get("cores")
+    fields = machine_fields(machine)
+    cpu, cores = fields.get("cpu_model") or "CPU not recorded", fields.get("cores")
     ax.set_title("D4PG policy 24-H-H-H-6: inference latency by backend and precision\n"
                  f"{cpu}{f', {cores} cores' if cores else ''}, one thread; bars: median over timed calls (no spread "
                  "shown: see inference.json)", fontsize=10)

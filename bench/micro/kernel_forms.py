@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -70,14 +69,13 @@ def _under_arm(model: str, bits: list[int], width: int) -> dict[str, Any]:
 def header(argv: list[str], host: dict[str, Any], width: int, emulated: bool) -> str:
     """What was run, where, and how to read the table (written with it, so the file explains itself)."""
     import datetime  # pylint: disable=import-outside-toplevel
-    import platform  # pylint: disable=import-outside-toplevel
 
-    from quarl.runtimes.cpu import cpu_info  # pylint: disable=import-outside-toplevel
+    from quarl.ops.machine import machine_info  # pylint: disable=import-outside-toplevel
 
-    info = cpu_info()
+    record = machine_info(())
     lines = ["# int8/int4 kernel forms: numerics per CPU class", "",
              f"`python -m bench.micro.kernel_forms {' '.join(argv)}`, {datetime.date.today().isoformat()}. Host: "
-             f"{info.get('cpu_model') or platform.processor()} ({os.cpu_count()} cores; class {host['cpu_class']}; "
+             f"{record.cpu_model} ({record.cores} cores; class {host['cpu_class']}; "
              f"{', '.join(host['flags'])}). Errors only, no timings. Error: max |form - exact NumPy emulation| / "
              f"max |emulation| on random layers of width {width} at batch 1 and 8; the self-check refuses above "
              "1e-3. \"used\": the form an executor ends with on that CPU after the self-check."]

@@ -24,20 +24,20 @@ XLA keeps its default CPU threading (all cores), as the learner process has it.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.harness.learner_timing import machine_info, measure
-from bench.harness.machine import add_allow_busy, refuse_if_busy
+from bench.harness.learner_timing import learner_machine, measure
+from bench.harness.machine import add_allow_busy, finish, refuse_if_busy
+from quarl.ops.machine import machine_fields
 from bench.harness.results_io import write_report
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
-    m = result["machine"]
+    m = machine_fields(result["machine"])
     lines = [
         f"# D4PG learner throughput ({m['jax_backend'].upper()})",
         "",
@@ -48,10 +48,11 @@ def markdown(result: dict[str, Any], command: str) -> str:
         "",
         "## Machine",
         "",
-        f"{m['cpu']}, {m['cores']} logical cores, {m['platform']}, Python {m['python']}, jax {m['jax']} "
+        f"{m['cpu_model']}, {m['cores']} logical cores, {m['platform']}, Python {m['python']}, "
+        f"jax {m['versions'].get('jax', '?')} "
         f"({m['jax_backend']}: {', '.join(m.get('jax_devices') or ['?'])}), XLA_FLAGS `{m['xla_flags'] or '(unset: default threading, all cores)'}`. "
-        f"**Shared machine**: load average {m['load_average_start'][0]:.1f} at the start and "
-        f"{m['load_average_end'][0]:.1f} at the end (1-min). "
+        f"**Shared machine**: load average {m['load_start'][0]:.1f} at the start and "
+        f"{m['load_end'][0]:.1f} at the end (1-min). "
         f"Absolute rates are therefore below what this CPU gives an idle learner; "
         "the min..max spread over timed blocks shows how much the load moved them.",
         "",
@@ -106,7 +107,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     refuse_if_busy(p, args.allow_busy)
     outdir = Path(args.out) if args.out else (REPO / "runs" / "bench" / "learner-throughput-quick" if args.quick
                                               else REPO / "results" / "bench")
-    result: dict[str, Any] = {"machine": machine_info(args.allow_busy), "quick": args.quick, "configs": []}
+    result: dict[str, Any] = {"machine": learner_machine(args.allow_busy), "quick": args.quick, "configs": []}
     modes = ("scan", "loop", "learner.step") + (("learner.step, all donated",) if args.donation else ())
     plan = [((256, 256, 256), (256, 256, 256), 256, (10, 2) if args.quick else (50, 5))]
     if not args.no_paper:
@@ -116,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         result["configs"].append(r)
         print(f"policy {policy} critic {critic} batch {batch}: "
               + ", ".join(f"{k} {v['median_steps_per_s']:.1f} steps/s" for k, v in r["modes"].items()), flush=True)
-    result["machine"]["load_average_end"] = list(os.getloadavg())
+    finish(result["machine"])
     write_report(outdir, "bench.micro.learner_throughput", argv, result, markdown, newline=False)
     return 0
 

@@ -25,7 +25,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import command_line, write_results
 from launch.distributed.nodes.shared_blob import Blob
 from launch.program.ray_runner import init_ray
@@ -141,7 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.exit(2, f"{p.prog}: error: --hidden must be positive ints, --repeats and --actors positive\n")
     if args.quick:
         hidden, args.repeats = [256, 256], min(args.repeats, 2)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     machine["load_start"] = refuse_if_busy(p, args.allow_busy)
     started = init_ray(None, num_cpus=1)
     try:

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Sequence
 import dm_env
 import numpy as np
 
-from bench.harness.machine import finish, machine_info
+from bench.harness.machine import bench_machine, finish
 from bench.harness.results_io import write_json
 from launch.experiments.progress import StepProgress
 from quarl.replay.adders import NStepTransitionAdder
@@ -135,7 +135,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     capacity = args.capacity or args.transitions
     if args.transitions < 1 or capacity < 1:
         parser.exit(2, f"{parser.prog}: error: --transitions and --capacity must be positive\n")
-    machine = machine_info(allow_busy=True)
+    machine = bench_machine(allow_busy=True)
     row = fill(args.source, args.transitions, capacity)
     row["machine"] = finish(machine)
     out = Path(args.out)

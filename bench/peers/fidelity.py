@@ -33,7 +33,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from bench.harness.machine import add_allow_busy, check_load, finish, machine_info, run_cli
+from bench.harness.machine import add_allow_busy, bench_machine, check_load, finish, run_cli
 from bench.harness.results_io import command_line, write_json
 from bench.harness.subprocess_runs import run_subprocess
 from bench.peers.fidelity_report import ARMS, MACHINE_FILE, finished, plot, read_curves_csv, recorded_runs, report
@@ -124,7 +124,7 @@ def run_all(args: argparse.Namespace) -> None:
     """Every missing run, one at a time (ours from this checkout: `python -m` imports from the cwd)."""
     runs = Path(args.runs)
     runs.mkdir(parents=True, exist_ok=True)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     jobs = [(t, s, a) for t in args.tasks for s in args.seeds for a in args.arms]
     recorded = recorded_runs(Path(args.out) / "fidelity_curves.csv")
     for i, (task, seed, arm) in enumerate(jobs, 1):
@@ -143,7 +143,7 @@ def run_all(args: argparse.Namespace) -> None:
             logdir.mkdir()
         print(f"[{i}/{len(jobs)}] {task} {arm} seed {seed} ...", flush=True)
         log = logdir.parent / f"{arm}_s{seed}.log"
-        run_machine = machine_info(True)
+        run_machine = bench_machine(True)
         code, _, seconds = run_subprocess(command(args, task, arm, seed, logdir), log, RUN_TIMEOUT_S, REPO)
         if code != 0 or not finished(logdir, arm):
             raise RuntimeError(f"{task} {arm} seed {seed} failed (exit {code}); see {log}")

@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.harness.machine import describe_load, machine_info
+from bench.harness.machine import bench_machine, describe_load
 from bench.harness.results_io import save_figure, write_csv, write_json, write_text
 from launch.cli import UsageError
 from quarl.ops.io import read_json_list
+from quarl.ops.machine import machine_fields
 
 OUR_ARMS = ("fp32", "int8")
 ARMS = OUR_ARMS + ("acme",)
@@ -66,11 +67,12 @@ def _run_machine(logdir: Path, fallback: str) -> tuple[str, str]:
         return fallback, ""
     if not isinstance(info, dict):
         return fallback, ""
+    info = machine_fields(info)
     try:
         load = f"{float(info['load_start'][0]):.1f}-{float(info['load_end'][0]):.1f}"
     except (KeyError, TypeError, IndexError, ValueError):
         load = ""
-    return str(info.get("cpu") or fallback), load
+    return str(info.get("cpu_model") or fallback), load
 
 
 def load_curves(runs: Path, previous: Path | None = None) -> list[dict[str, Any]]:
@@ -179,13 +181,13 @@ def verdict(row: dict[str, Any]) -> str:
 def markdown(curves: list[dict], tests: list[dict], aucs: list[dict], command_line: str,
              sessions: Sequence[dict[str, Any]] = ()) -> str:
     seeds = sorted({r["seed"] for r in curves})
-    machine = machine_info()
-    loads = "; ".join(f"{m.get('cpu', 'unknown CPU')}: {describe_load(m)}" for m in sessions) \
+    machine = bench_machine()
+    loads = "; ".join(f"{machine_fields(m).get('cpu_model', 'unknown CPU')}: {describe_load(m)}" for m in sessions) \
         or "no run sessions recorded"
     cpus = sorted({r.get("cpu") or "not recorded" for r in curves})
     lines = [
         "# D4PG fidelity: this project vs Acme 0.4.0 (JAX D4PG), same settings, same seeds", "",
-        f"`{command_line}`, {time.strftime('%Y-%m-%d')}, reported on {machine['cpu']}, {machine['cores']} cores, "
+        f"`{command_line}`, {time.strftime('%Y-%m-%d')}, reported on {machine['cpu_model']}, {machine['cores']} cores, "
         f"Python {machine['python']}. Runs on: {', '.join(cpus)}. Run sessions: {loads}.", "",
         "Both at Acme's control-suite settings; single process each, one run at a time, arms interleaved per "
         "seed. Evaluation every checkpoint: a noiseless actor on its own environment, two protocols: the mean "

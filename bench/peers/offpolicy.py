@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.harness.learning_runs import eval_metrics, read_our_evals
-from bench.harness.machine import add_allow_busy, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, finish, refuse_if_busy
 from bench.harness.results_io import write_results
 from bench.harness.subprocess_runs import run_subprocess
 from bench.peers.offpolicy_results import (D4PG_SETTINGS, D4PG_TASK, DEFAULT_DQN_TASKS, markdown, merge_results,
@@ -207,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     out = Path(args.out) if args.out else REPO / ("runs/bench/peers-quick" if args.quick else "results/bench")
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m bench.peers.offpolicy", *(argv if argv is not None else sys.argv[1:])])
-    result: dict[str, Any] = {"command": command, "machine": machine_info(args.allow_busy), "quick": args.quick}
+    result: dict[str, Any] = {"command": command, "machine": bench_machine(args.allow_busy), "quick": args.quick}
     work = out if args.quick else REPO / "runs" / "bench" / "peers"
     if not args.skip_acme:
         result["d4pg"] = bench_d4pg(args, work)

@@ -31,11 +31,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.harness.learning_runs import REPO, empty_run_dir, eval_metrics, read_our_evals
-from bench.harness.machine import add_allow_busy, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, finish, refuse_if_busy
 from bench.harness.results_io import write_results
 from bench.harness.subprocess_runs import run_subprocess
 from bench.peers.offpolicy_results import dqn_markdown
 from quarl.quant.precision import precision_list_arg
+from quarl.ops.machine import machine_fields
 
 RUN_TIMEOUT_S = 3600.0
 
@@ -107,9 +108,10 @@ def run_pair(args: argparse.Namespace, work: Path, seed: int, index: int) -> lis
 def markdown(result: dict[str, Any]) -> str:
     from bench.harness.machine import describe_load  # pylint: disable=import-outside-toplevel
 
-    machine = result["machine"]
+    machine = machine_fields(result["machine"])
     lines = [f"# {result['algo'].upper()}: this project beside Stable-Baselines3 (rl-zoo3 tuned), measured in one run",
-             "", f"`{result['command']}` ({describe_load(machine)}; {machine['cpu']}). Both ran as subprocesses one "
+             "", f"`{result['command']}` ({describe_load(machine)}; {machine['cpu_model']}). "
+             "Both ran as subprocesses one "
              "at a time, alternating per seed. Our wall clock starts with the run (building and compiling "
              "included); SB3's when its training starts.", ""]
     table = dqn_markdown(result["rows"], title=f"{result['algo'].upper()} on {result['task']}: time to solve and "
@@ -166,7 +168,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     work = out if args.quick or args.out else REPO / "runs" / "bench" / "peers_ppo"
     out.mkdir(parents=True, exist_ok=True)
     result: dict[str, Any] = {"command": "python -m bench.peers.onpolicy " + " ".join(argv), "algo": args.algo,
-                              "task": args.task, "machine": machine_info(args.allow_busy), "rows": []}
+                              "task": args.task, "machine": bench_machine(args.allow_busy), "rows": []}
     try:
         for i, seed in enumerate(args.seeds):
             result["rows"] += run_pair(args, work, seed, i)

@@ -29,9 +29,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.harness.learning_runs import REPO, median_or_none, read_our_evals
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import command_line, write_results
 from bench.harness.subprocess_runs import run_subprocess
+from quarl.ops.machine import machine_fields
 
 SYSTEMS = ("ours-sync", "ours-async", "rllib-ppo", "rllib-appo")
 TARGET = 475.0
@@ -108,9 +109,9 @@ def run_rllib(system: str, seed: int, args: argparse.Namespace) -> dict[str, Any
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
-    machine = result["machine"]
+    machine = machine_fields(result["machine"])
     lines = ["# On-policy ActorQ beside RLlib PPO and APPO (same number of actors), measured in one run", "",
-             f"`{command}` on {machine['cpu']} ({machine['cpu_class']}), {describe_load(machine)}. CartPole-v1, "
+             f"`{command}` on {machine['cpu_model']} ({machine['cpu_class']}), {describe_load(machine)}. CartPole-v1, "
              f"{result['num_actors']} actors / env runners, {result['steps']:,} env steps per run, 10 greedy "
              "episodes every 4,000 env steps, target 475. Seconds to target are on each system's clock from its "
              "first training step (RLlib: its first `train()` iteration, after the algorithm is built; ours: the "
@@ -177,7 +178,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     runs = []
     for i, seed in enumerate(args.seeds):
         order = args.systems[i % len(args.systems):] + args.systems[:i % len(args.systems)]

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from quarl.ops.machine import machine_fields
 
 TASK = "cartpole:balance"
 PRECISIONS = ("fp32", "int8")
@@ -105,7 +106,7 @@ def _turn(loop: Any, actor: Any, actions: np.ndarray) -> dict[str, float]:
     policy_s = env_s = 0.0
     c0, w0 = time.process_time(), time.perf_counter()
     for batch in actions:
-        out = loop.step(lambda obs, batch=batch: (actor.select_actions(obs), batch)[1])
+        out = loop.step(lambda obs, batch=batch: (actor.act(obs), batch)[1])
         policy_s += out.policy_s
         env_s += out.env_s
     return {"policy_s": policy_s, "env_s": env_s, "cpu_s": time.process_time() - c0,
@@ -252,7 +253,7 @@ def _int_list(text: str, flag: str, parser: argparse.ArgumentParser) -> list[int
 
 def main(argv: list[str] | None = None) -> int:
     from bench.harness.machine import (  # pylint: disable=import-outside-toplevel
-        add_allow_busy, finish, machine_info, refuse_if_busy)
+        add_allow_busy, finish, bench_machine, refuse_if_busy)
     from bench.harness.results_io import write_results  # pylint: disable=import-outside-toplevel
 
     parser = argparse.ArgumentParser(prog="bench.system.actor_sweep", description=__doc__.split("\n\n")[0])
@@ -272,16 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     from launch.program.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
     import ray  # pylint: disable=import-outside-toplevel
 
-    result: dict[str, Any] = {"machine": machine_info(args.allow_busy), "quick": args.quick}
+    result: dict[str, Any] = {"machine": bench_machine(args.allow_busy), "quick": args.quick}
     init_ray(None, num_cpus=2)
     try:
         result["sweep"] = bench_sweep(QUICK if args.quick else FULL, sizes, envs)
     finally:
         ray.shutdown()
     finish(result["machine"])
-    m = result["machine"]
+    m = machine_fields(result["machine"])
     page = ["# Vectorized actors (`python -m bench.system.actor_sweep`)", "",
-            f"Machine: {m['cpu']}, {m['cores']} logical cores; load average {m['load_start'][0]:.1f} at start, "
+            f"Machine: {m['cpu_model']}, {m['cores']} logical cores; load average {m['load_start'][0]:.1f} at start, "
             f"{m['load_end'][0]:.1f} at end.", "", *markdown(result["sweep"])]
     json_path, md_path = write_results(out, "actor_sweep", result, "\n".join(page))
     print(f"wrote {json_path} and {md_path}")

@@ -39,7 +39,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.harness.machine import add_allow_busy, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, finish, refuse_if_busy
 from bench.harness.results_io import write_results
 from bench.system import actor_sweep
 from bench.system.actorq_probe import FULL, QUICK, TARGET_RATIO, TASK, Budget, bench_actor, median
@@ -100,7 +100,8 @@ def run(quick: bool, out: Path, seeds: list[int], e2e: bool, allow_busy: bool = 
 
     budget = QUICK if quick else FULL
     out.mkdir(parents=True, exist_ok=True)
-    result: dict[str, Any] = {"machine": machine_info(allow_busy), "quick": quick, "budget": dataclasses.asdict(budget),
+    result: dict[str, Any] = {"machine": bench_machine(allow_busy), "quick": quick,
+                              "budget": dataclasses.asdict(budget),
                               "cpu_flags": actor_sweep.cpu_flags()}  # the CPU class the int8/fp32 ratios belong to
     init_ray(None, num_cpus=8)
     import ray  # pylint: disable=import-outside-toplevel

@@ -32,7 +32,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, pin_to_one_core, refuse_if_busy
+from bench.harness.machine import (
+    add_allow_busy, bench_machine, describe_cpu, describe_load, finish, pin_to_one_core, refuse_if_busy,
+)
 from bench.harness.results_io import write_results
 from quarl.quant.precision import precision_list_arg
 
@@ -75,13 +77,13 @@ def measure(task: str, precisions: Sequence[str], rounds: int, block: int, seed:
     policy_s = {p: [] for p in precisions}
     env_s = {p: [] for p in precisions}
     for p in precisions:  # warm-up: first calls compile / allocate
-        actors[p].select_action(obs[p])
+        actors[p].act(obs[p][None])
     for r in range(rounds):
         for p in precisions:
             t_pol = t_env = 0.0
             for i in range(block):
                 t0 = time.perf_counter()
-                actors[p].select_action(obs[p])
+                actors[p].act(obs[p][None])
                 t1 = time.perf_counter()
                 ts = envs[p].step(np.int32(actions[r * block + i]))
                 if ts.last():
@@ -112,7 +114,7 @@ def measure(task: str, precisions: Sequence[str], rounds: int, block: int, seed:
 def markdown(result: dict[str, Any]) -> str:
     m = result["machine"]
     lines = [f"# ActorQ on {result['task']}: one DQN actor's env steps/s, int8 vs fp32", "",
-             f"Machine: {m['cpu']}, {m['cores']} logical cores; {describe_load(m)}; the actor pinned to one core, "
+             f"Machine: {describe_cpu(m)}; {describe_load(m)}; the actor pinned to one core, "
              f"one compute thread, `auto` backend; {result['rounds']} rounds of {result['block']} steps a precision.",
              "", "| precision | backend/kernel | env steps/s | policy us/step | env us/step |",
              "|---|---|---:|---:|---:|"]
@@ -159,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     for k, v in SINGLE_THREAD_ENV.items():  # one compute thread, as an ActorQ actor (set before JAX loads)
         os.environ.setdefault(k, v)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     with tempfile.TemporaryDirectory(prefix="quarl-auto-") as cache:
         os.environ["QUARL_CACHE_DIR"] = cache  # auto measures afresh in this run
         try:

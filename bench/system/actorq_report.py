@@ -13,6 +13,7 @@ import numpy as np
 from bench.harness.results_io import save_figure
 from bench.system import actor_sweep
 from bench.system.actorq_probe import PRECISIONS, TARGET_RATIO, median
+from quarl.ops.machine import machine_fields
 
 # --------------------------------------------------------------------------------------------- output
 
@@ -69,9 +70,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("eval return")
         ax.set_title("D4PG cartpole:balance, 2 actors")
         ax.legend(fontsize=7)
-    machine = result.get("machine") or {}
+    machine = machine_fields(result.get("machine"))
     load = f"load {machine.get('load_start', ['?'])[0]} -> {machine.get('load_end', ['?'])[0]}"
-    fig.suptitle(f"bench.system.actorq on {machine.get('cpu', 'an unrecorded CPU')} ({machine.get('cores', '?')} cores, "
+    fig.suptitle(f"bench.system.actorq on {machine.get('cpu_model', 'an unrecorded CPU')} "
+                 f"({machine.get('cores', '?')} cores, "
                  f"1-min {load})", fontsize=10)
     fig.tight_layout()
     save_figure(fig, path, dpi=110)
@@ -79,11 +81,11 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def markdown(result: dict[str, Any]) -> str:
     a = result["actor"]
-    m = result["machine"]
+    m = machine_fields(result["machine"])
     lines = [
         "# ActorQ distributed benchmark (`python -m bench.system.actorq`)",
         "",
-        f"Machine: {m['cpu']} ({', '.join(result.get('cpu_flags', []))}), "
+        f"Machine: {m['cpu_model']} ({', '.join(result.get('cpu_flags', []))}), "
         f"{m['cores']} logical cores; load average {m['load_start'][0]:.1f} at start, "
         f"{m['load_end'][0]:.1f} at end (shared machine: absolute numbers are noisy, ratios are measured "
         "side by side). Raw data: `actorq.json`; chart: `actorq.png`.",
@@ -92,7 +94,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         *actor_table(a),
         "",
-        *target_lines(a, ", ".join(result.get("cpu_flags", [])) or m["cpu"]),
+        *target_lines(a, ", ".join(result.get("cpu_flags", [])) or m["cpu_model"]),
         "",
     ]
     e = result.get("e2e")

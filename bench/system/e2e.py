@@ -38,8 +38,9 @@ import threading
 from pathlib import Path
 from typing import Any, Sequence
 
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import write_results
+from quarl.ops.machine import machine_fields
 
 PRECISIONS = ("fp32", "int8")  # fp32 is the baseline every ratio divides by
 # --tiny: seconds per arm, for tests (a D4PG that learns nothing in that time; only the plumbing is checked).
@@ -213,11 +214,8 @@ def machine_dir(arms: Sequence[dict[str, Any]]) -> str:
 
 
 def record(allow_busy: bool) -> dict[str, Any]:
-    """The machine record every result carries: bench.harness.machine's (CPU, its flags, cores, load), packages."""
-    from quarl.ops.machine import package_versions  # pylint: disable=import-outside-toplevel
-
-    return {**machine_info(allow_busy),
-            "packages": package_versions(["jax", "jaxlib", "onnxruntime", "ray", "numpy", "mujoco", "dm-control"])}
+    """The machine record every result carries: bench.harness.machine's (CPU, its flags, cores, load, versions)."""
+    return bench_machine(allow_busy)
 
 
 def run(setting: Setting, logroot: Path, ray_address: str | None = None, allow_busy: bool = False
@@ -244,7 +242,7 @@ def _num(value: Any, digits: int = 0) -> str:
 
 
 def markdown(result: dict[str, Any]) -> str:
-    s, m = result["setting"], result["machine"]
+    s, m = result["setting"], machine_fields(result["machine"])
     device = next((a["learner_device"] for a in result["arms"] if a.get("learner_device")), None) or {}
     lines = [f"# End to end: fp32 vs int8 actors, D4PG on {s['task']}", "",
              f"`{result['command']}`", "",
@@ -255,7 +253,8 @@ def markdown(result: dict[str, Any]) -> str:
              f"seeds {', '.join(map(str, s['seeds']))}."
              f" Learner device asked: {s['learner_device']}; ran on {device.get('platform', '?')} "
              f"({device.get('device_kind', '?')}).",
-             f"Machine: {m.get('cpu')}, {m.get('cores')} cores, Python {m.get('python')}; {describe_load(m)}.", "",
+             f"Machine: {m.get('cpu_model')}, {m.get('cores')} cores, Python {m.get('python')}; "
+             f"{describe_load(m)}.", "",
              "| precision | seed | stopped by | time to target (s) | actor steps to target | best return | "
              "env steps/s | learner SGD steps/s | actor: env / policy / insert / weights | "
              "learner: SGD / sample wait / publish |",

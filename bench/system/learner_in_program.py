@@ -26,7 +26,6 @@ Writes DIR/learner_in_program.{json,md} with the machine record (bench.harness.m
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import tempfile
 import threading
@@ -36,8 +35,9 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from bench.harness.learner_timing import machine_info, measure
-from bench.harness.machine import add_allow_busy, refuse_if_busy
+from bench.harness.learner_timing import learner_machine, measure
+from bench.harness.machine import add_allow_busy, finish, refuse_if_busy
+from quarl.ops.machine import machine_fields
 from bench.harness.results_io import write_report
 
 REPO = Path(__file__).resolve().parents[2]
@@ -143,11 +143,12 @@ def measure_size(policy: Sequence[int], *, steps_per_call: int | None, warmup_s:
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
-    m = result["machine"]
+    m = machine_fields(result["machine"])
     lines = [f"# The learner in the program vs. alone ({m['jax_backend'].upper()})", "",
              f"`{command}`, {m['date'][:10]}. D4PG, walker:stand shapes, critic 256x3, batch 256. "
-             f"{m['cpu']}, {m['cores']} logical cores, jax {m['jax']} ({', '.join(m.get('jax_devices') or ['?'])}); "
-             f"load average {m['load_average_start'][0]:.1f} at the start, {m['load_average_end'][0]:.1f} at the end.",
+             f"{m['cpu_model']}, {m['cores']} logical cores, jax {m['versions'].get('jax', '?')} "
+             f"({', '.join(m.get('jax_devices') or ['?'])}); "
+             f"load average {m['load_start'][0]:.1f} at the start, {m['load_end'][0]:.1f} at the end.",
              "", "| policy | K | (a) learner.step | (b) scan | (c) node | (d) node, no publishing | (c)/(a) | (c)/(d) "
              "| handoff ms/version | quantize+encode ms/version |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["configs"]:
@@ -179,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     refuse_if_busy(p, args.allow_busy)
     outdir = Path(args.out) if args.out else (REPO / "runs" / "bench" / "learner-in-program-quick" if args.quick
                                               else REPO / "results" / "bench")
-    result: dict[str, Any] = {"machine": machine_info(args.allow_busy), "quick": args.quick, "configs": []}
+    result: dict[str, Any] = {"machine": learner_machine(args.allow_busy), "quick": args.quick, "configs": []}
     sizes = [(16, 16)] if args.quick else [(256, 256, 256)] + ([] if args.no_paper else [(2048, 2048, 2048)])
     window = args.window_s or (1.0 if args.quick else 20.0)
     for policy in sizes:
@@ -190,7 +191,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"policy {policy}: learner.step {r['learner.step']:.1f}, scan {r['scan']:.1f}, node "
               f"{r['node']['steps_per_s']:.1f}, no publishing {r['node_no_publish']['steps_per_s']:.1f} steps/s; "
               f"ratios {r['ratio_node_vs_learner_step']:.2f} {r['ratio_publish_on_vs_off']:.2f}", flush=True)
-    result["machine"]["load_average_end"] = list(os.getloadavg())
+    finish(result["machine"])
     write_report(outdir, "bench.system.learner_in_program", argv, result, markdown, newline=False)
     return 0
 

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from bench.harness.learning_runs import REPO, empty_run_dir, median_or_none
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import command_line, write_results
 from bench.harness.subprocess_runs import run_subprocess
+from quarl.ops.machine import machine_fields
 
 PRECISIONS = ("fp32", "int8")
 HIDDEN = "2048,2048,2048"
@@ -110,9 +111,9 @@ def _fmt(value: float | None, spec: str = ",.0f") -> str:
 
 
 def markdown(result: Mapping[str, Any], command: str) -> str:
-    machine, summary = result["machine"], result["summary"]
+    machine, summary = machine_fields(result["machine"]), result["summary"]
     lines = ["# On-policy ActorQ actors at a 2048x3 policy: int8 against fp32", "",
-             f"`{command}` on {machine['cpu']} ({machine['cpu_class']}, {machine.get('cores', '?')} cores), "
+             f"`{command}` on {machine['cpu_model']} ({machine['cpu_class']}, {machine.get('cores', '?')} cores), "
              f"{describe_load(machine)}. `launch.actorq --agent ppo` on CartPole-v1, asynchronous, "
              f"{result['num_actors']} actors of one environment, policy {HIDDEN.replace(',', 'x')}, "
              f"{result['steps']:,} env steps per run, ONNX Runtime actors; {result['rounds']} rounds, fp32 and int8 "
@@ -158,7 +159,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     args = parse_args(argv)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     records = []
     for seed in range(args.rounds):
         for precision in (PRECISIONS if seed % 2 == 0 else PRECISIONS[::-1]):

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from bench.harness.learner_variants import VARIANTS, variant
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_cpu, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import write_and_print
 from quarl.quant.precision import precision_name_arg
 
@@ -60,7 +60,7 @@ def markdown(result: dict[str, Any]) -> str:
     rows = {r["variant"]: r for r in result["rows"]}
     lines = [f"# Pixel training speed in the program: {result['agent']} on {result['task']}, {result['precision']} "
              "actors", "", f"Command: `{result['command']}`", "",
-             f"Machine: {m['cpu']} ({m['cpu_flags']}), {m['cores']} logical cores; {describe_load(m)}.", "",
+             f"Machine: {describe_cpu(m, flags=True)}; {describe_load(m)}.", "",
              f"One `launch.train` run per variant ({result['steps']:,} env steps, seed 0, the task's preset). Train "
              "clock: the run's wall clock less its evaluations (the first update's compilation included); the "
              "learner's seconds are its updates' work; the actor's stages (s) are what the acting loop timed.", "",
@@ -105,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     steps = 20_000 if args.quick else args.steps
     out = args.out or (REPO / "runs" / "bench" / "pixel-train-quick" if args.quick else REPO / "results" / "bench")
     refuse_if_busy(parser, args.allow_busy)
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     rows = []
     with tempfile.TemporaryDirectory(prefix="pixel-train-") as tmp:
         for name in variants:

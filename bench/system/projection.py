@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from bench.harness.results_io import write_text
+from quarl.ops.machine import machine_fields
 
 REPO = Path(__file__).resolve().parents[2]
 BATCH, SAMPLES_PER_INSERT, PAPER_ACTORS = 256, 32.0, 4
@@ -46,9 +47,9 @@ def learner_rates(learner: Mapping[str, Any]) -> tuple[dict[int, float], str]:
         modes = cfg["modes"]
         mode = next(m for m in ("learner.step", "loop", "scan") if m in modes)
         rates[int(cfg["policy_layer_sizes"][0])] = float(modes[mode]["median_steps_per_s"])
-    m = learner.get("machine", {})
+    m = machine_fields(learner.get("machine"))
     devices = m.get("jax_devices") or []
-    device = f"{m.get('jax_backend', '?')}" + (f" ({devices[0]})" if devices else f" ({m.get('cpu', '?')})")
+    device = f"{m.get('jax_backend', '?')}" + (f" ({devices[0]})" if devices else f" ({m.get('cpu_model', '?')})")
     return rates, device
 
 
@@ -153,9 +154,9 @@ def markdown(proj: Mapping[str, Any], inputs: Mapping[str, str], heading: bool =
 
 
 def input_cpu(record: Mapping[str, Any]) -> str | None:
-    """The CPU model an input was measured on (results files name it `cpu` or `cpu_model`)."""
+    """The CPU model an input was measured on (`machine_fields` reads every record format)."""
     m = record.get("machine") if isinstance(record.get("machine"), Mapping) else record
-    value = m.get("cpu_model") or m.get("cpu")
+    value = machine_fields(m).get("cpu_model")
     return str(value) if value else None
 
 

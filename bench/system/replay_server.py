@@ -31,8 +31,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from bench.harness.machine import add_allow_busy, describe_load, finish, machine_info, refuse_if_busy
+from bench.harness.machine import add_allow_busy, bench_machine, describe_load, finish, refuse_if_busy
 from bench.harness.results_io import write_report
+from quarl.ops.machine import machine_fields
 
 REPO = Path(__file__).resolve().parents[2]
 REQUIRED_INSERTS_PER_S = 11_000  # 12 int8 actors on the H200 machine (issue 20)
@@ -269,10 +270,10 @@ def measure_backend(backend: Any, ks: Sequence[int], samplers: int, warmup_s: fl
 
 
 def markdown(result: dict[str, Any], command: str) -> str:
-    m = result["machine"]
+    m = machine_fields(result["machine"])
     s = result["settings"]
     lines = ["# Replay server at the paper's load", "",
-             f"`{command}`. {m['cpu']}, {m['cores']} logical cores, Python {m['python']}; {describe_load(m)}. "
+             f"`{command}`. {m['cpu_model']}, {m['cores']} logical cores, Python {m['python']}; {describe_load(m)}. "
              f"D4PG walker:stand transitions, capacity {s['capacity']:,}, pre-filled {s['prefill']:,}; "
              f"{s['inserters']} inserters x batches of {s['insert_batch']}; {s['samplers']} sampler threads x "
              f"K batches of {BATCH}. Required: {REQUIRED_INSERTS_PER_S:,} inserts/s and "
@@ -316,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                   "--modes from table,ray\n")
     if args.quick:
         ks, args.inserters, args.prefill, args.window_s = [2], 2, 5_000, 0.5
-    machine = machine_info(args.allow_busy)
+    machine = bench_machine(args.allow_busy)
     machine["load_start"] = refuse_if_busy(p, args.allow_busy)
     table = walker_table()
     settings = {"capacity": int(table["config"]["capacity"]), "prefill": args.prefill, "inserters": args.inserters,

@@ -14,7 +14,7 @@ def test_quick_run_measures_both_precisions_and_records_the_machine(tmp_path):
     argv = ["--quick", "--allow-busy", "--rounds", "1", "--block", "5", "--out", str(tmp_path)]
     assert actorq_minatar.main(argv) == 0
     result = json.loads((tmp_path / "actorq_minatar.json").read_text())
-    assert result["machine"]["cpu"] and result["machine"]["load_end"]
+    assert result["machine"]["cpu_model"] and result["machine"]["load_end"]
     rows = {r["precision"]: r for r in result["rows"]}
     assert set(rows) == {"fp32", "int8"}
     assert all(r["env_steps_per_s"] > 0 and r["policy_us"] > 0 and r["env_us"] > 0 for r in rows.values())

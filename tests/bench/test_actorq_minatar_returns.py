@@ -17,7 +17,7 @@ def test_tiny_run_reports_every_evaluation_per_seed_and_precision(tmp_path, monk
     assert actorq_minatar_returns.main(argv) == 0
     result = json.loads((tmp_path / "out" / "actorq_minatar_returns.json").read_text())
     assert result["command"] == "python -m bench.system.actorq_minatar returns " + " ".join(argv)
-    assert result["machine"]["cpu"] and result["machine"]["load_end"]
+    assert result["machine"]["cpu_model"] and result["machine"]["load_end"]
     assert result["config"]["settings"]["samples_per_insert"] == 32.0  # the MinAtar authors' settings
     rows = {r["precision"]: r for r in result["results"]}
     assert set(rows) == {"fp32", "int8"}

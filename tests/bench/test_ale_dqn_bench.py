@@ -16,7 +16,7 @@ def test_tiny_pong_run_writes_time_return_and_machine(tmp_path):
                          "--out", str(tmp_path)]) == 0
     record = json.loads((tmp_path / "ale_dqn_Pong_s0.json").read_text())
     assert record["game"] == "Pong" and record["seed"] == 0 and record["actor_steps"] == 300
-    assert record["machine"]["cpu"] and record["machine"]["load_end"] and "cpu_flags" in record["machine"]
+    assert record["machine"]["cpu_model"] and record["machine"]["load_end"] and "cpu_flags" in record["machine"]
     import jax
 
     assert record["learner_device"] == jax.devices()[0].platform  # where it ran (auto), read in the learner

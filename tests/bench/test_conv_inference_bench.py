@@ -14,7 +14,7 @@ def test_quick_conv_bench_writes_results_with_the_machine(tmp_path, monkeypatch)
     assert conv_inference.main(["--quick", "--allow-busy", "--out", str(tmp_path)]) == 0
     result = json.loads((tmp_path / "conv_inference.json").read_text())
     machine = result["machine"]
-    assert machine["cpu"] and machine["load_start"] and machine["load_end"] and machine["allow_busy"]
+    assert machine["cpu_model"] and machine["load_start"] and machine["load_end"] and machine["allow_busy"]
     rows = {r["variant"]: r for r in result["rows"]}
     assert set(rows) == {"onnx fp32", "onnx int8", "onnx int8 dequantized", "jax fp32", "jax int8", "auto int8",
                          "onnx int4", "onnx-nbits int4", "auto int4"}

@@ -33,21 +33,34 @@ def test_cli_guard_exits_2_with_one_line(monkeypatch, capsys):
 def test_machine_record_has_the_load_at_start_and_end(monkeypatch):
     loads = iter([(0.5, 0.4, 0.3), (3.25, 1.0, 0.5)])
     monkeypatch.setattr(os, "getloadavg", lambda: next(loads))
-    info = machine.machine_info(allow_busy=True)
+    info = machine.bench_machine(allow_busy=True)
     assert info["load_start"] == [0.5, 0.4, 0.3] and info["allow_busy"] is True and info["cores"] == os.cpu_count()
     assert machine.finish(info)["load_end"] == [3.25, 1.0, 0.5]
     assert "0.5 at the start and 3.2 at the end" in machine.describe_load(info)
     assert "--allow-busy" in machine.describe_load(info)
 
 
-def test_machine_record_names_the_cpu_class_and_its_simd_flags(monkeypatch):
-    """Every benchmark's machine record carries what decides int8 against fp32 speed on this CPU."""
-    from quarl.runtimes import cpu
+def test_a_benchmark_record_is_the_one_machine_record_plus_its_own_fields(monkeypatch):
+    """Every benchmark's machine record carries what decides int8 against fp32 speed on this CPU, under the keys
+    of `quarl.ops.machine.MachineRecord`, flags as a list."""
+    from quarl.ops import machine as ops_machine
 
-    monkeypatch.setattr(cpu, "cpu_info", lambda: {"cpu_model": "x", "cores": 2, "arch": "x86_64",
-                                                   "flags": ["avx2", "avx512f", "avx512_vnni", "fma"]})
-    info = machine.machine_info(allow_busy=True)
-    assert info["cpu_flags"] == "avx2 avx512f avx512_vnni fma" and info["cpu_class"] == "x86-vnni"
+    fake = ops_machine.CpuInfo("Test CPU", frozenset({"fma", "avx512_vnni", "avx2", "sse4_2", "avx512f"}), "x86_64")
+    monkeypatch.setattr(ops_machine, "read_cpuinfo", lambda: fake)
+    info = machine.bench_machine(allow_busy=True)
+    assert set(info) == {*ops_machine.MACHINE_KEYS, "allow_busy"}
+    assert info["cpu_flags"] == ["avx2", "avx512f", "avx512_vnni", "fma"] and info["cpu_class"] == "x86-vnni"
+    assert machine.describe_cpu(info, flags=True) == f"Test CPU (avx2, avx512f, avx512_vnni, fma), {os.cpu_count()} " \
+        "logical cores"
+
+
+def test_reports_read_records_written_before_the_one_format():
+    old = {"cpu": "Old CPU", "cpu_flags": "avx2 fma", "cores": 2, "load_start": [0.5], "load_end": [1.5],
+           "allow_busy": False}
+    assert machine.describe_cpu(old, flags=True) == "Old CPU (avx2, fma), 2 logical cores"
+    assert machine.describe_load(old) == "load average 0.5 at the start and 1.5 at the end on 2 cores"
+    learner = {"cpu": "Xeon", "cores": 16, "jax": "0.11.2", "load_average_start": [0.2], "load_average_end": [0.3]}
+    assert "0.2 at the start and 0.3 at the end on 16 cores" in machine.describe_load(learner)
 
 
 @pytest.mark.parametrize("module, extra", [("bench.system.actorq", []), ("bench.micro.inference", []),

@@ -25,7 +25,7 @@ def test_synthetic_fill_counts_one_frame_an_item_and_evicts():
 def test_main_writes_a_row_with_the_machine(tmp_path):
     assert replay_memory.main(["--transitions", "300", "--out", str(tmp_path)]) == 0
     rows = json.loads((tmp_path / "replay_memory.json").read_text())
-    assert rows[-1]["transitions"] == 300 and "cpu" in rows[-1]["machine"]
+    assert rows[-1]["transitions"] == 300 and "cpu_model" in rows[-1]["machine"]
 
 
 @pytest.mark.parametrize("argv", [["--transitions", "0"], ["--capacity", "-1"]])
