@@ -210,6 +210,26 @@ def _update(state: TrainingState, rollout: Mapping[str, jax.Array], *, apply: Ap
     return TrainingState(params, opt_state, key, state.steps + 1), metrics
 
 
+UpdateFn = Callable[[TrainingState, Mapping[str, jax.Array]], tuple[TrainingState, dict]]
+
+
+def make_update(networks: PPONetworks, config: PPOConfig, total_updates: int | None
+                ) -> tuple[Callable[[jax.Array], TrainingState], UpdateFn]:
+    """(init(key) -> TrainingState, update(state, rollout) -> (state, metrics)): the one PPO/A2C update, pure and
+    jittable, for `PPOLearner` and for the jitted trainer (`agents.anakin.ppo`), which runs it inside its own jit."""
+    optimizer = make_optimizer(config, total_updates)
+    value_fn = networks.make_apply()
+
+    def init(key: jax.Array) -> TrainingState:
+        k_init, k_train = jax.random.split(key)
+        params = networks.init(k_init, config.init_log_std)
+        return TrainingState(params, optimizer.init(params), k_train, jnp.zeros((), jnp.int32))
+
+    update = functools.partial(_update, apply=networks.make_apply(config.qat_bits),
+                               value_apply=lambda p, o: value_fn(p, o)[1], optimizer=optimizer, config=config)
+    return init, update
+
+
 class PPOLearner(JaxLearner):
     """`step(rollout)` runs one PPO update on a rollout mapping of [T, N, ...] columns (see `ROLLOUT_COLUMNS`);
     `policy_params()` is the policy's fp32 tree (what actors quantize) and `log_std()` the Gaussian's log-std."""
@@ -225,14 +245,8 @@ class PPOLearner(JaxLearner):
                         "discount": (np.float32, None), "last": (np.float32, None),
                         "next_observation": (np.float32, None), "behaviour_logp": (np.float32, None)}
         key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
-        k_init, k_train = jax.random.split(key)
-        optimizer = make_optimizer(config, total_updates)
-        params = networks.init(k_init, config.init_log_std)
-        state = TrainingState(params, optimizer.init(params), k_train, jnp.zeros((), jnp.int32))
-        value_fn = networks.make_apply()
-        update = functools.partial(_update, apply=networks.make_apply(config.qat_bits),
-                                   value_apply=lambda p, o: value_fn(p, o)[1], optimizer=optimizer, config=config)
-        super().__init__(state, update, donate=False)
+        init, update = make_update(networks, config, total_updates)
+        super().__init__(init(key), update, donate=False)
 
     @property
     def networks(self) -> PPONetworks:
