@@ -14,7 +14,6 @@ from analysis.runs import (
     STAGES, STAGE_LABELS, curves, finished, panel_order, precision_color, precision_order, read_evaluator,
 )
 from analysis.tables import panel_targets
-from quarl.ops.machine import machine_fields
 from quarl.quant.precision import MAX_KERNEL_BITS, is_int_name
 
 
@@ -49,9 +48,8 @@ def machine_label(machine: Mapping[str, Any] | None) -> str:
     """'AMD EPYC, 2 logical CPUs' from a machine.json (`quarl.ops.machine.machine_info`), for figure titles."""
     if not machine:
         return "machine not recorded"
-    fields = machine_fields(machine)  # machine.json of any format
-    cpu = fields.get("cpu_model") or fields.get("arch") or "unknown CPU"
-    cores = fields.get("cores")
+    cpu = machine.get("cpu_model") or machine.get("machine") or "unknown CPU"
+    cores = machine.get("logical_cpus", machine.get("cores"))
     return f"{cpu}, {cores} logical CPUs" if cores else str(cpu)
 
 
