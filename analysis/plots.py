@@ -79,6 +79,7 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, ban
     timed = x != "actor_steps"
     scale, unit = _time_unit(float(data["x"].max()) if len(data) and timed else 0.0)
     handles: dict[str, Any] = {}
+    general: set[str] = set()  # the marks of seeds that ended early, drawn in some panel
     for ax, panel in zip(axes.ravel(), panels):
         pdata = data[data["panel"] == panel]
         for precision in sorted(pdata["precision"].unique(), key=precision_order):
@@ -91,14 +92,15 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, ban
             drawn += [(LIVE_LABEL, _draw_mean(ax, segment, band, color, timed, scale, dashed=True))
                       for segment in _live_segments(runs, panel, precision, seeds, x, points)]
             for name, line in drawn:
-                if line is not None:
+                if line is not None and name == label:
                     handles.setdefault(name, line)
+                elif line is not None:
+                    general.add(name)
             early = [(end, ret) for end, ret in seeds.values() if end < max(e for e, _ in seeds.values())]
             if early:
                 ends, rets = zip(*early)
-                mark = ax.plot(np.asarray(ends) / (scale if timed else 1.0), rets, "x", color=color, ms=6, mew=1.5,
-                               zorder=4)[0]
-                handles.setdefault(ENDED_LABEL, mark)
+                ax.plot(np.asarray(ends) / (scale if timed else 1.0), rets, "x", color=color, ms=6, mew=1.5, zorder=4)
+                general.add(ENDED_LABEL)
         if panel in targets:
             line = ax.axhline(targets[panel], color="0.4", ls=":", lw=1, zorder=2)
             handles.setdefault(f"target: {int(round(100 * fraction))}% of the fp32 final return", line)
@@ -107,6 +109,7 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, ban
                       .get(x, "actor steps"))
         ax.set_ylabel("evaluation return")
         ax.grid(alpha=0.3)
+    handles.update({name: proxy for name, proxy in _general_handles().items() if name in general})
     spare = list(axes.ravel()[len(panels):])
     for ax in spare:
         ax.axis("off")
@@ -124,8 +127,8 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, ban
     return fig
 
 
-LIVE_LABEL = "dashed: mean over the seeds still running"
-ENDED_LABEL = "×: last evaluation of a seed that ended early"
+LIVE_LABEL = "mean over the seeds still running"
+ENDED_LABEL = "last evaluation of a seed that ended early"
 
 
 def _draw_mean(ax: Any, c: pd.DataFrame, band: str, color: str, timed: bool, scale: float, *, label: str | None = None,
@@ -137,11 +140,19 @@ def _draw_mean(ax: Any, c: pd.DataFrame, band: str, color: str, timed: bool, sca
     sem = c["std"] / np.sqrt(c["seeds"].clip(lower=1))
     lo, hi = {"minmax": (c["min"], c["max"]), "std": (c["mean"] - c["std"], c["mean"] + c["std"]),
               "sem": (c["mean"] - sem, c["mean"] + sem)}[band]
-    line = ax.plot(xs, c["mean"], color=color, label=label, lw=1.2 if dashed else 1.5, ls="--" if dashed else "-",
-                   zorder=3)[0]
+    line = ax.plot(xs, c["mean"], color=color, label=label, lw=1.1 if dashed else 1.5, ls="--" if dashed else "-",
+                   alpha=0.8 if dashed else 1.0, zorder=3)[0]
     if int(c["seeds"].iloc[0]) > 1:
         ax.fill_between(xs, lo, hi, color=color, alpha=0.07 if dashed else 0.12, lw=0, zorder=1)
     return line
+
+
+def _general_handles() -> dict[str, Any]:
+    """Legend entries for marks every precision draws in its own colour: a grey stand-in each."""
+    from matplotlib.lines import Line2D  # pylint: disable=import-outside-toplevel
+
+    return {LIVE_LABEL: Line2D([], [], color="0.35", ls="--", lw=1.1),
+            ENDED_LABEL: Line2D([], [], color="0.35", marker="x", ls="", ms=6, mew=1.5)}
 
 
 def _seed_ends(runs: pd.DataFrame, panel: str, precision: str, x: str) -> dict[str, tuple[float, float]]:
@@ -166,7 +177,7 @@ def _live_segments(runs: pd.DataFrame, panel: str, precision: str, seeds: Mappin
     for before, end in zip(ends, ends[1:]):
         live = [d for d, (e, _) in seeds.items() if e >= end]
         c = curves(runs[runs["run_dir"].isin(live)], x=x, points=points)
-        c = c[(c["panel"] == panel) & (c["precision"] == precision) & (c["x"] > before) & (c["x"] <= end)]
+        c = c[(c["panel"] == panel) & (c["precision"] == precision) & (c["x"] >= before) & (c["x"] <= end)]
         if len(c):
             out.append(c)
     return out

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from analysis import plots, report
-from tests.launch.test_reproduce import make_synthetic_results
+from tests.launch.test_reproduce import make_synthetic_results, write_run
 
 MACHINE = {"cpu_model": "AMD EPYC", "logical_cpus": 2}
 
@@ -24,6 +25,24 @@ def test_return_figure_has_a_title_a_band_meaning_and_no_empty_cell(tmp_path: Pa
     legend_cells = [ax for ax in visible if not ax.lines]
     assert len(legend_cells) == 1 and "fp32 (n=2 seeds)" in [t.get_text() for t in legend_cells[0].get_legend().texts]
     assert {ax.get_title() for ax in visible if ax.lines} == {"CartPole", "Acrobot"}
+
+
+def test_a_seed_that_ended_early_is_not_drawn_on_to_the_slowest_seeds_end(tmp_path: Path) -> None:
+    """Seed 1 stops at 30 s, seed 0 runs to 60 s: the solid mean over both stops at 30 s, past it a dashed curve is
+    seed 0 alone (never seed 1's last return carried on), and a cross marks seed 1's last evaluation."""
+    t = [10.0, 20.0, 30.0, 40.0, 50.0, 60.0]
+    write_run(tmp_path, "CartPole", "fp32", 0, t, [0, 10, 20, 30, 40, 50])
+    write_run(tmp_path, "CartPole", "fp32", 1, t[:3], [0, 100, 200])
+    ax = plots.plot_figure(report.load_runs(tmp_path / "runs"), fraction=None).axes[0]
+    solid = [line for line in ax.lines if line.get_linestyle() == "-"]
+    dashed = [line for line in ax.lines if line.get_linestyle() == "--"]
+    crosses = [line for line in ax.lines if line.get_marker() == "x"]
+    assert len(solid) == 1 and max(solid[0].get_xdata()) <= 30.0
+    assert len(dashed) == 1 and min(dashed[0].get_xdata()) >= 30.0 and max(dashed[0].get_xdata()) == 60.0
+    assert list(dashed[0].get_ydata()) == pytest.approx([x - 10.0 for x in dashed[0].get_xdata()])  # seed 0's
+    assert len(crosses) == 1 and (list(crosses[0].get_xdata()), list(crosses[0].get_ydata())) == ([30.0], [200.0])
+    legend = [t.get_text() for t in ax.get_legend().texts]  # one panel: the legend sits in it
+    assert legend == ["fp32 (n=2 seeds)", plots.LIVE_LABEL, plots.ENDED_LABEL]
 
 
 def test_runtime_figure_labels_precisions_under_bars_and_panels_under_groups(tmp_path: Path) -> None:
