@@ -52,6 +52,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
         bottom += values
     cheaper = ", ".join(f"{r:.1f}x {p}" for p, r in actor["update_ratio_fp32_vs"].items())
     ax.set_title(f"one weight update (ms, mean per update)\nfp32 = {cheaper}", fontsize=9)
+    ax.set_ylabel("ms per weight update (one actor)")
     ax.legend()
     if panels == 3:
         import csv  # pylint: disable=import-outside-toplevel

@@ -112,6 +112,7 @@ def test_actorq_figure_names_the_cpu_and_shows_the_spread_of_its_blocks(figures,
     for span, precision in zip(spans, actorq_probe.PRECISIONS, strict=True):  # each bar's error bar: its blocks' range
         rates = [b["steps_per_s"] for b in blocks[precision]]
         assert span == pytest.approx([min(rates), max(rates)])
+    assert all(ax.get_ylabel() for ax in fig.axes)  # every panel says what its bars measure
 
 
 def test_learning_figure_is_redrawn_from_its_curves_with_the_machine_and_the_seeds(figures, tmp_path) -> None:
