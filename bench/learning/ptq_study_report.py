@@ -227,12 +227,32 @@ def _steps(s: dict[str, Any]) -> str:
     return " / ".join(f"{n:,}" for n in s["train_steps"])
 
 
+MIN_SPAN = 0.1  # of the task's return range (or of the returns' size): the least a panel's y axis spans
+
+
+def _y_limits(limits: tuple[float, float], bounds: tuple[float, float] | None) -> tuple[float, float]:
+    """A panel's y range: what matplotlib chose, within the task's possible returns (a little margin), and at least
+    MIN_SPAN of their range wide, so that a 1-point difference on CartPole's 0..500 looks like one, not a cliff."""
+    low, high = limits
+    pad = 0.03 * (bounds[1] - bounds[0]) if bounds is not None else 0.0
+    if bounds is not None:
+        low, high = max(low, bounds[0] - pad), min(high, bounds[1] + pad)
+    span = MIN_SPAN * (bounds[1] - bounds[0] if bounds is not None else max(abs(low), abs(high), 1.0))
+    if high - low < span:
+        middle = (low + high) / 2
+        low, high = middle - span / 2, middle + span / 2
+        if bounds is not None:  # slide back inside the returns the task can have
+            shift = min(0.0, bounds[1] + pad - high) + max(0.0, bounds[0] - pad - low)
+            low, high = low + shift, high + shift
+    return low, high
+
+
 def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
     """One panel per (algorithm, task): every seed's return at each precision as a point, the mean over seeds as
     a line over the PTQ precisions and as marks for the QAT runs;
     no std bars (with three seeds they drew returns past the task's maximum). The y axis stays within
-    the task's possible returns (`quarl.envs.factory.return_range`); the legend sits below the panels. Returns
-    the (saved, closed) Figure."""
+    the task's possible returns (`quarl.envs.factory.return_range`) and spans at least a tenth of them
+    (`_y_limits`); the legend sits below the panels and the title above them. Returns the (saved, closed) Figure."""
     import matplotlib  # pylint: disable=import-outside-toplevel
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
@@ -261,11 +281,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
         if qat:  # separate training runs: marks, not joined to the PTQ line
             ax.plot(qat, [ss[i]["reward_mean"] for i in qat], "D", ms=6, color="tab:orange",
                     label="mean over seeds (QAT run at that width)")
-        bounds = return_range(task)
-        if bounds is not None:
-            low, high = ax.get_ylim()
-            pad = 0.03 * (bounds[1] - bounds[0])
-            ax.set_ylim(max(low, bounds[0] - pad), min(high, bounds[1] + pad))
+        ax.set_ylim(*_y_limits(ax.get_ylim(), return_range(task)))
         ax.set_xticks(range(len(names)), names, fontsize=8)
         ax.set_title(f"{algo} / {task} ({_steps(ss[0])} env steps)", fontsize=9)
         ax.set_ylabel("reward")
@@ -279,6 +295,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
     fig.legend(list(unique.values()), list(unique), loc="lower center", ncol=len(unique), fontsize=8, frameon=False)
     fig.suptitle(f"Post-training quantization: reward vs precision; "
                  f"{'; '.join(sorted({r['cpu'] for r in rows}))}", fontsize=10)
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    height = fig.get_figheight()
+    fig.tight_layout(rect=(0, 0.6 / height, 1, 1 - 0.45 / height))  # room for the legend below, the title above
     save_figure(fig, path, dpi=110)
     return fig

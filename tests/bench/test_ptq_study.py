@@ -174,6 +174,16 @@ def test_study_plot_draws_each_seed_within_the_tasks_returns_and_keeps_the_legen
     assert points == sorted([500.0, 60.0, 470.0] * 2)  # every seed's return, not a bar
     assert ax.get_legend() is None and fig.legends  # one legend for the figure, below the panels
     assert (tmp_path / "study.png").read_bytes().startswith(PNG_MAGIC)
+    # Returns a point apart (500 against 498.8) on a 0..500 task: the axis spans a tenth of that, not the point.
+    close = [{**r, "algo": "ppo", "mean_return": 500.0 if r["precision"] == "fp32" else 498.8} for r in rows]
+    fig = ptq_study_report.plot(rows + close, tmp_path / "close.png")
+    low, high = fig.axes[1].get_ylim()
+    assert high - low >= 50.0 and -15.0 <= low and high <= 515.0, (low, high)
+    # The figure's title sits above the first row's panel titles, not over them, also on the study's 5 x 3 panels.
+    fig = ptq_study_report.plot([{**r, "algo": f"algo{k}"} for k in range(15) for r in rows], tmp_path / "many.png")
+    fig.canvas.draw()
+    title = fig._suptitle.get_window_extent()  # pylint: disable=protected-access
+    assert all(title.y0 >= ax.title.get_window_extent().y1 for ax in fig.axes[:3])
 
 
 def test_only_converged_seeds_enter_the_tables_and_qat_sits_beside_ptq(tmp_path):
