@@ -88,14 +88,13 @@ def plot_figure(runs: pd.DataFrame, *, x: str = "time_s", points: int = 200, ban
             seeds = _seed_ends(runs, panel, precision, x)
             first_end = min(end for end, _ in seeds.values()) if seeds else math.inf
             label = f"{precision} (n={int(c['seeds'].iloc[0])} seeds)"
-            drawn = [(label, _draw_mean(ax, c[c["x"] <= first_end], band, color, timed, scale, label=label))]
-            drawn += [(LIVE_LABEL, _draw_mean(ax, segment, band, color, timed, scale, dashed=True))
-                      for segment in _live_segments(runs, panel, precision, seeds, x, points)]
-            for name, line in drawn:
-                if line is not None and name == label:
-                    handles.setdefault(name, line)
-                elif line is not None:
-                    general.add(name)
+            solid = _draw_mean(ax, c[c["x"] <= first_end], band, color, timed, scale, label=label)
+            if solid is not None:
+                handles.setdefault(label, solid)
+            segments = _live_segments(runs, panel, precision, seeds, x, points)
+            for segment in segments:
+                _draw_mean(ax, segment, band, color, timed, scale, dashed=True)
+            general.update([LIVE_LABEL] if segments else [])
             early = [(end, ret) for end, ret in seeds.values() if end < max(e for e, _ in seeds.values())]
             if early:
                 ends, rets = zip(*early)
