@@ -57,6 +57,9 @@ def build_parser() -> OneLineArgumentParser:
     parser.add_argument("--actor-update-period", type=int, default=None,
                         help="between actor weight refreshes: PPO/A2C updates (default 1), DQN env steps (default: "
                              "the config's actor_update_period)")
+    parser.add_argument("--envs-per-actor", type=int, default=1, metavar="K",
+                        help="environments stepped together: DQN's K (one batched policy call each step); PPO/A2C "
+                             "replace their num_envs with K when K > 1")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="agent config override, repeatable (e.g. --set num_envs=16)")
     add_qat_argument(parser)
@@ -112,10 +115,16 @@ def validate(args: argparse.Namespace) -> "AnakinRun":
     overrides.update(qat_overrides(args.qat_bits, precision))
     if args.agent == "dqn" and period is not None:
         overrides["actor_update_period"] = period
+    envs = check_positive("--envs-per-actor", args.envs_per_actor)
+    if args.agent != "dqn" and envs > 1:
+        overrides["num_envs"] = envs
     try:
-        agents.make_config(args.agent, **overrides)
+        config = agents.make_config(args.agent, **overrides)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if args.agent == "dqn" and (config.prioritized_replay or config.eval_epsilon != 0.0):
+        raise UsageError("the jitted DQN trainer replays uniformly and evaluates greedily: prioritized_replay=false, "
+                         "eval_epsilon=0")
     out = Path(args.out or _default_out(args.agent, task, precision.name))
     for seed in seeds:
         check_logdir(str(out / f"seed{seed}"))
@@ -124,7 +133,8 @@ def validate(args: argparse.Namespace) -> "AnakinRun":
                      eval_episodes=check_positive("--eval-episodes", args.eval_episodes),
                      target_return=args.target_return,
                      target_streak=check_positive("--target-streak", args.target_streak),
-                     actor_update_period=None if args.agent == "dqn" else period)
+                     actor_update_period=None if args.agent == "dqn" else period,
+                     envs_per_actor=envs if args.agent == "dqn" else 1)
 
 
 def _default_out(agent: str, task: str, precision: str) -> str:

@@ -114,6 +114,7 @@ class Trainer(Protocol):
     env: GymnaxEnv
     env_steps_per_period: int
     updates_per_period: int
+    replay: dict[str, int | float | str]  # what summary.json's `replay` says of the in-jit replay ({}: none)
 
     def init(self, key: jax.Array) -> Any: ...
 

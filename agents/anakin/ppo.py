@@ -50,6 +50,7 @@ class PPOTrainer:
         self._init_train, self._update = make_update(networks, config, total_updates)
         self.updates_per_period = int(actor_update_period)
         self.env_steps_per_period = self.updates_per_period * config.num_envs * config.num_steps
+        self.replay: dict[str, int | float | str] = {}  # on-policy: rollouts straight into the update
 
     def init(self, key: jax.Array) -> PPOState:
         k_learner, k_env, k_act = jax.random.split(key, 3)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import collections
 import functools
-from typing import Mapping, NamedTuple
+from typing import Callable, Mapping, NamedTuple
 
 import haiku as hk
 import jax
@@ -76,6 +76,24 @@ def make_loss(spec: PolicySpec, huber_loss_parameter: float, qat_bits: int | Non
     return loss_fn
 
 
+def make_update(spec: PolicySpec, config: DQNConfig) -> tuple[Callable[[jax.Array], TrainingState], Callable]:
+    """(init(key) -> TrainingState, update(state, batch, probabilities) -> (state, metrics, td_error)): the one DQN
+    update, pure and jittable, for `DQNLearner` and for the jitted trainer (`agents.anakin.dqn`), which runs it inside
+    its own jit. `probabilities`: the sampled items' (prioritized replay), or None (uniform)."""
+    optimizer = make_optimizer(config)
+
+    def init(key: jax.Array) -> TrainingState:
+        params = init_params(spec, key)
+        return TrainingState(params=params, target_params=jax.tree.map(jnp.copy, params),
+                             opt_state=optimizer.init(params), steps=jnp.zeros((), jnp.int32))
+
+    update = functools.partial(
+        _update, loss_fn=make_loss(spec, config.huber_loss_parameter, config.qat_bits), optimizer=optimizer,
+        target_update_period=config.target_update_period, target_update_tau=config.target_update_tau,
+        is_exponent=config.importance_sampling_exponent if config.prioritized_replay else None)
+    return init, update
+
+
 class DQNLearner(JaxLearner):
     """`step(sample)` runs one update (`prepare` + `run_block`: K in one scan, see `agents.learner_base`);
     `policy_params()` hands the fp32 online params to the quantizer. With prioritized replay the metrics carry
@@ -94,19 +112,8 @@ class DQNLearner(JaxLearner):
         self.columns = {"observation": (np.float32, None), "action": (np.int32, ()), "reward": (np.float32, ()),
                         "discount": (np.float32, ()), "next_observation": (np.float32, None)}
         key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
-        self._optimizer = make_optimizer(config)
-        params = init_params(spec, key)
-        state = TrainingState(
-            params=params,
-            target_params=jax.tree.map(jnp.copy, params),
-            opt_state=self._optimizer.init(params),
-            steps=jnp.zeros((), jnp.int32),
-        )
-        update = functools.partial(
-            _update, loss_fn=make_loss(spec, config.huber_loss_parameter, config.qat_bits),
-            optimizer=self._optimizer,
-            target_update_period=config.target_update_period, target_update_tau=config.target_update_tau,
-            is_exponent=config.importance_sampling_exponent if config.prioritized_replay else None)
+        init, update = make_update(spec, config)
+        state = init(key)
 
         def update_batch(state: TrainingState, batch: Mapping[str, jax.Array]) -> tuple[TrainingState, dict]:
             columns = {k: batch[k] for k in self.columns}

@@ -57,7 +57,8 @@ class AnakinRun:
     eval_episodes: int = 10
     target_return: float | None = None
     target_streak: int = 1
-    actor_update_period: int | None = None  # PPO/A2C: updates; DQN: env steps per environment group
+    actor_update_period: int | None = None  # PPO/A2C: updates; DQN: env steps of one environment
+    envs_per_actor: int = 1  # DQN's environments stepped together (PPO/A2C: their config's num_envs)
 
     def seed_dir(self, seed: int) -> Path:
         return self.out / f"seed{seed}"
@@ -90,12 +91,12 @@ def make_plan(run: AnakinRun) -> tuple[Trainer, Plan, dict]:
     env = GymnaxEnv(run.task)
     config = agents.make_config(run.agent, **run.overrides)
     trainer = make_trainer(run.agent, env, config, run.precision, total_env_steps=run.max_actor_steps,
-                           actor_update_period=run.actor_update_period)
+                           actor_update_period=run.actor_update_period, envs_per_actor=run.envs_per_actor)
     every = run.eval_every or max(1, run.max_actor_steps // 10)
     plan = Plan.make(trainer.env_steps_per_period, run.max_actor_steps, every)
     if plan.total_steps != run.max_actor_steps:
         trainer = make_trainer(run.agent, env, config, run.precision, total_env_steps=plan.total_steps,
-                               actor_update_period=run.actor_update_period)
+                               actor_update_period=run.actor_update_period, envs_per_actor=run.envs_per_actor)
     return trainer, plan, dataclasses.asdict(config)
 
 
@@ -117,7 +118,7 @@ def run_anakin(run: AnakinRun, *, progress: bool = True, energy: bool = True,
 
     trainer, plan, agent_config = make_plan(run)
     stopping = should_stop or (lambda: False)
-    num_envs = int(agent_config.get("num_envs") or 1)
+    num_envs = int(agent_config.get("num_envs") or run.envs_per_actor)
     configs = [experiment(run, plan, s, num_envs) for s in run.seeds]
     logs = _SeedLogs(run)
     tracker = start_tracking(run.out, "anakin") if energy else None
@@ -272,7 +273,7 @@ def _finish(run: AnakinRun, config: ExperimentConfig, trainer: Trainer, plan: Pl
         config, runner="anakin", status=status, error=None, wall_clock_s=wall, run_wall_clock_s=wall,
         counts={"actor_steps": steps, "learner_steps": learner_steps, "episodes": episodes}, evals=list(evals),
         final_eval_return=final, actors=[actor], learner=learner, runtime={"updates": versions, "versions": versions},
-        payload=payload, replay={}, energy=sum_energy({"run": _energy_share(energy_result, len(run.seeds))}),
+        payload=payload, replay=trainer.replay, energy=sum_energy({"run": _energy_share(energy_result, len(run.seeds))}),
         agent_config=jsonable(agent_config), train_clock_s=round(train_s, 3), evaluation_s=clock["evaluation_s"],
         sync_learner=True, actor_update_period=plan.period_steps, policy_file=policy.name,
         final_policy=final_policy_record(learner_steps, learner_steps, solved=None))

@@ -100,6 +100,16 @@ def test_vmapped_seed_equals_a_single_run_and_a_stop_keeps_what_was_written(tmp_
     assert len({tuple(r["train_episode_return"] for r in seed) for seed in rows}) > 1  # the seeds themselves differ
 
 
+@pytest.mark.slow
+def test_dqn_with_the_replay_ring_in_the_jit_learns_cartpole(tmp_path):
+    out = tmp_path / "dqn"
+    assert anakin.main(["--agent", "dqn", "--seeds", "0", "--steps", "25000", "--eval-every", "2500",
+                        "--target-return", "475", "--out", str(out), "--no-progress"]) == 0
+    summary = json.loads((out / "seed0" / "summary.json").read_text())
+    assert summary["solved"] is not None and summary["best_eval_return"] >= 475
+    assert summary["replay"]["samples_per_insert"] == 64.0 and summary["learner_steps"] > 10_000
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--task", "cartpole:balance"], "gymnax ports"),
     (["--agent", "d4pg"], "runs ppo, a2c, dqn"),
@@ -107,6 +117,7 @@ def test_vmapped_seed_equals_a_single_run_and_a_stop_keeps_what_was_written(tmp_
     (["--seeds", "3-1"], "low-high"),
     (["--seeds", "0,0"], "distinct"),
     (["--set", "num_envs=0"], "num_envs"),
+    (["--agent", "dqn", "--set", "prioritized_replay=true"], "replays uniformly"),
 ])
 def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, flags, message):
     with pytest.raises(SystemExit) as exc:
