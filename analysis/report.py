@@ -92,7 +92,9 @@ def write_report(results_dir: str | os.PathLike, *, runs_dir: str | os.PathLike 
     text += [*notes, ""] if notes else []
     text += ["![return vs wall clock](figure.png)", "",
              f"Curves: mean over seeds, {BAND_MEANING['sem']}, against the training clock (the single-process runner's "
-             "clock without its own evaluations, else the wall clock); dotted line: "
+             "clock without its own evaluations, else the wall clock), solid while every seed is running; past "
+             "the first seed's end, dashed: the mean over the seeds still running (a cross marks each early "
+             "seed's last evaluation); dotted line: "
              f"{pct}% of the fp32 final return (target = R - (1 - f)|R|, which is f*R for positive returns).", "",
              f"## Speedup: training time to reach {pct}% of the fp32 final return", "",
              "`time_to_target_s` is the mean over the seeds that reached the target (`seeds_reached` of `seeds`); "
