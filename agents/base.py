@@ -1,12 +1,17 @@
-"""What every agent shares: the interfaces the runners rely on (Protocols, not `Any`) and the builder scaffolding
-that is the same for every agent (config check, n-step adder, transition signature, replay table), so an agent's
-builder only says what differs: its networks, learner, actor and action column.
+"""What every agent shares: the interfaces the runners rely on (Protocols, not `Any`) and the builder scaffolding,
+split by concern as Acme splits its builders (`acme/agents/jax/builders.py`: learner, policy and actor parts
+beside the replay part), so an agent's builder only says what differs.
 
-The runners in `launch/` depend only on `BuilderBase` (an ABC: the one builder type), and the `Learner` and
-`Actor` Protocols below (docs/ARCHITECTURE.md, "Builder details"): what they read of an actor (its backend, its
-integer kernel, its exploration) is part of the Protocol, not looked up by name. Every agent acts through the one
-loop (`quarl.acting.loop`); a builder says what its steps become (`make_sink`: n-step transitions for replay, or
-fixed-length rollouts for an on-policy learner) and how often its actors take new weights.
+- `BuilderBase` is what every agent has: its policy spec, learner, actors, where its actors' steps go
+  (`make_sink`), its weight cadence and the extras its payloads carry beside the weights.
+- `ReplayBuilder` adds the replay part, which only the replay agents (DQN, D4PG) have: the n-step adder, the
+  transition signature, the table and its rate limiter. An on-policy agent (PPO, A2C) derives `BuilderBase`
+  alone, so a runner that needs replay asks `isinstance(builder, ReplayBuilder)` and never meets a method that
+  refuses.
+
+The runners in `launch/` depend only on these two ABCs and the `Learner` and `Actor` Protocols below
+(docs/ARCHITECTURE.md, "Builder details"): what they read of an actor (its backend, its integer kernel, its
+exploration) is part of the Protocol, not looked up by name, and an actor acts one way, `act` on a batch.
 """
 from __future__ import annotations
 
@@ -15,7 +20,6 @@ import math
 from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Protocol, Sequence, TypedDict, cast, runtime_checkable
 
 import numpy as np
-import numpy.typing as npt
 
 from agents.rate_limits import error_buffer  # noqa: F401  (re-exported: `agents.base.error_buffer` still works)
 from quarl.acting.loop import AdderSink, Sink
@@ -26,12 +30,12 @@ from quarl.replay import table_from_config
 from quarl.replay.adders import NStepTransitionAdder
 from quarl.replay.items import StackedSample
 from quarl.replay.table import Table
-from quarl.runtimes.base import PolicyExecutor, policy_rows
+from quarl.runtimes.base import PolicyExecutor
 
 if TYPE_CHECKING:  # for type checkers only: the learner's JAX types (actors never load JAX), and the configs
     from chex import ArrayTree
 
-    from agents.configs import AgentConfig
+    from agents.configs import AgentConfig, ReplayAgentConfig
     from agents.learner_base import Batch, Block, Metrics
 
 Signature = dict[str, tuple[tuple[int, ...], np.dtype]]
@@ -116,8 +120,10 @@ class OnPolicyLearner(Learner, Protocol):
 class Actor(Protocol):
     """An actor acting through a quantized policy executor; `update` swaps in new weights of the same spec.
 
-    `act` is what the acting loop calls: the actions for a batch [K, ...] of observations and the per-row
-    extras its agent's sink keeps (none for replay agents; the behaviour log-probs for on-policy ones).
+    `act` is the one way to act (the acting loop, the evaluations and the benchmarks all call it): the actions
+    for a batch [K, ...] of observations, one policy call, exploration per row unless `evaluation`, and the
+    per-row extras its agent's sink keeps (none for replay agents; the behaviour log-probs for on-policy ones).
+    One observation is a batch of one (`observation[None]`).
     `backend` and `kernel` say what ran the policy (summary.json); `exploration` is the setting the episode
     log records (DQN's epsilon, the Gaussian's sigma; NaN for an actor without one)."""
 
@@ -134,21 +140,15 @@ class Actor(Protocol):
 
     def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]: ...
 
-    def select_action(self, observation: np.ndarray) -> np.ndarray: ...
-
-    def select_actions(self, observations: np.ndarray) -> np.ndarray: ...
-
     def update(self, qparams: QuantizedParams) -> None: ...
 
 
 @runtime_checkable
 class OnPolicyActor(Actor, Protocol):
-    """An on-policy actor: `sample` returns the actions and their log-probabilities under the quantized policy;
-    a continuous one samples with the learner's log-std (`set_log_std`)."""
+    """An on-policy actor: its `act` returns, beside the actions, their log-probabilities under the quantized
+    policy (`behaviour_logp`); a continuous one samples with the learner's log-std (`set_log_std`)."""
 
     discrete: bool
-
-    def sample(self, observations: np.ndarray) -> tuple[np.ndarray, np.ndarray]: ...
 
     def set_log_std(self, log_std: np.ndarray) -> None: ...
 
@@ -160,8 +160,8 @@ ExecutorFactory = Callable[..., PolicyExecutor]
 class ExecutorActor(abc.ABC):
     """What every agent's actor shares: the quantized policy executor it acts through (`self._executor`, made
     by the subclass with `_make_executor`, which also keeps its spec), what runs it (backend, precision, integer
-    kernel form) and the weight swap. Each agent's actor says itself how it acts (`act`, `select_actions`) and
-    what the episode log records of its exploration (`exploration`)."""
+    kernel form) and the weight swap. Each agent's actor says itself how it acts (`act`) and what the episode
+    log records of its exploration (`exploration`)."""
 
     _executor: PolicyExecutor
     _spec: PolicySpec
@@ -178,14 +178,6 @@ class ExecutorActor(abc.ABC):
         self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
         self._spec = spec
         self._obs_dim = spec.input_dim
-
-    def _one_row(self, observation: npt.ArrayLike) -> np.ndarray:
-        """One observation as the [1, input_dim] batch the executor takes (`quarl.runtimes.base.policy_rows`:
-        validated; uint8 for pixel policies); ValueError naming the size when it has the wrong number of values."""
-        obs = np.asarray(observation)
-        if obs.size != self._obs_dim:
-            raise ValueError(f"observation must have {self._obs_dim} values, got shape {obs.shape}")
-        return policy_rows(obs.reshape(1, -1), self._spec)
 
     @property
     def backend(self) -> str:
@@ -208,8 +200,9 @@ class ExecutorActor(abc.ABC):
         return math.nan
 
     @abc.abstractmethod
-    def select_actions(self, observations: np.ndarray) -> np.ndarray:
-        """One action per row of `observations` [K, ...], exploring unless this is an evaluation actor."""
+    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """One action per row of `observations` [K, ...] (one policy call), exploring unless this is an evaluation
+        actor, and the per-row extras the agent's sink keeps."""
 
     def update(self, qparams: QuantizedParams) -> None:
         """New policy weights (same spec); the executor swaps them in place."""
@@ -218,15 +211,13 @@ class ExecutorActor(abc.ABC):
 
 class BuilderBase(abc.ABC):
     """The one builder type (what `agents.get_builder` and `launch.experiments.agent_spec.AgentSpec.builder`
-    return): makes every piece of one agent from its config; precision and backend are run-level arguments. The parts that are
-    the same for every agent live here; subclasses set `name` and `config_class` and implement the abstract
-    methods (`policy_spec`, `make_learner`, `make_actor`, `action_column`, `sampler_settings`): a builder
-    missing one fails when it is instantiated, not mid-run."""
+    return): makes every piece one agent has from its config; precision and backend are run-level arguments.
+    Subclasses set `name` and `config_class` and implement the abstract methods (`policy_spec`, `make_learner`,
+    `make_actor`, `action_column`, `make_sink`): a builder missing one fails when it is instantiated, not mid-run.
+    A replay agent's builder derives `ReplayBuilder`, which adds the replay part."""
 
     name: ClassVar[str]
     config_class: ClassVar[type]
-    # An on-policy agent (PPO, A2C) has no replay: its sink makes rollouts that go straight to the learner.
-    on_policy: ClassVar[bool] = False
     config: AgentConfig  # an instance of `config_class` (a frozen dataclass)
 
     def __init__(self, config: AgentConfig | None = None):
@@ -240,8 +231,11 @@ class BuilderBase(abc.ABC):
         """The actor's policy network as a `PolicySpec` (what the runtimes execute)."""
 
     @abc.abstractmethod
-    def make_learner(self, env_spec: EnvSpec, seed: int) -> Learner:
-        """The fp32 learner, its networks initialised from `seed`."""
+    def make_learner(self, env_spec: EnvSpec, seed: int, *, max_actor_steps: int | None = None,
+                     num_envs: int = 1) -> Learner:
+        """The fp32 learner, its networks initialised from `seed`: the one way a run makes it. A run passes its
+        length (`max_actor_steps` env steps over `num_envs` environments per actor) so that a learner with a
+        schedule over the run (PPO's annealed learning rate) can size it; None: no run length (tests, benchmarks)."""
 
     @abc.abstractmethod
     def make_actor(self, env_spec: EnvSpec, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
@@ -252,11 +246,11 @@ class BuilderBase(abc.ABC):
 
     @abc.abstractmethod
     def action_column(self, env_spec: EnvSpec) -> tuple[tuple[int, ...], np.dtype]:
-        """(per-item shape, dtype) of the action column."""
+        """(per-item shape, dtype) of the action column (of a replay transition, or of a rollout)."""
 
     @abc.abstractmethod
-    def sampler_settings(self) -> SamplerSettings:
-        """The table's `sampler` and `priority_exponent`."""
+    def make_sink(self, num_envs: int) -> Sink:
+        """Where an actor's steps go (`quarl.acting.loop`): n-step adders for replay, rollouts for a learner."""
 
     def num_envs(self, envs_per_actor: int = 1) -> int:
         """Environments one actor steps together (`--envs-per-actor K`)."""
@@ -279,12 +273,6 @@ class BuilderBase(abc.ABC):
         rollout = self.steps_per_update(num_envs)
         return int(max_actor_steps) if not rollout else rollout * max(1, math.ceil(max_actor_steps / rollout))
 
-    def make_run_learner(self, env_spec: EnvSpec, seed: int, *, max_actor_steps: int, num_envs: int) -> Learner:
-        """The learner of a run of `max_actor_steps` env steps over `num_envs` environments per actor (an
-        on-policy learner sizes its rate schedule to the run's updates); by default `make_learner`."""
-        del max_actor_steps, num_envs
-        return self.make_learner(env_spec, seed)
-
     def payload_extras(self, learner: Learner) -> dict[str, np.ndarray]:
         """What a distributed actor needs from the learner beside the network's weights, sent in the weight
         payload with each version (`quarl.quant.payload`, unquantized); none by default."""
@@ -295,8 +283,21 @@ class BuilderBase(abc.ABC):
         """Hands an actor the `payload_extras` that came with its weights; nothing by default."""
         del actor, extras
 
-    def make_sink(self, num_envs: int) -> Sink:
-        """Where an actor's steps go (`quarl.acting.loop`): one n-step adder per environment by default."""
+
+class ReplayBuilder(BuilderBase):
+    """A replay agent's builder (DQN, D4PG): `BuilderBase` plus the replay part (Acme's `make_adder` /
+    `make_replay_tables`): one n-step adder per environment as the sink, the transition signature, and the table
+    with its sampler and rate limiter (`table_config`, plain data a remote replay server builds from). A subclass
+    implements `sampler_settings` beside `BuilderBase`'s abstract methods."""
+
+    config: ReplayAgentConfig
+
+    @abc.abstractmethod
+    def sampler_settings(self) -> SamplerSettings:
+        """The table's `sampler` and `priority_exponent`."""
+
+    def make_sink(self, num_envs: int) -> AdderSink:
+        """One n-step adder per environment (`make_adder`)."""
         return AdderSink(self.make_adder, num_envs)
 
     def error_buffer_setting(self) -> float | tuple[float, float]:
@@ -322,3 +323,12 @@ class BuilderBase(abc.ABC):
     def make_table(self, env_spec: EnvSpec, seed: int | None = None) -> Table:
         """The replay table for this config; `seed` fixes its sampling RNG for reproducible runs."""
         return table_from_config(self.transition_signature(env_spec), self.table_config(), seed=seed)
+
+
+def replay_builder(builder: BuilderBase) -> ReplayBuilder:
+    """`builder` as a `ReplayBuilder`, for a runner piece that needs the replay part (a table, an n-step actor);
+    a one-line ValueError naming the agent when it has none. A runner that only branches asks `isinstance`."""
+    if not isinstance(builder, ReplayBuilder):
+        raise ValueError(f"{builder.name} is on-policy and has no replay: its actors' steps go into rollouts "
+                         "(make_sink), not into adders and a replay table")
+    return builder

@@ -12,3 +12,5 @@ if TYPE_CHECKING:
 
 # Every agent's hyper-parameters: a frozen dataclass (A2C's is a PPOConfig).
 AgentConfig = Union["DQNConfig", "D4PGConfig", "PPOConfig"]
+# The replay agents' (`agents.base.ReplayBuilder.config`): the ones with n-step, replay size and rate-limiter fields.
+ReplayAgentConfig = Union["DQNConfig", "D4PGConfig"]

@@ -209,7 +209,9 @@ def validate(args: argparse.Namespace) -> Invocation:
     if (config.distributed.actor_resources or config.distributed.learner_resources) and args.runner != "ray":
         raise UsageError("--actor-resource and --learner-resource need --runner ray")
     builder = check_agent_task(config.agent, config.task, dict(config.overrides))
-    if builder.on_policy:
+    from agents.base import ReplayBuilder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
+
+    if not isinstance(builder, ReplayBuilder):
         _check_on_policy(config)
     agent_config = builder.config
     resume = None if config.distributed.resume is None else _check_resume(config.distributed.resume, config.agent,
@@ -237,7 +239,9 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     overrides = {**agents.task_defaults(agent, task), **preset["overrides"], **parse_overrides(agent, args.overrides)}
     precision = check_actor_precision(args.precision)  # parsed once: the config carries the Precision
     overrides.update(qat_overrides(args.qat_bits, precision))
-    if not agents.builder_class(agent).on_policy:
+    from agents.base import ReplayBuilder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
+
+    if issubclass(agents.builder_class(agent), ReplayBuilder):
         given_flags = [flag for flag, value, default in (("--rollout-mode", args.rollout_mode, "sync"),
                                                          ("--max-staleness", args.max_staleness, None),
                                                          ("--correction", args.correction, None)) if value != default]

@@ -21,8 +21,8 @@ import numpy as np
 from dm_env import specs
 
 import agents
-from quarl.acting.evaluation import GreedyPolicy, check_compatible, make_greedy_policy
-from quarl.quant.calibration import quantize_for_actors, rollout_observations
+from quarl.acting.evaluation import GreedyPolicy, check_compatible, make_greedy_policy, rollout_observations
+from quarl.quant.calibration import quantize_for_actors
 from quarl.quant.precision import int_precision, parse_precision
 from quarl.quant.quantization import fake_quantize_params, quantize_params
 from quarl.runtimes.policy_io import LoadedPolicy, load_policy, policy_paths
@@ -119,7 +119,7 @@ def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: specs.A
 
 def calibration_observations(policy: LoadedPolicy, seed: int = CALIBRATION_SEED) -> np.ndarray | None:
     """For conv policies: observations the fp32 greedy policy meets in an environment seeded apart from the
-    evaluation seeds (`quarl.quant.calibration.rollout_observations`); None for the others (nothing to calibrate)."""
+    evaluation seeds (`quarl.acting.evaluation.rollout_observations`); None for the others (nothing to calibrate)."""
     from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
 
     if not policy.spec.conv_layers:

@@ -18,7 +18,7 @@ from quarl.quant.quantization import QuantizedParams
 
 
 class D4PGActor(ExecutorActor):
-    """`select_action(obs) -> action[act_dim]`; `update(qparams)` swaps weights; `evaluation` drops noise."""
+    """`act(obs[K]) -> (actions[K, act_dim], {})`; `update(qparams)` swaps weights; `evaluation` drops noise."""
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, action_min: Sequence[float],
                  action_max: Sequence[float], sigma: float, seed: int, actor_id: int = 0,
@@ -52,35 +52,18 @@ class D4PGActor(ExecutorActor):
         """What the episode log records of this actor's exploration: its sigma."""
         return self._sigma
 
-    def policy_action(self, observation: np.ndarray) -> np.ndarray:
-        """The quantized policy's deterministic action for one observation (no noise, no clipping)."""
-        obs = np.asarray(observation, np.float32)
-        if obs.size != self._obs_dim:
-            raise ValueError(f"observation must have {self._obs_dim} values, got shape {obs.shape}")
-        return np.asarray(self._executor(obs.reshape(1, self._obs_dim)), np.float32)[0]
-
-    def select_action(self, observation: np.ndarray) -> np.ndarray:
-        """pi(obs) + N(0, sigma^2) while exploring, *not* clipped; pi(obs) clipped to the bounds in evaluation.
+    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """pi(obs) + N(0, sigma^2) per row while exploring, *not* clipped; pi(obs) clipped to the bounds in
+        evaluation; one policy call for the batch [K, obs_dim], and no extras (replay transitions carry none).
 
         As in Acme (`rlax.add_gaussian_noise`, then the environment's `CanonicalSpecWrapper(clip=True)`), the
         environment clips what it executes (`quarl.envs.factory`) while replay stores the noisy action itself, so the
         critic sees how far past a bound the policy was pushed. Evaluation actions are clipped because a
         low-precision tanh head may overshoot its bounds by a rounding step."""
-        action = self.policy_action(observation)
-        if self.evaluation or self._sigma == 0.0:
-            return np.clip(action, self._low, self._high)
-        return action + self._rng.normal(0.0, self._sigma, action.shape).astype(np.float32)
-
-    def select_actions(self, observations: np.ndarray) -> np.ndarray:
-        """`select_action` for a batch `[K, obs_dim]` in one policy call, independent noise per row."""
         obs = np.asarray(observations, np.float32)
         if obs.ndim != 2 or obs.shape[1] != self._obs_dim:
             raise ValueError(f"observations must be [K, {self._obs_dim}], got shape {obs.shape}")
         actions = np.asarray(self._executor(obs), np.float32)
         if self.evaluation or self._sigma == 0.0:
-            return np.clip(actions, self._low, self._high)
-        return actions + self._rng.normal(0.0, self._sigma, actions.shape).astype(np.float32)
-
-    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """What the acting loop calls: `select_actions` and no extras (replay transitions carry none)."""
-        return self.select_actions(observations), {}
+            return np.clip(actions, self._low, self._high), {}
+        return actions + self._rng.normal(0.0, self._sigma, actions.shape).astype(np.float32), {}

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.base import BuilderBase, SamplerSettings
+from agents.base import ReplayBuilder, SamplerSettings
 from agents.d4pg.actor import D4PGActor, ExecutorFactory
 from agents.d4pg.config import D4PGConfig, sigma_for_actor
 from agents.d4pg.learning import D4PGLearner
@@ -14,7 +14,7 @@ from quarl.quant.quantization import QuantizedParams
 from quarl.replay.adders import NStepTransitionAdder
 
 
-class Builder(BuilderBase):
+class Builder(ReplayBuilder):
     """Makes every D4PG piece from one `D4PGConfig`; precision and backend are run-level arguments."""
 
     name = "d4pg"
@@ -39,7 +39,10 @@ class Builder(BuilderBase):
         """What actors run: Acme's LayerNorm MLP policy with a tanh head onto the (canonical) action bounds."""
         return self.networks(env_spec).policy_spec
 
-    def make_learner(self, env_spec: EnvSpec, seed: int) -> D4PGLearner:
+    def make_learner(self, env_spec: EnvSpec, seed: int, *, max_actor_steps: int | None = None,
+                     num_envs: int = 1) -> D4PGLearner:
+        """The learner; a run's length changes nothing (its schedules count learner steps)."""
+        del max_actor_steps, num_envs
         return D4PGLearner(self.networks(env_spec), self.config, seed)
 
     def sigma_for_actor(self, actor_id: int, num_actors: int) -> float:

@@ -36,7 +36,8 @@ class EpsilonSchedule:
 
 
 class DQNActor(ExecutorActor):
-    """`select_action(obs) -> int`; `update(qparams)` swaps weights; `evaluation` selects `eval_epsilon`."""
+    """`act(obs[K]) -> (actions[K], {})`, epsilon-greedy per row; `update(qparams)` swaps weights; `evaluation`
+    selects `eval_epsilon`."""
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, num_actions: int,
                  schedule: EpsilonSchedule, eval_epsilon: float, seed: int, evaluation: bool = False,
@@ -55,7 +56,7 @@ class DQNActor(ExecutorActor):
 
     @property
     def epsilon(self) -> float:
-        """The exploration rate the next `select_action` uses."""
+        """The exploration rate the next row `act` explores with."""
         return self._eval_epsilon if self.evaluation else self._schedule(self._steps)
 
     @property
@@ -67,23 +68,11 @@ class DQNActor(ExecutorActor):
     def steps(self) -> int:
         return self._steps
 
-    def q_values(self, observation: np.ndarray) -> np.ndarray:
-        """Q-values of one observation under the current (quantized) policy."""
-        return np.asarray(self._executor(self._one_row(observation)))[0]
-
-    def select_action(self, observation: np.ndarray) -> np.int32:
-        epsilon = self.epsilon
-        if not self.evaluation:
-            self._steps += 1
-        if epsilon > 0.0 and self._rng.random() < epsilon:
-            self._one_row(observation)  # the checks a greedy step makes (size, NaN/inf, pixel range)
-            return np.int32(self._rng.integers(self._num_actions))
-        return np.int32(np.argmax(self.q_values(observation)))
-
-    def select_actions(self, observations: np.ndarray) -> np.ndarray:
-        """`select_action` for a batch `[K, obs_dim]`: row i explores with the epsilon of this actor's step
-        count + i (the schedule counts env steps, whatever K), and the policy runs once, on the whole batch,
-        unless every row acts at random. With K=1 it draws the same random numbers as `select_action`."""
+    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+        """Epsilon-greedy actions for a batch [K, ...] and no extras (replay transitions carry none): row i
+        explores with the epsilon of this actor's step count + i (the schedule counts env steps, whatever K), and
+        the policy runs once, on the whole batch, unless every row acts at random (most steps early in
+        training). Every observation is checked first (size, NaN/inf, pixel range), whether or not it is used."""
         obs = policy_rows(observations, self._spec)  # [K, H, W, C] images flattened; validated
         actions = np.empty(obs.shape[0], np.int32)
         greedy = np.ones(obs.shape[0], bool)
@@ -97,8 +86,4 @@ class DQNActor(ExecutorActor):
         if greedy.any():
             q = np.asarray(self._executor(obs))
             actions[greedy] = np.argmax(q[greedy], axis=1)
-        return actions
-
-    def act(self, observations: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """What the acting loop calls: `select_actions` and no extras (replay transitions carry none)."""
-        return self.select_actions(observations), {}
+        return actions, {}

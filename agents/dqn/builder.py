@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agents.base import BuilderBase, SamplerSettings
+from agents.base import ReplayBuilder, SamplerSettings
 from agents.dqn.actor import DQNActor, EpsilonSchedule, ExecutorFactory
 from agents.dqn.config import DQNConfig, apex_epsilon
 from agents.dqn.learning import DQNLearner
@@ -13,7 +13,7 @@ from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
 
 
-class Builder(BuilderBase):
+class Builder(ReplayBuilder):
     """Makes every DQN piece from one `DQNConfig`; precision and backend are run-level arguments."""
 
     name = "dqn"
@@ -31,7 +31,10 @@ class Builder(BuilderBase):
         return make_q_spec(env_spec.obs_dim, env_spec.num_actions, self.config.hidden_sizes,
                            env_spec.observation_shape, self.config.observation_bounds)
 
-    def make_learner(self, env_spec: EnvSpec, seed: int) -> DQNLearner:
+    def make_learner(self, env_spec: EnvSpec, seed: int, *, max_actor_steps: int | None = None,
+                     num_envs: int = 1) -> DQNLearner:
+        """The learner; a run's length changes nothing (its schedules count learner steps)."""
+        del max_actor_steps, num_envs
         return DQNLearner(self.policy_spec(env_spec), self.config, seed)
 
     def actor_epsilon(self, actor_id: int, num_actors: int) -> EpsilonSchedule:

@@ -19,9 +19,9 @@ HALF_LOG_2PI = 0.5 * float(np.log(2.0 * np.pi))
 
 
 class PPOActor(ExecutorActor):
-    """`sample(obs[K]) -> (actions, log_probs)` and `act` (the same, as the acting loop takes it);
-    `select_actions` / `select_action` for evaluators; `update(qparams)` swaps weights and `set_log_std` the
-    Gaussian's std (continuous tasks). An `agents.base.OnPolicyActor`."""
+    """`act(obs[K]) -> (actions, {"behaviour_logp": log_probs})`, or the greedy actions in evaluation (`sample`
+    and `greedy` are its two halves); `update(qparams)` swaps weights and `set_log_std` the Gaussian's std
+    (continuous tasks). An `agents.base.OnPolicyActor`."""
 
     def __init__(self, spec: PolicySpec, qparams: QuantizedParams, *, discrete: bool, seed: int,
                  log_std: np.ndarray | None = None, evaluation: bool = False, backend: str = "auto",
@@ -92,11 +92,3 @@ class PPOActor(ExecutorActor):
             return self.greedy(observations), {}
         actions, logp = self.sample(observations)
         return actions, {"behaviour_logp": logp}
-
-    def select_actions(self, observations: np.ndarray) -> np.ndarray:
-        """Greedy in evaluation, sampled otherwise (the environment clips continuous samples to its bounds)."""
-        return self.greedy(observations) if self.evaluation else self.sample(observations)[0]
-
-    def select_action(self, observation: np.ndarray) -> np.ndarray:
-        obs = np.asarray(observation)
-        return self.select_actions(obs.reshape(1, *obs.shape))[0]

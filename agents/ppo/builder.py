@@ -1,14 +1,14 @@
 """PPO / A2C builder: the agent contract (docs/ARCHITECTURE.md, "Builder details") for an on-policy agent.
 
-PPO has no replay: its actors run the same acting loop as every agent with another sink (`make_sink`: rollouts of
-`num_steps` steps of the K environments, with the behaviour log-probs, straight into the learner, one update per
-rollout, then new weights), and the replay parts of the contract refuse with one line. Policy spec, learner and
-actors are built as for every other agent.
+PPO has no replay: its builder is a `BuilderBase` without `agents.base.ReplayBuilder`'s part. Its actors run the
+same acting loop as every agent with another sink (`make_sink`: rollouts of `num_steps` steps of the K
+environments, with the behaviour log-probs, straight into the learner, one update per rollout, then new weights).
+Policy spec, learner and actors are built as for every other agent.
 """
 from __future__ import annotations
 
 import math
-from typing import ClassVar, Mapping, NoReturn, cast
+from typing import Mapping, cast
 
 import numpy as np
 
@@ -29,7 +29,6 @@ class Builder(BuilderBase):
     name = "ppo"
     config_class = PPOConfig
     config: PPOConfig
-    on_policy: ClassVar[bool] = True
 
     def networks(self, env_spec: EnvSpec) -> PPONetworks:
         """Policy (logits or Gaussian mean) and value networks for this task."""
@@ -50,18 +49,19 @@ class Builder(BuilderBase):
         """Environments a rollout steps: `--envs-per-actor K` when K > 1, else the config's `num_envs`."""
         return int(envs_per_actor) if envs_per_actor > 1 else self.config.num_envs
 
-    def make_learner(self, env_spec: EnvSpec, seed: int, total_updates: int | None = None) -> PPOLearner:
-        """`total_updates` (PPO updates in the run) lets `anneal_lr` decay the rate to 0 at the run's end."""
+    def make_learner(self, env_spec: EnvSpec, seed: int, *, max_actor_steps: int | None = None,
+                     num_envs: int = 1) -> PPOLearner:
+        """The learner of a run of `max_actor_steps` env steps over `num_envs` environments: as many updates as
+        whole rollouts fit the run (rounded up), so `anneal_lr` decays the rate to 0 at its end; without a run
+        length (None, or not positive) the rate is not annealed."""
+        total_updates = None
+        if max_actor_steps is not None and max_actor_steps > 0:
+            total_updates = max(1, math.ceil(max_actor_steps / self.steps_per_update(num_envs)))
         return PPOLearner(self.networks(env_spec), self.config, seed, total_updates)
 
     def steps_per_update(self, num_envs: int) -> int:
         """One rollout: `num_steps` steps of each of the K environments."""
         return int(num_envs) * self.config.num_steps
-
-    def make_run_learner(self, env_spec: EnvSpec, seed: int, *, max_actor_steps: int, num_envs: int) -> PPOLearner:
-        """The learner of a run: as many updates as whole rollouts fit `max_actor_steps` (rounded up)."""
-        total_updates = max(1, math.ceil(max_actor_steps / self.steps_per_update(num_envs)))
-        return self.make_learner(env_spec, seed, total_updates=total_updates)
 
     def make_sink(self, num_envs: int) -> RolloutSink:
         """Rollouts of [num_steps, K] steps with the actor's behaviour log-probs (`PPOActor.act`)."""
@@ -93,16 +93,3 @@ class Builder(BuilderBase):
         if env_spec.discrete:
             return (), np.dtype(np.int32)
         return (env_spec.action_dim,), np.dtype(np.float32)
-
-    def _no_replay(self) -> NoReturn:
-        raise ValueError(f"{self.name} is on-policy and has no replay: its actors' steps go into rollouts "
-                         "(make_sink), not into adders and a replay table")
-
-    def sampler_settings(self) -> NoReturn:
-        return self._no_replay()
-
-    def make_adder(self) -> NoReturn:
-        return self._no_replay()
-
-    def table_config(self) -> NoReturn:
-        return self._no_replay()

@@ -134,8 +134,8 @@ def _capture_learner(builder: Any, holder: dict[str, Any]) -> None:
     evaluations can snapshot its params."""
     make = builder.make_learner
 
-    def make_learner(env_spec: Any, seed: int) -> Any:
-        holder["learner"] = make(env_spec, seed)
+    def make_learner(env_spec: Any, seed: int, **run: Any) -> Any:
+        holder["learner"] = make(env_spec, seed, **run)
         return holder["learner"]
 
     builder.make_learner = make_learner

@@ -106,7 +106,7 @@ def _turn(loop: Any, actor: Any, actions: np.ndarray) -> dict[str, float]:
     policy_s = env_s = 0.0
     c0, w0 = time.process_time(), time.perf_counter()
     for batch in actions:
-        out = loop.step(lambda obs, batch=batch: (actor.select_actions(obs), batch)[1])
+        out = loop.step(lambda obs, batch=batch: (actor.act(obs), batch)[1])
         policy_s += out.policy_s
         env_s += out.env_s
     return {"policy_s": policy_s, "env_s": env_s, "cpu_s": time.process_time() - c0,

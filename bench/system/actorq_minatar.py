@@ -77,13 +77,13 @@ def measure(task: str, precisions: Sequence[str], rounds: int, block: int, seed:
     policy_s = {p: [] for p in precisions}
     env_s = {p: [] for p in precisions}
     for p in precisions:  # warm-up: first calls compile / allocate
-        actors[p].select_action(obs[p])
+        actors[p].act(obs[p][None])
     for r in range(rounds):
         for p in precisions:
             t_pol = t_env = 0.0
             for i in range(block):
                 t0 = time.perf_counter()
-                actors[p].select_action(obs[p])
+                actors[p].act(obs[p][None])
                 t1 = time.perf_counter()
                 ts = envs[p].step(np.int32(actions[r * block + i]))
                 if ts.last():

@@ -112,7 +112,7 @@ class ActorProbe:
                 timestep = self._timesteps[precision]
                 for action in actions:
                     t0 = time.perf_counter()
-                    actor.select_action(timestep.observation)
+                    actor.act(np.asarray(timestep.observation)[None])
                     t1 = time.perf_counter()
                     timestep = env.step([action])[0]
                     if timestep.last():

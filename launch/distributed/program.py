@@ -32,6 +32,7 @@ import dataclasses
 import os
 from typing import Sequence
 
+from agents.base import ReplayBuilder
 from launch.distributed.nodes.actor import ActorNode
 from launch.distributed.nodes.evaluator import Evaluator
 from launch.distributed.nodes.learner import LearnerNode
@@ -75,7 +76,7 @@ def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | N
     nc = NodeClasses() if node_classes is None else node_classes
     spec = AgentSpec(config.agent, config.task, dict(config.overrides))
     builder, env_spec = spec.builder(), spec.env_spec()
-    if builder.on_policy:
+    if not isinstance(builder, ReplayBuilder):  # on-policy: no replay server, rollouts go to the learner
         return _on_policy_program(config, spec, nc)
     logdir = os.path.abspath(config.logdir)
     program = Program("actorq")

@@ -118,9 +118,10 @@ class ActingLoop:
 
 def evaluation_returns(actor: "Actor", env: dm_env.Environment, episodes: int,
                        should_stop: Callable[[], bool] | None = None) -> list[float]:
-    """Undiscounted returns of `episodes` full episodes with the (evaluation-mode) actor; `should_stop` abandons
-    the evaluation (`quarl.acting.evaluation.EpisodeInterrupted`)."""
-    return [run_episode(env, actor.select_action, should_stop=should_stop)[0] for _ in range(int(episodes))]
+    """Undiscounted returns of `episodes` full episodes with the (evaluation-mode) actor, acting through the one
+    loop (`actor.act` on a batch of one); `should_stop` abandons the evaluation
+    (`quarl.acting.evaluation.EpisodeInterrupted`)."""
+    return [run_episode(env, actor.act, should_stop=should_stop)[0] for _ in range(int(episodes))]
 
 
 def evaluation_row(returns: Sequence[float], *, actor_steps: int, learner_steps: int, wall_clock_s: float,

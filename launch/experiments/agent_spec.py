@@ -13,7 +13,7 @@ from quarl.envs.spec import EnvSpec, environment_spec
 from quarl.ops.io import JSONValue
 
 if TYPE_CHECKING:  # agents.base imports JAX; the CLIs check their flags with this module before JAX loads
-    from agents.base import BuilderBase
+    from agents.base import BuilderBase, ReplayBuilder
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ def derive_seed(seed: int, *path: int) -> int:
     return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1, np.uint32)[0] & 0x7FFFFFFF)
 
 
-def table_spec(builder: "BuilderBase", env_spec: EnvSpec) -> dict[str, JSONValue]:
+def table_spec(builder: "ReplayBuilder", env_spec: EnvSpec) -> dict[str, JSONValue]:
     """The replay table as plain data (rate limiter settings + column signature), so the replay server
     builds a `quarl.replay.table.Table` without importing the agent (and JAX) in its process."""
     signature = builder.transition_signature(env_spec)

@@ -26,7 +26,7 @@ from quarl.ops.logs import CSVLogger
 from quarl.replay.table import Table
 
 if TYPE_CHECKING:
-    from agents.base import Actor, BuilderBase, Learner, OnPolicyActor, OnPolicyLearner
+    from agents.base import Actor, BuilderBase, Learner, OnPolicyActor, OnPolicyLearner, ReplayBuilder
 
 LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows (replay agents; on-policy: every update)
 Transition = Mapping[str, npt.ArrayLike]  # one n-step transition, as the adders emit it
@@ -35,7 +35,7 @@ Transition = Mapping[str, npt.ArrayLike]  # one n-step transition, as the adders
 class ReplayFeed:
     """Transitions -> in-memory replay table -> learner, under the table's rate limiter (see the module)."""
 
-    def __init__(self, builder: "BuilderBase", env_spec: EnvSpec, learner: "Learner", *, seed: int, times: StageTimes,
+    def __init__(self, builder: "ReplayBuilder", env_spec: EnvSpec, learner: "Learner", *, seed: int, times: StageTimes,
                  clock: dict[str, float], log: CSVLogger, steps: Callable[[], int], start: float,
                  sync_learner: bool = False):
         self.learner, self._times, self._clock, self._log = learner, times, clock, log
@@ -156,7 +156,9 @@ def make_feed(builder: "BuilderBase", env_spec: EnvSpec, learner: "Learner", *, 
               sync_learner: bool = False) -> ReplayFeed | RolloutFeed:
     """The feed of `builder`'s agent: rollouts for an on-policy agent (no table, so no seed; the learner's time
     is all it clocks), a replay table for the others."""
-    if builder.on_policy:  # its learner is an OnPolicyLearner
+    from agents.base import ReplayBuilder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
+
+    if not isinstance(builder, ReplayBuilder):  # on-policy: its learner is an OnPolicyLearner
         return RolloutFeed(learner, clock=clock, log=log, steps=steps, start=start)  # type: ignore[arg-type]
     return ReplayFeed(builder, env_spec, learner, seed=seed, times=times, clock=clock, log=log, steps=steps,
                       start=start, sync_learner=sync_learner)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Callable, Iterator, TypedDict
 
 import numpy as np
 
+from agents.base import ReplayBuilder
 from agents.loops import loop_form_record, use_loop_form
 from analysis.schema import solved_at, sum_energy
 from launch.experiments.acting import (
@@ -152,7 +153,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     eval_env = make_environment(task, seed + EVAL_SEED_OFFSET)
     env_spec = environment_spec(env)
     spec = builder.policy_spec(env_spec)
-    learner = builder.make_run_learner(env_spec, seed, max_actor_steps=max_actor_steps, num_envs=num_envs)
+    learner = builder.make_learner(env_spec, seed, max_actor_steps=max_actor_steps, num_envs=num_envs)
 
     logdir = Path(config.logdir)
     logdir.mkdir(parents=True, exist_ok=True)
@@ -272,7 +273,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
                       sync_learner=sync_learner, update_period=update_period, agent_config=agent_config,
                       status=status, num_envs=num_envs,
                       # On-policy, the actor stands still while the learner updates on its rollout.
-                      learner_wait_s=clock["learner_s"] if builder.on_policy else None)
+                      learner_wait_s=None if isinstance(builder, ReplayBuilder) else clock["learner_s"])
 
 
 def save_best_policy(config: ExperimentConfig, spec: PolicySpec, learner: "Learner", row: EvalRow) -> str:

@@ -6,20 +6,30 @@ Agents' actors explore, keep RNG state and pull weights; none of that belongs in
 continuous task takes the network's output as the action. Paired comparisons across precisions come from
 `evaluate_seeds`, which plays episode i in a fresh environment seeded `seeds[i]`, so every precision faces
 the same initial states whatever the previous episodes did.
+
+Every episode here is stepped by the one acting loop (`quarl.acting.loop.VectorEnvLoop`, one environment, an
+episode at a time), and a policy is what that loop calls: `policy(observations[K]) -> actions[K]` (or
+`(actions, extras)`: an agent's `actor.act`), one observation being a batch of one.
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import dm_env
 import numpy as np
 from dm_env import specs
 
+from quarl.acting.loop import NoSink, ObservationSink, PolicyOutput, VectorEnvLoop
 from quarl.envs.factory import make_environment
+from quarl.envs.vector import VectorEnvironment
 from quarl.policy.spec import PolicySpec
+from quarl.quant.calibration import MAX_CALIBRATION_OBS
 from quarl.quant.quantization import QuantizedParams
 from quarl.runtimes import PolicyExecutor, make_executor
+
+# What the loop calls: a batch [K, ...] of observations -> K actions (or the actions and per-row extras).
+Policy = Callable[[np.ndarray], PolicyOutput]
 
 
 def check_compatible(spec: PolicySpec, observation_spec: specs.Array, action_spec: specs.Array) -> None:
@@ -40,7 +50,7 @@ def _check_outputs(out: int, action_spec: specs.Array) -> None:
 
 
 class GreedyPolicy:
-    """`policy(observation) -> action` for one environment step, executed by a quarl runtime."""
+    """`policy(observations[K]) -> actions[K]`, executed by a quarl runtime in one call."""
 
     def __init__(self, executor: PolicyExecutor, action_spec: specs.Array):
         self.executor = executor
@@ -62,13 +72,14 @@ class GreedyPolicy:
         """True when the precision's rounding is applied to the weights but the arithmetic runs in fp32."""
         return bool(self.executor.simulated)
 
-    def __call__(self, observation: np.ndarray) -> np.ndarray:
-        out = self.executor(np.asarray(observation, np.float32).reshape(1, -1))[0]
+    def __call__(self, observations: np.ndarray) -> np.ndarray:
+        obs = np.asarray(observations, np.float32)
+        out = np.asarray(self.executor(obs.reshape(obs.shape[0], -1)))
         if not np.all(np.isfinite(out)):  # an overflowing low-precision network must not pick actions
             raise ValueError(f"policy produced non-finite outputs {out!r} at precision {self.precision}")
         if self.discrete:
-            return np.asarray(np.argmax(out), dtype=self._dtype)  # ties -> lowest index: deterministic
-        return out.reshape(self._shape).astype(self._dtype)
+            return np.argmax(out, axis=1).astype(self._dtype)  # ties -> lowest index: deterministic
+        return out.reshape(out.shape[0], *self._shape).astype(self._dtype)
 
 
 def make_greedy_policy(spec: PolicySpec, qparams: QuantizedParams, action_spec: specs.Array, *,
@@ -97,25 +108,27 @@ class EpisodeInterrupted(Exception):
     """`run_episode`'s `should_stop` said stop before the episode ended (its partial return is discarded)."""
 
 
-def run_episode(env: dm_env.Environment, policy: Callable[[np.ndarray], Any], *,
+def run_episode(env: dm_env.Environment, policy: Policy, *,
                 should_stop: Callable[[], bool] | None = None) -> tuple[float, int]:
-    """Play one full episode; returns (undiscounted return, steps). The one episode loop of the evaluators
-    (PTQ sweeps, the single-process runner, the distributed evaluator node).
+    """Play one full episode of `env` through the acting loop (a batch of one; the episode is not restarted at
+    its end, so consecutive episodes of one environment start from its own `reset()`); returns (undiscounted
+    return, steps). The evaluators' episode (PTQ sweeps, the single-process runner, the distributed evaluator).
 
     `should_stop` is checked before each step; when it returns True the episode is abandoned with
     EpisodeInterrupted (a stopping program must not wait for a 1000-step episode to end)."""
-    timestep = env.reset()
-    total, steps = 0.0, 0
-    while not timestep.last():
+    loop = VectorEnvLoop(VectorEnvironment([env]), sink=NoSink(), restart=False)  # the caller closes `env`
+    loop.reset()
+    steps = 0
+    while True:
         if should_stop is not None and should_stop():
             raise EpisodeInterrupted(f"stopped after {steps} steps")
-        timestep = env.step(policy(timestep.observation))
-        total += float(timestep.reward or 0.0)
+        out = loop.step(policy)
         steps += 1
-    return total, steps
+        if out.episodes:
+            return out.episodes[0].episode_return, out.episodes[0].length
 
 
-def run_episodes(env: dm_env.Environment, policy: Callable[[np.ndarray], Any], episodes: int) -> EpisodeStats:
+def run_episodes(env: dm_env.Environment, policy: Policy, episodes: int) -> EpisodeStats:
     """`episodes` consecutive episodes in one environment (its RNG carries over between them)."""
     if isinstance(episodes, bool) or not isinstance(episodes, (int, np.integer)) or episodes <= 0:
         raise ValueError(f"episodes must be a positive int, got {episodes!r}")
@@ -123,7 +136,7 @@ def run_episodes(env: dm_env.Environment, policy: Callable[[np.ndarray], Any], e
     return EpisodeStats(np.array([r for r, _ in results], np.float64), np.array([n for _, n in results], np.int64))
 
 
-def evaluate_seeds(task: str, policy: Callable[[np.ndarray], Any], seeds: Sequence[int], *,
+def evaluate_seeds(task: str, policy: Policy, seeds: Sequence[int], *,
                    make_env: Callable[[str, int], dm_env.Environment] = make_environment) -> EpisodeStats:
     """One episode per seed, each in a fresh `make_env(task, seed)`: episode i is the same start for every
     policy evaluated with the same seeds, which makes differences between policies paired."""
@@ -146,3 +159,18 @@ def evaluate_policy(env: dm_env.Environment, spec: PolicySpec, qparams: Quantize
     """Greedy returns of `spec` at `qparams`' precision over `episodes` episodes of `env`."""
     check_compatible(spec, env.observation_spec(), env.action_spec())
     return run_episodes(env, make_greedy_policy(spec, qparams, env.action_spec(), backend=backend), episodes)
+
+
+def rollout_observations(env: dm_env.Environment, policy: Policy, steps: int = MAX_CALIBRATION_OBS) -> np.ndarray:
+    """The first `steps` observations [steps, *obs_shape] (the environment's dtype) that `policy` meets acting in
+    `env` through the acting loop, episodes restarted as they end (each episode's LAST observation included):
+    calibration data for a trained policy without a replay (`quarl.quant.calibration.activation_ranges`, in
+    post-training quantization sweeps of a saved policy)."""
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ValueError(f"steps must be a positive int, got {steps!r}")
+    sink = ObservationSink()
+    loop = VectorEnvLoop(VectorEnvironment([env]), sink=sink)  # the caller closes `env`
+    loop.reset()
+    while len(sink.observations) < steps:
+        loop.step(policy)
+    return np.stack(sink.observations[:steps])

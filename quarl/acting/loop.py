@@ -9,11 +9,14 @@ single-process runner and the distributed actor nodes); the agents differ only i
   never mix two environments' steps and an episode boundary in one environment closes only that environment's
   windows (every transition kept); its items are n-step transitions for a replay table;
 - `RolloutSink`, the on-policy agents' (PPO, A2C): a buffer of fixed length [T steps x K environments] with the
-  behaviour log-probs the policy returned beside its actions; its item is one whole rollout.
+  behaviour log-probs the policy returned beside its actions; its item is one whole rollout;
+- `NoSink` (evaluation: nothing is learnt from the steps) and `ObservationSink` (every observation met, the
+  calibration data of a saved policy), for `quarl.acting.evaluation`.
 The loop: the policy sees the K current observations as one `[K, obs_dim]` batch (`policy(observations)`, which
 returns the actions, or `(actions, extras)` with per-environment extras such as the behaviour log-probs); an
 environment whose step was LAST is restarted at once (the sink gets the new FIRST timestep) and the finished
-episode's return and length are reported. With K=1 this is the single-environment loop.
+episode's return and length are reported. With K=1 this is the single-environment loop; `restart=False` leaves a
+finished episode finished (evaluation plays whole episodes, and the next starts with `reset()`).
 """
 from __future__ import annotations
 
@@ -183,6 +186,46 @@ class RolloutSink:
         return []
 
 
+class NoSink:
+    """A sink that keeps nothing: steps acted for a measurement (an evaluation), not for a learner."""
+
+    pending = 0
+
+    def start(self, timesteps: Sequence[dm_env.TimeStep]) -> None:
+        del timesteps
+
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]:
+        del actions, extras, timesteps
+        return []
+
+    def restart(self, index: int, timestep: dm_env.TimeStep) -> None:
+        del index, timestep
+
+    def flush(self) -> list[Item]:
+        return []
+
+
+class ObservationSink(NoSink):
+    """Keeps every observation the environments show, in order, in their own dtype (FIRST, MID and LAST ones
+    alike, environment 0's before environment 1's at each step): what a saved policy's activation ranges are
+    calibrated on."""
+
+    def __init__(self) -> None:
+        self.observations: list[np.ndarray] = []
+
+    def start(self, timesteps: Sequence[dm_env.TimeStep]) -> None:
+        self.observations.extend(np.asarray(t.observation) for t in timesteps)
+
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]:
+        del actions, extras
+        self.start(timesteps)
+        return []
+
+    def restart(self, index: int, timestep: dm_env.TimeStep) -> None:
+        del index
+        self.observations.append(np.asarray(timestep.observation))
+
+
 def _split(out: PolicyOutput) -> tuple[BatchActions, Extras]:
     """A policy's output as (actions, extras): `(actions, {name: [K] array})` or the actions alone."""
     if isinstance(out, tuple) and len(out) == 2 and isinstance(out[1], Mapping):
@@ -193,13 +236,15 @@ def _split(out: PolicyOutput) -> tuple[BatchActions, Extras]:
 class VectorEnvLoop:
     """Steps K environments with one batched policy call and hands every step to a sink; see the module
     docstring. `VectorEnvLoop(env, make_adder)` is the replay agents' loop (an `AdderSink`); pass `sink=`
-    for any other."""
+    for any other. `restart=False`: an environment whose episode ended is not restarted, and stepping the loop
+    again before `reset()` is an error (a dm_env environment may not be stepped past its LAST step)."""
 
     def __init__(self, env: VectorEnv, make_adder: Callable[[], Adder] | None = None, *,
-                 sink: Sink | None = None):
+                 sink: Sink | None = None, restart: bool = True):
         if (make_adder is None) == (sink is None):
             raise ValueError("VectorEnvLoop takes either make_adder or sink")
         self.env = env
+        self.restart = bool(restart)
         self.num_envs = env.num_envs
         self.sink: Sink = AdderSink(make_adder, self.num_envs) if sink is None else sink
         self._timesteps: list[dm_env.TimeStep] = []
@@ -228,6 +273,8 @@ class VectorEnvLoop:
 
     def step(self, policy: Callable[[np.ndarray], PolicyOutput]) -> VectorStep:
         """One policy call on the K observations, then one step of every environment."""
+        if not self.restart and any(t.last() for t in self._timesteps):
+            raise ValueError("an episode ended and restart=False: call reset() before stepping again")
         obs = self.observations()
         t0 = time.perf_counter()
         actions, extras = _split(policy(obs))
@@ -248,6 +295,8 @@ class VectorEnvLoop:
             if timestep.last():
                 episodes.append(EpisodeEnd(i, float(self._returns[i]), int(self._lengths[i])))
                 self._returns[i], self._lengths[i] = 0.0, 0
+                if not self.restart:
+                    continue
                 t = time.perf_counter()
                 timestep = self.env.reset_one(i)
                 reset_s += time.perf_counter() - t

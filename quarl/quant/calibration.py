@@ -11,23 +11,20 @@ the range saturates, and a saturated Q-value can flip the greedy action.
 
 Before the learner has sampled anything (the first publish) there are no replay observations: the ranges then
 come from uniform [0, 1) inputs (`cold_start_observations`), a stand-in good enough for a policy that still
-acts almost only at random, replaced from the next publish on.
+acts almost only at random, replaced from the next publish on. A saved policy without a replay (post-training
+quantization sweeps) is calibrated on the observations it meets acting
+(`quarl.acting.evaluation.rollout_observations`).
 """
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Callable
 
 import numpy as np
-import numpy.typing as npt
 
 from quarl.policy.reference import reference_apply
 from quarl.policy.spec import ParamTree, PolicySpec
 from quarl.quant.precision import Precision, parse_precision
 from quarl.quant.quantization import QuantizedParams, dequantize_params, quantize_params
-
-if TYPE_CHECKING:
-    import dm_env
 
 # Observations a calibration uses at most (the most recent ones): enough for stable min/max on MinAtar and ALE
 # frames, few enough that a float32 host forward of the Nature torso stays a few tens of milliseconds.
@@ -85,18 +82,3 @@ def learner_observations(learner: object) -> np.ndarray | None:
     None (nothing sampled yet, or an agent without image policies)."""
     fn = getattr(learner, "calibration_observations", None)
     return None if fn is None else fn()
-
-
-def rollout_observations(env: dm_env.Environment, policy: Callable[[np.ndarray], npt.ArrayLike],
-                         steps: int = MAX_CALIBRATION_OBS) -> np.ndarray:
-    """`steps` observations [steps, *obs_shape] met by `policy(observation) -> action` acting in `env` (episodes
-    restarted as they end): calibration data for a trained policy without a replay (post-training
-    quantization sweeps of a saved policy)."""
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be a positive int, got {steps!r}")
-    out: list[np.ndarray] = []
-    ts = env.reset()
-    while len(out) < steps:
-        out.append(np.asarray(ts.observation))
-        ts = env.reset() if ts.last() else env.step(policy(ts.observation))
-    return np.stack(out)

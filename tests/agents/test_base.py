@@ -1,13 +1,18 @@
-"""agents.base: both agents satisfy the runner-facing Protocols and share one replay/rate-limiter scaffolding."""
+"""agents.base: every agent satisfies the runner-facing Protocols; the replay agents share one replay/rate-limiter
+scaffolding (`ReplayBuilder`), which an on-policy builder does not have at all."""
 from __future__ import annotations
+
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 import agents
-from agents.base import Actor, BuilderBase, Learner, error_buffer
+from agents.base import Actor, BuilderBase, Learner, ReplayBuilder, error_buffer, replay_builder
+from quarl.acting.loop import AdderSink, RolloutSink, VectorEnvLoop
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
+from quarl.envs.vector import make_vector_environment
 from quarl.quant.quantization import quantize_params
 
 TINY = {"dqn": ("CartPole-v1", {"hidden_sizes": (8,)}),
@@ -21,7 +26,7 @@ def test_each_agent_builds_pieces_that_satisfy_the_runner_protocols(name):
     env_spec = environment_spec(make_environment(task, 0))
     learner = builder.make_learner(env_spec, 0)
     actor = builder.make_actor(env_spec, quantize_params(learner.policy_params(), "int8"), seed=0, backend="jax")
-    assert isinstance(builder, BuilderBase) and isinstance(learner, Learner) and isinstance(actor, Actor)
+    assert isinstance(builder, ReplayBuilder) and isinstance(learner, Learner) and isinstance(actor, Actor)
     table = builder.make_table(env_spec, seed=0)
     c = builder.config
     buffer = error_buffer(c.batch_size, c.min_replay_size, c.samples_per_insert, c.samples_per_insert_tolerance)
@@ -33,8 +38,8 @@ def test_each_agent_builds_pieces_that_satisfy_the_runner_protocols(name):
     transition = builder.make_adder()
     assert set(signature) == {"observation", "action", "reward", "discount", "next_observation"}
     assert transition.n_step == c.n_step
-    action = actor.select_action(np.zeros(env_spec.obs_dim, np.float32))
-    assert np.asarray(action).shape == signature["action"][0]
+    actions, extras = actor.act(np.zeros((3, env_spec.obs_dim), np.float32))  # one batched call, K = 3
+    assert actions.shape == (3, *signature["action"][0]) and extras == {}
 
 
 def test_error_buffer_is_never_less_than_one_batch():
@@ -52,10 +57,55 @@ def test_a_builder_missing_a_hook_fails_when_instantiated():
     full = agents.builder_class("dqn")
 
     class NoSampler(full):  # drops one hook the replay table needs
-        sampler_settings = BuilderBase.sampler_settings
+        sampler_settings = ReplayBuilder.sampler_settings
 
     with pytest.raises(TypeError, match="sampler_settings"):
         NoSampler()
-    with pytest.raises(TypeError, match="abstract"):
-        BuilderBase()
+    for base in (BuilderBase, ReplayBuilder):
+        with pytest.raises(TypeError, match="abstract"):
+            base()
     assert full().sampler_settings()["sampler"]  # the concrete builders implement every hook
+
+
+REPLAY_PART = ("make_adder", "transition_signature", "table_config", "make_table", "sampler_settings",
+               "error_buffer_setting")
+
+
+def test_an_on_policy_builder_has_no_replay_part_and_a_replay_builders_parts_work_together():
+    """PPO's builder is a BuilderBase without the replay part (no method that refuses: none at all), and asking
+    for its replay is a one-line error; DQN's replay parts fit each other: the sink's adders emit transitions of
+    the signature the table was built with, the table takes them and samples them back."""
+    ppo = agents.get_builder("ppo")
+    assert isinstance(ppo, BuilderBase) and not isinstance(ppo, ReplayBuilder)
+    assert [name for name in REPLAY_PART if hasattr(ppo, name)] == []
+    assert isinstance(ppo.make_sink(2), RolloutSink)
+    with pytest.raises(ValueError, match="ppo is on-policy and has no replay") as error:
+        replay_builder(ppo)
+    assert "\n" not in str(error.value)
+
+    dqn = agents.get_builder("dqn", hidden_sizes=(8,), min_replay_size=4, batch_size=4, n_step=2,
+                             samples_per_insert=1.0)
+    assert replay_builder(dqn) is dqn
+    env = make_vector_environment("CartPole-v1", 0, 2)
+    env_spec = environment_spec(env)
+    sink = dqn.make_sink(2)
+    assert isinstance(sink, AdderSink) and [adder.n_step for adder in sink.adders] == [2, 2]
+    loop = VectorEnvLoop(env, sink=sink)
+    loop.reset()
+    transitions = [t for _ in range(5) for t in loop.step(lambda obs: np.zeros(len(obs), np.int32)).transitions]
+    loop.close()
+    signature = dqn.transition_signature(env_spec)
+    assert len(transitions) == 8  # 2 environments x 4 full 2-step windows after 5 steps
+    for name, (shape, dtype) in signature.items():
+        assert np.asarray(transitions[0][name]).shape == shape, name
+    table = dqn.make_table(env_spec, seed=0)
+    assert dqn.table_config()["min_size_to_sample"] == 4
+    table.insert({k: np.stack([np.asarray(t[k], dtype) for t in transitions]) for k, (_, dtype) in signature.items()})
+    sample = table.sample(4)
+    assert sample.data["observation"].shape == (4, env_spec.obs_dim) and set(sample.data) == set(signature)
+
+
+def test_no_agent_refuses_a_contract_method():
+    """A builder implements what it has and lacks what it has not: no `NoReturn` stubs anywhere in agents/."""
+    root = Path(agents.__file__).resolve().parent
+    assert [str(p.relative_to(root)) for p in sorted(root.rglob("*.py")) if "NoReturn" in p.read_text()] == []

@@ -21,6 +21,7 @@ from quarl.policy.reference import reference_apply
 from quarl.quant.quantization import quantize_params
 from quarl.runtimes import make_executor
 from tests.agents.executed import assert_integer_kernel_ran
+from tests.agents.helpers import act_one
 
 SMALL = dict(policy_layer_sizes=(32, 32), critic_layer_sizes=(64, 64), num_atoms=21, vmin=-10.0, vmax=10.0,
              batch_size=32, min_replay_size=64, max_replay_size=10_000, samples_per_insert=8.0)
@@ -273,29 +274,29 @@ def test_actor_noise_clipping_evaluation_and_seeding(env_spec):
 
     obs = np.zeros(5, np.float32)
     a = actor()
-    samples = np.array([a.select_action(obs) for _ in range(4000)])
+    samples = np.array([act_one(a, obs) for _ in range(4000)])
     assert samples.shape == (4000, 1) and samples.dtype == np.float32
     assert abs(samples.mean()) < 0.03 and abs(samples.std() - 0.3) < 0.02
     # Same (seed, actor_id) -> same noise; another actor id -> different noise.
     again = actor()
-    assert np.array_equal([again.select_action(obs) for _ in range(10)], samples[:10])
+    assert np.array_equal([act_one(again, obs) for _ in range(10)], samples[:10])
     other = actor(actor_id=1)
-    assert not np.array_equal([other.select_action(obs) for _ in range(10)], samples[:10])
+    assert not np.array_equal([act_one(other, obs) for _ in range(10)], samples[:10])
     # Near the bound, exploration actions are pi(s) + noise unclipped (Acme's rlax.add_gaussian_noise): replay
     # stores what the actor chose, the environment clips what it executes.
     a._executor.value[:] = 0.95
-    near = np.array([a.select_action(obs) for _ in range(2000)])
+    near = np.array([act_one(a, obs) for _ in range(2000)])
     assert (near > 1.0).mean() > 0.3 and abs(near.mean() - 0.95) < 0.03
     # Evaluation: the policy action itself, clipped (a low-precision head may overshoot by a rounding step).
     a.evaluation = True
-    assert np.array_equal(a.select_action(obs), np.float32([0.95]))
+    assert np.array_equal(act_one(a, obs), np.float32([0.95]))
     a._executor.value[:] = 1.01
-    assert np.array_equal(a.select_action(obs), np.float32([1.0]))
+    assert np.array_equal(act_one(a, obs), np.float32([1.0]))
     a._executor.value[:] = 0.95
     a.update(qp)
     assert a._executor.updates == [qp]
     with pytest.raises(ValueError, match="observation"):
-        a.select_action(np.zeros(4, np.float32))
+        act_one(a, np.zeros(4, np.float32))
     # A fleet spreads sigma when asked to.
     fleet = Builder(D4PGConfig(**SMALL, sigma=0.3, sigma_spread=4.0))
     sigmas = [fleet.make_actor(env_spec, qp, seed=0, actor_id=i, num_actors=3,
@@ -333,7 +334,7 @@ def test_actor_runs_the_learners_policy_through_an_int8_runtime(env_spec, backen
         assert check["checks"][-1]["ok"] and actor._executor.kernel_form == check["form"]
         assert form is None or check["form"] == form or not check["checks"][0]["ok"]
     obs = rng.normal(size=(16, 5)).astype(np.float32)
-    got = np.array([actor.select_action(o) for o in obs])
+    got = actor.act(obs)[0]
     want = reference_apply(builder.policy_spec(env_spec), params, obs)
     assert np.abs(want).max() > 1e-3
     np.testing.assert_allclose(got, want, atol=0.05 * np.abs(want).max() + 1e-4)
@@ -344,7 +345,7 @@ def test_actor_runs_the_learners_policy_through_an_int8_runtime(env_spec, backen
     new = learner.policy_params()
     actor.update(quantize_params(new, "int8"))
     want = reference_apply(builder.policy_spec(env_spec), new, obs)
-    np.testing.assert_allclose([actor.select_action(o) for o in obs], want, atol=0.05 * np.abs(want).max() + 1e-4)
+    np.testing.assert_allclose(actor.act(obs)[0], want, atol=0.05 * np.abs(want).max() + 1e-4)
 
 
 # ---------------------------------------------------------------- builder

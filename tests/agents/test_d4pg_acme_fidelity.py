@@ -21,6 +21,7 @@ from agents.d4pg import Builder, D4PGConfig
 from agents.d4pg.learning import TrainingState, make_optimizer, make_update_fn, policy_loss
 from agents.d4pg.networks import make_networks
 from quarl.replay import adders
+from tests.agents.helpers import act_one
 
 SMALL = dict(policy_layer_sizes=(32, 32), critic_layer_sizes=(64, 32), num_atoms=21, vmin=-10.0, vmax=10.0,
              batch_size=16, min_replay_size=32, max_replay_size=1000, samples_per_insert=8.0)
@@ -296,13 +297,13 @@ def test_exploring_actions_are_stored_unclipped_single_and_batched():
     builder = Builder(D4PGConfig(**SMALL, sigma=0.3))
     spec = _spec(5)
     actor = builder.make_actor(spec, None, seed=0, executor_factory=_FixedPolicy)
-    single = np.array([actor.select_action(np.zeros(5, np.float32)) for _ in range(500)])
-    batched = actor.select_actions(np.zeros((500, 5), np.float32))
+    single = np.array([act_one(actor, np.zeros(5, np.float32)) for _ in range(500)])
+    batched = actor.act(np.zeros((500, 5), np.float32))[0]
     for actions in (single, batched):
         assert (actions > 1.0).mean() > 0.3 and abs(actions.mean() - 0.95) < 0.05
         assert abs(actions.std() - 0.3) < 0.04
     actor.evaluation = True
-    assert np.all(actor.select_actions(np.zeros((4, 5), np.float32)) == 0.95)
+    assert np.all(actor.act(np.zeros((4, 5), np.float32))[0] == 0.95)
     actor._executor.value = 1.02  # pylint: disable=protected-access  (a quantized head overshooting its bound)
-    assert np.all(actor.select_actions(np.zeros((4, 5), np.float32)) == 1.0)
-    assert actor.select_action(np.zeros(5, np.float32))[0] == 1.0
+    assert np.all(actor.act(np.zeros((4, 5), np.float32))[0] == 1.0)
+    assert act_one(actor, np.zeros(5, np.float32))[0] == 1.0

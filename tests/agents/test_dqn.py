@@ -15,6 +15,7 @@ from agents.dqn.learning import DQNLearner, double_q_targets, importance_weights
 from agents.dqn.networks import make_q_spec
 from launch.experiments.config import ExperimentConfig
 from tests.agents.executed import assert_integer_kernel_ran
+from tests.agents.helpers import act_one
 
 OBS_DIM, NUM_ACTIONS, BATCH = 4, 3, 32
 
@@ -286,14 +287,14 @@ def _actor(schedule: EpsilonSchedule, evaluation: bool = False, seed: int = 0) -
 def test_greedy_actor_takes_the_argmax_and_follows_updates():
     actor = _actor(EpsilonSchedule.constant(0.0))
     obs = np.zeros(OBS_DIM, np.float32)
-    assert [int(actor.select_action(obs)) for _ in range(20)] == [1] * 20
+    assert [int(act_one(actor, obs)) for _ in range(20)] == [1] * 20
     actor.update(np.array([[5.0, 0.0, 1.0]], np.float32))
-    assert int(actor.select_action(obs)) == 0
+    assert int(act_one(actor, obs)) == 0
 
 
 def test_fully_random_actor_is_uniform_and_skips_inference():
     actor = _actor(EpsilonSchedule.constant(1.0))
-    actions = np.array([actor.select_action(np.zeros(OBS_DIM)) for _ in range(3000)])
+    actions = np.array([act_one(actor, np.zeros(OBS_DIM)) for _ in range(3000)])
     counts = np.bincount(actions, minlength=NUM_ACTIONS) / len(actions)
     np.testing.assert_allclose(counts, 1.0 / NUM_ACTIONS, atol=0.04)
     assert actor._executor.calls == 0
@@ -303,22 +304,22 @@ def test_epsilon_decays_with_exploration_steps_but_not_evaluation_steps():
     actor = _actor(EpsilonSchedule(1.0, 0.0, 100))
     obs = np.zeros(OBS_DIM)
     for _ in range(50):
-        actor.select_action(obs)
+        act_one(actor, obs)
     assert actor.epsilon == pytest.approx(0.5)
     actor.evaluation = True
     assert actor.epsilon == 0.0
-    assert [int(actor.select_action(obs)) for _ in range(10)] == [1] * 10
+    assert [int(act_one(actor, obs)) for _ in range(10)] == [1] * 10
     actor.evaluation = False
     assert actor.steps == 50 and actor.epsilon == pytest.approx(0.5)
     # Around epsilon 0.5 with 3 actions, the greedy action shows up ~2/3 of the time.
-    greedy = np.mean([int(actor.select_action(obs)) == 1 for _ in range(50)])
+    greedy = np.mean([int(act_one(actor, obs)) == 1 for _ in range(50)])
     assert 0.3 < greedy < 0.95
 
 
 def test_actor_rejects_non_finite_observations_on_random_steps():
     actor = _actor(EpsilonSchedule.constant(1.0))
     with pytest.raises(ValueError, match="finite"):
-        actor.select_action(np.array([0.0, np.nan, 0.0, 0.0]))
+        act_one(actor, np.array([0.0, np.nan, 0.0, 0.0]))
 
 
 def test_fleet_epsilons_follow_the_apex_ladder():

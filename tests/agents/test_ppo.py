@@ -158,7 +158,7 @@ def test_actor_log_probs_are_the_learners_and_an_update_runs(env_spec):
         assert learner.log_std().shape == (ACT_DIM,)
         greedy = builder.make_actor(env_spec, quantize_params(learner.policy_params(), "fp32"), seed=0,
                                     evaluation=True, backend="jax")
-        assert np.all(np.abs(greedy.select_action(np.full(OBS, 50.0, np.float32))) <= 1.0)
+        assert np.all(np.abs(greedy.act(np.full((1, OBS), 50.0, np.float32))[0]) <= 1.0)
 
 
 def test_minatar_policy_reuses_dqns_conv_torso():
@@ -289,7 +289,7 @@ def test_ppo_pieces_satisfy_the_runner_protocols_and_act_through_the_rollout_sin
     assert isinstance(sink, RolloutSink) and (sink.num_steps, sink.num_envs) == (T, N)
     assert builder.steps_per_update(N) == builder.actor_update_period(N) == T * N
     assert builder.run_steps(T * N + 1, N) == 2 * T * N and builder.run_steps(1, N) == T * N
-    run_learner = builder.make_run_learner(env_spec, 0, max_actor_steps=3 * T * N, num_envs=N)
+    run_learner = builder.make_learner(env_spec, 0, max_actor_steps=3 * T * N, num_envs=N)
     assert run_learner.steps == 0 and builder.num_envs(1) == N and builder.num_envs(3) == 3
     greedy = builder.make_actor(env_spec, quantize_params(learner.policy_params(), "fp32"), seed=0, evaluation=True,
                                 backend="jax", batch_size=N)

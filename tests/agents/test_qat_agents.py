@@ -171,7 +171,7 @@ def test_d4pg_qat_trained_policy_deploys_with_zero_extra_error():
     assert np.max(np.abs(np.asarray(nets.policy.apply(params, obs)) - learner_view)) > 1e-4
     # An evaluation actor (what the runners deploy) picks exactly those actions.
     actor = builder.make_actor(env_spec, quantize_params(params, "int3"), seed=0, evaluation=True, backend="jax")
-    np.testing.assert_allclose(actor.select_action(obs[0]), learner_view[0], rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(actor.act(obs[:1])[0][0], learner_view[0], rtol=1e-6, atol=1e-6)
 
 
 # ------------------------------------------------------------------------------------------------ DQN

@@ -196,10 +196,10 @@ def test_non_finite_observation_reaching_an_int8_actor_is_a_clear_error(backend,
     actor = builder.make_actor(env_spec, qparams, seed=0, actor_id=0, evaluation=True, backend=backend)
     obs = np.array([0.01, -0.02, 0.03, bad], np.float32)
     with pytest.raises(ValueError, match="NaN or inf"):  # the int8 executor itself
-        actor.q_values(obs)
+        actor._executor(obs[None])  # pylint: disable=protected-access
     with pytest.raises(ValueError, match="NaN or inf|finite"):  # greedy or exploring, never an action
-        actor.select_action(obs)
-    assert actor.select_action(np.zeros(4, np.float32)) in (0, 1)  # finite input still acts
+        actor.act(obs[None])
+    assert actor.act(np.zeros((1, 4), np.float32))[0][0] in (0, 1)  # finite input still acts
 
 
 # ------------------------------------------------------------------------------------ corrupted checkpoints

@@ -7,9 +7,9 @@ import csv
 import numpy as np
 
 from launch import ptq
+from quarl.acting.evaluation import rollout_observations
 from quarl.envs.factory import make_environment
 from quarl.policy.spec import minatar_q_network
-from quarl.quant.calibration import rollout_observations
 from quarl.runtimes.policy_io import load_policy, save_policy
 from tests.quarl.helpers import random_params
 
@@ -29,5 +29,5 @@ def test_ptq_sweeps_a_minatar_conv_policy(tmp_path):
 
 def test_rollout_observations_restarts_episodes():
     env = make_environment("MinAtar/Breakout", 0)
-    obs = rollout_observations(env, lambda o: np.int32(0), steps=300)  # loses the ball, restarts
+    obs = rollout_observations(env, lambda o: np.zeros(len(o), np.int32), steps=300)  # loses the ball, restarts
     assert obs.shape == (300, 10, 10, 4)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from dm_env import specs
 
-from quarl.acting.loop import VectorEnvLoop
+from quarl.acting.loop import EpisodeEnd, NoSink, ObservationSink, VectorEnvLoop
 from quarl.envs.factory import make_environment
 from quarl.envs.vector import VectorEnvironment, env_seeds, make_vector_environment
 from quarl.replay.adders import NStepTransitionAdder
@@ -143,3 +143,28 @@ def test_mismatched_environments_and_action_counts_are_refused():
     loop.reset()
     with pytest.raises(ValueError, match="3 actions for 2"):
         loop.step(lambda obs: np.zeros(3, np.int32))
+
+
+def test_a_loop_without_restarts_plays_whole_episodes_and_the_observation_sink_keeps_every_observation():
+    """`restart=False` (evaluation) leaves a finished episode finished: the next step before `reset()` is refused
+    and nothing reset the environment behind the caller's back. `ObservationSink` keeps what the environments
+    showed, FIRST to LAST, in order (a saved policy's calibration data); `NoSink` keeps nothing."""
+    env = CountingEnv(1, 3, terminate=True)
+    loop = VectorEnvLoop(VectorEnvironment([env]), sink=NoSink(), restart=False)
+    loop.reset()
+    ends = [loop.step(lambda obs: np.zeros(len(obs))).episodes for _ in range(3)]
+    assert ends[:2] == [[], []] and ends[2] == [EpisodeEnd(0, 101.0 + 102.0 + 103.0, 3)] and env.t == 3
+    with pytest.raises(ValueError, match="reset"):
+        loop.step(lambda obs: np.zeros(len(obs)))
+    assert env.actions == [0.0] * 3 and loop.sink.pending == 0 and loop.sink.flush() == []
+    loop.reset()
+    assert env.t == 0 and loop.step(lambda obs: np.ones(len(obs))).episodes == []
+
+    sink = ObservationSink()
+    loop = VectorEnvLoop(VectorEnvironment([CountingEnv(0, 2, terminate=False), CountingEnv(1, 3, terminate=True)]),
+                         sink=sink)
+    loop.reset()
+    for _ in range(2):
+        loop.step(lambda obs: np.zeros(len(obs)))
+    # step 1: both MID; step 2: env 0 ends (its LAST, then its restart), env 1 goes on.
+    assert [o.tolist() for o in sink.observations] == [[0, 0], [1, 0], [0, 1], [1, 1], [0, 2], [1, 2], [0, 0]]

@@ -1,12 +1,15 @@
-"""Greedy policy evaluation: actions through the runtimes, real episodes, paired seeds."""
+"""Greedy policy evaluation: actions through the runtimes, real episodes through the one acting loop, paired
+seeds, and the observations a saved policy is calibrated on."""
 from __future__ import annotations
 
+import dm_env
 import numpy as np
 import pytest
 from dm_env import specs
 
 from quarl.acting.evaluation import (
-    GreedyPolicy, check_compatible, evaluate_policy, evaluate_seeds, make_greedy_policy, run_episodes,
+    GreedyPolicy, check_compatible, evaluate_policy, evaluate_seeds, make_greedy_policy, rollout_observations,
+    run_episode, run_episodes,
 )
 from quarl.envs.factory import make_environment
 from quarl.policy.spec import layer_norm_mlp_policy, mlp_q_network
@@ -63,7 +66,7 @@ def test_discrete_actions_are_the_argmax_of_the_executor_outputs():
     rng = np.random.default_rng(1)
     for obs in rng.normal(0.0, 0.2, (20, 4)).astype(np.float32):
         q = policy.executor(obs[None])[0]
-        action = policy(obs)
+        action = policy(obs[None])[0]  # a batch of one
         assert action.dtype == np.int32 and action.shape == ()
         assert int(action) == int(np.argmax(q))
         assert int(action) == int(BALANCING_GAINS @ obs > 0) or abs(float(BALANCING_GAINS @ obs)) < 0.2
@@ -86,7 +89,7 @@ def test_continuous_policy_outputs_are_the_actions():
               "linear_1": {"w": rng.normal(size=(8, 1)).astype(np.float32), "b": np.zeros(1, np.float32)}}
     policy = make_greedy_policy(spec, quantize_params(params, "fp32"), action_spec, backend="jax")
     obs = np.array([1.0, 0.0, 0.5], np.float32)
-    action = policy(obs)
+    action = policy(obs[None])[0]
     assert action.shape == action_spec.shape and action.dtype == action_spec.dtype
     np.testing.assert_allclose(action, policy.executor(obs[None])[0], rtol=0, atol=0)
     assert -1.0 <= float(action[0]) <= 1.0
@@ -123,14 +126,14 @@ def test_non_finite_outputs_never_become_actions():
     env = make_environment("CartPole-v1", 0)
     policy = GreedyPolicy(_NaNExecutor(), env.action_spec())
     with pytest.raises(ValueError, match="non-finite"):
-        policy(np.zeros(4, np.float32))
+        policy(np.zeros((1, 4), np.float32))
 
 
 def test_run_episode_stops_when_asked_and_counts_every_step():
-    from quarl.acting.evaluation import EpisodeInterrupted, run_episode
+    from quarl.acting.evaluation import EpisodeInterrupted
 
     env = make_environment("CartPole-v1", 0)
-    total, steps = run_episode(env, lambda obs: 0)  # always push left: the pole falls within ~10 steps
+    total, steps = run_episode(env, push_left)  # the pole falls within ~10 steps
     assert 0 < steps < 100 and total == float(steps)  # CartPole pays 1 per step
     checks = []
 
@@ -139,5 +142,49 @@ def test_run_episode_stops_when_asked_and_counts_every_step():
         return len(checks) > 3
 
     with pytest.raises(EpisodeInterrupted, match="after 3 steps"):
-        run_episode(env, lambda obs: 0, should_stop=stop_after_three)
+        run_episode(env, push_left, should_stop=stop_after_three)
     env.close()
+
+
+def push_left(observations: np.ndarray) -> np.ndarray:
+    """CartPole action 0 for every row of a batch."""
+    return np.zeros(len(observations), np.int64)
+
+
+class _Episodes(dm_env.Environment):
+    """Episodes of 3 steps whose observation is [episode, t]; counts resets (an extra one would shift episodes)."""
+
+    def __init__(self):
+        self.resets, self.t = 0, 0
+
+    def reset(self) -> dm_env.TimeStep:
+        self.resets, self.t = self.resets + 1, 0
+        return dm_env.restart(self._obs())
+
+    def step(self, action) -> dm_env.TimeStep:
+        self.t += 1
+        if self.t == 3:
+            return dm_env.termination(1.0, self._obs())
+        return dm_env.transition(1.0, self._obs())
+
+    def _obs(self) -> np.ndarray:
+        return np.array([self.resets, self.t], np.float32)
+
+    def observation_spec(self) -> specs.Array:
+        return specs.Array((2,), np.float32)
+
+    def action_spec(self) -> specs.DiscreteArray:
+        return specs.DiscreteArray(2)
+
+
+def test_episodes_run_through_the_acting_loop_one_reset_each_and_calibration_sees_every_observation():
+    """Consecutive episodes of one environment take one reset each (the loop does not restart a finished
+    evaluation episode, so the environment's random stream is what an episode-by-episode loop leaves it), and
+    `rollout_observations` keeps every observation in order, each episode's LAST one included."""
+    env = _Episodes()
+    stats = run_episodes(env, push_left, 4)
+    assert stats.returns.tolist() == [3.0] * 4 and stats.lengths.tolist() == [3] * 4 and env.resets == 4
+    obs = rollout_observations(_Episodes(), push_left, steps=9)
+    assert obs.tolist() == [[1, 0], [1, 1], [1, 2], [1, 3], [2, 0], [2, 1], [2, 2], [2, 3], [3, 0]]
+    with pytest.raises(ValueError, match="steps"):
+        rollout_observations(_Episodes(), push_left, steps=0)

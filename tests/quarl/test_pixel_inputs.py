@@ -92,10 +92,10 @@ def test_dqn_actor_acts_on_uint8_frames(case):
     images = frames.reshape(-1, *spec.input_shape)
     actor = DQNActor(spec, qp, num_actions=spec.output_dim, schedule=EpsilonSchedule.constant(0.0),
                      eval_epsilon=0.0, seed=0, backend="onnx", batch_size=len(images))
-    actions = actor.select_actions(images)
-    np.testing.assert_array_equal(actions, actor.select_actions(images.astype(np.float32)))
+    actions = actor.act(images)[0]
+    np.testing.assert_array_equal(actions, actor.act(images.astype(np.float32))[0])
     np.testing.assert_array_equal(actions, np.argmax(actor._executor(frames), axis=1))
     bad = images[:1].astype(np.int32)
     bad[0, 0, 0, 0] = 300
     with pytest.raises(ValueError, match="integers in"):
-        actor.select_action(bad[0])
+        actor.act(bad[:1])

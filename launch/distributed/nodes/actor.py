@@ -111,7 +111,9 @@ class ActorNode(NodeBase):
         self._pin = bool(pin)  # claim a core of this machine for the acting thread (quarl.ops.affinity)
         self.core: int | None = None
         self._stop = threading.Event()
-        self._builder = spec.builder()
+        from agents.base import replay_builder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
+
+        self._builder = replay_builder(spec.builder())  # on-policy agents act in rollout_actor.RolloutActorNode
         self._env_spec = spec.env_spec()
         self.times = StageTimes()
         self.inserted = 0  # transitions this actor put into replay (this process)

@@ -13,6 +13,7 @@ import jax
 import numpy as np
 from chex import ArrayTree
 
+from agents.base import Learner, replay_builder
 from agents.learner_base import Metrics, to_numpy
 from agents.loops import loop_form_record, use_loop_form
 from launch.experiments import checkpoint as ckpt
@@ -37,7 +38,6 @@ from quarl.quant.quantization import quantize_params
 from quarl.runtimes import policy_io
 
 if TYPE_CHECKING:
-    from agents.base import Learner
     from quarl.envs.spec import EnvSpec
 
 FINAL_PUBLISH_TIMEOUT_S = 60.0
@@ -312,7 +312,7 @@ class LearnerNode(NodeBase):
         return str(path)
 
     def sampler_is_prioritized(self) -> bool:
-        return self._builder.table_config().get("sampler") == "prioritized"
+        return replay_builder(self._builder).table_config().get("sampler") == "prioritized"
 
     # -------------------------------------------------------------- publishing
 

@@ -55,8 +55,10 @@ class RolloutActorNode(NodeBase):
                  counter: NodeHandle, weights: NodeHandle, logdir: str, max_actor_steps: int,
                  envs_per_actor: int = 1, kernel_form: str | None = None, outbox_size: int = 2, sync: bool = True):
         self._spec = spec
+        from agents.base import ReplayBuilder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
+
         self._builder = spec.builder()
-        if not self._builder.on_policy:
+        if isinstance(self._builder, ReplayBuilder):
             raise ValueError(f"--agent {spec.agent} learns from replay: its actors are "
                              "launch.distributed.nodes.actor.ActorNode, not rollout actors")
         self._env_spec = spec.env_spec()

@@ -206,9 +206,7 @@ class RolloutLearnerNode(LearnerNode):
         envs = self._builder.num_envs(self._envs_per_actor)
         if self._mode == "sync":
             envs *= max(1, len(self._actors))
-        if self._max_actor_steps <= 0:
-            return self._builder.make_learner(env_spec, seed)
-        return self._builder.make_run_learner(env_spec, seed, max_actor_steps=self._max_actor_steps, num_envs=envs)
+        return self._builder.make_learner(env_spec, seed, max_actor_steps=self._max_actor_steps, num_envs=envs)
 
     def run(self) -> dict[str, Any]:
         tracker = energy_tracker(self._logdir, "learner")
