@@ -76,11 +76,11 @@ def step_envs(env: GymnaxEnv, key: jax.Array, state: Any, actions: jax.Array) ->
     return jax.vmap(env.step)(jax.random.split(key, actions.shape[0]), state, actions)
 
 
-def evaluate(env: GymnaxEnv, act: Callable[[jax.Array], jax.Array], key: jax.Array,
+def evaluate(env: GymnaxEnv, act: Callable[[jax.Array, jax.Array], jax.Array], key: jax.Array,
              episodes: int) -> tuple[jax.Array, jax.Array]:
-    """`episodes` greedy episodes side by side, each to its end (or the task's time limit): (returns [E], lengths
-    [E]). `act(obs [E, ...]) -> actions [E]`. The environments step until the last one has ended, those already done
-    frozen, so the loop is as long as the longest episode."""
+    """`episodes` episodes side by side, each to its end (or the task's time limit): (returns [E], lengths [E]).
+    `act(obs [E, ...], key) -> actions [E]` (a fresh key each step; a greedy policy ignores it). The environments step
+    until the last one has ended, those already done frozen, so the loop is as long as the longest episode."""
     k_reset, k_run = jax.random.split(key)
     state, obs = reset_envs(env, k_reset, episodes)
     zeros = jnp.zeros((episodes,), jnp.float32)
@@ -91,8 +91,8 @@ def evaluate(env: GymnaxEnv, act: Callable[[jax.Array], jax.Array], key: jax.Arr
 
     def body(carry: tuple) -> tuple:
         state, obs, key, returns, lengths, done = carry
-        key, k_step = jax.random.split(key)
-        state, step = step_envs(env, k_step, state, act(obs))
+        key, k_step, k_act = jax.random.split(key, 3)
+        state, step = step_envs(env, k_step, state, act(obs, k_act))
         live = jnp.logical_not(done)
         returns = returns + jnp.where(live, step.reward, 0.0)
         lengths = lengths + live.astype(jnp.int32)

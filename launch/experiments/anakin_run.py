@@ -129,7 +129,7 @@ def run_anakin(run: AnakinRun, *, progress: bool = True, energy: bool = True,
 
     def greedy_eval(state: Any, key: jax.Array) -> tuple[jax.Array, jax.Array]:
         weights = trainer.actor_weights(state)
-        return evaluate(trainer.env, lambda obs: trainer.actor.greedy(weights, obs), key, run.eval_episodes)
+        return evaluate(trainer.env, lambda obs, _: trainer.actor.greedy(weights, obs), key, run.eval_episodes)
 
     run_chunk = jax.jit(jax.vmap(chunk), donate_argnums=0)
     count_updates = jax.jit(jax.vmap(trainer.learner_steps))

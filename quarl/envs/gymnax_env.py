@@ -14,7 +14,8 @@ from the environment the project uses, this adapter sets or adds what makes them
   with the final observation of an episode that ended (what PPO bootstraps a time limit from).
 
 What stays different is documented per task in docs/anakin.md and measured by tests/quarl/test_gymnax_env.py (the
-same fixed policy's returns on both implementations) and the deployment test of tests/agents/test_anakin_minatar.py.
+same fixed policy's returns on both implementations) and the deployment tests of tests/launch/test_anakin.py and
+tests/launch/test_anakin_minatar.py.
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""`launch.anakin`, the jitted trainer: PPO with int8 actors inside the jit learns CartPole-v1 (gymnax) to 475; its
+"""`launch.anakin`, the jitted trainer: PPO with int8 actors inside the jit learns CartPole-v1 (gymnax) to 475; the
+policy deployed through the ONNX int8 executor on gymnasium's CartPole-v1 scores what it scores inside the jit; its
 seed folders are run folders `launch.ptq` and `analysis` read unchanged; a vmapped run's seed k is a single run of
 seed k; a stop keeps what was written; bad flags exit 2 with one line, writing nothing."""
 from __future__ import annotations
@@ -13,16 +14,24 @@ import time
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from analysis.runs import load_runs
+from agents.anakin.common import InJitActor, evaluate
 from launch import anakin, ptq
 from launch.experiments.anakin_run import AnakinRun, run_anakin
+from launch.ptq_policy import calibration_observations, load_trained_policy
+from quarl.acting.evaluation import evaluate_seeds, make_greedy_policy
+from quarl.envs.factory import make_environment
+from quarl.envs.gymnax_env import GymnaxEnv
+from quarl.quant.calibration import quantize_for_actors
 from quarl.quant.precision import parse_precision
 from quarl.runtimes.policy_io import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
+DEPLOY_SEED = 50_000  # the deployed episodes' environment seeds: apart from training and evaluation
 # A small PPO (4 envs x 16 steps, one epoch): what the seed-equality and stop test runs.
 SMALL = {"num_envs": 4, "num_steps": 16, "update_epochs": 1}
 
@@ -44,6 +53,38 @@ def test_ppo_with_int8_actors_in_the_jit_learns_cartpole(cartpole_run):
     assert summary["solved"] is not None and summary["best_eval_return"] >= 475  # an untrained policy scores ~10-30
     assert summary["executed"] == "int8 weights, integer kernel (aqt_s8s8)"
     assert summary["actor_steps"] <= 100_000 and summary["learner"]["anakin"]["seeds"] == [0]
+
+
+def deployed_and_in_jit_returns(folder: Path, episodes: int) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 policy of a run folder, (returns deployed as an actor runs it elsewhere: the ONNX int8 executor,
+    calibrated for conv policies, on the project's environment; returns inside the jit: the in-jit JAX runtime on
+    the gymnax port), `episodes` greedy episodes each."""
+    policy, int8 = load_trained_policy(folder), parse_precision("int8")
+    qparams = quantize_for_actors(policy.spec, policy.params, int8, calibration_observations(policy))
+    env = make_environment(policy.task, 0)
+    greedy = make_greedy_policy(policy.spec, qparams, env.action_spec(), backend="onnx")
+    env.close()
+    assert greedy.backend == "onnx" and not greedy.simulated
+    deployed = evaluate_seeds(policy.task, greedy, range(DEPLOY_SEED, DEPLOY_SEED + episodes)).returns
+    actor, port = InJitActor(policy.spec, int8), GymnaxEnv(policy.task)
+    run = jax.jit(lambda params, key: evaluate(port, lambda obs, _: actor.greedy(actor.weights(params), obs), key,
+                                               episodes)[0])
+    in_jit = np.asarray(run(jax.tree.map(jnp.asarray, policy.params), jax.random.PRNGKey(DEPLOY_SEED)), np.float64)
+    return deployed, in_jit
+
+
+def same_within_noise(a: np.ndarray, b: np.ndarray, z: float = 4.0) -> bool:
+    """Whether two sets of episode returns have means within `z` standard errors of their difference."""
+    se = float(np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b)))
+    return abs(a.mean() - b.mean()) <= z * se if se > 0 else a.mean() == b.mean()
+
+
+def test_deployed_through_onnx_int8_on_gymnasium_it_scores_as_inside_the_jit(cartpole_run):
+    deployed, in_jit = deployed_and_in_jit_returns(cartpole_run, 30)
+    print(f"\nCartPole-v1: ONNX int8 on gymnasium {deployed.mean():.1f} +- {deployed.std():.1f}, "
+          f"inside the jit {in_jit.mean():.1f} +- {in_jit.std():.1f}")
+    assert same_within_noise(deployed, in_jit), (deployed.mean(), in_jit.mean())
+    assert deployed.mean() > 200  # the trained policy, not an untrained one that both would fail alike
 
 
 def test_anakin_seed_folder_is_a_run_folder_for_ptq_and_analysis(cartpole_run):
