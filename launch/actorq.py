@@ -2,7 +2,7 @@ r"""Distributed ActorQ: an fp32 learner and N actors acting with a quantized pol
 
     python -m launch.actorq --agent d4pg --task cartpole:balance --precision int8 --num-actors 2 \
         --actor-update-period 100 --max-actor-steps 20000 --seed 0 --logdir runs/d4pg_int8 \
-        [--backend auto --runner ray --ray-address ADDR --resume DIR --checkpoint-every K --set key=value]
+        [--backend auto --runner ray --ray-address ADDR --resume DIR --checkpoint-every K --set PATH=VALUE]
 
 On-policy agents (PPO, A2C) run the same program without replay: N actors hand rollouts to the learner, which
 waits for one from every actor per update (`--rollout-mode sync`, PPO with N actors) or trains on each as it comes
@@ -40,12 +40,12 @@ from launch.experiments import checkpoint as ckpt
 import agents
 from launch.cli import (
     DEFAULT_STEPS, DEFAULT_TASKS, TARGET_RETURN_HELP, TASK_HELP, ListTasksAction, OneLineArgumentParser, UsageError,
-    add_learner_loop_argument, add_qat_argument, build_config, check_actor_precision, check_agent, check_agent_task,
-    check_carbon_country, check_logdir, check_positive, check_task, fail, flag_names, parse_resources, qat_overrides,
-    warn,
+    add_learner_loop_argument, add_qat_argument, add_set_argument, check_actor_precision, check_agent,
+    check_agent_task, check_carbon_country, check_logdir, check_positive, check_task, fail, flag_names,
+    parse_resources, qat_overrides, warn,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
-from launch.overrides import parse_overrides
+from launch.overrides import SECTIONS, parse_settings, settings_help
 from launch.experiments.config import ALE_MIN_EVAL_EVERY, ROLLOUT_MODES, SERVICE_SHARE, ExperimentConfig
 from launch.experiments.summary_table import print_summary
 from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
@@ -95,8 +95,12 @@ def quick_preset(agent: str, task: str) -> Preset:
 # ------------------------------------------------------------------------------------------------------
 
 
+SET_EXCLUDED = ("eval_fp32",)  # what the distributed runner does not read (one process only)
+
+
 def build_parser() -> OneLineArgumentParser:
-    p = OneLineArgumentParser(prog="launch.actorq", description=__doc__)
+    p = OneLineArgumentParser(prog="launch.actorq", description=__doc__,
+                              epilog=lambda: settings_help(SECTIONS, SET_EXCLUDED))
     p.add_argument("--config", default=None, metavar="FILE",
                    help="run the experiment in this JSON file: an ExperimentConfig (what launch.reproduce writes) "
                         "or a run's summary.json (its `experiment` object); only --logdir, --seed, --runner, "
@@ -172,8 +176,7 @@ def build_parser() -> OneLineArgumentParser:
                         "none (PPO's ratio against it), tis (truncated importance weights, cap --set is_cap=C) or "
                         "vtrace (V-trace targets and advantages; --set vtrace_rho_bar=, vtrace_c_bar=); "
                         "default: the agent config's (none)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="agent config override, repeatable (e.g. --set batch_size=128)")
+    add_set_argument(p, distributed=True)
     p.add_argument("--full-size", action="store_true",
                    help="use the agent's full default config instead of the quick laptop preset")
     add_qat_argument(p)
@@ -194,21 +197,22 @@ class Invocation:
     progress: bool
 
 
-def validate(args: argparse.Namespace) -> Invocation:
+def validate(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> Invocation:
     """Every check that can fail, before anything is started or written (UsageError on a bad flag or file)."""
+    parser = parser or build_parser()
     if args.ray_address is not None and not args.ray_address.strip():
         raise UsageError("--ray-address must not be empty")
     check_carbon_country()
     if args.config is not None:
-        reject_with_config(args, build_parser(), RUNTIME_FLAGS)
+        reject_with_config(args, parser, RUNTIME_FLAGS)
         config = config_with_overrides(args.config, args.logdir, args.seed)
     else:
-        config = _config_from_flags(args)
+        config = _config_from_flags(args, parser)
     if config.learner_device == "gpu" and args.runner != "ray":
         raise UsageError("--learner-device gpu needs --runner ray (the local runner keeps every node on the CPU)")
     if (config.distributed.actor_resources or config.distributed.learner_resources) and args.runner != "ray":
         raise UsageError("--actor-resource and --learner-resource need --runner ray")
-    builder = check_agent_task(config.agent, config.task, dict(config.overrides))
+    builder = check_agent_task(config)
     from agents.base import ReplayBuilder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
 
     if not isinstance(builder, ReplayBuilder):
@@ -231,13 +235,17 @@ def _check_on_policy(config: ExperimentConfig) -> None:
                          "(--resume, --checkpoint-every); its final policy is saved as policy_fp32.qrlp")
 
 
-def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
+def _config_from_flags(args: argparse.Namespace,
+                       parser: argparse.ArgumentParser | None = None) -> ExperimentConfig:
     agent = check_agent(args.agent)
     task = check_task(args.task or DEFAULT_TASKS[agent])
+    settings = parse_settings(agent, args.overrides, SECTIONS, SET_EXCLUDED)
+    settings.check_once(args, parser or build_parser(), FLAGS)
     preset: Preset = {"overrides": {}} if args.full_size else quick_preset(agent, task)
-    # The agent's tuned settings for this task, the quick preset, then the user's --set values.
-    overrides = {**agents.task_defaults(agent, task), **preset["overrides"], **parse_overrides(agent, args.overrides)}
-    precision = check_actor_precision(args.precision)  # parsed once: the config carries the Precision
+    # Over the agent's tuned settings for this task (`task_preset`): the quick preset, then the user's --set values.
+    overrides = {**preset["overrides"], **settings.agent}
+    # Parsed once: the config carries the Precision.
+    precision = check_actor_precision(str(settings.experiment.get("precision", args.precision)))
     overrides.update(qat_overrides(args.qat_bits, precision))
     from agents.base import ReplayBuilder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
 
@@ -245,6 +253,9 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
         given_flags = [flag for flag, value, default in (("--rollout-mode", args.rollout_mode, "sync"),
                                                          ("--max-staleness", args.max_staleness, None),
                                                          ("--correction", args.correction, None)) if value != default]
+        given_flags += [f"--set {settings.paths['distributed', name]}" for name, default in
+                        (("rollout_mode", "sync"), ("max_staleness", None))
+                        if settings.distributed.get(name, default) != default]
         if given_flags:
             raise UsageError(f"{', '.join(given_flags)}: only for on-policy agents (ppo, a2c); --agent {agent} "
                              "learns from replay")
@@ -263,8 +274,9 @@ def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
     def given(value: T | None, default: T) -> T:
         return default if value is None else value
 
-    return build_config(
+    return settings.config(
         FLAGS, agent=agent, task=task, precision=precision, backend=args.backend,
+        task_preset=agents.task_defaults(agent, task),
         kernel_form=args.kernel_form, num_actors=args.num_actors,
         envs_per_actor=args.envs_per_actor, max_actor_steps=given(args.max_actor_steps, DEFAULT_STEPS[agent]),
         seed=given(args.seed, 0), logdir=given(args.logdir, _UNSET), overrides=overrides,
@@ -323,10 +335,11 @@ def _choose_logdir(logdir: str | None, resume: str | None, agent: str, task: str
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     pin_driver_to_cpu()  # before validate, which builds the task's specs: the driver never starts a GPU
     try:
-        inv = validate(args)
+        inv = validate(args, parser)
     except UsageError as e:
         fail(f"launch.actorq: error: {e}")
     # Imported only once the flags are valid: the supervisor brings the node classes, hence JAX (1.6 s of

@@ -12,7 +12,7 @@ import os
 import sys
 import tempfile
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, NoReturn, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, NoReturn, Sequence
 
 import agents
 from agents.loops import LOOP_FORMS
@@ -47,11 +47,19 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 
 class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse, but errors are one line (`prog: error: ...`) instead of usage + error, still exit 2; --help
-    shows the whole description and every default (`HelpFormatter`)."""
+    shows the whole description and every default (`HelpFormatter`), then `epilog()` where one is given (built
+    only when help is asked for: the --set field list imports every agent's config)."""
 
     def __init__(self, prog: str | None = None, description: str | None = None,
-                 formatter_class: type[argparse.HelpFormatter] = HelpFormatter):
+                 formatter_class: type[argparse.HelpFormatter] = HelpFormatter,
+                 epilog: Callable[[], str] | None = None):
         super().__init__(prog=prog, description=description, formatter_class=formatter_class)
+        self._epilog_fn = epilog
+
+    def format_help(self) -> str:
+        if self._epilog_fn is not None:
+            self.epilog = self._epilog_fn()
+        return super().format_help()
 
     def error(self, message: str) -> NoReturn:
         fail(f"{self.prog}: error: {message}")
@@ -117,10 +125,17 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--envs-per-actor", type=int, default=1, metavar="K",
                         help="environments each actor steps together, with one policy call per step on the "
                              "batch of K observations (default 1, the paper's setting)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                        help="agent config override, repeatable (e.g. --set batch_size=128)")
+    add_set_argument(parser)
     add_learner_loop_argument(parser)
     add_qat_argument(parser)
+
+
+def add_set_argument(parser: argparse.ArgumentParser, distributed: bool = False) -> None:
+    example = ", distributed.num_actors=2" if distributed else ""
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="PATH=VALUE",
+                        help="any config field by its dotted path, repeatable: agent.batch_size=128 (or bare "
+                             f"batch_size=128: an agent field first), eval_every=5000{example}; the fields are "
+                             "listed at the end of --help")
 
 
 def add_learner_loop_argument(parser: argparse.ArgumentParser) -> None:
@@ -247,17 +262,17 @@ def _can_create_in(directory: Path) -> bool:
     return True
 
 
-def check_agent_task(agent: str, task: str, overrides: Mapping[str, object]) -> "BuilderBase":
-    """Builds the env once to check the task exists and suits the agent; returns the ready builder."""
+def check_agent_task(config: ExperimentConfig) -> "BuilderBase":
+    """Builds the task's env once to check it exists and suits the agent; returns the config's ready builder."""
     from quarl.envs.spec import environment_spec
     from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
-    task = check_task(task)
-    builder = agents.get_builder(agent, **overrides)
+    task = check_task(config.task)
+    builder = config.builder()
     env = make_environment(task, 0)
     try:
         builder.policy_spec(environment_spec(env))
     except ValueError as e:
-        raise UsageError(f"--agent {agent} cannot run --task {task}: {e}") from None
+        raise UsageError(f"--agent {config.agent} cannot run --task {task}: {e}") from None
     finally:
         env.close()
     return builder

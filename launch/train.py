@@ -3,7 +3,7 @@ weight path as the distributed runner (launch.actorq). For debugging and tests; 
 
     python -m launch.train --agent dqn --task CartPole-v1 --precision int8 --steps 20000 --seed 0 \
         --logdir runs/dqn [--eval-every K --eval-episodes E --actor-update-period P --envs-per-actor K
-        --target-return R --target-streak S --backend onnx --kernel-form FORM --set key=value]
+        --target-return R --target-streak S --backend onnx --kernel-form FORM --set PATH=VALUE]
     python -m launch.train --config runs/dqn/summary.json --logdir runs/dqn_again [--seed 1]
 
 Every flag has a default, as launch.actorq's: --agent d4pg on cartpole:balance, each agent's step budget, seed
@@ -23,21 +23,22 @@ from typing import Sequence
 
 import agents
 from launch.cli import (
-    DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError, add_common_arguments, build_config,
-    check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive, check_task,
-    fail, flag_names, qat_overrides, warn,
+    DEFAULT_AGENT, DEFAULT_STEPS, DEFAULT_TASKS, OneLineArgumentParser, UsageError, add_common_arguments,
+    check_actor_precision, check_agent, check_agent_task, check_carbon_country, check_logdir, check_positive,
+    check_task, fail, flag_names, qat_overrides, warn,
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
-from launch.overrides import parse_overrides
+from launch.overrides import parse_settings, settings_help
 from launch.experiments.config import ExperimentConfig
 from launch.program.devices import LEARNER_DEVICES
 
 PROG = "launch.train"
 TRAIN_FLAGS = flag_names(max_actor_steps="--steps")
+SET_SECTIONS = ("agent", "experiment")  # one process: no distributed settings to --set
 
 
 def build_parser() -> OneLineArgumentParser:
-    parser = OneLineArgumentParser(prog=PROG, description=__doc__)
+    parser = OneLineArgumentParser(prog=PROG, description=__doc__, epilog=lambda: settings_help(SET_SECTIONS))
     add_common_arguments(parser)
     parser.add_argument("--eval-fp32", action="store_true",
                         help="also evaluate an fp32 actor next to the deployed-precision one")
@@ -49,35 +50,41 @@ def build_parser() -> OneLineArgumentParser:
 
 def validate(args: argparse.Namespace, parser: argparse.ArgumentParser | None = None) -> ExperimentConfig:
     """The experiment from the flags or --config; every check (raising UsageError) before anything is written."""
+    parser = parser or build_parser()
     check_carbon_country()
     if args.config is not None:
-        reject_with_config(args, parser or build_parser(), ("no_progress",))
+        reject_with_config(args, parser, ("no_progress",))
         config = config_with_overrides(args.config, args.logdir, args.seed)
     else:
-        config = _config_from_flags(args)
+        config = _config_from_flags(args, parser)
     check_logdir(config.logdir)
-    check_agent_task(config.agent, config.task, dict(config.overrides))
+    check_agent_task(config)
     return config
 
 
-def _config_from_flags(args: argparse.Namespace) -> ExperimentConfig:
+def _config_from_flags(args: argparse.Namespace,
+                       parser: argparse.ArgumentParser | None = None) -> ExperimentConfig:
     agent = check_agent(args.agent or DEFAULT_AGENT)
     task = check_task(args.task or DEFAULT_TASKS[agent])
-    # The agent's tuned settings for this task first (agents.task_defaults), then the user's --set values.
-    overrides = {**agents.task_defaults(agent, task), **parse_overrides(agent, args.overrides)}
+    settings = parse_settings(agent, args.overrides, SET_SECTIONS)
+    settings.check_once(args, parser or build_parser(), TRAIN_FLAGS)
+    # The user's --set values and flags, over the agent's tuned settings for this task (`task_preset`).
+    overrides = dict(settings.agent)
     period = check_positive("--actor-update-period", args.actor_update_period, optional=True)
     if period is not None:
         if "actor_update_period" not in {f.name for f in dataclasses.fields(agents.config_class(agent))}:
             raise UsageError(f"--actor-update-period does not apply to --agent {agent}: an on-policy actor gets new "
                              "weights after every update")
         overrides["actor_update_period"] = period
-    precision = check_actor_precision(args.precision)  # parsed once: the config carries the Precision
+    given = settings.experiment  # over the flags' defaults (`Settings.check_once`: not over a flag given)
+    # Parsed once: the config carries the Precision.
+    precision = check_actor_precision(str(given.get("precision", args.precision)))
     overrides.update(qat_overrides(args.qat_bits, precision))
-    return build_config(TRAIN_FLAGS, agent=agent, task=task, precision=precision, backend=args.backend,
-                        kernel_form=args.kernel_form,
+    return settings.config(TRAIN_FLAGS, agent=agent, task=task, precision=precision, backend=args.backend,
+                        task_preset=agents.task_defaults(agent, task), kernel_form=args.kernel_form,
                         max_actor_steps=DEFAULT_STEPS[agent] if args.steps is None else args.steps,
                         seed=0 if args.seed is None else args.seed,
-                        logdir=args.logdir or default_logdir("train", agent, task, precision),
+                        logdir=given.get("logdir") or args.logdir or default_logdir("train", agent, task, precision),
                         target_return=args.target_return, target_streak=args.target_streak,
                         eval_every=args.eval_every, eval_episodes=args.eval_episodes,
                         envs_per_actor=args.envs_per_actor, overrides=overrides, eval_fp32=bool(args.eval_fp32),

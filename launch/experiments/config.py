@@ -19,6 +19,7 @@ from quarl.ops.io import JSONValue
 from quarl.quant.precision import Precision, parse_precision, precision_names
 
 if TYPE_CHECKING:  # agents.base imports JAX; this module stays light (CLIs check their flags with it first)
+    from agents import AgentConfig
     from agents.base import BuilderBase, ExecutorFactory
 
 SERVICE_SHARE = 0.01  # of each learner resource, asked by the learner, every service and the evaluator
@@ -118,10 +119,14 @@ def default_evaluation(task: str, max_actor_steps: int) -> tuple[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class ExperimentConfig:
-    """Everything one ActorQ training run is made of. Validated at construction (`ConfigError`, one line).
+    """Everything one ActorQ training run is made of, in one object: the experiment's own fields, the agent's
+    config (`agent_config`, resolved), the task preset it started from and the distributed settings. Validated at
+    construction (`ConfigError`, one line); `--set SECTION.FIELD=VALUE` addresses any field (`launch.settings`).
 
-    `overrides` are agent config fields (`agents.get_builder(agent, **overrides)`); the actors' weight-pull
-    period is one of them (`actor_update_period`), so the agent config is its single source of truth.
+    `overrides` are the agent config fields the experiment sets over the agent's defaults: the task preset
+    (`task_preset`, folded in under them at construction), then a CLI's quick preset and `--set`. `agent_config` is
+    the agent config they resolve to (`agents.make_config(agent, **overrides)`), what `builder()` builds; the
+    actors' weight-pull period is one of its fields (`actor_update_period`), so it is that period's single source.
     `eval_every=None` and `eval_episodes=None` are resolved at construction (`default_evaluation`), so a saved
     config is complete.
     `precision` is a `Precision`, parsed once here from whatever text built the config (a flag, a JSON file:
@@ -138,6 +143,9 @@ class ExperimentConfig:
     precision: Precision = parse_precision("int8")
     seed: int = 0
     overrides: Mapping[str, object] = dataclasses.field(default_factory=dict)
+    # The agent's tuned settings for the task (`agents.task_defaults(agent, task)`, as the CLIs fill it), recorded
+    # apart so a reader tells them from the run's own choices. {}: a config built by hand, or recorded before this.
+    task_preset: Mapping[str, object] = dataclasses.field(default_factory=dict)
     backend: str = "auto"  # policy runtime of actors and evaluator: auto | jax | onnx | onnx-nbits
     # The ONNX integer kernel form actors and evaluator try first (`quarl.runtimes.kernel_forms`: u8s8, u8u8,
     # fp32 = the dequantized graph ...; still self-checked), None: this CPU's choice. With backend onnx it pins the
@@ -156,12 +164,17 @@ class ExperimentConfig:
     learner_device: str = "auto"
     # The form of the learner's SGD loops (agents.loops): auto (the scan, see there) | scan | unroll.
     learner_loop: str = "auto"
+    # Resolved at construction from `overrides` (never given): the agent's whole config. JSON writes it whole, and
+    # `from_dict` pins any value a later default would change, so a recorded run reruns with the values it ran.
+    agent_config: "AgentConfig" = dataclasses.field(init=False)
 
     def __post_init__(self) -> None:
         self._check()
         put = object.__setattr__  # frozen: normalised values are set once, here
         put(self, "precision", _precision(self.precision))
-        put(self, "overrides", {k: _tuples(v) for k, v in dict(self.overrides).items()})
+        put(self, "task_preset", {k: _tuples(v) for k, v in dict(self.task_preset).items()})
+        put(self, "overrides", {**self.task_preset, **{k: _tuples(v) for k, v in dict(self.overrides).items()}})
+        put(self, "agent_config", _agent_config(self.agent, self.overrides))
         put(self, "logdir", os.fspath(self.logdir))
         every, episodes = default_evaluation(self.task, int(self.max_actor_steps))
         if self.eval_every is None:
@@ -214,21 +227,17 @@ class ExperimentConfig:
             check_loop_form(self.learner_loop)
         except ValueError as e:
             raise ConfigError("learner_loop", str(e)) from None
-        if not isinstance(self.overrides, Mapping):
-            raise ConfigError("overrides", f"must map agent config keys to values, got {self.overrides!r}")
-        try:
-            agents.make_config(self.agent, **{k: _tuples(v) for k, v in self.overrides.items()})
-        except (TypeError, ValueError) as e:
-            raise ConfigError("overrides", f"are not a valid {self.agent} config: {' '.join(str(e).split())}") \
-                from None
+        for name in ("overrides", "task_preset"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise ConfigError(name, f"must map agent config keys to values, got {getattr(self, name)!r}")
 
     # ------------------------------------------------------------------------------------------ use
 
     def builder(self) -> "BuilderBase":
-        """The agent builder this experiment trains (`agents.get_builder(agent, **overrides)`)."""
+        """The agent builder this experiment trains, on `agent_config`."""
         import agents  # pylint: disable=import-outside-toplevel
 
-        return agents.get_builder(self.agent, **dict(self.overrides))
+        return agents.builder_class(self.agent)(self.agent_config)
 
     @classmethod
     def create(cls, **fields: object) -> "ExperimentConfig":
@@ -255,30 +264,63 @@ class ExperimentConfig:
         config."""
         d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         d["precision"] = self.precision.name
-        d["overrides"] = {k: _lists(v) for k, v in self.overrides.items()}
+        for name in ("overrides", "task_preset"):
+            d[name] = {k: _lists(v) for k, v in getattr(self, name).items()}
         d["distributed"] = self.distributed.to_dict()
+        d["agent_config"] = agent_config_dict(self.agent_config)
         return d
 
     @classmethod
     def from_dict(cls, data: Mapping[str, JSONValue]) -> "ExperimentConfig":
         """The config `to_dict` wrote (lists in overrides become tuples: agent configs hold tuples), or one written
-        before the distributed fields were nested (flat, as in older summaries). Unknown or missing fields raise
+        before the distributed fields were nested (flat, as in older summaries) or before the agent config and task
+        preset were recorded. A recorded `agent_config` is the agent config the run had: where today's defaults
+        resolve a field otherwise, its recorded value joins `overrides`. Unknown or missing fields raise
         ConfigError."""
         if not isinstance(data, Mapping):
             raise ConfigError("config", f"must be a JSON object, got {type(data).__name__}")
         data = _nest(dict(data))
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
+        recorded = data.pop("agent_config", None)
+        fields = [f for f in dataclasses.fields(cls) if f.init]
+        unknown = sorted(set(data) - {f.name for f in fields})
         if unknown:
             raise ConfigError("config", f"has unknown field(s) {', '.join(unknown)}")
-        missing = sorted(f.name for f in dataclasses.fields(cls) if f.name not in data
+        missing = sorted(f.name for f in fields if f.name not in data
                          and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING)
         if missing:
             raise ConfigError("config", f"lacks required field(s) {', '.join(missing)}")
-        return cls(**dict(data))
+        config = cls(**dict(data))
+        pinned = _pinned(config, recorded)
+        return config.replace(overrides={**config.overrides, **pinned}) if pinned else config
 
 
 _INTS = ("max_actor_steps", "seed", "eval_every", "eval_episodes", "envs_per_actor", "target_streak")
+
+
+def _agent_config(agent: str, overrides: Mapping[str, object]) -> "AgentConfig":
+    import agents  # pylint: disable=import-outside-toplevel  (cheap: configs only, no JAX)
+
+    try:
+        return agents.make_config(agent, **overrides)
+    except (TypeError, ValueError) as e:
+        raise ConfigError("overrides", f"are not a valid {agent} config: {' '.join(str(e).split())}") from None
+
+
+def agent_config_dict(agent_config: "AgentConfig") -> dict[str, JSONValue]:
+    """An agent config's fields as JSON types (tuples as lists)."""
+    return {f.name: _lists(getattr(agent_config, f.name)) for f in dataclasses.fields(agent_config) if f.init}
+
+
+def _pinned(config: ExperimentConfig, recorded: object) -> dict[str, object]:
+    """The fields of a recorded agent config (`to_dict`'s `agent_config`) whose value differs from what `config`
+    resolves them to (a default changed since it was written): the overrides that rerun the recorded values."""
+    if recorded is None:
+        return {}
+    names = {f.name for f in dataclasses.fields(config.agent_config) if f.init}
+    if not isinstance(recorded, Mapping) or set(recorded) - names:
+        extra = sorted(set(recorded) - names) if isinstance(recorded, Mapping) else recorded
+        raise ConfigError("agent_config", f"is not a {config.agent} config: unknown field(s) {extra}")
+    return {k: _tuples(v) for k, v in recorded.items() if _tuples(v) != getattr(config.agent_config, k)}
 
 
 def _nest(fields: dict[str, object]) -> dict[str, object]:

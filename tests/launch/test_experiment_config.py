@@ -8,7 +8,11 @@ from pathlib import Path
 import pytest
 
 from launch import actorq, train
-from launch.experiments.config import DISTRIBUTED_FIELDS, ConfigError, DistributedConfig, ExperimentConfig
+from launch.config_file import load_config
+from agents import make_config
+from launch.experiments.config import (
+    DISTRIBUTED_FIELDS, ConfigError, DistributedConfig, ExperimentConfig, agent_config_dict,
+)
 from quarl.quant.precision import Precision, parse_precision
 from tests.launch.tiny import TINY_DQN, assert_one_line_exit_2, tiny_config
 
@@ -66,9 +70,12 @@ def test_distributed_fields_are_nested_once_and_old_flat_summaries_still_read(tm
     assert set(DISTRIBUTED_FIELDS) - set(legacy) == {"rollout_mode", "max_staleness"} and "distributed" not in old
     config = ExperimentConfig.from_dict(old)
     assert config.distributed == DistributedConfig(**{k: old[k] for k in legacy})
+    # Later fields take their defaults: the task preset (none recorded), the learner loop and the agent config
+    # the overrides resolve to.
     assert config.to_dict() == {**{k: v for k, v in old.items() if k not in DISTRIBUTED_FIELDS},
                                 "distributed": {**{k: old[k] for k in legacy}, "rollout_mode": "sync",
-                                                "max_staleness": None}, "learner_loop": "auto"}
+                                                "max_staleness": None}, "learner_loop": "auto", "task_preset": {},
+                                "agent_config": agent_config_dict(make_config("dqn", **old["overrides"]))}
     assert _roundtrip(config) == config
     assert config.replace(num_actors=3).distributed.num_actors == 3 and config.distributed.num_actors == 1
     with pytest.raises(ConfigError, match="distributed is given twice"):
@@ -157,6 +164,10 @@ def test_both_runners_record_the_same_experiment_in_summary_json(tmp_path: Path)
     assert single == single_cfg.to_dict() and ExperimentConfig.from_dict(single) == single_cfg
     assert {**dist, "logdir": None} == {**single, "logdir": None}
     assert Path(dist["logdir"]).resolve() == (tmp_path / "dist").resolve()
+    # Each summary.json, read back through --config, is the config that ran (the agent config whole in it).
+    assert single["agent_config"]["actor_update_period"] == 50
+    assert load_config(str(tmp_path / "single" / "summary.json")) == single_cfg
+    assert load_config(str(tmp_path / "dist" / "summary.json")) == dist_cfg.replace(logdir=dist["logdir"])
 
 
 @pytest.mark.parametrize("name, canonical", [("int2", "int2"), ("int8", "int8"), ("8", "int8"), ("4", "int4"),

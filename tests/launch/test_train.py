@@ -115,7 +115,7 @@ def _argv(logdir: Path, flags: list[str]) -> list[str]:
     (["--set", "no_such_key=1"], "no_such_key"),
     (["--set", "batch_size=abc"], "batch_size"),
     (["--set", "learning_rate=-1"], "learning_rate"),
-    (["--set", "batch_size"], "KEY=VALUE"),
+    (["--set", "batch_size"], "PATH=VALUE"),
     (["--task", "cartpole:balance"], "cannot run"),
     (["--agent", "d4pg"], "cannot run"),
     (["--no-such-flag", "1"], "unrecognized"),
