@@ -44,7 +44,9 @@ from launch.ptq_policy import (  # re-exported: tests and notebooks reach them a
     make_row_policy,
     sweep_grid,
 )
+from launch.experiments.progress import ItemProgress
 from quarl.acting.evaluation import evaluate_seeds
+from quarl.envs.factory import make_environment
 from quarl.ops.io import write_json_atomic
 from quarl.ops.machine import machine_info
 from quarl.quant.metrics import layer_errors, sqnr_db
@@ -178,9 +180,6 @@ def paired_error(fp32_returns: np.ndarray, returns: np.ndarray) -> tuple[float, 
 
 def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """Evaluates every grid point; returns (ptq.csv rows, ptq_episodes.csv rows)."""
-    from launch.experiments.progress import ItemProgress  # pylint: disable=import-outside-toplevel
-    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
-
     env = make_environment(run.policy.task, 0)
     action_spec = env.action_spec()
     env.close()

@@ -22,6 +22,7 @@ from dm_env import specs
 
 import agents
 from quarl.acting.evaluation import GreedyPolicy, check_compatible, make_greedy_policy, rollout_observations
+from quarl.envs.factory import make_environment
 from quarl.quant.calibration import quantize_for_actors
 from quarl.quant.precision import int_precision, parse_precision
 from quarl.quant.quantization import fake_quantize_params, quantize_params
@@ -62,7 +63,6 @@ def _check_summary(summary_path: Path, policy: LoadedPolicy) -> None:
 
 
 def _check_task(policy: LoadedPolicy) -> None:
-    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
     try:
         env = make_environment(policy.task, 0)
     except ValueError as e:
@@ -120,8 +120,6 @@ def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: specs.A
 def calibration_observations(policy: LoadedPolicy, seed: int = CALIBRATION_SEED) -> np.ndarray | None:
     """For conv policies: observations the fp32 greedy policy meets in an environment seeded apart from the
     evaluation seeds (`quarl.acting.evaluation.rollout_observations`); None for the others (nothing to calibrate)."""
-    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
-
     if not policy.spec.conv_layers:
         return None
     env = make_environment(policy.task, seed)

@@ -34,18 +34,20 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
+import pandas as pd
+
 from analysis.runs import PANELS, is_finished, read_summary
 from analysis.upgrade_summaries import is_old_single_process
 from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_precision, fail
+from launch.experiments.progress import ItemProgress
+from launch.grid.cluster import run_on_cluster
 from launch.grid.runs import BUDGETS, DEFAULT_RUNNER, PUBLIC_BUDGETS, RUNNERS, PlannedRun, run_actorq, run_single
 from launch.report_guard import describe, finished_in_report, finished_on_disk, lost_runs, subset_dir
 from launch.grid.runs import actorq_command  # noqa: F401 - part of this CLI's API (what a grid run executes)
-from quarl.ops.io import jsonable, read_json_object
+from quarl.ops.io import jsonable, read_json_object, write_json_atomic
 from quarl.ops.machine import load_average, machine_info
 
 if TYPE_CHECKING:  # loaded when used: a bad flag fails before them
-    from launch.experiments.progress import ItemProgress
-
     from analysis.report import ReportFiles
 
 PROG = "launch.reproduce"
@@ -254,8 +256,6 @@ def _clear(run_dir: Path) -> None:
 
 def run_grid(inv: Invocation) -> tuple[int, list[str]]:
     """Runs every planned run that is not finished yet; returns (runs started, failure lines)."""
-    from quarl.ops.io import write_json_atomic  # pylint: disable=import-outside-toplevel
-
     plan = inv.plan()
     inv.root.mkdir(parents=True, exist_ok=True)
     todo = [r for r in plan if not is_finished(read_summary(r.run_dir(inv.root)))]
@@ -285,7 +285,6 @@ def grid_machine() -> dict[str, object]:
 
 def _run_todo(inv: Invocation, plan: Sequence[PlannedRun], todo: Sequence[PlannedRun]) -> tuple[int, list[str]]:
     """Runs `todo` one at a time here (or as Ray tasks on --ray-address), with a progress bar over `plan`."""
-    from launch.experiments.progress import ItemProgress  # pylint: disable=import-outside-toplevel
     runner = run_single if inv.runner == "single" else run_actorq
     failures: list[str] = []
     with ItemProgress(len(plan), inv.progress, prog=PROG, unit="run", initial=len(plan) - len(todo)) as bar:
@@ -315,8 +314,6 @@ def _run_todo(inv: Invocation, plan: Sequence[PlannedRun], todo: Sequence[Planne
 def _run_grid_on_cluster(inv: Invocation, todo: Sequence[PlannedRun], bar: "ItemProgress",
                          failures: list[str]) -> None:
     """`todo` as Ray tasks on the cluster (`launch.grid.cluster`), reported as they finish."""
-    from launch.grid.cluster import run_on_cluster  # pylint: disable=import-outside-toplevel
-
     for run in todo:
         _clear(run.run_dir(inv.root))
 
@@ -342,7 +339,6 @@ def report_is_current(inv: Invocation) -> bool:
 
 def draw(inv: Invocation) -> ReportFiles:
     """The report over every run of the grid (only the requested panels/precisions/seeds when narrowed)."""
-    import pandas as pd  # pylint: disable=import-outside-toplevel
     from analysis import report  # pylint: disable=import-outside-toplevel
 
     meta = read_json_object(inv.root / "grid.json") or {}

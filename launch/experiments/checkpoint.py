@@ -26,6 +26,7 @@ complete one. Nothing here unpickles: orbax + npz + JSON only.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -289,6 +290,4 @@ def _json_round_trip(value: object) -> JSONValue:
 
 def agent_config_dict(config: AgentConfig) -> dict[str, JSONValue]:
     """A frozen agent config as JSON-able data (what the manifest stores and compares)."""
-    import dataclasses  # pylint: disable=import-outside-toplevel
-
     return _json_round_trip(dataclasses.asdict(config))

@@ -11,12 +11,12 @@ import dataclasses
 import sys
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, TextIO
+from typing import TextIO
 
-if TYPE_CHECKING:  # rich and tqdm load only once something is drawn
-    from rich.live import Live
-    from rich.table import Table
-    from tqdm import tqdm
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from tqdm import tqdm
 
 REFRESH_PER_S = 2.0
 LINE_EVERY_S = 10.0  # one progress line this often when stdout is not a terminal
@@ -125,8 +125,6 @@ class ProgressView:
         if self._lines is not None:
             self._lines.update(snap, actor_rate, learner_rate)
         elif self.enabled and self._live is None:
-            from rich.live import Live  # pylint: disable=import-outside-toplevel
-
             self._live = Live(self._render(snap, actor_rate, learner_rate), refresh_per_second=REFRESH_PER_S,
                               transient=False, redirect_stdout=False, redirect_stderr=False)
             self._live.__enter__()
@@ -134,9 +132,6 @@ class ProgressView:
             self._live.update(self._render(snap, actor_rate, learner_rate))
 
     def _render(self, snap: Snapshot, actor_rate: float, learner_rate: float) -> "Table":
-        from rich.progress_bar import ProgressBar  # pylint: disable=import-outside-toplevel
-        from rich.table import Table  # pylint: disable=import-outside-toplevel
-
         table = Table(title=self._title, show_header=False, box=None, padding=(0, 2))
         table.add_column(style="bold")
         table.add_column()
@@ -169,7 +164,6 @@ class StepProgress:
         self._bar: tqdm | None = None
         self._lines: LineProgress | None = None
         if enabled and tty:
-            from tqdm import tqdm  # pylint: disable=import-outside-toplevel
             self._bar = tqdm(total=total, unit="step", mininterval=1.0, dynamic_ncols=True, file=sys.stdout)
         elif enabled:
             self._lines = LineProgress(prog, line_every_s, stream)
@@ -223,7 +217,6 @@ class ItemProgress:
         self._bar: tqdm | None = None
         self._lines = enabled and not tty
         if enabled and tty:
-            from tqdm import tqdm  # pylint: disable=import-outside-toplevel
             self._bar = tqdm(total=total, initial=initial, unit=unit, desc=prog.rsplit(".", 1)[-1],
                              dynamic_ncols=True, file=self._stream)
 

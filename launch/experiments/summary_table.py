@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Mapping
 
-if TYPE_CHECKING:  # rich loads only once something is drawn
-    from rich.table import Table
+from rich.console import Console
+from rich.table import Table
 
+if TYPE_CHECKING:
     from quarl.ops.io import JSONValue
 
 
@@ -87,8 +88,6 @@ def actor_tables(summary: Mapping[str, JSONValue]) -> list["Table"]:
     "all actors" row splits that out (the table's own count of it); a run without replay (on-policy: PPO, A2C)
     has no limiter, its actors' third stage is filling the rollout buffer, and the time each stood still for the
     learner (`actors[i].learner_wait_s`) is a column of its own."""
-    from rich.table import Table  # pylint: disable=import-outside-toplevel
-
     replay = bool(summary.get("replay"))
     if replay:
         times = Table(title="actor time (s)", caption="insert: adders + replay insert; per actor it includes the "
@@ -141,9 +140,6 @@ def on_policy_rows(summary: Mapping[str, JSONValue]) -> list[tuple[str, JSONValu
 
 def print_summary(summary: Mapping[str, JSONValue]) -> None:
     """The end-of-run table: outcome, throughput, weight traffic and the per-actor time breakdown."""
-    from rich.console import Console  # pylint: disable=import-outside-toplevel
-    from rich.table import Table  # pylint: disable=import-outside-toplevel
-
     console = Console(soft_wrap=False)
     executed = summary.get("executed") or f"{summary.get('precision')} (execution not recorded)"
     head = Table(title=f"ActorQ {summary.get('agent')} on {summary.get('task')} — actors ran {executed}",

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from launch.program.devices import CPU_ONLY_ENV
 from launch.program.graph import SINGLE_THREAD_ENV
+from launch.program.ray_runner import init_ray
 
 if TYPE_CHECKING:
     from launch.grid.runs import PlannedRun
@@ -68,7 +69,6 @@ def run_on_cluster(runs: Sequence[Any], root: Path, backend: str, address: str, 
     each as it finishes (summary None and a one-line error when it failed). Ctrl-C cancels what is left."""
     import ray  # pylint: disable=import-outside-toplevel
 
-    from launch.program.ray_runner import init_ray  # pylint: disable=import-outside-toplevel
     from analysis.runs import read_summary  # pylint: disable=import-outside-toplevel
 
     init_ray(address)

@@ -28,6 +28,7 @@ import ipaddress
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any, Mapping, Sequence
+
+import psutil
 
 LOOPBACK = "127.0.0.1"
 START_TIMEOUT_S = 90.0
@@ -121,8 +124,6 @@ class RayNodeProcess:
     def processes(self) -> list[Any]:
         """The node's live processes: those whose command line names its temp dir, and their descendants
         (Ray's worker processes rename themselves to `ray::...`, but stay children of the raylet)."""
-        import psutil  # pylint: disable=import-outside-toplevel
-
         found: dict[int, Any] = {}
         marker = str(self.temp_dir)
         for p in psutil.process_iter(["pid", "cmdline"]):
@@ -142,8 +143,6 @@ class RayNodeProcess:
 
     def kill(self) -> None:
         """SIGKILL every process of the node at once (a machine that vanished, no goodbye to the GCS)."""
-        import psutil  # pylint: disable=import-outside-toplevel
-
         for _ in range(3):  # a process may fork while we kill: sweep until none is left
             procs = self.processes()
             if not procs:
@@ -249,8 +248,6 @@ class LoopbackCluster:
 
     def listening(self) -> list[tuple[str, str, int]]:
         """(node, ip, port) of every listening TCP socket of the cluster's processes."""
-        import psutil  # pylint: disable=import-outside-toplevel
-
         out = []
         for name, node in self.nodes.items():
             for p in node.processes():
@@ -269,8 +266,6 @@ class LoopbackCluster:
         for name in sorted(self.nodes, key=lambda n: n == "head"):
             self.nodes[name].kill()
         if self._own_root:
-            import shutil  # pylint: disable=import-outside-toplevel
-
             shutil.rmtree(self.root, ignore_errors=True)
 
 

@@ -23,10 +23,12 @@ import os
 import secrets
 import sys
 import time
+import types
 import warnings
 from typing import TYPE_CHECKING, Any
 
 from launch.program.graph import CallFuture, CallResult, NodeHandle, NodeLost, Program, resolve_handles
+from launch.program.loopback_cluster import is_loopback
 
 if TYPE_CHECKING:  # Ray loads on first use, not at import (a CLI fails fast on a bad flag)
     import ray
@@ -34,6 +36,15 @@ if TYPE_CHECKING:  # Ray loads on first use, not at import (a CLI fails fast on 
 
 _SLICE_S = 0.2  # longest uninterruptible wait in the driver
 _AUTH_ENV = ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def _ray() -> "types.ModuleType":
+    """Ray, imported on first use: the one place this module defers it (a CLI fails fast on a bad flag without
+    loading Ray, and `init_ray` sets Ray's environment before Ray reads it at import)."""
+    import ray  # pylint: disable=import-outside-toplevel
+    import ray.exceptions  # pylint: disable=import-outside-toplevel
+
+    return ray
 
 
 class RayFuture(CallFuture):
@@ -48,16 +59,14 @@ class RayFuture(CallFuture):
         self.node = node
 
     def done(self) -> bool:
-        import ray  # pylint: disable=import-outside-toplevel
-
+        ray = _ray()
         ready, _ = ray.wait([self.ref], timeout=0)
         return bool(ready)
 
     def result(self, timeout: float | None = None) -> CallResult:
-        import ray  # pylint: disable=import-outside-toplevel
-        from ray.exceptions import GetTimeoutError  # pylint: disable=import-outside-toplevel
-
-        from ray.exceptions import ActorUnavailableError, RayActorError  # pylint: disable=import-outside-toplevel
+        ray = _ray()
+        GetTimeoutError, ActorUnavailableError = ray.exceptions.GetTimeoutError, ray.exceptions.ActorUnavailableError
+        RayActorError = ray.exceptions.RayActorError
 
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:  # in slices, see _wait_all
@@ -78,8 +87,7 @@ class RayFuture(CallFuture):
 def _wait_all(refs: list, timeout: float | None) -> None:
     """Waits for `refs` in short slices: a long ray.get/ray.wait blocks in C++, where Python signal handlers
     (Ctrl-C) do not run until it returns. TimeoutError after `timeout` seconds."""
-    import ray  # pylint: disable=import-outside-toplevel
-
+    ray = _ray()
     deadline = None if timeout is None else time.monotonic() + timeout
     pending = list(refs)
     while pending:
@@ -106,8 +114,7 @@ class RayNodeHandle(NodeHandle):
     @property
     def actor(self) -> ray.actor.ActorHandle:
         if self._actor is None:
-            import ray  # pylint: disable=import-outside-toplevel
-
+            ray = _ray()
             self._actor = ray.get_actor(self.name, namespace=self.namespace)
         return self._actor
 
@@ -155,8 +162,6 @@ def _bind_to_loopback() -> None:
 
 
 def _is_loopback_address(address: str | None) -> bool:
-    from launch.program.loopback_cluster import is_loopback  # pylint: disable=import-outside-toplevel
-
     host = (address or "").removeprefix("ray://").rsplit(":", 1)[0]
     return bool(host) and is_loopback(host)
 
@@ -174,8 +179,7 @@ def init_ray(address: str | None = None, num_cpus: float | None = None, num_gpus
     if local or _is_loopback_address(address):
         # A cluster on 127.0.0.1 (launch.program.loopback_cluster) is reached on 127.0.0.1, not the host's address.
         _bind_to_loopback()
-    import ray  # pylint: disable=import-outside-toplevel
-
+    ray = _ray()
     if ray.is_initialized():
         return False
     common = {"log_to_driver": False, "logging_level": logging.ERROR, "configure_logging": True}
@@ -194,8 +198,7 @@ def init_ray(address: str | None = None, num_cpus: float | None = None, num_gpus
 
 
 def cluster_has_gpu() -> bool:
-    import ray  # pylint: disable=import-outside-toplevel
-
+    ray = _ray()
     return ray.cluster_resources().get("GPU", 0) >= 1
 
 
@@ -210,8 +213,7 @@ def _check_accelerators(program: Program, gpu: bool) -> None:
 def _check_custom_resources(program: Program) -> None:
     """Every custom resource the nodes ask for exists in the cluster in the amount they ask for together
     (otherwise Ray would queue them forever). RuntimeError naming the resource."""
-    import ray  # pylint: disable=import-outside-toplevel
-
+    ray = _ray()
     wanted: dict[str, float] = {}
     for node in program.nodes:
         for key, amount in node.resources.items():
@@ -227,8 +229,7 @@ class RayLaunch:
     """A running program on Ray: handles by node name, `run()` futures for workers, and teardown."""
 
     def __init__(self, program: Program, *, owns_cluster: bool):
-        import ray  # pylint: disable=import-outside-toplevel
-
+        ray = _ray()
         self.program = program
         self._owns_cluster = owns_cluster
         self._actors: dict[str, Any] = {}
@@ -265,8 +266,7 @@ class RayLaunch:
 
     def wait_ready(self, timeout: float = 120.0) -> None:
         """Block until every node's constructor ran (constructor errors surface here)."""
-        import ray  # pylint: disable=import-outside-toplevel
-
+        ray = _ray()
         refs = [a.__ray_ready__.remote() for a in self._actors.values()]
         try:
             _wait_all(refs, timeout)
@@ -289,8 +289,7 @@ class RayLaunch:
     def lost_hosts(self) -> dict[str, list[str]]:
         """Ray nodes (machines) that hosted some of this program's nodes when it started and are dead now:
         Ray node id -> the program's node names that were on it."""
-        import ray  # pylint: disable=import-outside-toplevel
-
+        ray = _ray()
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         lost: dict[str, list[str]] = {}
         for name, host in self._placement.items():
@@ -300,8 +299,7 @@ class RayLaunch:
 
     def can_host(self, name: str) -> bool:
         """Whether a live Ray node still offers what node `name` asks for (its custom resources)."""
-        import ray  # pylint: disable=import-outside-toplevel
-
+        ray = _ray()
         wanted = self.program.node(name).resources
         for n in ray.nodes():
             if n.get("Alive") and all(n.get("Resources", {}).get(k, 0) >= v for k, v in wanted.items()):
@@ -319,8 +317,7 @@ class RayLaunch:
 
         Callers ask workers to stop and wait for them first; this is the hard stop that guarantees no node
         process outlives the run."""
-        import ray  # pylint: disable=import-outside-toplevel
-
+        ray = _ray()
         if not ray.is_initialized():
             return
         for actor in self._actors.values():
@@ -348,8 +345,7 @@ class RayRunner:
 
     def close(self) -> None:
         """Stops a Ray this runner started even if `launch` never returned (e.g. Ctrl-C during start-up)."""
-        import ray  # pylint: disable=import-outside-toplevel
-
+        ray = _ray()
         if self._started and ray.is_initialized():
             ray.shutdown()
         self._started = False

@@ -6,6 +6,7 @@ import logging
 import os
 import threading
 import time
+from launch.program.devices import device_report
 from launch.program.graph import CallFuture, CallResult
 from quarl.ops.carbon import EnergyTracker, start_tracking, stop_tracking
 from quarl.ops.io import JSONValue
@@ -49,8 +50,6 @@ class NodeBase:
 
     def device_report(self) -> dict[str, JSONValue]:
         """Where JAX runs in this node's process, read there (`launch.program.devices.device_report`)."""
-        from launch.program.devices import device_report  # pylint: disable=import-outside-toplevel
-
         return device_report()
 
     def _track_energy(self, logdir: str | None, name: str) -> None:
