@@ -162,7 +162,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"{len(summaries)} seeds, {summaries[0]['executed']}: first chunk (compile included) "
           f"{facts['first_chunk_s']:.1f} s" + ("" if rate is None else f", then {rate:,.0f} env steps/s over all seeds "
                                               "(training clock, evaluations excluded)"))
-    return exit_code(summaries[0]["status"], signals.signum)
+    statuses = {s["status"] for s in summaries}
+    for s in summaries:
+        if s["error"]:
+            print(f"seed {s['seed']}: {s['error']}", file=sys.stderr)
+    return exit_code("failed" if "failed" in statuses else summaries[0]["status"], signals.signum)
 
 
 if __name__ == "__main__":

@@ -133,9 +133,11 @@ def run_anakin(run: AnakinRun, *, progress: bool = True, energy: bool = True,
 
     run_chunk = jax.jit(jax.vmap(chunk), donate_argnums=0)
     count_updates = jax.jit(jax.vmap(trainer.learner_steps))
+    finite = jax.jit(jax.vmap(lambda s: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
+                                                            for x in jax.tree.leaves(trainer.policy_params(s))]))))
     run_eval = jax.jit(jax.vmap(greedy_eval))
     clock: dict[str, Any] = {"evaluation_s": 0.0, "first_chunk_s": None}
-    steps = 0
+    steps, status, error = 0, "completed", None
     start = time.perf_counter()
     state = jax.block_until_ready(jax.jit(jax.vmap(trainer.init))(keys))
     clock["init_s"] = time.perf_counter() - start
@@ -143,6 +145,7 @@ def run_anakin(run: AnakinRun, *, progress: bool = True, energy: bool = True,
     try:
         for index in range(plan.chunks):
             if stopping():
+                status = "interrupted"
                 break
             t = time.perf_counter()
             state, metrics = run_chunk(state)
@@ -152,6 +155,10 @@ def run_anakin(run: AnakinRun, *, progress: bool = True, energy: bool = True,
             steps += plan.period_steps * plan.chunk_periods
             learner_steps = np.asarray(jax.device_get(count_updates(state)))
             logs.learner_rows(metrics, steps, learner_steps, time.perf_counter() - start)
+            bad = [seed for seed, ok in zip(run.seeds, np.asarray(finite(state))) if not ok]
+            if bad:  # a diverged learner: its policy is no policy, and the run says so
+                status, error = "failed", f"non-finite policy weights after {steps} env steps (seeds {bad})"
+                break
             t = time.perf_counter()
             eval_keys = jnp.stack([jax.random.fold_in(jax.random.PRNGKey(s + EVAL_SEED_OFFSET), index)
                                    for s in run.seeds])
@@ -167,13 +174,17 @@ def run_anakin(run: AnakinRun, *, progress: bool = True, energy: bool = True,
         bar.close()
         logs.close()
         energy_result = stop_tracking(tracker)
-    status = "interrupted" if stopping() else "completed"
     wall = time.perf_counter() - start
-    host = jax.device_get((count_updates(state), jax.vmap(trainer.policy_params)(state)))
-    return [_finish(run, configs[i], trainer, plan, seed, jax.tree.map(lambda x, i=i: np.asarray(x[i]), host[1]),
-                    int(host[0][i]), steps, logs.evals[i], logs.episodes[i], wall, clock, status, energy_result,
-                    agent_config)
-            for i, seed in enumerate(run.seeds)]
+    host = jax.device_get((count_updates(state), jax.vmap(trainer.policy_params)(state), finite(state)))
+    out = []
+    for i, seed in enumerate(run.seeds):
+        seed_status, seed_error = status, error
+        if status == "failed" and bool(host[2][i]):  # a sound seed stopped because another one diverged
+            seed_status, seed_error = "interrupted", f"stopped with the run: {error}"
+        out.append(_finish(run, configs[i], trainer, plan, seed, jax.tree.map(lambda x, i=i: np.asarray(x[i]), host[1]),
+                           int(host[0][i]), steps, logs.evals[i], logs.episodes[i], wall, clock, energy_result,
+                           agent_config, status=seed_status, error=seed_error))
+    return out
 
 
 class _SeedLogs:
@@ -239,15 +250,18 @@ def _rate(run: AnakinRun, plan: Plan, steps: int, train_s: float, clock: dict) -
 
 def _finish(run: AnakinRun, config: ExperimentConfig, trainer: Trainer, plan: Plan, seed: int, params: dict,
             learner_steps: int, steps: int, evals: Sequence[EvalRow], episodes: int, wall: float, clock: dict,
-            status: str, energy_result: dict | None, agent_config: dict) -> Summary:
-    """Seed `seed`'s final policy and summary.json, in launch.train's layout (`runner` "anakin")."""
+            energy_result: dict | None, agent_config: dict, *, status: str, error: str | None) -> Summary:
+    """Seed `seed`'s final policy and summary.json, in launch.train's layout (`runner` "anakin"). A seed whose
+    weights are not finite (`error`) gets no policy file: save_policy refuses NaN and inf, and so does every reader."""
     logdir = run.seed_dir(seed)
     spec = trainer.policy_spec
     final = evals[-1]["return"] if evals else None
-    policy = save_policy(logdir, spec, params, task=run.task, agent=run.agent, steps=learner_steps,
-                         extra={"seed": seed, "precision": run.precision.name, "final_eval_return": final,
-                                "runner": "anakin"})
-    fp32_bytes = fp32_payload_nbytes(params, version=learner_steps, spec_hash=spec.digest())
+    policy_name, fp32_bytes = None, None
+    if status != "failed":
+        policy_name = save_policy(logdir, spec, params, task=run.task, agent=run.agent, steps=learner_steps,
+                                  extra={"seed": seed, "precision": run.precision.name, "final_eval_return": final,
+                                         "runner": "anakin"}).name
+        fp32_bytes = fp32_payload_nbytes(params, version=learner_steps, spec_hash=spec.digest())
     versions = steps // plan.period_steps
     train_s = wall - clock["evaluation_s"]
     form = IN_JIT_KERNEL if run.precision.is_int else None
@@ -260,7 +274,7 @@ def _finish(run: AnakinRun, config: ExperimentConfig, trainer: Trainer, plan: Pl
     publish = {"versions": versions, "quantize_encode_s": None, "put_s": None, "payload_bytes": None}
     learner = {"learner_steps": learner_steps, "steps_this_run": learner_steps, "training_s": train_s,
                "steps_per_s": learner_steps / max(train_s, 1e-9), "weights_version": learner_steps,
-               "policy_file": policy.name, "publish": publish, "loop_form": None,
+               "policy_file": policy_name, "publish": publish, "loop_form": None,
                "anakin": {"seeds": list(run.seeds), "env_steps_per_s_all_seeds": _rate(run, plan, steps, train_s, clock),
                           "first_chunk_s": clock["first_chunk_s"], "init_s": clock["init_s"], "chunks": len(evals),
                           "actor_update_period_env_steps": plan.period_steps,
@@ -270,12 +284,12 @@ def _finish(run: AnakinRun, config: ExperimentConfig, trainer: Trainer, plan: Pl
                **publish, "published": versions}
     del payload["payload_bytes"]
     summary = build_summary(
-        config, runner="anakin", status=status, error=None, wall_clock_s=wall, run_wall_clock_s=wall,
+        config, runner="anakin", status=status, error=error, wall_clock_s=wall, run_wall_clock_s=wall,
         counts={"actor_steps": steps, "learner_steps": learner_steps, "episodes": episodes}, evals=list(evals),
         final_eval_return=final, actors=[actor], learner=learner, runtime={"updates": versions, "versions": versions},
         payload=payload, replay=trainer.replay, energy=sum_energy({"run": _energy_share(energy_result, len(run.seeds))}),
         agent_config=jsonable(agent_config), train_clock_s=round(train_s, 3), evaluation_s=clock["evaluation_s"],
-        sync_learner=True, actor_update_period=plan.period_steps, policy_file=policy.name,
+        sync_learner=True, actor_update_period=plan.period_steps, policy_file=policy_name,
         final_policy=final_policy_record(learner_steps, learner_steps, solved=None))
     summary["learner_device"] = device_report()
     write_json_atomic(logdir / "summary.json", summary)

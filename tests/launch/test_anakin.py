@@ -141,7 +141,7 @@ def test_vmapped_seed_equals_a_single_run_and_a_stop_keeps_what_was_written(tmp_
     assert len({tuple(r["train_episode_return"] for r in seed) for seed in rows}) > 1  # the seeds themselves differ
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the kind's default-suite test: test_ppo_with_int8_actors_in_the_jit_learns_cartpole
 def test_dqn_with_the_replay_ring_in_the_jit_learns_cartpole(tmp_path):
     out = tmp_path / "dqn"
     assert anakin.main(["--agent", "dqn", "--seeds", "0", "--steps", "25000", "--eval-every", "2500",
@@ -149,6 +149,34 @@ def test_dqn_with_the_replay_ring_in_the_jit_learns_cartpole(tmp_path):
     summary = json.loads((out / "seed0" / "summary.json").read_text())
     assert summary["solved"] is not None and summary["best_eval_return"] >= 475
     assert summary["replay"]["samples_per_insert"] == 64.0 and summary["learner_steps"] > 10_000
+
+
+@pytest.mark.slow  # the kind's default-suite test: test_ppo_with_int8_actors_in_the_jit_learns_cartpole
+@pytest.mark.parametrize("flags, least", [(["--agent", "a2c", "--precision", "int8"], 200.0),
+                                          (["--agent", "ppo", "--precision", "int4", "--qat-bits", "4"], 300.0)])
+def test_a2c_and_ppo_with_qat_learn_cartpole(tmp_path, flags, least):
+    """A2C (PPO's one-epoch setting) and QAT (int4 actors trained through int4 arithmetic), to the thresholds
+    launch.train's tests hold them to (an untrained policy scores ~10-30)."""
+    out = tmp_path / "run"
+    assert anakin.main([*flags, "--seeds", "0-1", "--steps", "100000", "--out", str(out), "--no-progress"]) == 0
+    for seed in (0, 1):
+        summary = json.loads((out / f"seed{seed}" / "summary.json").read_text())
+        assert summary["best_eval_return"] >= least, summary["best_eval_return"]
+        if "--qat-bits" in flags:
+            assert summary["config"]["qat_bits"] == 4 and summary["executed"].startswith("int4 weights, integer")
+
+
+@pytest.mark.slow  # the bad-input kind's default-suite test: test_bad_flags_exit_2_with_one_line_and_write_nothing
+def test_a_diverged_learner_fails_the_run_and_writes_no_policy(tmp_path):
+    """Weights that went non-finite (a learning rate no run survives) end the run with status failed, exit 1, and
+    no policy file for that seed: NaN or inf weights are an error, never a policy."""
+    out = tmp_path / "nan"
+    code = anakin.main(["--seeds", "0", "--steps", "2048", "--eval-every", "512", "--set", "learning_rate=1e38",
+                        "--set", "max_gradient_norm=1e38", "--set", "anneal_lr=false", "--out", str(out),
+                        "--no-progress"])
+    summary = json.loads((out / "seed0" / "summary.json").read_text())
+    assert code == 1 and summary["status"] == "failed" and "non-finite" in summary["error"]
+    assert summary["policy_file"] is None and not (out / "seed0" / "policy_fp32.qrlp").exists()
 
 
 @pytest.mark.parametrize("flags, message", [
@@ -168,7 +196,7 @@ def test_bad_flags_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, flag
     assert not (tmp_path / "out").exists()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # default suite: test_vmapped_seed_equals_a_single_run_and_a_stop_keeps_what_was_written
 def test_sigint_mid_run_exits_130_with_everything_written(tmp_path):
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "launch.anakin", "--seeds", "0-1", "--steps", "2000000", "--eval-every", "20000",

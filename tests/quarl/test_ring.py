@@ -49,8 +49,10 @@ def _adder_transitions(steps: list[tuple[int, float, bool, bool]], env: int) -> 
         else:
             ts = dm_env.transition(np.float32(reward), nxt, np.float32(1.0))
         for tr in adder.add(action, ts):
-            out[float(tr["observation"][0])] = (int(tr["action"]), float(tr["reward"]), float(tr["discount"]),
-                                                float(tr["next_observation"][0]))
+            get = (lambda name, tr=tr: tr[name]) if isinstance(tr, dict) else (lambda name, tr=tr: getattr(tr, name))
+            out[float(np.ravel(get("observation"))[0])] = (
+                int(get("action")), float(get("reward")), float(get("discount")),
+                float(np.ravel(get("next_observation"))[0]))
         if terminated or truncated:
             first = True
     return out
