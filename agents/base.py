@@ -28,7 +28,7 @@ from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import QuantizedParams
 from quarl.replay import table_from_config
 from quarl.replay.adders import NStepTransitionAdder
-from quarl.replay.items import StackedSample
+from quarl.replay.items import Rollout, SamplerSettings, StackedSample, TableConfig, Transition
 from quarl.replay.table import Table
 from quarl.runtimes.base import PolicyExecutor
 
@@ -39,23 +39,6 @@ if TYPE_CHECKING:  # for type checkers only: the learner's JAX types (actors nev
     from agents.learner_base import Batch, Block, Metrics
 
 Signature = dict[str, tuple[tuple[int, ...], np.dtype]]
-
-
-class SamplerSettings(TypedDict):
-    """How a replay agent's table samples: "uniform" or "prioritized", and the priority exponent."""
-
-    sampler: str
-    priority_exponent: float
-
-
-class TableConfig(SamplerSettings):
-    """A replay agent's table and rate limiter as plain data (`quarl.replay.table_from_config` builds the table from
-    it, in the runner's process or the replay server's)."""
-
-    capacity: int
-    samples_per_insert: float
-    min_size_to_sample: int
-    error_buffer: float | tuple[float, float]
 
 
 class KernelFormCheck(TypedDict, total=False):
@@ -249,7 +232,7 @@ class BuilderBase(abc.ABC):
         """(per-item shape, dtype) of the action column (of a replay transition, or of a rollout)."""
 
     @abc.abstractmethod
-    def make_sink(self, num_envs: int) -> Sink:
+    def make_sink(self, num_envs: int) -> Sink[Transition] | Sink[Rollout]:
         """Where an actor's steps go (`quarl.acting.loop`): n-step adders for replay, rollouts for a learner."""
 
     def num_envs(self, envs_per_actor: int = 1) -> int:

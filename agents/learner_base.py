@@ -25,13 +25,13 @@ from chex import ArrayTree
 from numpy.typing import DTypeLike
 
 from agents.loops import sgd_loop
-from quarl.replay.items import Sample, StackedSample
+from quarl.replay.items import Rollout, Sample, StackedSample, item_columns
 
 # column -> (dtype, shape of one item); None = any shape (checked only for a common batch size). Items of shape
 # () may arrive as [B, 1] and are flattened to [B].
 Columns = Mapping[str, tuple[DTypeLike, tuple[int, ...] | None]]
-# What a learner trains on: a replay `Sample`, a plain mapping of columns ([B, ...] each), or K stacked batches.
-Batch = Sample | Mapping[str, np.ndarray]
+# What a learner trains on: a replay `Sample`, an on-policy `Rollout`, or a plain mapping of columns ([B, ...] each).
+Batch = Sample | Rollout[np.ndarray] | Mapping[str, np.ndarray]
 # Metrics of an update: 0-d (or [B]) device arrays, stacked to [K, ...] by `run_block`; host arrays where a learner
 # brings some back itself (DQN's |TD| priorities for a prioritized table).
 Metrics = dict[str, jax.Array | np.ndarray]
@@ -173,7 +173,7 @@ class JaxLearner(abc.ABC):
             raise ValueError(f"{self.agent_name} block: batches of different sizes {sorted(sizes)}")
         # One batch stays unstacked: `run_block` then runs the single-step update, `step`'s exact computation.
         columns = batches[0] if len(batches) == 1 else {k: np.stack([b[k] for b in batches]) for k in batches[0]}
-        keys = [getattr(s, "keys", None) if hasattr(s, "data") else None for s in samples]  # Samples only
+        keys = [s.keys if isinstance(s, Sample) else None for s in samples]  # Samples only
         keys_arr = None if any(k is None for k in keys) else np.stack([np.asarray(k, np.int64) for k in keys])
         return Block(jax.device_put(columns), keys_arr, len(samples))
 
@@ -190,7 +190,7 @@ class JaxLearner(abc.ABC):
     def _coerce(self, sample: Batch | StackedSample, lead: int = 1, check_finite: bool = True) -> dict[str, np.ndarray]:
         """Columns as the dtypes and item shapes the update was compiled for (else ValueError). `lead` leading axes
         index items ([B] or [K, B]); `check_finite=False` only for data a replay table checked at insert."""
-        data = getattr(sample, "data", sample)
+        data = sample.data if isinstance(sample, (Sample, StackedSample)) else item_columns(sample)
         name = self.agent_name
         missing = [k for k in self.columns if k not in data]
         if missing:

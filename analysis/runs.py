@@ -32,12 +32,13 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping, cast
 
 import numpy as np
 import pandas as pd
 
 from analysis.execution import run_execution
+from analysis.schema import Summary
 from quarl.quant.precision import find_precision
 
 
@@ -97,9 +98,9 @@ def precision_color(name: str) -> str:
 # ------------------------------------------------------------------------------------------------ loading
 
 
-def _num(value: Any) -> float:
+def _num(value: object) -> float:
     """A finite float, or NaN for anything missing or unusable (None, strings, inf from a crashed run)."""
-    if isinstance(value, bool) or value is None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str, np.generic)):
         return math.nan
     try:
         out = float(value)
@@ -108,17 +109,19 @@ def _num(value: Any) -> float:
     return out if math.isfinite(out) else math.nan
 
 
-def read_summary(run_dir: str | os.PathLike) -> dict[str, Any] | None:
-    """summary.json of a run as a dict, or None when it is absent or unreadable (an interrupted run)."""
+def read_summary(run_dir: str | os.PathLike) -> Summary | None:
+    """summary.json of a run (`analysis.schema.Summary`), or None when it is absent or unreadable (an interrupted
+    run). A summary of an older layout may lack keys (`python -m analysis.upgrade_summaries` adds them), so readers
+    `get` what they read and check it."""
     path = Path(run_dir) / "summary.json"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return data if isinstance(data, dict) else None
+    return cast(Summary, data) if isinstance(data, dict) else None
 
 
-def is_finished(summary: Mapping[str, Any] | None) -> bool:
+def is_finished(summary: Summary | None) -> bool:
     """A run counts as done when its summary exists and reports it completed (not failed or interrupted)."""
     return summary is not None and summary.get("status") == "completed"
 
@@ -146,10 +149,11 @@ def read_evaluator(run_dir: str | os.PathLike) -> pd.DataFrame:
     return df.sort_values(["wall_clock_s", "actor_steps"], kind="stable").reset_index(drop=True)
 
 
-def _runtime(summary: Mapping[str, Any]) -> dict[str, float]:
+def _runtime(summary: Summary) -> dict[str, float]:
     """Seconds per stage over the run (summed over actors): runtime.summed_s."""
-    summed = (summary.get("runtime") or {}).get("summed_s") or {}
-    return {k: _num(summed.get(k)) for k in STAGES}
+    runtime = summary.get("runtime")
+    summed = runtime.get("summed_s") if isinstance(runtime, Mapping) else None
+    return {k: _num(summed.get(k)) if isinstance(summed, Mapping) else math.nan for k in STAGES}
 
 
 def _nansum(values: Iterable[float]) -> float:
@@ -157,19 +161,24 @@ def _nansum(values: Iterable[float]) -> float:
     return float(sum(finite)) if finite else math.nan
 
 
-def _energy(summary: Mapping[str, Any]) -> tuple[float, float, str | None]:
+def _energy(summary: Summary) -> tuple[float, float, str | None]:
     """(kWh, kg CO2eq, method): the totals over the run's nodes (`analysis.schema.sum_energy`)."""
-    e = summary.get("energy") or {}
-    return _num(e.get("total_kwh")), _num(e.get("total_emissions_kg")), e.get("method")
+    e = summary.get("energy")
+    if not isinstance(e, Mapping):
+        return math.nan, math.nan, None
+    method = e.get("method")
+    return _num(e.get("total_kwh")), _num(e.get("total_emissions_kg")), method if isinstance(method, str) else None
 
 
-def _ram_kwh(summary: Mapping[str, Any]) -> float:
+def _ram_kwh(summary: Summary) -> float:
     """kWh from codecarbon's RAM model (a model, not a measurement), summed over the run's nodes."""
-    nodes = [n for n in ((summary.get("energy") or {}).get("nodes") or {}).values() if isinstance(n, Mapping)]
+    e = summary.get("energy")
+    by_node = e.get("nodes") if isinstance(e, Mapping) else None
+    nodes = [n for n in by_node.values() if isinstance(n, Mapping)] if isinstance(by_node, Mapping) else []
     return _nansum(_num(n.get("ram_kwh")) for n in nodes) if nodes else math.nan
 
 
-def describe_method(method: Any, cores: Any = None) -> Any:
+def describe_method(method: object, cores: object = None) -> object:
     """A recorded energy method, with codecarbon's default TDP named a default.
 
     Runs recorded before quarl.ops.carbon said so wrote "CPU TDP power model (X W)"; when X is codecarbon's default
@@ -187,13 +196,13 @@ def describe_method(method: Any, cores: Any = None) -> Any:
     return re.sub(r"CPU TDP power model \(([0-9.]+) W\)", fix, method).replace("=estimated:", "=modelled:")
 
 
-def _identity(run_dir: Path, root: Path, summary: Mapping[str, Any] | None) -> tuple[str, str, int | None]:
+def _identity(run_dir: Path, root: Path, summary: Summary | None) -> tuple[str, str, int | None]:
     """(panel, precision, seed): from the reproduce layout <panel>/<precision>/seed<k> when the path has
     it, else from the summary (so any folder of runs can be read)."""
     parts = run_dir.relative_to(root).parts if run_dir != root else ()
     if len(parts) >= 3 and _SEED_DIR.match(parts[-1]):
         return parts[-3], parts[-2], int(_SEED_DIR.match(parts[-1]).group(1))
-    s = summary or {}
+    s = summary if summary is not None else cast(Summary, {})
     task = str(s.get("task", run_dir.name))
     seed = s.get("seed")
     return (_PANEL_OF_TASK.get(task, task), str(s.get("precision", "unknown")),
@@ -228,7 +237,7 @@ def load_runs(results_dir: str | os.PathLike) -> pd.DataFrame:
     for run_dir in find_run_dirs(root):
         summary = read_summary(run_dir)
         panel, precision, seed = _identity(run_dir, root, summary)
-        s = summary or {}
+        s = summary if summary is not None else cast(Summary, {})
         evals = read_evaluator(run_dir)
         final = _num(s.get("final_eval_return"))
         if math.isnan(final) and len(evals):

@@ -21,6 +21,7 @@ from agents.ppo.networks import make_networks
 from quarl.envs.gymnax_env import GymnaxEnv
 from quarl.policy.spec import ParamTree
 from quarl.quant.precision import Precision
+from quarl.replay.items import Rollout
 from quarl.runtimes.jax_backend import DeviceParams
 
 
@@ -85,7 +86,7 @@ class PPOTrainer:
         metrics.update(episode_totals(finished))
         return PPOState(train, state.weights, env_state, obs, episodes, key), metrics
 
-    def _env_step(self, weights: DeviceParams, carry: tuple) -> tuple[tuple, tuple[dict, Metrics]]:
+    def _env_step(self, weights: DeviceParams, carry: tuple) -> tuple[tuple, tuple[Rollout[jax.Array], Metrics]]:
         env_state, obs, episodes, key = carry
         key, k_act, k_env = jax.random.split(key, 3)
         logits = self.actor.outputs(weights, obs)
@@ -94,7 +95,7 @@ class PPOTrainer:
         env_state, step = step_envs(self.env, k_env, env_state, action)
         done = step.terminated | step.truncated
         episodes, finished = episodes.step(step.reward, done)
-        transition = {"observation": obs, "action": action, "reward": step.reward,
-                      "discount": 1.0 - step.terminated.astype(jnp.float32), "last": done.astype(jnp.float32),
-                      "next_observation": step.final_obs, "behaviour_logp": logp}
+        transition = Rollout(observation=obs, action=action, reward=step.reward,
+                             discount=1.0 - step.terminated.astype(jnp.float32), last=done.astype(jnp.float32),
+                             next_observation=step.final_obs, behaviour_logp=logp)
         return (env_state, step.obs, episodes, key), (transition, finished)

@@ -65,7 +65,7 @@ class Builder(BuilderBase):
 
     def make_sink(self, num_envs: int) -> RolloutSink:
         """Rollouts of [num_steps, K] steps with the actor's behaviour log-probs (`PPOActor.act`)."""
-        return RolloutSink(self.config.num_steps, num_envs, extras=("behaviour_logp",))
+        return RolloutSink(self.config.num_steps, num_envs)
 
     def make_actor(self, env_spec: EnvSpec, qparams: QuantizedParams, *, seed: int, actor_id: int = 0,
                    evaluation: bool = False, backend: str = "auto", num_actors: int = 1,

@@ -39,7 +39,7 @@ from agents.learner_base import Batch, JaxLearner
 from agents.loops import sgd_loop
 from agents.ppo.config import PPOConfig
 from agents.ppo.networks import PPONetworks, entropy, log_prob
-from quarl.replay.items import StackedSample
+from quarl.replay.items import ROLLOUT_KEYS, Rollout, StackedSample
 
 CALIBRATION_ROLLOUTS = 1  # rollouts whose observations calibrate int conv actors (quarl.quant.calibration)
 # (params, observations) -> (policy output, values): `PPONetworks.make_apply`'s function.
@@ -152,14 +152,14 @@ def make_optimizer(config: PPOConfig, total_updates: int | None) -> optax.Gradie
     return optax.chain(optax.clip_by_global_norm(config.max_gradient_norm), optax.adam(lr, eps=config.adam_eps))
 
 
-def _update(state: TrainingState, rollout: Mapping[str, jax.Array], *, apply: ApplyFn, value_apply: ValueFn,
+def _update(state: TrainingState, rollout: Rollout[jax.Array], *, apply: ApplyFn, value_apply: ValueFn,
             optimizer: optax.GradientTransformation, config: PPOConfig) -> tuple[TrainingState, dict]:
-    t, n = rollout["reward"].shape
+    t, n = rollout.reward.shape
     flat = lambda x: x.reshape((t * n, *x.shape[2:]))  # noqa: E731  [T, N, ...] -> [T * N, ...]
-    obs = flat(rollout["observation"])
+    obs = flat(rollout.observation)
     values = value_apply(state.params, obs).reshape(t, n)
-    next_values = value_apply(state.params, flat(rollout["next_observation"])).reshape(t, n)
-    actions, behaviour_logp = flat(rollout["action"]), flat(rollout["behaviour_logp"])
+    next_values = value_apply(state.params, flat(rollout.next_observation)).reshape(t, n)
+    actions, behaviour_logp = flat(rollout.action), flat(rollout.behaviour_logp)
     # pi_old: the learner's policy before this update, on the actions the behaviour policy mu took.
     learner_logp = log_prob(apply(state.params, obs)[0], actions, state.params.get("log_std"))
     log_rhos = learner_logp - behaviour_logp
@@ -168,11 +168,11 @@ def _update(state: TrainingState, rollout: Mapping[str, jax.Array], *, apply: Ap
     if config.correction != "none":
         anchor = learner_logp
     if config.correction == "vtrace":
-        returns, advantages = vtrace_targets(rollout["reward"], values, next_values, rollout["discount"],
-                                             rollout["last"], log_rhos.reshape(t, n), config.discount,
+        returns, advantages = vtrace_targets(rollout.reward, values, next_values, rollout.discount,
+                                             rollout.last, log_rhos.reshape(t, n), config.discount,
                                              config.vtrace_rho_bar, config.vtrace_c_bar)
     else:
-        advantages = gae_advantages(rollout["reward"], values, next_values, rollout["discount"], rollout["last"],
+        advantages = gae_advantages(rollout.reward, values, next_values, rollout.discount, rollout.last,
                                     config.discount, config.gae_lambda)
         returns = advantages + values
         if config.correction == "tis":
@@ -210,7 +210,7 @@ def _update(state: TrainingState, rollout: Mapping[str, jax.Array], *, apply: Ap
     return TrainingState(params, opt_state, key, state.steps + 1), metrics
 
 
-UpdateFn = Callable[[TrainingState, Mapping[str, jax.Array]], tuple[TrainingState, dict]]
+UpdateFn = Callable[[TrainingState, Rollout[jax.Array]], tuple[TrainingState, dict]]
 
 
 def make_update(networks: PPONetworks, config: PPOConfig, total_updates: int | None
@@ -231,8 +231,9 @@ def make_update(networks: PPONetworks, config: PPOConfig, total_updates: int | N
 
 
 class PPOLearner(JaxLearner):
-    """`step(rollout)` runs one PPO update on a rollout mapping of [T, N, ...] columns (see `ROLLOUT_COLUMNS`);
-    `policy_params()` is the policy's fp32 tree (what actors quantize) and `log_std()` the Gaussian's log-std."""
+    """`step(rollout)` runs one PPO update on a `quarl.replay.items.Rollout` of [T, N, ...] columns (a mapping of
+    the same columns is taken too); `policy_params()` is the policy's fp32 tree (what actors quantize) and
+    `log_std()` the Gaussian's log-std."""
 
     agent_name = "PPO"
 
@@ -240,13 +241,12 @@ class PPOLearner(JaxLearner):
                  total_updates: int | None = None):
         self._networks, self._config = networks, config
         self._recent_obs: collections.deque = collections.deque(maxlen=CALIBRATION_ROLLOUTS)
-        action = (np.int32, None) if networks.discrete else (np.float32, None)
-        self.columns = {"observation": (np.float32, None), "action": action, "reward": (np.float32, None),
-                        "discount": (np.float32, None), "last": (np.float32, None),
-                        "next_observation": (np.float32, None), "behaviour_logp": (np.float32, None)}
+        action = np.int32 if networks.discrete else np.float32
+        self.columns = {k: (action if k == "action" else np.float32, None) for k in ROLLOUT_KEYS}
         key = jax.random.PRNGKey(seed) if isinstance(seed, (int, np.integer)) else seed
         init, update = make_update(networks, config, total_updates)
-        super().__init__(init(key), update, donate=False)
+        # The scaffold hands the update its checked columns by name: the Rollout's fields, exactly.
+        super().__init__(init(key), lambda state, columns: update(state, Rollout(**columns)), donate=False)
 
     @property
     def networks(self) -> PPONetworks:
@@ -278,7 +278,7 @@ class PPOLearner(JaxLearner):
         self._recent_obs.append(batch["observation"])
         return {}
 
-    def compile(self, sample: Mapping[str, np.ndarray]) -> None:
+    def compile(self, sample: Rollout[np.ndarray] | Mapping[str, np.ndarray]) -> None:
         super().compile(sample)
         self._recent_obs.clear()  # a compile-time sample is no observation to calibrate int conv actors on
 

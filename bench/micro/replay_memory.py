@@ -28,6 +28,7 @@ from bench.harness.results_io import write_json
 from launch.experiments.progress import StepProgress
 from quarl.replay.adders import NStepTransitionAdder
 from quarl.replay.frames import FrameTable
+from quarl.replay.items import Transition, stack_items
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS = REPO / "results" / "bench"
@@ -86,7 +87,7 @@ def fill(source: str, transitions: int, capacity: int, seed: int = 0, progress: 
     table = FrameTable("replay", capacity, SIGNATURE, seed=seed)
     adder = NStepTransitionAdder(N_STEP, 0.99)
     steps = (_ale_steps if source == "ale" else _synthetic_steps)(seed)
-    batch: list[dict[str, np.ndarray]] = []
+    batch: list[Transition] = []
     inserted = env_steps = episodes = 0
     # A bar on a terminal, a line every few seconds in a log: a 1M fill takes ~10 minutes.
     bar = StepProgress(transitions, progress, prog="bench.micro.replay_memory")
@@ -99,7 +100,7 @@ def fill(source: str, transitions: int, capacity: int, seed: int = 0, progress: 
         batch.extend(adder.add(np.int32(0), ts))
         if len(batch) >= 256 or inserted + len(batch) >= transitions:
             batch = batch[:transitions - inserted]
-            table.insert({k: np.stack([t[k] for t in batch]) for k in SIGNATURE})
+            table.insert(stack_items(batch))
             inserted += len(batch)
             bar.update(len(batch))
             batch = []

@@ -16,7 +16,7 @@ node (`launch.distributed.nodes.actor`, `launch.distributed.nodes.rollout_actor`
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Callable, Mapping, Protocol, Sequence, TypedDict
+from typing import TYPE_CHECKING, Callable, Generic, Mapping, Protocol, Sequence, TypedDict, TypeVar
 
 import dm_env
 import numpy as np
@@ -25,6 +25,7 @@ from launch.experiments.stages import StageTimes
 from quarl.acting.evaluation import run_episode
 from quarl.acting.loop import Sink, VectorEnvLoop, VectorStep
 from quarl.envs.vector import VectorEnv
+from quarl.replay.items import Rollout, Transition
 
 if TYPE_CHECKING:  # agents.base imports JAX; the loop only needs the Protocol's names
     from agents.base import Actor
@@ -42,6 +43,8 @@ EVAL_FIELDS: tuple[str, ...] = tuple(EvalRow.__annotations__)
 # together), exploration (DQN epsilon, D4PG sigma), the weights it acted with, and the run's total actor steps.
 EPISODE_FIELDS = ("actor_steps", "wall_clock_s", "episode", "return", "length", "steps_per_s", "exploration",
                   "weights_version", "total_actor_steps")
+# What the loop's sink hands to `insert`: n-step transitions (replay agents) or whole rollouts (on-policy ones).
+ItemT = TypeVar("ItemT", Transition, Rollout)
 
 
 class RowLog(Protocol):
@@ -56,15 +59,15 @@ def crossed(before: int, after: int, period: int) -> bool:
     return int(after) // int(period) > int(before) // int(period)
 
 
-class ActingLoop:
+class ActingLoop(Generic[ItemT]):
     """One actor's loop over K environments: one batched policy call per step (`actor.act`), stage times,
     episode rows and the weight-pull cadence. `sink` is the agent's (`BuilderBase.make_sink`); the caller
     supplies `insert(items)` (transitions into an in-memory table or a replay server, rollouts into a learner
     or an outbox; it times its own work) and `pull()` (a payload made in this process or fetched)."""
 
-    def __init__(self, env: VectorEnv, sink: Sink, times: StageTimes, *, update_period: int,
+    def __init__(self, env: VectorEnv, sink: Sink[ItemT], times: StageTimes, *, update_period: int,
                  episode_log: RowLog, clock: Callable[[], float]):
-        self.env_loop = VectorEnvLoop(env, sink=sink)
+        self.env_loop: VectorEnvLoop[ItemT] = VectorEnvLoop(env, sink=sink)
         self.num_envs = self.env_loop.num_envs
         self.times = times
         self.update_period = int(update_period)
@@ -74,25 +77,25 @@ class ActingLoop:
         self._episode_start: list[float] = []
 
     @property
-    def sink(self) -> Sink:
+    def sink(self) -> Sink[ItemT]:
         return self.env_loop.sink
 
     def reset(self) -> None:
         self.times.env_step_s += self.env_loop.reset()
         self._episode_start = [time.monotonic()] * self.num_envs
 
-    def step(self, actor: "Actor", insert: Callable[[list], None], pull: Callable[[], None], *,
-             weights_version: int, total_actor_steps: Callable[[], int] | None = None) -> VectorStep:
+    def step(self, actor: "Actor", insert: Callable[[Sequence[ItemT]], None], pull: Callable[[], None], *,
+             weights_version: int, total_actor_steps: Callable[[], int] | None = None) -> VectorStep[ItemT]:
         """One iteration: act, hand the sink's finished items to `insert`, log finished episodes, and `pull()`
         when the env-step count crossed a multiple of the update period."""
         out = self.env_loop.step(actor.act)
         times = self.times
         times.policy_s += out.policy_s
         times.env_step_s += out.env_s
-        times.insert_s += out.adder_s
+        times.insert_s += out.sink_s
         prev, self.steps = self.steps, self.steps + self.num_envs
         times.env_steps = self.steps
-        insert(out.transitions)
+        insert(out.items)
         if out.episodes:
             total = self.steps if total_actor_steps is None else int(total_actor_steps())
             self._log_episodes(out, actor, weights_version, total)
@@ -100,7 +103,7 @@ class ActingLoop:
             pull()
         return out
 
-    def _log_episodes(self, out: VectorStep, actor: "Actor", weights_version: int, total: int) -> None:
+    def _log_episodes(self, out: VectorStep[ItemT], actor: "Actor", weights_version: int, total: int) -> None:
         now = time.monotonic()
         for episode in out.episodes:
             self.episodes += 1

@@ -13,23 +13,22 @@ with replay; at rollout boundaries on-policy, so an evaluation always sees the w
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import jax
 import numpy as np
-import numpy.typing as npt
 
 from launch.experiments.stages import StageTimes
 from quarl.envs.spec import EnvSpec
-from quarl.ops.io import JSONValue
 from quarl.ops.logs import CSVLogger
+from quarl.replay.items import Rollout, TableInfo, Transition, stack_items
 from quarl.replay.table import Table
 
 if TYPE_CHECKING:
     from agents.base import Actor, BuilderBase, Learner, OnPolicyActor, OnPolicyLearner, ReplayBuilder
+    from agents.learner_base import Metrics
 
 LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows (replay agents; on-policy: every update)
-Transition = Mapping[str, npt.ArrayLike]  # one n-step transition, as the adders emit it
 
 
 class ReplayFeed:
@@ -45,14 +44,14 @@ class ReplayFeed:
         self._batch_size = int(builder.config.batch_size)
         self._window = (start, 0)  # (time, learner steps) at the previous learner.csv row
         self._start = start
-        self._last_metrics: dict[str, Any] = {}
+        self._last_metrics: Metrics = {}
         # Prioritized replay: the last update's (keys, |TD|), written to the table just before the next sample.
         # Reading |TD| waits for the device, so deferring it lets the update run while the actor steps; the table
         # is the same as with an immediate write (new items take priority 1, the sum tree recomputes exact sums),
         # so is every draw.
-        self._pending_priorities: list = []
+        self._pending_priorities: list[tuple[np.ndarray, np.ndarray]] = []
 
-    def insert(self, transitions: list[Transition]) -> None:
+    def insert(self, transitions: Sequence[Transition]) -> None:
         if transitions:
             t = time.perf_counter()
             _insert(self.table, transitions, self.learn)
@@ -90,7 +89,7 @@ class ReplayFeed:
         if self._last_metrics and self.learner.steps % LEARNER_LOG_EVERY:
             self._log_row()
 
-    def info(self) -> dict[str, JSONValue]:
+    def info(self) -> TableInfo:
         return self.table.info()
 
     def _flush_priorities(self) -> None:
@@ -119,7 +118,7 @@ class RolloutFeed:
         self._steps, self._start = steps, start
         self._updated = False
 
-    def insert(self, rollouts: list) -> None:
+    def insert(self, rollouts: Sequence[Rollout]) -> None:
         for rollout in rollouts:
             t = time.perf_counter()
             metrics = jax.block_until_ready(self.learner.step(rollout))
@@ -147,7 +146,8 @@ class RolloutFeed:
     def finish(self) -> None:
         """Every update already has its learner.csv row."""
 
-    def info(self) -> dict[str, JSONValue]:
+    def info(self) -> dict[str, object]:
+        """Nothing: no replay (summary.json's `replay` section is empty)."""
         return {}
 
 
@@ -164,14 +164,10 @@ def make_feed(builder: "BuilderBase", env_spec: EnvSpec, learner: "Learner", *, 
                       start=start, sync_learner=sync_learner)
 
 
-def _insert(table: Table, transitions: Sequence[Transition] | Transition, learn: Callable[[], None]) -> None:
-    """Stacks the adder's transitions into columns and inserts them, letting the learner catch up first if
+def _insert(table: Table, transitions: Sequence[Transition], learn: Callable[[], None]) -> None:
+    """Stacks the adder's transitions into one batch and inserts it, letting the learner catch up first if
     the rate limiter would block (it cannot in this loop, but a stuck insert must never hang a run)."""
-    items = [transitions] if isinstance(transitions, Mapping) else transitions
-    if len(items) == 1:  # the common case: a leading axis is a view, not a copy
-        batch: Mapping[str, np.ndarray] = {k: np.asarray(v)[None] for k, v in items[0].items()}
-    else:
-        batch = {k: np.stack([np.asarray(t[k]) for t in items]) for k in items[0]}
-    if not table.can_insert(len(items)):
+    batch = stack_items(transitions)  # one transition (the common case): a leading axis is a view, not a copy
+    if not table.can_insert(len(transitions)):
         learn()
     table.insert(batch, timeout=60.0)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Any, Iterator, Mapping, Protocol, TypeAlias, runtime_checkable
+from typing import Iterator, Mapping, Protocol, TypeAlias, TypeVar, runtime_checkable
 
 from launch.program.devices import CPU_ONLY_ENV
 
@@ -36,9 +36,18 @@ NODE_KINDS = ("service", "worker")
 # GPU when the cluster has one) or "required" (one GPU; a cluster without one is an error before anything starts).
 ACCELERATOR_MODES = ("none", "auto", "required")
 # What a call to another node returns: whatever that node's method returns, as the runner carried it across (Ray
-# deserializes it; the local runner hands the object itself). Nothing checks it on the way, so it stays dynamic here:
-# the calling node knows which method it called and reads the result as that method's return type.
-CallResult: TypeAlias = Any
+# deserializes it; the local runner hands the object itself). Nothing checks it on the way, so it is an `object`
+# here: the calling node checks it is what the method it called returns (`result_as`) before it reads it.
+CallResult: TypeAlias = object
+T = TypeVar("T")
+
+
+def result_as(kind: type[T], value: CallResult, what: str) -> T:
+    """`value` (a node call's result) checked to be a `kind`; a TypeError naming the call `what` otherwise (a node
+    that answered something else: a version mismatch between processes, never data to go on with)."""
+    if not isinstance(value, kind):
+        raise TypeError(f"{what} returned a {type(value).__name__}, expected a {kind.__name__}")
+    return value
 
 
 # ------------------------------------------------------------------------------------------------------

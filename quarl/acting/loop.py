@@ -7,9 +7,9 @@ single-process runner and the distributed actor nodes); the agents differ only i
 (`agents.base.BuilderBase.make_sink`):
 - `AdderSink`, the replay agents' (DQN, D4PG): one `NStepTransitionAdder` per environment, so n-step windows
   never mix two environments' steps and an episode boundary in one environment closes only that environment's
-  windows (every transition kept); its items are n-step transitions for a replay table;
+  windows (every transition kept); its items are n-step `Transition`s for a replay table;
 - `RolloutSink`, the on-policy agents' (PPO, A2C): a buffer of fixed length [T steps x K environments] with the
-  behaviour log-probs the policy returned beside its actions; its item is one whole rollout;
+  behaviour log-probs the policy returned beside its actions; its item is one whole `Rollout`;
 - `NoSink` (evaluation: nothing is learnt from the steps) and `ObservationSink` (every observation met, the
   calibration data of a saved policy), for `quarl.acting.evaluation`.
 The loop: the policy sees the K current observations as one `[K, obs_dim]` batch (`policy(observations)`, which
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Callable, Mapping, Protocol, Sequence, TypeAlias
+from typing import Callable, Generic, Mapping, Never, Protocol, Sequence, TypeAlias, TypeVar, cast
 
 import dm_env
 import numpy as np
@@ -30,16 +30,13 @@ import numpy.typing as npt
 
 from quarl.envs.spec import BatchActions
 from quarl.envs.vector import VectorEnv
+from quarl.replay.items import ROLLOUT_KEYS, Rollout, Transition
 
-# What an on-policy rollout holds besides the policy's extras, each [T, K, ...]: the observation acted on, the
-# action, the reward and discount of the step, whether it ended an episode, and the observation that followed
-# (an episode's final one on its LAST step, so a time limit can still bootstrap from it).
-ROLLOUT_COLUMNS = ("observation", "action", "reward", "discount", "last", "next_observation")
 Extras = Mapping[str, np.ndarray]
-# What a sink finishes: an n-step transition, or one whole rollout of [T, K, ...] columns.
-Item = dict[str, np.ndarray]
 # What a policy returns for a batch of observations: the actions, or (actions, per-environment extras).
 PolicyOutput: TypeAlias = BatchActions | tuple[BatchActions, Extras]
+# What a sink finishes: an n-step `Transition` (AdderSink), one whole `Rollout` (RolloutSink), nothing (NoSink).
+ItemT = TypeVar("ItemT", covariant=True)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,21 +49,20 @@ class EpisodeEnd:
 
 
 @dataclasses.dataclass
-class VectorStep:
-    """What one `VectorEnvLoop.step` produced: the sink's finished items (`transitions`: n-step transitions,
-    all environments, each environment's in order; or whole rollouts), finished episodes, the sum of this
-    step's rewards, and the seconds spent in the policy, in the environments (steps and restarts) and in the
-    sink."""
+class VectorStep(Generic[ItemT]):
+    """What one `VectorEnvLoop.step` produced: the sink's finished `items` (n-step transitions of all
+    environments, each environment's in order; or whole rollouts), finished episodes, the sum of this step's
+    rewards, and the seconds spent in the policy, in the environments (steps and restarts) and in the sink."""
 
-    transitions: list[Item]
+    items: Sequence[ItemT]
     episodes: list[EpisodeEnd]
     reward_sum: float
     policy_s: float
     env_s: float
-    adder_s: float
+    sink_s: float
 
 
-class Sink(Protocol):
+class Sink(Protocol[ItemT]):
     """Where the loop's steps go: `start` with the K first timesteps, `add` after every step of the K
     environments (returns the items finished by it), `restart` when environment i began a new episode, `flush`
     for what is still held (an actor that stops); `pending` counts the steps held."""
@@ -76,11 +72,11 @@ class Sink(Protocol):
 
     def start(self, timesteps: Sequence[dm_env.TimeStep]) -> None: ...
 
-    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]: ...
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> Sequence[ItemT]: ...
 
     def restart(self, index: int, timestep: dm_env.TimeStep) -> None: ...
 
-    def flush(self) -> list[Item]: ...
+    def flush(self) -> Sequence[ItemT]: ...
 
 
 class Adder(Protocol):
@@ -92,9 +88,9 @@ class Adder(Protocol):
 
     def add_first(self, timestep: dm_env.TimeStep) -> None: ...
 
-    def add(self, action: npt.ArrayLike, next_timestep: dm_env.TimeStep) -> list[Item]: ...
+    def add(self, action: npt.ArrayLike, next_timestep: dm_env.TimeStep) -> list[Transition]: ...
 
-    def flush(self) -> list[Item]: ...
+    def flush(self) -> list[Transition]: ...
 
 
 class AdderSink:
@@ -111,9 +107,9 @@ class AdderSink:
         for adder, timestep in zip(self.adders, timesteps):
             adder.add_first(timestep)
 
-    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]:
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Transition]:
         del extras  # transitions carry no policy extras
-        out: list[Item] = []
+        out: list[Transition] = []
         for adder, action, timestep in zip(self.adders, actions, timesteps):
             out.extend(adder.add(action, timestep))
         return out
@@ -121,27 +117,29 @@ class AdderSink:
     def restart(self, index: int, timestep: dm_env.TimeStep) -> None:
         self.adders[index].add_first(timestep)
 
-    def flush(self) -> list[Item]:
+    def flush(self) -> list[Transition]:
         """Every open n-step window, as truncated transitions."""
         return [t for adder in self.adders for t in adder.flush()]
 
 
 class RolloutSink:
-    """The on-policy agents' sink: every `num_steps` steps of the K environments, one rollout of [T, K, ...]
-    columns (`ROLLOUT_COLUMNS` plus the policy's `extras`, e.g. `behaviour_logp`). `discount` is the
-    environment's (0 at a termination, 1 otherwise); observations keep the environment's dtype."""
+    """The on-policy agents' sink: every `num_steps` steps of the K environments, one `Rollout` of [T, K, ...]
+    columns, its `behaviour_logp` the policy's extra of that name. `discount` is the environment's (0 at a
+    termination, 1 otherwise); observations keep the environment's dtype."""
 
-    def __init__(self, num_steps: int, num_envs: int, extras: Sequence[str] = ("behaviour_logp",)):
+    EXTRAS = ("behaviour_logp",)  # what the policy returns beside its actions, for the rollout
+
+    def __init__(self, num_steps: int, num_envs: int):
         for name, value in (("num_steps", num_steps), ("num_envs", num_envs)):
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
-        self.num_steps, self.num_envs, self.extras = int(num_steps), int(num_envs), tuple(extras)
+        self.num_steps, self.num_envs = int(num_steps), int(num_envs)
         self._obs: np.ndarray | None = None  # [K, ...]: what the policy acts on next
         self._columns: dict[str, list[np.ndarray]] = {}
         self._clear()
 
     def _clear(self) -> None:
-        self._columns = {k: [] for k in (*ROLLOUT_COLUMNS, *self.extras)}
+        self._columns = {k: [] for k in ROLLOUT_KEYS}
 
     @property
     def pending(self) -> int:
@@ -152,10 +150,10 @@ class RolloutSink:
         self._clear()
         self._obs = np.stack([np.asarray(t.observation) for t in timesteps])
 
-    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]:
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Rollout]:
         if self._obs is None:
             raise ValueError("the rollout sink was not started (VectorEnvLoop.reset)")
-        missing = [k for k in self.extras if k not in extras]
+        missing = [k for k in self.EXTRAS if k not in extras]
         if missing:
             raise ValueError(f"the rollout needs the policy's {missing} beside its actions (an on-policy actor's "
                              "`act` returns them)")
@@ -163,7 +161,7 @@ class RolloutSink:
         next_obs = np.stack([np.asarray(t.observation) for t in timesteps])  # a copy: safe from the env's buffers
         cols["observation"].append(self._obs)
         cols["action"].append(np.asarray(actions))  # an array stays itself (no copy), as np.stack takes it
-        for key in self.extras:
+        for key in self.EXTRAS:
             cols[key].append(np.asarray(extras[key]))
         cols["reward"].append(np.array([float(t.reward) for t in timesteps], np.float32))
         cols["discount"].append(np.array([float(t.discount) for t in timesteps], np.float32))
@@ -172,7 +170,7 @@ class RolloutSink:
         self._obs = next_obs.copy()  # restarts overwrite rows of this one, never the column just stored
         if len(cols["reward"]) < self.num_steps:
             return []
-        rollout = {k: np.stack(v) for k, v in cols.items()}
+        rollout = Rollout(*(np.stack(cols[k]) for k in ROLLOUT_KEYS))
         self._clear()
         return [rollout]
 
@@ -180,7 +178,7 @@ class RolloutSink:
         assert self._obs is not None
         self._obs[index] = np.asarray(timestep.observation)
 
-    def flush(self) -> list[Item]:
+    def flush(self) -> list[Rollout]:
         """Nothing: a partial rollout is not one the learner can take (its steps were acted and counted)."""
         self._clear()
         return []
@@ -194,14 +192,14 @@ class NoSink:
     def start(self, timesteps: Sequence[dm_env.TimeStep]) -> None:
         del timesteps
 
-    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]:
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Never]:
         del actions, extras, timesteps
         return []
 
     def restart(self, index: int, timestep: dm_env.TimeStep) -> None:
         del index, timestep
 
-    def flush(self) -> list[Item]:
+    def flush(self) -> list[Never]:
         return []
 
 
@@ -216,7 +214,7 @@ class ObservationSink(NoSink):
     def start(self, timesteps: Sequence[dm_env.TimeStep]) -> None:
         self.observations.extend(np.asarray(t.observation) for t in timesteps)
 
-    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Item]:
+    def add(self, actions: BatchActions, extras: Extras, timesteps: Sequence[dm_env.TimeStep]) -> list[Never]:
         del actions, extras
         self.start(timesteps)
         return []
@@ -233,28 +231,24 @@ def _split(out: PolicyOutput) -> tuple[BatchActions, Extras]:
     return out, {}
 
 
-class VectorEnvLoop:
+class VectorEnvLoop(Generic[ItemT]):
     """Steps K environments with one batched policy call and hands every step to a sink; see the module
     docstring. `VectorEnvLoop(env, make_adder)` is the replay agents' loop (an `AdderSink`); pass `sink=`
     for any other. `restart=False`: an environment whose episode ended is not restarted, and stepping the loop
     again before `reset()` is an error (a dm_env environment may not be stepped past its LAST step)."""
 
     def __init__(self, env: VectorEnv, make_adder: Callable[[], Adder] | None = None, *,
-                 sink: Sink | None = None, restart: bool = True):
+                 sink: Sink[ItemT] | None = None, restart: bool = True):
         if (make_adder is None) == (sink is None):
             raise ValueError("VectorEnvLoop takes either make_adder or sink")
         self.env = env
         self.restart = bool(restart)
         self.num_envs = env.num_envs
-        self.sink: Sink = AdderSink(make_adder, self.num_envs) if sink is None else sink
+        # make_adder: the replay agents' loop, whose items are Transitions
+        self.sink: Sink[ItemT] = sink if sink is not None else cast("Sink[ItemT]", AdderSink(make_adder, self.num_envs))
         self._timesteps: list[dm_env.TimeStep] = []
         self._returns = np.zeros(self.num_envs, np.float64)
         self._lengths = np.zeros(self.num_envs, np.int64)
-
-    @property
-    def adders(self) -> Sequence[Adder]:
-        """The replay sink's adders (empty for another sink)."""
-        return tuple(getattr(self.sink, "adders", ()))
 
     def reset(self) -> float:
         """Starts an episode in every environment; returns the seconds it took."""
@@ -271,7 +265,7 @@ class VectorEnvLoop:
             raise ValueError("call reset() before stepping a VectorEnvLoop")
         return np.stack([np.asarray(t.observation, np.float32) for t in self._timesteps])
 
-    def step(self, policy: Callable[[np.ndarray], PolicyOutput]) -> VectorStep:
+    def step(self, policy: Callable[[np.ndarray], PolicyOutput]) -> VectorStep[ItemT]:
         """One policy call on the K observations, then one step of every environment."""
         if not self.restart and any(t.last() for t in self._timesteps):
             raise ValueError("an episode ended and restart=False: call reset() before stepping again")
@@ -305,7 +299,7 @@ class VectorEnvLoop:
         self._timesteps = timesteps
         t3 = time.perf_counter()
         return VectorStep(items, episodes, reward_sum, policy_s=t1 - t0, env_s=t2 - t1 + reset_s,
-                          adder_s=t3 - t2 - reset_s)
+                          sink_s=t3 - t2 - reset_s)
 
     def close(self) -> None:
         self.env.close()

@@ -12,14 +12,15 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, BinaryIO, Iterator, Mapping, TypeAlias
+from typing import BinaryIO, Iterator, Mapping, TypeAlias, cast
 
 import numpy as np
 
-# A value read from or bound for JSON: a dict with str keys, a list, a str, a number, a bool or None, nested. Any,
-# not a recursive union, on purpose: its shape is only known at run time, and every reader indexes into it and
-# checks what it finds (as `read_json_object`'s callers and the summary schema do).
-JSONValue: TypeAlias = Any
+# A value read from or bound for JSON: a dict with str keys, a list, a str, a number, a bool or None, nested (what
+# `json.loads` returns). A reader checks what it finds (isinstance) before it uses a value; a record whose layout
+# is known has a TypedDict instead (summary.json's, `analysis.schema`).
+JSONValue: TypeAlias = None | bool | int | float | str | list["JSONValue"] | dict[str, "JSONValue"]
+JSONObject: TypeAlias = dict[str, JSONValue]
 
 
 @contextlib.contextmanager
@@ -55,7 +56,7 @@ def write_text_atomic(path: str | os.PathLike, text: str, *, mode: int | None = 
     write_bytes_atomic(path, text.encode("utf-8"), mode=mode)
 
 
-def read_json_object(path: str | os.PathLike) -> dict[str, JSONValue] | None:
+def read_json_object(path: str | os.PathLike) -> JSONObject | None:
     """The JSON object in `path` (a run's machine.json, a grid's grid.json); None where the file is missing,
     unreadable or holds something else, for callers that fall back to a default."""
     try:
@@ -65,7 +66,7 @@ def read_json_object(path: str | os.PathLike) -> dict[str, JSONValue] | None:
     return data if isinstance(data, dict) else None
 
 
-def read_json_list(path: str | os.PathLike) -> list[dict[str, JSONValue]]:
+def read_json_list(path: str | os.PathLike) -> list[JSONObject]:
     """The objects of a JSON list file (a study's run sessions); [] where the file is missing, unreadable or
     not a list, so a first run and a damaged record both start a fresh list."""
     try:
@@ -100,7 +101,8 @@ def write_json_atomic(path: str | os.PathLike, obj: object) -> None:
 
 def jsonable(value: object) -> JSONValue:
     """`value` as plain JSON data: mappings with str keys, tuples as lists, NumPy scalars/arrays as Python
-    numbers/lists; NaN stays a float NaN (json writes it as NaN). Other values are returned unchanged."""
+    numbers/lists; NaN stays a float NaN (json writes it as NaN). Other values are returned unchanged (a JSON
+    writer then says what it cannot write)."""
     if isinstance(value, Mapping):
         return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
@@ -109,4 +111,4 @@ def jsonable(value: object) -> JSONValue:
         return value.tolist()
     if isinstance(value, np.generic):
         return value.item()
-    return value
+    return cast(JSONValue, value)

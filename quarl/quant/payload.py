@@ -214,12 +214,12 @@ def _insert(tree: dict, path: list[str], leaf: QTensor | np.ndarray) -> None:
     node[path[-1]] = leaf
 
 
-def _decode_body(body: dict, nbytes: int, packed: bool, fmt: int) -> Payload:
+def _decode_body(obj: Unpacked, nbytes: int, packed: bool, fmt: int) -> Payload:
     keys = {"precision", "per_channel", "version", "spec", "leaves"}
     keys |= {"spec_hash"} if fmt >= 3 else set()
     keys |= {"activation_ranges"} if fmt >= 4 else set()
     keys |= {"extras"} if fmt >= 5 else set()
-    exact_keys(body, keys, "body")
+    body = exact_keys(obj, keys, "body")
     try:
         precision = parse_precision(body["precision"]) if isinstance(body["precision"], str) else None
     except ValueError:
@@ -253,7 +253,9 @@ def _decode_body(body: dict, nbytes: int, packed: bool, fmt: int) -> Payload:
         leaf: QTensor | np.ndarray
         if "qtensor" in entry:
             leaf = decode_qtensor(entry["qtensor"], where, packed=packed)
-            expect(precision.is_int and leaf.bits == precision.bits,
+            # A layer may be kept wider than the payload's precision (a 16-bit Q head in an int8 policy), never
+            # narrower: the precision is what every other layer is quantized to.
+            expect(precision.is_int and leaf.bits >= precision.bits,
                     f"{where}: {leaf.bits}-bit QTensor in a {precision.name} payload")
         elif "array" in entry:
             leaf = decode_array(entry["array"], where)
@@ -271,7 +273,7 @@ def _decode_body(body: dict, nbytes: int, packed: bool, fmt: int) -> Payload:
 
 
 def decode_payload(data: bytes) -> Payload:
-    """Verify and decode a payload. Any problem raises `PayloadError` (a ValueError) saying what is wrong;
+    """Verify and decode a payload. Every problem raises `PayloadError` (a ValueError) saying what is wrong;
     nothing else escapes, so an actor can drop a bad payload and keep its current weights."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise PayloadError(f"payload must be bytes, got {type(data).__name__}")

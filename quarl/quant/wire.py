@@ -7,7 +7,7 @@ byte travel bit-packed (`quarl.quant.bitpack`). Every decode problem is a `Paylo
 from __future__ import annotations
 
 import math
-from typing import Any, TypeAlias, TypeGuard
+from typing import TypeAlias, TypeGuard
 
 import ml_dtypes
 import numpy as np
@@ -18,10 +18,11 @@ from quarl.quant.quantization import QTensor, qrange, storage_dtype
 
 MAX_NDIM = 8
 
-# What msgpack decoded from a peer's bytes: maps, lists, bytes, str, numbers, bools and None, nested, in any shape
-# a corrupted or hostile payload gives. Untrusted, hence Any: every decoder checks it field by field (`expect`,
-# `exact_keys`) before it uses a value.
-Unpacked: TypeAlias = Any
+# What msgpack decoded from a peer's bytes (`raw=False, strict_map_key=True`): maps with str or bytes keys, lists,
+# bytes, str, numbers, bools and None, nested, in any shape a corrupted or hostile payload gives. Untrusted: every
+# decoder checks it field by field (`exact_keys` hands back the map it checked, `expect`, isinstance) before use.
+Unpacked: TypeAlias = None | bool | int | float | str | bytes | list["Unpacked"] | dict[str | bytes, "Unpacked"]
+UnpackedMap: TypeAlias = dict[str | bytes, Unpacked]
 
 
 # Storage dtypes a payload may carry, by wire name. Explicit little-endian so payloads are host-independent.
@@ -98,15 +99,18 @@ def short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def exact_keys(d: Unpacked, required: set[str], what: str) -> None:
-    expect(isinstance(d, dict), f"{what} is not a map")
+def exact_keys(d: Unpacked, required: set[str], what: str) -> UnpackedMap:
+    """`d`, checked to be a map with exactly the `required` keys."""
+    if not isinstance(d, dict):
+        raise PayloadError(f"malformed payload: {what} is not a map")
     expect(set(d) == required, f"{what} has keys {short(sorted(map(str, d)))}, expected {sorted(required)}")
+    return d
 
 
 def decode_array(d: Unpacked, where: str, *, packed_bits: int | None = None, signed: bool = False) -> np.ndarray:
     """One array; with `packed_bits`, `data` holds bit-packed codes (offset by 2^(bits-1) when `signed`)."""
-    exact_keys(d, {"dtype", "shape", "data"}, where)
-    name, shape, data = d["dtype"], d["shape"], d["data"]
+    fields = exact_keys(d, {"dtype", "shape", "data"}, where)
+    name, shape, data = fields["dtype"], fields["shape"], fields["data"]
     if not isinstance(name, str) or name not in DTYPES:
         raise PayloadError(f"{where}: unknown dtype {short(name)} (allowed: {', '.join(DTYPES)})")
     expect(isinstance(shape, list) and len(shape) <= MAX_NDIM and all(is_int(s) and s >= 0 for s in shape),
@@ -140,7 +144,7 @@ def decode_array(d: Unpacked, where: str, *, packed_bits: int | None = None, sig
 
 
 def decode_qtensor(d: Unpacked, where: str, *, packed: bool = True) -> QTensor:
-    exact_keys(d, {"values", "scale", "zero_point", "bits", "axis", "symmetric"}, where)
+    d = exact_keys(d, {"values", "scale", "zero_point", "bits", "axis", "symmetric"}, where)
     bits, axis, symmetric = d["bits"], d["axis"], d["symmetric"]
     expect(is_int(bits) and 2 <= bits <= 16, f"{where}: bad bits {short(bits)}")
     expect(isinstance(symmetric, bool), f"{where}: symmetric is not a bool")

@@ -6,19 +6,20 @@ the replay server alike.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
-
 from quarl.replay.frames import FrameTable, frame_columns
-from quarl.replay.items import Sample, Signature, StackedSample
+from quarl.replay.items import (
+    Rollout, Sample, Signature, StackedSample, TableConfig, TableInfo, TableState, Transition,
+)
 from quarl.replay.limiter import MinSize, RateLimiter, RateLimiterTimeout, SampleToInsertRatio
 from quarl.replay.sumtree import SumTree, importance_weights
 from quarl.replay.table import Table, TableClosed
 
-__all__ = ["FrameTable", "MinSize", "RateLimiter", "RateLimiterTimeout", "Sample", "SampleToInsertRatio", "Signature",
-           "StackedSample", "SumTree", "Table", "TableClosed", "importance_weights", "table_from_config"]
+__all__ = ["FrameTable", "MinSize", "RateLimiter", "RateLimiterTimeout", "Rollout", "Sample", "SampleToInsertRatio",
+           "Signature", "StackedSample", "SumTree", "Table", "TableClosed", "TableConfig", "TableInfo", "TableState", "Transition",
+           "importance_weights", "table_from_config"]
 
 
-def table_from_config(signature: Signature, table_config: Mapping[str, Any], *, name: str = "replay",
+def table_from_config(signature: Signature, table_config: TableConfig, *, name: str = "replay",
                       seed: int | None = None) -> Table:
     """A `Table` with a samples-per-insert limiter from an agent builder's `table_config()` dict (keys capacity,
     sampler, priority_exponent, samples_per_insert, min_size_to_sample, error_buffer): the one place that turns an

@@ -1,4 +1,5 @@
-"""N-step transition adder (Acme's semantics) and a buffer that turns transitions into batched inserts.
+"""N-step transition adder (Acme's semantics) and a buffer that turns transitions into batched inserts. Both hand
+out `quarl.replay.items.Transition`s: one per window from the adder, a batch ([N] per field) from the buffer.
 
 Actors run the adder locally so that only finished n-step transitions cross to replay. For a window of
 k <= n steps starting at t (with gamma the agent's discount and d the environment's per-step discounts):
@@ -19,15 +20,11 @@ from __future__ import annotations
 import collections
 import math
 import numbers
-from typing import Mapping
-
 import dm_env
 import numpy as np
 import numpy.typing as npt
 
-from quarl.replay.items import Signature
-
-TRANSITION_KEYS = ("observation", "action", "reward", "discount", "next_observation")
+from quarl.replay.items import TRANSITION_KEYS, Signature, Transition, stack_items
 
 
 def transition_signature(obs_dim: int, action_shape: tuple[int, ...],
@@ -73,7 +70,7 @@ class NStepTransitionAdder:
         self._observation = _observation(timestep.observation)
         self._from_start = True  # the oldest open window still starts at s_0 (none has reached n steps yet)
 
-    def add(self, action: npt.ArrayLike, next_timestep: dm_env.TimeStep) -> list[dict[str, np.ndarray]]:
+    def add(self, action: npt.ArrayLike, next_timestep: dm_env.TimeStep) -> list[Transition]:
         """Records one step; returns the transitions that became complete (possibly none)."""
         if self._observation is None:
             raise ValueError("add called before add_first (or after an episode ended)")
@@ -105,7 +102,7 @@ class NStepTransitionAdder:
         """Steps taken whose transitions are not emitted yet (open windows)."""
         return len(self._window)
 
-    def flush(self) -> list[dict[str, np.ndarray]]:
+    def flush(self) -> list[Transition]:
         """Emits the open (shorter than n) windows of an episode stopped mid-way, bootstrapping from the latest
         observation as a truncation would, and ends the episode (`add_first` must come next).
 
@@ -121,24 +118,19 @@ class NStepTransitionAdder:
         self._observation = None
         return out
 
-    def _transition(self) -> dict[str, np.ndarray]:
+    def _transition(self) -> Transition:
         """The transition for the window that starts at the oldest open step and ends now."""
         ret, weight = 0.0, 1.0
         for _, _, reward, env_discount in self._window:
             ret += weight * reward
             weight *= self.discount * env_discount
         obs, action, _, _ = self._window[0]
-        return {
-            "observation": obs,
-            "action": action,
-            "reward": np.float32(ret),
-            "discount": np.float32(weight),
-            "next_observation": self._observation,
-        }
+        assert self._observation is not None  # set by add_first, cleared only after the last window is out
+        return Transition(obs, action, np.asarray(ret, np.float32), np.asarray(weight, np.float32), self._observation)
 
 
 class TransitionBuffer:
-    """Collects transition dicts and hands them out as stacked batches for `Table.insert`.
+    """Collects transitions and hands them out as batches (a `Transition` of [N, ...] fields) for `Table.insert`.
 
     With a `signature`, columns are cast to its dtypes and checked against its shapes, so a batch is
     exactly what the table expects.
@@ -148,24 +140,25 @@ class TransitionBuffer:
         if not isinstance(batch_size, (int, np.integer)) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive int, got {batch_size!r}")
         self.batch_size = int(batch_size)
-        self._signature = None if signature is None else {
-            k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in signature.items()}
-        self._items: list[Mapping[str, npt.ArrayLike]] = []
+        if signature is not None and set(signature) != set(TRANSITION_KEYS):
+            raise ValueError(f"signature columns {sorted(signature)} are not a transition's {sorted(TRANSITION_KEYS)}")
+        self._signature = None if signature is None else [
+            (tuple(signature[k][0]), np.dtype(signature[k][1])) for k in TRANSITION_KEYS]
+        self._items: list[Transition] = []
 
     def __len__(self) -> int:
         return len(self._items)
 
-    def add(self, transition: Mapping[str, npt.ArrayLike]) -> dict[str, np.ndarray] | None:
+    def add(self, transition: Transition) -> Transition | None:
         """Adds one transition; returns a full batch when one is ready."""
-        keys = set(self._signature) if self._signature is not None else set(TRANSITION_KEYS)
-        if set(transition) != keys:
-            raise ValueError(f"transition keys {sorted(transition)} do not match {sorted(keys)}")
+        if not isinstance(transition, Transition):
+            raise ValueError(f"a TransitionBuffer takes Transitions, got {type(transition).__name__}")
         self._items.append(transition)
         if len(self._items) >= self.batch_size:
             return self._stack(self.batch_size)
         return None
 
-    def extend(self, transitions: list[Mapping[str, npt.ArrayLike]]) -> list[dict[str, np.ndarray]]:
+    def extend(self, transitions: list[Transition]) -> list[Transition]:
         """Adds several transitions; returns every batch that became full."""
         batches = []
         for t in transitions:
@@ -174,24 +167,22 @@ class TransitionBuffer:
                 batches.append(batch)
         return batches
 
-    def flush(self) -> dict[str, np.ndarray] | None:
+    def flush(self) -> Transition | None:
         """Returns what is left as a (smaller) batch, or None if empty."""
         return self._stack(len(self._items)) if self._items else None
 
-    def _stack(self, n: int) -> dict[str, np.ndarray]:
-        items = self._items[:n]
-        batch = {}
-        for key in items[0]:
-            if self._signature is None:
-                batch[key] = np.stack([np.asarray(t[key]) for t in items])
-                continue
-            shape, dtype = self._signature[key]
-            column = np.stack([np.asarray(t[key]) for t in items]).astype(dtype, copy=False)
+    def _stack(self, n: int) -> Transition:
+        batch = stack_items(self._items[:n])
+        self._items = self._items[n:]
+        if self._signature is None:
+            return batch
+        columns = []
+        for key, column, (shape, dtype) in zip(TRANSITION_KEYS, batch, self._signature):
+            column = column.astype(dtype, copy=False)
             if column.shape[1:] != shape:
                 raise ValueError(f"transition field {key!r} has shape {column.shape[1:]}, expected {shape}")
-            batch[key] = column
-        self._items = self._items[n:]
-        return batch
+            columns.append(column)
+        return Transition(*columns)
 
 
 def _observation(obs: npt.ArrayLike) -> np.ndarray:

@@ -18,11 +18,11 @@ observation columns that are uint8 [H, W, K] with H * W >= `MIN_FRAME_PIXELS`.
 from __future__ import annotations
 
 import hashlib
-from typing import Any, Iterator, Mapping, Unpack
+from typing import Iterator, Mapping, Unpack
 
 import numpy as np
 
-from quarl.replay.items import Signature
+from quarl.replay.items import Signature, TableState
 from quarl.replay.table import STATE_FORMAT_VERSION, Table, TableOptions
 
 FRAME_COLUMNS = ("observation", "next_observation")
@@ -174,7 +174,7 @@ class FrameTable(Table):
         out["total"] = sum(v for k, v in out.items() if k not in ("frames_live", "frame_bytes_live"))
         return out
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> TableState:
         """`Table.state_dict` with the image columns compact: `frames` [F, H, W] (each live frame once) and, in
         `data`, each image column as [N, K] indices into it (`frame_columns` names them)."""
         with self._cond:
@@ -188,7 +188,7 @@ class FrameTable(Table):
                     "deletes": self._deletes, "keys": keys, "priorities": self._priorities[slots].copy(),
                     "frames": self._frames_at(used), "frame_columns": np.array(self._frame_cols), "data": data}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: TableState) -> None:
         """Loads a compact state (from this class) or a plain `Table` one (full stacks)."""
         if "frames" not in state:
             super().load_state_dict(state)

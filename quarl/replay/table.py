@@ -16,11 +16,15 @@ from __future__ import annotations
 import math
 import numbers
 import threading
-from typing import Any, Iterable, Mapping, TypedDict
+from typing import Iterable, Mapping, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
-from quarl.replay.items import Sample, Signature, StackedSample, check_counts, check_priorities, check_signature
+from quarl.replay.items import (
+    Sample, Signature, StackedSample, TableInfo, TableState, Transition, check_counts, check_priorities,
+    check_signature, item_columns,
+)
 from quarl.replay.limiter import MinSize, RateLimiter, RateLimiterTimeout, WaitClock, deadline_after, largest_allowed
 from quarl.replay.sumtree import SumTree
 
@@ -79,7 +83,7 @@ class Table:
         self._samples = 0
         self._deletes = 0
         self._closed = False
-        self._blocked = {"insert": [0, 0.0], "sample": [0, 0.0]}  # [calls that blocked, seconds blocked]
+        self._blocked: dict[str, list[float]] = {"insert": [0, 0.0], "sample": [0, 0.0]}  # [calls, seconds]
 
     # ------------------------------------------------------------------ public API
 
@@ -98,9 +102,10 @@ class Table:
         with self._cond:
             return self.rate_limiter.can_sample(self._size, self._inserts, self._samples, num_items)
 
-    def insert(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+    def insert(self, batch: Transition | Mapping[str, npt.ArrayLike], priorities: np.ndarray | None = None,
                timeout: float | None = None, force: bool = False) -> int:
-        """Inserts N items (leading axis of every column); returns N.
+        """Inserts N items (leading axis of every column: a batch of `Transition`s, or a mapping of the signature's
+        columns); returns N.
 
         Blocks while the rate limiter refuses inserts. Items are admitted in order, as many at a time as the
         limiter allows, so a `RateLimiterTimeout` may leave a prefix of the batch inserted (as N separate
@@ -208,7 +213,7 @@ class Table:
             self._set_priorities(slots, prios[last])
             return int(slots.size)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> TableInfo:
         """Counters for monitoring: size, inserts, samples, samples per insert, time spent blocked."""
         with self._cond:
             return {
@@ -221,9 +226,9 @@ class Table:
                 "deletes": self._deletes,
                 "samples_per_insert": self._samples / self._inserts if self._inserts else 0.0,
                 "rate_limiter_diff": self._inserts * self.rate_limiter.samples_per_insert - self._samples,
-                "insert_blocked_calls": self._blocked["insert"][0],
+                "insert_blocked_calls": int(self._blocked["insert"][0]),
                 "insert_blocked_s": self._blocked["insert"][1],
-                "sample_blocked_calls": self._blocked["sample"][0],
+                "sample_blocked_calls": int(self._blocked["sample"][0]),
                 "sample_blocked_s": self._blocked["sample"][1],
                 "closed": self._closed,
             }
@@ -234,7 +239,7 @@ class Table:
             self._closed = True
             self._cond.notify_all()
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self) -> TableState:
         """The table's contents and counters as NumPy arrays and ints (orbax-checkpointable, no pickle).
 
         Items are ordered oldest first. The sampling RNG state is not included.
@@ -252,7 +257,7 @@ class Table:
                 "data": {c: v.copy() for c, v in self._gather(slots).items()},
             }
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+    def load_state_dict(self, state: TableState) -> None:
         """Replaces the table's contents with `state` (from `state_dict`; the capacity may differ if it fits)."""
         inserts, samples, deletes, size, prios = self._state_counters(state)
         columns, n = self._check_batch(state["data"])
@@ -260,7 +265,7 @@ class Table:
             raise ValueError(f"replay state holds {n} data items but {size} keys")
         self._restore(inserts, samples, deletes, size, [(columns, prios)])
 
-    def _state_counters(self, state: Mapping[str, Any]) -> tuple[int, int, int, int, np.ndarray]:
+    def _state_counters(self, state: TableState) -> tuple[int, int, int, int, np.ndarray]:
         """(inserts, samples, deletes, size, priorities) of a `state_dict`, checked against this table."""
         try:
             version = int(state["format_version"])
@@ -304,9 +309,10 @@ class Table:
         if self._closed:
             raise TableClosed(f"table {self.name!r} is closed")
 
-    def _check_batch(self, batch: Mapping[str, Any]) -> tuple[dict[str, np.ndarray], int]:
+    def _check_batch(self, batch: Transition | Mapping[str, npt.ArrayLike]) -> tuple[dict[str, np.ndarray], int]:
+        batch = item_columns(batch)
         if not isinstance(batch, Mapping):
-            raise ValueError(f"batch must be a dict of arrays, got {type(batch).__name__}")
+            raise ValueError(f"batch must be a Transition or a dict of arrays, got {type(batch).__name__}")
         if set(batch) != set(self.signature):
             raise ValueError(f"batch columns {sorted(batch)} do not match the signature {sorted(self.signature)}")
         columns: dict[str, np.ndarray] = {}

@@ -14,6 +14,7 @@ from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
 from quarl.envs.vector import make_vector_environment
 from quarl.quant.quantization import quantize_params
+from quarl.replay.items import stack_items
 
 TINY = {"dqn": ("CartPole-v1", {"hidden_sizes": (8,)}),
         "d4pg": ("cartpole:balance", {"policy_layer_sizes": (8,), "critic_layer_sizes": (8,), "num_atoms": 5})}
@@ -92,15 +93,15 @@ def test_an_on_policy_builder_has_no_replay_part_and_a_replay_builders_parts_wor
     assert isinstance(sink, AdderSink) and [adder.n_step for adder in sink.adders] == [2, 2]
     loop = VectorEnvLoop(env, sink=sink)
     loop.reset()
-    transitions = [t for _ in range(5) for t in loop.step(lambda obs: np.zeros(len(obs), np.int32)).transitions]
+    transitions = [t for _ in range(5) for t in loop.step(lambda obs: np.zeros(len(obs), np.int32)).items]
     loop.close()
     signature = dqn.transition_signature(env_spec)
     assert len(transitions) == 8  # 2 environments x 4 full 2-step windows after 5 steps
     for name, (shape, dtype) in signature.items():
-        assert np.asarray(transitions[0][name]).shape == shape, name
+        assert np.asarray(getattr(transitions[0], name)).shape == shape, name
     table = dqn.make_table(env_spec, seed=0)
     assert dqn.table_config()["min_size_to_sample"] == 4
-    table.insert({k: np.stack([np.asarray(t[k], dtype) for t in transitions]) for k, (_, dtype) in signature.items()})
+    table.insert(stack_items(transitions))  # the adders' Transitions, as a batch: the table's columns
     sample = table.sample(4)
     assert sample.data["observation"].shape == (4, env_spec.obs_dim) and set(sample.data) == set(signature)
 

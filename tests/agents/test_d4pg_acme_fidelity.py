@@ -194,10 +194,10 @@ def test_n_step_items_match_acme_at_episode_start_and_end(n, length, last_discou
     want = _acme_items(list(zip(rewards, discounts)), n, gamma)
     assert len(got) == len(want) == length + min(n, length) - 1
     for item, (first, last, ret, boot) in zip(got, want):
-        assert item["observation"][0] == first and item["action"][0] == first
-        assert item["next_observation"][0] == last
-        assert item["reward"] == pytest.approx(ret, rel=1e-5, abs=1e-6)
-        assert item["discount"] == pytest.approx(boot, rel=1e-5, abs=1e-7)
+        assert item.observation[0] == first and item.action[0] == first
+        assert item.next_observation[0] == last
+        assert item.reward == pytest.approx(ret, rel=1e-5, abs=1e-6)
+        assert item.discount == pytest.approx(boot, rel=1e-5, abs=1e-7)
     # Without the flag (DQN's adder) the start windows are left out, everything else is the same.
     plain = adders.NStepTransitionAdder(n, gamma)
     plain.add_first(dm_env.restart(obs(0)))

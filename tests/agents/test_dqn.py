@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import types
 
 import jax
 import numpy as np
@@ -14,6 +13,7 @@ from agents.dqn.actor import DQNActor, EpsilonSchedule
 from agents.dqn.learning import DQNLearner, double_q_targets, importance_weights
 from agents.dqn.networks import make_q_spec
 from launch.experiments.config import ExperimentConfig
+from quarl.replay.items import Sample, Transition, stack_items
 from tests.agents.executed import assert_integer_kernel_ran
 from tests.agents.helpers import act_one
 
@@ -31,10 +31,10 @@ def _batch(seed: int = 0, discount: float = 0.9, batch: int = BATCH) -> dict[str
     }
 
 
-def _sample(data: dict, probabilities: np.ndarray | None = None) -> types.SimpleNamespace:
+def _sample(data: dict, probabilities: np.ndarray | None = None) -> Sample:
     n = len(data["reward"])
     probs = np.full(n, 1.0 / n) if probabilities is None else probabilities
-    return types.SimpleNamespace(keys=np.arange(n), probabilities=probs, data=data)
+    return Sample(keys=np.arange(n), probabilities=probs, data=data)
 
 
 def _learner(**overrides) -> DQNLearner:
@@ -454,7 +454,7 @@ def test_run_experiment_with_prioritized_replay_updates_priorities(tmp_path):
 # ------------------------------------------------------------------------------------------ episode ends
 
 
-def _episode_transitions(builder: Builder, max_episode_steps: int, actions: list[int]) -> list[dict]:
+def _episode_transitions(builder: Builder, max_episode_steps: int, actions: list[int]) -> list[Transition]:
     """One CartPole episode through the gym wrapper and the builder's n-step adder; every emitted transition."""
     import gymnasium
 
@@ -465,7 +465,7 @@ def _episode_transitions(builder: Builder, max_episode_steps: int, actions: list
     adder = builder.make_adder()
     timestep = env.reset()
     adder.add_first(timestep)
-    out: list[dict] = []
+    out: list[Transition] = []
     for action in actions:
         timestep = env.step(np.int32(action))
         out.extend(adder.add(np.int32(action), timestep))
@@ -486,14 +486,14 @@ def test_time_limit_bootstraps_and_termination_does_not_through_wrapper_adder_an
     terminated = _episode_transitions(builder, 500, [0] * 100)  # always pushing left topples the pole
     # The windows that end at the episode's last step: the full one and the two shorter flushed ones.
     tail_trunc, tail_term = truncated[-n:], terminated[-n:]
-    np.testing.assert_allclose([t["discount"] for t in tail_trunc], [gamma ** 3, gamma ** 2, gamma], rtol=1e-6)
-    assert [float(t["discount"]) for t in tail_term] == [0.0, 0.0, 0.0]
-    assert float(truncated[0]["discount"]) == pytest.approx(gamma ** 3)  # a mid-episode window, for reference
+    np.testing.assert_allclose([t.discount for t in tail_trunc], [gamma ** 3, gamma ** 2, gamma], rtol=1e-6)
+    assert [float(t.discount) for t in tail_term] == [0.0, 0.0, 0.0]
+    assert float(truncated[0].discount) == pytest.approx(gamma ** 3)  # a mid-episode window, for reference
 
     env_spec = _cartpole_spec()
     learner = builder.make_learner(env_spec, 0)
     items = tail_trunc + tail_term
-    data = {k: np.stack([np.asarray(t[k]) for t in items]) for k in items[0]}
+    data = stack_items(items)._asdict()
     params = learner.policy_params()  # online == target before the first update
     q_tm1 = _q(learner, params, data["observation"])[np.arange(6), data["action"]]
     q_next = _q(learner, params, data["next_observation"]).max(axis=1)

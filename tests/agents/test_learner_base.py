@@ -12,6 +12,7 @@ from agents.d4pg.networks import make_networks
 from agents.dqn.config import DQNConfig
 from agents.dqn.learning import DQNLearner
 from agents.dqn.networks import make_q_spec
+from quarl.replay.items import Sample
 from quarl.replay.table import Table
 
 K, B, OBS, ACT, NUM_ACTIONS = 5, 16, 4, 2, 3
@@ -98,7 +99,7 @@ def test_blocks_are_checked_like_single_batches():
     nan = _columns(rng, True)
     nan["reward"][0] = np.inf  # the same non-finite rule for every agent
     with pytest.raises(ValueError, match="reward.*NaN or inf"):
-        dqn.step(type("S", (), {"data": nan, "probabilities": np.full(B, 1 / B), "keys": np.arange(B)})())
+        dqn.step(Sample(np.arange(B), np.full(B, 1 / B), nan))
 
 
 def test_policy_snapshot_is_a_reference_the_donating_update_never_invalidates():

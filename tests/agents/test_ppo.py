@@ -20,6 +20,7 @@ from quarl.envs.spec import EnvironmentSpec
 from quarl.policy.reference import reference_apply
 from quarl.policy.spec import PolicySpec
 from quarl.quant.quantization import quantize_params
+from quarl.replay.items import Rollout
 
 OBS, N_ACTIONS, ACT_DIM, T, N = 4, 3, 2, 6, 4
 SMALL = dict(policy_hidden_sizes=(16,), value_hidden_sizes=(16,), num_envs=N, num_steps=T)
@@ -34,16 +35,17 @@ def _continuous_spec() -> EnvironmentSpec:
                            OBS, ACT_DIM, False, 0)
 
 
-def _rollout(env_spec: EnvironmentSpec, actor, seed: int = 0) -> dict[str, np.ndarray]:
+def _rollout(env_spec: EnvironmentSpec, actor, seed: int = 0) -> Rollout:
     """A synthetic [T, N] rollout whose actions and behaviour log-probs come from `actor`."""
     rng = np.random.default_rng(seed)
     obs = rng.normal(size=(T, N, OBS)).astype(np.float32)
     sampled = [actor.sample(o) for o in obs]
     last = (rng.random((T, N)) < 0.2).astype(np.float32)
-    return {"observation": obs, "action": np.stack([a for a, _ in sampled]),
-            "behaviour_logp": np.stack([lp for _, lp in sampled]), "reward": rng.normal(size=(T, N)).astype(np.float32),
-            "discount": np.where(rng.random((T, N)) < 0.5, 0.0, 1.0).astype(np.float32) * last + (1 - last),
-            "last": last, "next_observation": rng.normal(size=(T, N, OBS)).astype(np.float32)}
+    return Rollout(observation=obs, action=np.stack([a for a, _ in sampled]),
+                   behaviour_logp=np.stack([lp for _, lp in sampled]),
+                   reward=rng.normal(size=(T, N)).astype(np.float32),
+                   discount=np.where(rng.random((T, N)) < 0.5, 0.0, 1.0).astype(np.float32) * last + (1 - last),
+                   last=last, next_observation=rng.normal(size=(T, N, OBS)).astype(np.float32))
 
 
 def _parts(config: PPOConfig, env_spec: EnvironmentSpec, backend: str = "jax"):
@@ -142,12 +144,12 @@ def test_actor_log_probs_are_the_learners_and_an_update_runs(env_spec):
     rollout = _rollout(env_spec, actor)
     width = N_ACTIONS if env_spec.discrete else ACT_DIM
     assert builder.policy_spec(env_spec).output_dim == width
-    assert rollout["action"].shape == ((T, N) if env_spec.discrete else (T, N, ACT_DIM))
-    out = reference_apply(learner.networks.policy, learner.policy_params(), rollout["observation"].reshape(-1, OBS))
+    assert rollout.action.shape == ((T, N) if env_spec.discrete else (T, N, ACT_DIM))
+    out = reference_apply(learner.networks.policy, learner.policy_params(), rollout.observation.reshape(-1, OBS))
     log_std = None if env_spec.discrete else jnp.asarray(learner.log_std())
-    actions = rollout["action"].reshape(T * N, *rollout["action"].shape[2:])
+    actions = rollout.action.reshape(T * N, *rollout.action.shape[2:])
     expected = log_prob(jnp.asarray(out), jnp.asarray(actions), log_std)
-    np.testing.assert_allclose(rollout["behaviour_logp"].reshape(-1), expected, atol=2e-5)
+    np.testing.assert_allclose(rollout.behaviour_logp.reshape(-1), expected, atol=2e-5)
     before = learner.policy_params()
     metrics = learner.step(rollout)
     assert all(np.isfinite(float(v)) for v in metrics.values())
@@ -240,9 +242,9 @@ def test_rollouts_of_the_wrong_shape_are_refused():
     _, learner, actor = _parts(PPOConfig(**SMALL), _discrete_spec())
     rollout = _rollout(_discrete_spec(), actor)
     with pytest.raises(ValueError, match="behaviour_logp"):
-        learner.step(dict(rollout, behaviour_logp=rollout["behaviour_logp"][:, :2]))
+        learner.step(rollout._replace(behaviour_logp=rollout.behaviour_logp[:, :2]))
     with pytest.raises(ValueError, match="NaN"):
-        learner.step(dict(rollout, reward=np.full((T, N), np.nan, np.float32)))
+        learner.step(rollout._replace(reward=np.full((T, N), np.nan, np.float32)))
     with pytest.raises(ValueError, match="finite"):
         actor.sample(np.full((N, OBS), np.inf, np.float32))
 

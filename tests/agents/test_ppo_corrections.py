@@ -11,6 +11,7 @@ import pytest
 from agents.ppo.config import A2CConfig, PPOConfig
 from agents.ppo.learning import PPOLearner, importance_stats, vtrace_targets
 from agents.ppo.networks import log_prob, make_networks
+from quarl.replay.items import Rollout
 
 
 def vtrace_reference(rewards, values, next_values, discounts, lasts, log_rhos, gamma, rho_bar, c_bar):
@@ -94,7 +95,7 @@ def test_importance_stats_measure_the_ratio_spread_and_the_kl():
     assert stats["kl_learner_behaviour"] == pytest.approx(np.mean([0.5 * np.log(0.5), 0, 0, 4 * np.log(4.0)]))
 
 
-def _rollout(learner: PPOLearner, shift: np.ndarray | float = 0.0, seed: int = 0) -> dict[str, np.ndarray]:
+def _rollout(learner: PPOLearner, shift: np.ndarray | float = 0.0, seed: int = 0) -> Rollout:
     """A CartPole-shaped rollout [T=8, N=4] whose behaviour log-probs are the learner's own minus `shift`
     (shift 0: collected by the learner's policy; log pi/mu = shift)."""
     rng = np.random.default_rng(seed)
@@ -104,10 +105,10 @@ def _rollout(learner: PPOLearner, shift: np.ndarray | float = 0.0, seed: int = 0
     params = learner.get_state()["params"]
     out, _ = learner.networks.make_apply()(params, jnp.asarray(obs.reshape(-1, 4)))
     own = np.asarray(log_prob(out, jnp.asarray(actions.reshape(-1)), None)).reshape(t_len, n)
-    return {"observation": obs, "action": actions, "reward": rng.normal(size=(t_len, n)).astype(np.float32),
-            "discount": np.ones((t_len, n), np.float32), "last": (rng.random((t_len, n)) < 0.1).astype(np.float32),
-            "next_observation": rng.normal(size=(t_len, n, 4)).astype(np.float32),
-            "behaviour_logp": (own - shift).astype(np.float32)}
+    return Rollout(observation=obs, action=actions, reward=rng.normal(size=(t_len, n)).astype(np.float32),
+                   discount=np.ones((t_len, n), np.float32), last=(rng.random((t_len, n)) < 0.1).astype(np.float32),
+                   next_observation=rng.normal(size=(t_len, n, 4)).astype(np.float32),
+                   behaviour_logp=(own - shift).astype(np.float32))
 
 
 def _learner(correction: str, cls=PPOConfig, **kw) -> PPOLearner:
@@ -147,13 +148,13 @@ def test_truncated_is_weights_are_the_capped_ratios():
     params = fresh.get_state()["params"]
     apply = fresh.networks.make_apply()
     flat = lambda x: x.reshape(32, *x.shape[2:])  # noqa: E731
-    values = np.asarray(apply(params, jnp.asarray(flat(rollout["observation"])))[1]).reshape(8, 4)
-    next_values = np.asarray(apply(params, jnp.asarray(flat(rollout["next_observation"])))[1]).reshape(8, 4)
+    values = np.asarray(apply(params, jnp.asarray(flat(rollout.observation)))[1]).reshape(8, 4)
+    next_values = np.asarray(apply(params, jnp.asarray(flat(rollout.next_observation)))[1]).reshape(8, 4)
     adv = np.zeros((8, 4))
     following = np.zeros(4)
     for t in reversed(range(8)):
-        delta = rollout["reward"][t] + 0.99 * rollout["discount"][t] * next_values[t] - values[t]
-        following = delta + 0.99 * 1.0 * (1 - rollout["last"][t]) * following
+        delta = rollout.reward[t] + 0.99 * rollout.discount[t] * next_values[t] - values[t]
+        following = delta + 0.99 * 1.0 * (1 - rollout.last[t]) * following
         adv[t] = following
     adv = adv.reshape(-1)
     adv = (adv - adv.mean()) / (adv.std() + 1e-8)

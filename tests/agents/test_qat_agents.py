@@ -3,7 +3,6 @@ of the deployed network), leaves critics/targets fp32, and trains weights whose 
 exactly the network the learner saw."""
 from __future__ import annotations
 
-import types
 from typing import Any, Callable
 
 import jax
@@ -23,6 +22,7 @@ from launch.cli import UsageError
 from launch.overrides import parse_overrides
 from quarl.envs.spec import EnvironmentSpec
 from quarl.quant.quantization import quantize_params
+from quarl.replay.items import Sample
 from quarl.runtimes import make_executor
 
 D4PG_SMALL = dict(policy_layer_sizes=(32, 32), critic_layer_sizes=(64, 64), num_atoms=21, vmin=-10.0,
@@ -188,8 +188,8 @@ def _dqn_loss_and_grads(qat_bits: int | None, params, target_params, batch):
     return float(loss), grads
 
 
-def _sample(data: dict) -> types.SimpleNamespace:
-    return types.SimpleNamespace(keys=np.arange(BATCH), probabilities=np.full(BATCH, 1.0 / BATCH), data=data)
+def _sample(data: dict) -> Sample:
+    return Sample(keys=np.arange(BATCH), probabilities=np.full(BATCH, 1.0 / BATCH), data=data)
 
 
 def _dqn_learner(**overrides) -> DQNLearner:

@@ -11,6 +11,7 @@ import pytest
 
 from launch import train
 from quarl.acting.loop import RolloutSink, VectorEnvLoop
+from quarl.replay.items import Rollout
 
 # The policy keeps its default 64x64: at 8 units the int payloads' per-channel scales outweigh their weights.
 PPO_TINY = ["--set", "value_hidden_sizes=8", "--set", "num_envs=2", "--set", "num_steps=16"]
@@ -101,18 +102,19 @@ def test_rollout_sink_keeps_final_observations_and_restarts():
     items, episodes = [], []
     for _ in range(4):
         out = loop.step(_first_action)
-        items += out.transitions
+        items += out.items
         episodes += [(e.episode_return, e.length) for e in out.episodes]
     assert len(items) == 1  # one rollout, handed out at its last step
     rollout = items[0]
-    assert rollout["observation"].shape == (4, 2, 1) and rollout["action"].shape == (4, 2)
-    np.testing.assert_array_equal(rollout["behaviour_logp"], np.full((4, 2), -0.5, np.float32))
-    np.testing.assert_array_equal(rollout["observation"][:, 0, 0], [0, 1, -1, 1])
-    np.testing.assert_array_equal(rollout["next_observation"][:, 0, 0], [1, 2, 1, 2])  # 2: the final observation
-    np.testing.assert_array_equal(rollout["last"][:, 0], [0, 1, 0, 1])
-    np.testing.assert_array_equal(rollout["discount"][:, 0], [1, 0, 1, 0])  # terminated
-    np.testing.assert_array_equal(rollout["last"][:, 1], [0, 0, 1, 0])
-    np.testing.assert_array_equal(rollout["discount"][:, 1], [1, 1, 1, 1])  # a time limit keeps bootstrapping
+    assert isinstance(rollout, Rollout)
+    assert rollout.observation.shape == (4, 2, 1) and rollout.action.shape == (4, 2)
+    np.testing.assert_array_equal(rollout.behaviour_logp, np.full((4, 2), -0.5, np.float32))
+    np.testing.assert_array_equal(rollout.observation[:, 0, 0], [0, 1, -1, 1])
+    np.testing.assert_array_equal(rollout.next_observation[:, 0, 0], [1, 2, 1, 2])  # 2: the final observation
+    np.testing.assert_array_equal(rollout.last[:, 0], [0, 1, 0, 1])
+    np.testing.assert_array_equal(rollout.discount[:, 0], [1, 0, 1, 0])  # terminated
+    np.testing.assert_array_equal(rollout.last[:, 1], [0, 0, 1, 0])
+    np.testing.assert_array_equal(rollout.discount[:, 1], [1, 1, 1, 1])  # a time limit keeps bootstrapping
     assert sorted(episodes) == [(2.0, 2), (2.0, 2), (3.0, 3)]
     assert loop.sink.pending == 0
 
@@ -123,7 +125,7 @@ def test_rollout_sink_refuses_a_policy_without_its_log_probs_and_hands_out_whole
     with pytest.raises(ValueError, match="behaviour_logp"):
         loop.step(lambda obs: np.zeros(len(obs), np.int32))
     loop.reset()
-    assert loop.step(_first_action).transitions == [] and loop.sink.pending == 2
+    assert loop.step(_first_action).items == [] and loop.sink.pending == 2
     assert loop.sink.flush() == [] and loop.sink.pending == 0  # a partial rollout is no learner's item
 
 

@@ -28,6 +28,7 @@ from launch.program.local_runner import LocalRunner
 from launch.program.ray_runner import RayRunner
 from quarl.quant.calibration import quantize_for_actors
 from quarl.quant.payload import decode_payload, encode_payload
+from quarl.replay.items import Rollout
 from tests.agents.executed import assert_integer_kernel_ran
 from tests.launch.tiny import kill_actor_at
 
@@ -62,14 +63,14 @@ class FakeRolloutActor:
             return not self._rollouts
 
 
-def _rollout(seed: int, obs_dim: int = 4) -> dict[str, np.ndarray]:
+def _rollout(seed: int, obs_dim: int = 4) -> Rollout:
     rng = np.random.default_rng(seed)
-    return {"observation": rng.normal(size=(T, K, obs_dim)).astype(np.float32),
-            "action": rng.integers(0, 2, size=(T, K)).astype(np.int32),
-            "reward": np.ones((T, K), np.float32), "discount": np.ones((T, K), np.float32),
-            "last": (rng.random((T, K)) < 0.1).astype(np.float32),
-            "next_observation": rng.normal(size=(T, K, obs_dim)).astype(np.float32),
-            "behaviour_logp": np.full((T, K), np.log(0.5), np.float32)}
+    return Rollout(observation=rng.normal(size=(T, K, obs_dim)).astype(np.float32),
+                   action=rng.integers(0, 2, size=(T, K)).astype(np.int32),
+                   reward=np.ones((T, K), np.float32), discount=np.ones((T, K), np.float32),
+                   last=(rng.random((T, K)) < 0.1).astype(np.float32),
+                   next_observation=rng.normal(size=(T, K, obs_dim)).astype(np.float32),
+                   behaviour_logp=np.full((T, K), np.log(0.5), np.float32))
 
 
 @pytest.mark.slow  # distributed PPO learning stays (sync: KL ~ 0)
@@ -105,8 +106,8 @@ def test_a_synchronous_update_is_single_process_ppo_on_the_same_rollouts(tmp_pat
     builder = spec.builder()
     reference = builder.make_learner(spec.env_spec(), 3)
     joined = merge_rollouts(items)
-    assert joined["observation"].shape == (T, 2 * K, 4)
-    np.testing.assert_array_equal(joined["action"][:, K:], items[1]["rollout"]["action"])
+    assert isinstance(joined, Rollout) and joined.observation.shape == (T, 2 * K, 4)
+    np.testing.assert_array_equal(joined.action[:, K:], items[1]["rollout"].action)
     reference.step(joined)
     expected = jax.tree_util.tree_leaves(reference.policy_params())
     got = jax.tree_util.tree_leaves(payload.params.tree)
@@ -147,10 +148,10 @@ def test_continuous_rollout_actors_sample_with_the_learners_log_std_from_the_pay
         launch.shutdown()
     rollout = handed["rollout"]
     reference = builder.make_actor(env_spec, qparams, seed=0, backend="onnx", batch_size=K)
-    means = np.stack([reference.policy_output(obs) for obs in rollout["observation"]])
-    z = (rollout["action"] - means) / np.exp(-1.3)
+    means = np.stack([reference.policy_output(obs) for obs in rollout.observation])
+    z = (rollout.action - means) / np.exp(-1.3)
     expected = np.sum(-0.5 * z * z + 1.3 - 0.5 * np.log(2 * np.pi), axis=-1)
-    np.testing.assert_allclose(rollout["behaviour_logp"], expected, rtol=1e-4, atol=1e-3)
+    np.testing.assert_allclose(rollout.behaviour_logp, expected, rtol=1e-4, atol=1e-3)
 
 
 def _config(tmp_path, **kw) -> ExperimentConfig:

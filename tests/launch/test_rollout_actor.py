@@ -16,6 +16,7 @@ from launch.program.graph import Node, Program
 from launch.program.local_runner import LocalRunner
 from quarl.quant.calibration import quantize_for_actors
 from quarl.quant.payload import encode_payload
+from quarl.replay.items import Rollout
 
 T, K = 8, 2
 PPO_TINY = {"num_envs": K, "num_steps": T, "policy_hidden_sizes": (16,), "value_hidden_sizes": (8,),
@@ -68,20 +69,21 @@ def test_a_rollout_actor_node_hands_out_rollouts_with_their_behaviour_log_probs_
         assert first is not None, future.result(timeout=1) if future.done() else "no rollout within 120 s"
         rollout = first["rollout"]
         assert first["weights_version"] == 0 and first["actor_id"] == 0 and first["actor_steps"] == T * K
-        assert rollout["observation"].shape == (T, K, 4) and rollout["action"].shape == (T, K)
+        assert rollout.observation.shape == (T, K, 4) and rollout.action.shape == (T, K)
+        assert isinstance(rollout, Rollout)
         for column in ("reward", "discount", "last", "behaviour_logp"):
-            assert rollout[column].shape == (T, K), column
+            assert getattr(rollout, column).shape == (T, K), column
         # The log-probs are those of the int8 policy of version 0, for the actions it took.
         reference = builder.make_actor(env_spec, published[0], seed=0, backend="onnx", batch_size=K)
-        np.testing.assert_allclose(rollout["behaviour_logp"], _log_probs(reference, rollout["observation"],
-                                                                         rollout["action"]), atol=1e-5)
+        np.testing.assert_allclose(rollout.behaviour_logp, _log_probs(reference, rollout.observation,
+                                                                         rollout.action), atol=1e-5)
         # Synchronous on-policy: no second rollout before newer weights; the learner takes the rollout whole.
         assert actor.call("take", 1.0) is None
         assert learner.step(rollout) and learner.steps == 1
         publish(1)
         second = actor.call("take", 120.0)
         assert second is not None and second["weights_version"] == 1 and second["actor_steps"] == 2 * T * K
-        assert not np.array_equal(second["rollout"]["observation"][0], rollout["observation"][0])
+        assert not np.array_equal(second["rollout"].observation[0], rollout.observation[0])
         actor.call("stop")
         result = future.result(timeout=60)
         assert result["rollouts"] == 2 and result["first_weights_version"] == 0 and result["weights_version"] == 1

@@ -11,6 +11,7 @@ from quarl.envs import factory as envs
 from quarl.envs.spec import environment_spec
 
 from quarl import replay
+from quarl.replay.items import Transition
 
 
 def _obs(i: int) -> np.ndarray:
@@ -33,11 +34,12 @@ def _episode(adder, rewards, last_discount, mid_discounts=None):
 
 
 def _check(tr, obs, action, reward, discount, next_obs):
-    np.testing.assert_array_equal(tr["observation"], _obs(obs))
-    assert int(tr["action"]) == action
-    assert tr["reward"] == pytest.approx(reward) and tr["reward"].dtype == np.float32
-    assert tr["discount"] == pytest.approx(discount) and tr["discount"].dtype == np.float32
-    np.testing.assert_array_equal(tr["next_observation"], _obs(next_obs))
+    assert isinstance(tr, Transition)
+    np.testing.assert_array_equal(tr.observation, _obs(obs))
+    assert int(tr.action) == action
+    assert tr.reward == pytest.approx(reward) and tr.reward.dtype == np.float32
+    assert tr.discount == pytest.approx(discount) and tr.discount.dtype == np.float32
+    np.testing.assert_array_equal(tr.next_observation, _obs(next_obs))
 
 
 def test_three_step_with_termination():
@@ -95,7 +97,7 @@ def test_adder_errors_and_reset():
     adder.add_first(dm_env.restart(_obs(5)))
     assert adder.add(0, dm_env.transition(1.0, _obs(6))) == []
     out = adder.add(1, dm_env.termination(1.0, _obs(7)))
-    np.testing.assert_array_equal(out[0]["observation"], _obs(5))
+    np.testing.assert_array_equal(out[0].observation, _obs(5))
     with pytest.raises(ValueError, match="n_step"):
         adders.NStepTransitionAdder(n_step=0, discount=0.9)
     with pytest.raises(ValueError, match="discount"):
@@ -108,7 +110,7 @@ def test_actions_are_copied():
     action = np.array([0.5], np.float32)
     (tr,) = adder.add(action, dm_env.transition(1.0, _obs(1)))
     action[0] = 9.0
-    assert tr["action"][0] == np.float32(0.5)
+    assert tr.action[0] == np.float32(0.5)
 
 
 def test_env_rollout_into_table_one_transition_per_step():
@@ -128,7 +130,7 @@ def test_env_rollout_into_table_one_transition_per_step():
             ts = env.step(action)
             steps += 1
             for batch in buffer.extend(adder.add(action, ts)):
-                assert all(v.shape[0] == 16 for v in batch.values())
+                assert isinstance(batch, Transition) and all(v.shape[0] == 16 for v in batch)
                 table.insert(batch)
     rest = buffer.flush()
     assert rest is not None and len(buffer) == 0 and buffer.flush() is None
@@ -142,14 +144,16 @@ def test_env_rollout_into_table_one_transition_per_step():
 def test_transition_buffer_validates():
     sig = adders.transition_signature(2, (), np.int32)
     buffer = adders.TransitionBuffer(batch_size=2, signature=sig)
-    with pytest.raises(ValueError, match="keys"):
+    with pytest.raises(ValueError, match="takes Transitions"):
         buffer.add({"observation": _obs(0)})
-    good = {"observation": _obs(0), "action": 1, "reward": 1.0, "discount": 0.5, "next_observation": _obs(1)}
+    with pytest.raises(ValueError, match="not a transition's"):
+        adders.TransitionBuffer(batch_size=2, signature={"observation": ((2,), np.float32)})
+    good = Transition(_obs(0), np.asarray(1), np.asarray(1.0), np.asarray(0.5), _obs(1))
     assert buffer.add(good) is None
     batch = buffer.add(good)
-    assert batch["action"].dtype == np.int32 and batch["reward"].dtype == np.float32
-    assert batch["observation"].shape == (2, 2)
-    buffer.add(dict(good, observation=np.zeros(3, np.float32)))
+    assert batch.action.dtype == np.int32 and batch.reward.dtype == np.float32
+    assert batch.observation.shape == (2, 2)
+    buffer.add(good._replace(observation=np.zeros(3, np.float32)))
     with pytest.raises(ValueError, match="shape"):
         buffer.add(good)
     with pytest.raises(ValueError, match="obs_dim"):
@@ -178,7 +182,7 @@ def test_flush_with_start_transitions_does_not_repeat_the_window_from_the_first_
     emitted = []
     for t, r in enumerate([1.0, 2.0]):  # two steps: still no window of 3
         emitted += adder.add(np.int32(t * 10), dm_env.transition(np.float32(r), _obs(t + 1)))
-    assert [int(tr["next_observation"][0]) for tr in emitted] == [1, 2]  # s0->s1, s0->s2
+    assert [int(tr.next_observation[0]) for tr in emitted] == [1, 2]  # s0->s1, s0->s2
     rest = adder.flush()
     assert len(rest) == 1  # s0->s2 was emitted already; only s1->s2 is left
     _check(rest[0], obs=1, action=10, reward=2.0, discount=0.5, next_obs=2)

@@ -79,21 +79,21 @@ def test_k_envs_give_k_times_the_transitions_with_per_env_n_step_returns_and_epi
     transitions, episodes = [], []
     for _ in range(steps):
         out = loop.step(lambda obs: (calls.append(obs.shape), _policy(obs))[1])
-        transitions += out.transitions
+        transitions += out.items
         episodes += out.episodes
-        assert out.env_s >= 0 and out.policy_s >= 0 and out.adder_s >= 0
+        assert out.env_s >= 0 and out.policy_s >= 0 and out.sink_s >= 0
     assert calls == [(4, 2)] * steps  # one policy call per step, on the batch of all K observations
 
     for ident, length, terminate in shapes:
-        got = [tr for tr in transitions if tr["observation"][0] == ident]
+        got = [tr for tr in transitions if tr.observation[0] == ident]
         want = _expected(ident, length, terminate, steps)
         assert len(got) == len(want), ident
         for tr, (t, action, reward, discount, next_t) in zip(got, want):
-            assert tr["observation"].tolist() == [ident, t]
-            assert float(tr["action"]) == action  # its own env's action, never a neighbour's
-            assert float(tr["reward"]) == pytest.approx(reward, rel=1e-6)
-            assert float(tr["discount"]) == pytest.approx(discount, rel=1e-6)
-            assert tr["next_observation"].tolist() == [ident, next_t]
+            assert tr.observation.tolist() == [ident, t]
+            assert float(tr.action) == action  # its own env's action, never a neighbour's
+            assert float(tr.reward) == pytest.approx(reward, rel=1e-6)
+            assert float(tr.discount) == pytest.approx(discount, rel=1e-6)
+            assert tr.next_observation.tolist() == [ident, next_t]
         ends = [e for e in episodes if e.env_index == ident]
         assert len(ends) == steps // length
         assert all(e.length == length and e.episode_return == pytest.approx(

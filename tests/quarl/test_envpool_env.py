@@ -120,7 +120,7 @@ def test_vector_loop_restarts_finished_envpool_environments_and_keeps_every_tran
     rng = np.random.default_rng(0)
     for _ in range(1010):
         out = loop.step(lambda obs: rng.uniform(-1, 1, (obs.shape[0], 1)).astype(np.float32))
-        transitions += len(out.transitions)
+        transitions += len(out.items)
         episodes += out.episodes
     assert sorted(e.env_index for e in episodes) == [0, 1, 2] and all(e.length == 1000 for e in episodes)
     assert transitions == 3 * 1010 - 3 * 4  # all but the n-1 steps of each env's open window

@@ -86,4 +86,4 @@ def test_adder_keeps_uint8_observations():
     adder = NStepTransitionAdder(1, 0.99)
     adder.add_first(env.reset())
     (t,) = adder.add(np.int32(1), env.step(np.int32(1)))
-    assert t["observation"].dtype == np.uint8 and t["next_observation"].shape == (10, 10, 4)
+    assert t.observation.dtype == np.uint8 and t.next_observation.shape == (10, 10, 4)

@@ -14,6 +14,7 @@ from quarl import replay
 from quarl.replay import frames as replay_frames
 from quarl.replay.adders import NStepTransitionAdder
 from quarl.replay.frames import FrameTable, frame_columns
+from quarl.replay.items import Transition, stack_items
 
 H = W = 32  # 1,024 pixels: the smallest frame FrameTable takes
 K = 4
@@ -22,13 +23,13 @@ SIG = {"observation": OBS, "action": ((), np.dtype(np.int32)), "reward": ((), np
        "discount": ((), np.dtype(np.float32)), "next_observation": OBS}
 
 
-def _transitions(steps: int, seed: int, n_step: int = 3) -> list[dict]:
+def _transitions(steps: int, seed: int, n_step: int = 3) -> list[Transition]:
     """Transitions of a frame-stacked game (an episode's first stack repeats its frame, as ALE's does) through
     the n-step adder with Acme's start windows: episodes of random lengths end in terminations and truncations."""
     rng = np.random.default_rng(seed)
     adder = NStepTransitionAdder(n_step, 0.99, start_transitions=True)
     stack: collections.deque = collections.deque(maxlen=K)
-    out: list[dict] = []
+    out: list[Transition] = []
     t = 0
     while t < steps:
         frame = rng.integers(0, 256, (H, W), dtype=np.uint8)
@@ -50,9 +51,9 @@ def _transitions(steps: int, seed: int, n_step: int = 3) -> list[dict]:
     return out
 
 
-def _batches(transitions: list[dict], size: int) -> list[dict]:
-    return [{k: np.stack([tr[k] for tr in transitions[i:i + size]]).astype(SIG[k][1])
-             for k in SIG} for i in range(0, len(transitions), size)]
+def _batches(transitions: list[Transition], size: int) -> list[dict[str, np.ndarray]]:
+    return [{k: v.astype(SIG[k][1]) for k, v in stack_items(transitions[i:i + size])._asdict().items()}
+            for i in range(0, len(transitions), size)]
 
 
 def _pair(capacity: int, sampler: str = "uniform") -> tuple[replay.Table, FrameTable]:
@@ -90,7 +91,7 @@ def test_frames_shared_by_consecutive_stacks_are_stored_once():
     transitions = _transitions(300, seed=1, n_step=1)
     for batch in _batches(transitions, 50):
         table.insert(batch)
-    distinct = {t[c][..., j].tobytes() for t in transitions for c in ("observation", "next_observation")
+    distinct = {getattr(t, c)[..., j].tobytes() for t in transitions for c in ("observation", "next_observation")
                 for j in range(K)}
     mem = table.memory()
     assert mem["frames_live"] == len(distinct)
@@ -187,11 +188,11 @@ def test_replay_server_stores_ale_frames_once_and_samples_the_inserted_stacks(tm
     adder = NStepTransitionAdder(3, 0.99)
     adder.add_first(game.reset())
     rng = np.random.default_rng(0)
-    transitions: list[dict] = []
+    transitions: list[Transition] = []
     while len(transitions) < 64:
         transitions.extend(adder.add(np.int32(rng.integers(env.num_actions)), game.step(rng.integers(env.num_actions))))
-    batch = {k: np.stack([t[k] for t in transitions]) for k in transitions[0]}
-    assert server.insert(batch) == 64
+    batch = stack_items(transitions)._asdict()
+    assert server.insert(stack_items(transitions)) == 64  # the adder's Transitions, as one batch
     sample = server.sample(32)
     for key, obs, next_obs in zip(sample.keys, sample.data["observation"], sample.data["next_observation"]):
         np.testing.assert_array_equal(obs, batch["observation"][key])

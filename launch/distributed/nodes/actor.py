@@ -5,9 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping
-
-import numpy as np
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
 from launch.distributed.nodes.weights_client import PolicyClient
@@ -16,13 +14,14 @@ from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
 from launch.program.graph import NodeHandle
-from quarl.acting.loop import Item, Sink
+from quarl.acting.loop import Sink
 from quarl.envs.vector import VectorEnv, make_vector_environment
 from quarl.ops.affinity import claim_core
 from quarl.ops.carbon import stop_tracking
 from quarl.quant.payload import Payload
 from quarl.quant.precision import Precision, parse_precision
 from quarl.replay.adders import TransitionBuffer
+from quarl.replay.items import Transition
 
 if TYPE_CHECKING:
     from agents.base import Actor, BuilderBase
@@ -162,7 +161,7 @@ class ActorNode(NodeBase):
                               episode_log=log, clock=lambda: time.monotonic() - t_origin)
             counts = CountReport(self._counter, name, int(start["actor_steps"]))
 
-            def insert(transitions: list[Item]) -> None:
+            def insert(transitions: Sequence[Transition]) -> None:
                 counts.steps += self._num_envs
                 for batch in buffer.extend(transitions):
                     self._insert(batch)
@@ -199,23 +198,24 @@ class ActorNode(NodeBase):
         return {**result, "first_weights_version": first_version, "payloads_rejected": client.rejected,
                 "last_payload_rejection": client.last_rejection, "energy": energy}
 
-    def _insert(self, batch: Mapping[str, np.ndarray]) -> None:
+    def _insert(self, batch: Transition) -> None:
         """One batched insert, whole: waits while the rate limiter holds actors back, re-checking the stop flag
         every POLL_S; once stopped, the rest goes in past the limiter (the learner that would release it is
         stopping too), so no transition in hand is lost."""
-        n = len(next(iter(batch.values())))
+        n = len(batch.reward)
         done = 0
         t0 = time.perf_counter()
         try:
             while done < n:
-                part = batch if done == 0 else {k: v[done:] for k, v in batch.items()}
+                part = batch if done == 0 else Transition(*(v[done:] for v in batch))
                 k = int(self._replay.call("insert", part, None, POLL_S, self._stop.is_set()))
                 done += k
                 self.inserted += k
         finally:
             self.times.insert_s += time.perf_counter() - t0
 
-    def _flush_after_error(self, buffer: TransitionBuffer, sink: Sink, name: str, error: BaseException) -> None:
+    def _flush_after_error(self, buffer: TransitionBuffer, sink: Sink[Transition], name: str,
+                           error: BaseException) -> None:
         """`_flush` on the way out of a failed loop (e.g. the counter is gone but the replay server is not);
         never masks `error`: when the flush fails too, the loss is logged with its size."""
         held = len(buffer) + sink.pending
@@ -226,7 +226,7 @@ class ActorNode(NodeBase):
                                           f"actor could not be inserted ({type(flush_error).__name__})",
                       logging.WARNING)
 
-    def _flush(self, buffer: TransitionBuffer, sink: Sink) -> None:
+    def _flush(self, buffer: TransitionBuffer, sink: Sink[Transition]) -> None:
         """Inserts everything still held on this side: the buffer's partial batch and every adder's open n-step
         windows (as truncated transitions). Called on every way out of the acting loop."""
         for batch in buffer.extend(sink.flush()):

@@ -1,8 +1,8 @@
 """The on-policy acting node (PPO, A2C): the one acting loop (`launch.experiments.acting.ActingLoop`) with the
 agent's rollout sink, handing out fixed-length rollouts instead of inserting transitions into replay.
 
-Each rollout is [T steps x K environments] of the builder's columns (`quarl.acting.loop.ROLLOUT_COLUMNS` plus the
-behaviour log-probs of the quantized policy that chose the actions) and carries the weights version it was
+Each rollout is a `quarl.replay.items.Rollout` of [T steps x K environments] (with the behaviour log-probs of the
+quantized policy that chose the actions) and carries the weights version it was
 collected with, so a learner can tell how far behind its own weights the data is (PPO's ratio pi / pi_actor is
 the importance weight for exactly that policy). Finished rollouts wait in a small outbox until a learner takes
 them (`take`); the actor stops acting while the outbox is full, so on-policy data never piles up. With
@@ -17,7 +17,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, TypedDict, cast
+from typing import TYPE_CHECKING, Any, Sequence, TypedDict, cast
 
 from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport, first_actor, log_restart, update_actor
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
@@ -26,20 +26,20 @@ from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.stages import StageTimes
 from launch.program.graph import NodeHandle
-from quarl.acting.loop import Item
 from quarl.envs.vector import make_vector_environment
 from quarl.ops.carbon import stop_tracking
 from quarl.quant.precision import Precision, parse_precision
+from quarl.replay.items import Rollout
 
 if TYPE_CHECKING:
     from agents.base import OnPolicyActor
 
 
 class HandedRollout(TypedDict):
-    """What `RolloutActorNode.take` hands out: one rollout's [T, K, ...] columns, the weights version that acted
-    them, which actor, and the actor's env steps (this process) when it finished."""
+    """What `RolloutActorNode.take` hands out: one rollout ([T, K, ...] per field), the weights version that acted
+    it, which actor, and the actor's env steps (this process) when it finished."""
 
-    rollout: Item
+    rollout: Rollout
     weights_version: int
     actor_id: int
     actor_steps: int
@@ -134,7 +134,7 @@ class RolloutActorNode(NodeBase):
                 counts = CountReport(self._counter, name, int(start["actor_steps"]))
                 acted_with = [client.version]
 
-                def insert(rollouts: list[Item]) -> None:
+                def insert(rollouts: Sequence[Rollout]) -> None:
                     counts.steps += self._num_envs
                     for rollout in rollouts:
                         self._hand_out({"rollout": rollout, "weights_version": acted_with[0], "actor_id": self._id,

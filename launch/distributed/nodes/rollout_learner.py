@@ -39,10 +39,10 @@ from launch.distributed.nodes.rollout_actor import HandedRollout
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ROLLOUT_MODES
 from launch.program.graph import CallFuture, NodeHandle, NodeLost
-from quarl.acting.loop import Item
 from quarl.ops.carbon import stop_tracking
 from quarl.ops.logs import Logger
 from quarl.quant.precision import Precision
+from quarl.replay.items import Rollout, concat_rollouts
 
 if TYPE_CHECKING:
     from agents.base import Learner
@@ -51,13 +51,10 @@ if TYPE_CHECKING:
 DRAIN_S = 3.0  # at a stop: how long the learner keeps taking what its (stopped) actors still hold
 
 
-def merge_rollouts(items: Sequence[HandedRollout]) -> Item:
+def merge_rollouts(items: Sequence[HandedRollout]) -> Rollout:
     """One rollout from several actors' [T, K, ...] rollouts, joined along the environment axis ([T, sum K, ...]) in
     the order given: what a single process stepping all those environments in lock-step would have collected."""
-    if len(items) == 1:
-        return items[0]["rollout"]
-    columns = items[0]["rollout"].keys()
-    return {c: np.concatenate([np.asarray(it["rollout"][c]) for it in items], axis=1) for c in columns}
+    return concat_rollouts([it["rollout"] for it in items])
 
 
 class FairSlots:
@@ -259,8 +256,8 @@ class RolloutLearnerNode(LearnerNode):
         obs = np.zeros((steps, envs, *env_spec.observation_shape), np.float32)
         shape, dtype = self._builder.action_column(env_spec)
         flat = np.zeros((steps, envs), np.float32)
-        self._learner.compile({"observation": obs, "next_observation": obs, "action": np.zeros((steps, envs, *shape),
-                               dtype), "reward": flat, "discount": flat, "last": flat, "behaviour_logp": flat})
+        self._learner.compile(Rollout(observation=obs, action=np.zeros((steps, envs, *shape), dtype), reward=flat,
+                                      discount=flat, last=flat, next_observation=obs, behaviour_logp=flat))
 
     def on_policy_summary(self, training_s: float, inbox: RolloutInbox) -> dict[str, Any]:
         """What summary.json records under learner.on_policy: the mode, the correction, the rollouts trained on

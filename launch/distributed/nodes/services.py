@@ -13,7 +13,7 @@ from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments import checkpoint as ckpt
 from quarl.quant.precision import Precision, parse_precision
 from quarl.replay import table_from_config
-from quarl.replay.items import Sample, StackedSample
+from quarl.replay.items import Sample, StackedSample, TableInfo, Transition
 from quarl.replay.limiter import RateLimiterTimeout
 
 
@@ -79,7 +79,7 @@ class ReplayServer(NodeBase):
             self._table.load_state_dict(state)
         self._track_energy(logdir, "replay")
 
-    def insert(self, batch: Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
+    def insert(self, batch: Transition | Mapping[str, np.ndarray], priorities: np.ndarray | None = None,
                timeout: float | None = None, force: bool = False) -> int:
         """Inserts the batch; returns how many of its leading items went in (fewer only after `timeout`
         seconds held back by the rate limiter). `force` bypasses the limiter (an actor's flush at a stop)."""
@@ -103,7 +103,7 @@ class ReplayServer(NodeBase):
     def update_priorities(self, keys: np.ndarray, priorities: np.ndarray) -> int:
         return self._table.update_priorities(keys, priorities)
 
-    def info(self) -> dict[str, Any]:
+    def info(self) -> TableInfo:
         return self._table.info()
 
     def save(self, path: str) -> dict[str, Any]:
