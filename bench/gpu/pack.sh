@@ -17,20 +17,21 @@ cd "$(dirname "$0")"
 PIP=${PIP:-$(cd ../.. && pwd)/.venv/bin/pip}
 [ -x "$PIP" ] || PIP=$(command -v pip3)
 LOCK=../../requirements-py312.lock
+NODEPS_LOCK=../../requirements-nodeps.lock  # gymnax (launch.anakin): installed --no-deps, as the Makefile does
 LIMIT_MIB=40
 # Carried whole: what `import launch.distributed.supervisor, bench.system.e2e` and the nodes load beyond the machine's packages.
-WHEELS="aqtp decorator distrax dm-env dm-haiku dm-tree Farama-Notifications gast glfw gymnasium jmp jsonschema
+WHEELS="aqtp decorator distrax dm-env dm-haiku dm-tree Farama-Notifications gast glfw gymnasium gymnax jmp jsonschema
   jsonschema-specifications referencing rlax rpds-py tensorboardX websockets"
 TRIMMED="ray mujoco dm_control tfp-nightly PyOpenGL"
 TARGET=(--only-binary=:all: --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none
   --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux_2_27_x86_64
   --platform manylinux_2_28_x86_64 --platform any)
 
-pin() {  # NAME -> NAME==VERSION from the 3.12 lock (names compared as pip does: case, - and _ alike)
+pin() {  # NAME -> NAME==VERSION from the 3.12 lock, else the no-deps lock (names compared as pip does: case, - and _ alike)
   local key
   key=$(echo "$1" | tr 'A-Z_' 'a-z-')
-  awk -F'==' -v k="$key" '!/^#/ { n = tolower($1); gsub("_", "-", n); if (n == k) { print; exit } }' "$LOCK" | grep . \
-    || { echo "pack.sh: $1 is not in requirements-py312.lock" >&2; exit 2; }
+  awk -F'==' -v k="$key" '!/^#/ { n = tolower($1); gsub("_", "-", n); if (n == k) { print; exit } }' "$LOCK" "$NODEPS_LOCK" \
+    | grep . || { echo "pack.sh: $1 is in neither requirements-py312.lock nor requirements-nodeps.lock" >&2; exit 2; }
 }
 
 rm -rf pack && mkdir -p pack/wheels

@@ -35,9 +35,11 @@ def _pack_lists() -> tuple[list[str], list[str]]:
 
 def test_the_pack_carries_only_what_the_gpu_machine_lacks_at_the_312_lock_versions():
     lock, machine = _names(REPO / "requirements-py312.lock"), _names(REPO / "bench/gpu/machine-packages.txt")
+    lock.update(_names(REPO / "requirements-nodeps.lock"))  # gymnax: installed --no-deps (launch.anakin)
     wheels, trimmed = _pack_lists()
+    assert "gymnax" in {_norm(n) for n in wheels}
     for name in wheels + trimmed:
-        assert _norm(name) in lock, f"{name} is not pinned in requirements-py312.lock"
+        assert _norm(name) in lock, f"{name} is not pinned in requirements-py312.lock or requirements-nodeps.lock"
         assert _norm(name) not in machine, f"{name} is on the GPU machine already"
     assert {"ray", "mujoco", "dm-control"} <= {_norm(n) for n in trimmed}
     assert {"dm-haiku", "rlax", "distrax", "aqtp", "tensorboardx", "jsonschema"} <= {_norm(n) for n in wheels}
