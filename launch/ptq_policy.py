@@ -26,6 +26,7 @@ from quarl.envs.factory import make_environment
 from quarl.quant.calibration import quantize_for_actors
 from quarl.quant.precision import int_precision, parse_precision
 from quarl.quant.quantization import fake_quantize_params, quantize_params
+from quarl.policy.spec import Linear, PolicySpec
 from quarl.runtimes.policy_io import LoadedPolicy, load_policy, policy_paths
 
 NO_GRANULARITY = "n/a"  # float casts have no scale, so per-tensor vs per-channel does not apply
@@ -33,6 +34,7 @@ GRANULARITIES = (("per-tensor", False), ("per-channel", True))
 # The environment seed conv policies' int rows are calibrated in: far from the evaluation seeds (--seed + i).
 CALIBRATION_SEED = 2**30
 SUMMARY_FILE = "summary.json"
+HEAD_SUFFIX = "-head"  # "int8-head16": int8 but the output layer at 16 bits
 
 
 def load_trained_policy(path: str | os.PathLike) -> LoadedPolicy:
@@ -81,14 +83,41 @@ class GridPoint:
 
     precision: str
     granularity: str = NO_GRANULARITY
+    # The output layer's weights at this wider integer width, the other layers at `precision` (an int one): the
+    # "Q head at 16 bits" actor, against DQN's int8 misses from Q gaps smaller than the head's rounding.
+    head_bits: int | None = None
 
     @property
     def bits(self) -> int:
         return parse_precision(self.precision).bits
 
     @property
+    def name(self) -> str:
+        """The row's name: the precision, with "-head16" for a wider output layer ("int8-head16")."""
+        return self.precision + (f"{HEAD_SUFFIX}{self.head_bits}" if self.head_bits else "")
+
+    @property
     def per_channel(self) -> bool:
         return self.granularity != "per-tensor"
+
+
+def parse_row_name(name: str, granularity: str = "per-channel") -> GridPoint:
+    """The GridPoint of a row name ("int8", "fp16", "int8-head16"); ValueError on anything else."""
+    base, sep, head = name.partition(HEAD_SUFFIX)
+    prec = parse_precision(base)
+    if not sep:
+        return GridPoint(prec.name, granularity if prec.is_int else NO_GRANULARITY)
+    if not (prec.is_int and head.isdigit() and prec.bits < int(head) <= int_precision(int(head)).bits):
+        raise ValueError(f"{name!r}: a wider head is an int precision with more head bits, e.g. int8{HEAD_SUFFIX}16")
+    return GridPoint(prec.name, granularity, int(head))
+
+
+def output_layer(spec: PolicySpec) -> str:
+    """The name of the policy's last Linear layer: DQN's Q head, PPO/A2C's logits, D4PG's action layer."""
+    names = [layer.name for layer in spec.layers if isinstance(layer, Linear)]
+    if not names:
+        raise ValueError("the policy has no Linear layer")
+    return names[-1]
 
 
 def sweep_grid(bits: Sequence[int], include: Sequence[str],
@@ -103,17 +132,20 @@ def sweep_grid(bits: Sequence[int], include: Sequence[str],
 
 def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: specs.Array, backend: str,
                     observations: np.ndarray | None = None) -> tuple[GreedyPolicy, str]:
-    """The greedy policy for one row and how it executes: 'int-kernel', 'native' or 'simulated'. Conv policies'
-    int rows calibrate their activation ranges on `observations` (`calibration_observations`)."""
+    """The greedy policy for one row and how it executes: 'int-kernel' (with the head's width for a wider head),
+    'native' or 'simulated'. Conv policies' int rows calibrate their activation ranges on `observations` (`calibration_observations`)."""
     prec = parse_precision(point.precision)
     if prec.simulated:
         rounded = fake_quantize_params(policy.params, prec, point.per_channel)
         fp32 = quantize_params(rounded, "fp32")
         return make_greedy_policy(policy.spec, fp32, action_spec, backend="jax"), "simulated"
-    qparams = quantize_for_actors(policy.spec, policy.params, prec, observations, point.per_channel)
+    layer_bits = {output_layer(policy.spec): point.head_bits} if point.head_bits else None
+    qparams = quantize_for_actors(policy.spec, policy.params, prec, observations, point.per_channel, layer_bits)
     greedy = make_greedy_policy(policy.spec, qparams, action_spec, backend=backend)
     if greedy.simulated:
         return greedy, "simulated"
+    if point.head_bits:  # the other layers on the integer kernel, the wider head dequantized in fp32
+        return greedy, f"int-kernel, head int{point.head_bits} in fp32"
     return greedy, "int-kernel" if prec.is_int else "native"
 
 

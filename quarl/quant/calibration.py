@@ -18,6 +18,7 @@ quantization sweeps) is calibrated on the observations it meets acting
 from __future__ import annotations
 
 import dataclasses
+from typing import Mapping
 
 import numpy as np
 
@@ -61,10 +62,12 @@ def activation_ranges(spec: PolicySpec, params: ParamTree, observations: np.ndar
 
 
 def quantize_for_actors(spec: PolicySpec, params: ParamTree, precision: str | Precision,
-                        observations: np.ndarray | None = None, per_channel: bool = True) -> QuantizedParams:
-    """`quantize_params`, plus the activation ranges int conv actors need (measured on `observations`, or on
-    `cold_start_observations` when None). Every learner-side publish goes through here."""
-    return with_activation_ranges(spec, quantize_params(params, precision, per_channel), observations)
+                        observations: np.ndarray | None = None, per_channel: bool = True,
+                        layer_bits: Mapping[str, int] | None = None) -> QuantizedParams:
+    """`quantize_params` (with `layer_bits`: modules kept wider), plus the activation ranges int conv actors need
+    (measured on `observations`, or on `cold_start_observations` when None). Every learner-side publish goes
+    through here."""
+    return with_activation_ranges(spec, quantize_params(params, precision, per_channel, layer_bits), observations)
 
 
 def with_activation_ranges(spec: PolicySpec, qp: QuantizedParams,

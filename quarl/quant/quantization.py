@@ -14,7 +14,7 @@ result is serialised (`quarl.quant.payload`), and the runtimes consume the integ
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Iterator, Mapping, TypeAlias
+from typing import Callable, Iterator, Mapping, TypeAlias
 
 import jax
 import ml_dtypes
@@ -214,7 +214,7 @@ class QuantizedParams:
     activation_ranges: dict | None = None
 
 
-def tree_items(tree: Mapping, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], Any]]:
+def tree_items(tree: Mapping, prefix: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], ParamLeaf]]:
     """(key path, leaf) for every leaf of a nested mapping, in sorted-key order (deterministic payloads).
     QTensors are leaves here: they are one quantized weight, not three."""
     for key in sorted(tree):
@@ -235,7 +235,7 @@ def is_quantized_leaf(path: tuple[str, ...], leaf: npt.ArrayLike) -> bool:
     return bool(path) and path[-1] == "w" and np.ndim(leaf) >= 2
 
 
-def _map_tree(tree: Mapping, fn: Callable[[tuple[str, ...], Any], Any], prefix: tuple[str, ...] = ()) -> dict:
+def _map_tree(tree: Mapping, fn: Callable[[tuple[str, ...], ParamLeaf], object], prefix: tuple[str, ...] = ()) -> dict:
     out = {}
     for key in sorted(tree):
         value = tree[key]
@@ -253,8 +253,13 @@ def _checked_leaf(path: tuple[str, ...], leaf: object) -> np.ndarray:
     return arr
 
 
-def quantize_params(params: ParamTree, precision: str | Precision, per_channel: bool = True) -> QuantizedParams:
+def quantize_params(params: ParamTree, precision: str | Precision, per_channel: bool = True,
+                    layer_bits: Mapping[str, int] | None = None) -> QuantizedParams:
     """Convert an fp32 haiku params tree to `precision` for actors.
+
+    `layer_bits` {module: bits} keeps the weights of those modules at a wider integer width than an int
+    `precision`'s (mixed precision per layer, e.g. a DQN's Q head at 16 bits in an int8 policy: its QTensor says
+    16 bits, the tree's precision stays int8; the runtimes run a layer wider than the integer kernels dequantized).
 
     Only weight matrices (`w`, ndim >= 2) change. int<b>: symmetric `QTensor`, one scale per output column
     (last axis, haiku's `[in, out]` layout) when `per_channel`, else one per tensor. fp16/bf16: a cast.
@@ -268,12 +273,14 @@ def quantize_params(params: ParamTree, precision: str | Precision, per_channel: 
     if not isinstance(params, Mapping):
         raise ValueError(f"params must be a nested mapping (haiku tree), got {type(params).__name__}")
     checked = _map_tree(params, _checked_leaf)  # validate everything before converting anything
+    wider = _check_layer_bits(layer_bits, prec, checked)
 
     def convert(path: tuple[str, ...], arr: np.ndarray) -> np.ndarray | QTensor:
         if not is_quantized_leaf(path, arr) or prec.name == "fp32":
             return arr.astype(_F32)  # astype copies: the caller's arrays are never aliased
         if prec.is_int:
-            return quantize(arr, prec.bits, symmetric=True, axis=-1 if per_channel else None)
+            bits = wider.get(path[0], prec.bits)
+            return quantize(arr, bits, symmetric=True, axis=-1 if per_channel else None)
         with np.errstate(over="ignore"):  # overflow is reported below, naming the leaf
             cast = arr.astype(np.float16 if prec.name == "fp16" else ml_dtypes.bfloat16)
         if not np.all(np.isfinite(cast.astype(_F32))):
@@ -281,6 +288,23 @@ def quantize_params(params: ParamTree, precision: str | Precision, per_channel: 
         return cast
 
     return QuantizedParams(_map_tree(checked, convert), prec.name, bool(per_channel))
+
+
+def _check_layer_bits(layer_bits: Mapping[str, int] | None, prec: Precision, tree: Mapping) -> dict[str, int]:
+    """`layer_bits` checked: modules of the tree, an int precision, widths above it up to MAX_BITS."""
+    if not layer_bits:
+        return {}
+    if not prec.is_int:
+        raise ValueError(f"layer_bits keep layers at a wider integer width; precision {prec.name} is not an integer")
+    out = {}
+    for name, bits in layer_bits.items():
+        if name not in tree:
+            raise ValueError(f"layer_bits: no module {name!r} in the params (have {sorted(tree)})")
+        _check_bits(bits)
+        if int(bits) <= prec.bits:
+            raise ValueError(f"layer_bits: {name!r} at {bits} bits is not wider than {prec.name}")
+        out[name] = int(bits)
+    return out
 
 
 def dequantize_params(qp: QuantizedParams) -> dict:

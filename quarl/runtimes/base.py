@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from quarl.policy.spec import Activation, Conv2D, Flatten, Layer, LayerNorm, Linear, PolicySpec, TanhToSpec
-from quarl.quant.precision import Precision, parse_precision
+from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
 from quarl.quant.quantization import QTensor, QuantizedParams, dequantize
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,11 @@ def lower_params(spec: PolicySpec, qparams: QuantizedParams, native_floats: tupl
         if prec.is_int:
             if not isinstance(leaf, QTensor):
                 raise ValueError(f"{what} must be a QTensor for precision {prec.name}, got {type(leaf).__name__}")
-            if prec.has_int_kernel:
+            if prec.has_int_kernel and leaf.bits > MAX_KERNEL_BITS:
+                # A layer kept wider than the integer kernels (`quantize_params(layer_bits=...)`: a 16-bit Q head
+                # in an int8 policy) runs its rounded weights in fp32, as an int16 policy does.
+                dense[layer.name] = DenseWeights("float", _float_leaf(dequantize(leaf), shape, what), b)
+            elif prec.has_int_kernel:
                 codes, scale = _int_leaf(leaf, shape, prec.bits, what)
                 dense[layer.name] = DenseWeights("int", codes, b, scale)
             else:
