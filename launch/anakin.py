@@ -19,14 +19,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 import agents
+from agents.anakin import ANAKIN_AGENTS
 from launch.cli import (
     ListTasksAction, OneLineArgumentParser, UsageError, add_qat_argument, check_actor_precision, check_carbon_country,
     check_logdir, check_positive, fail, qat_overrides,
 )
+from launch.experiments.stopping import StopSignals, exit_code
 from launch.overrides import parse_overrides
 
 if TYPE_CHECKING:  # JAX loads once the flags are checked
@@ -95,7 +98,6 @@ def parse_seeds(text: str) -> tuple[int, ...]:
 def validate(args: argparse.Namespace) -> "AnakinRun":
     """The run from the flags; every check (UsageError) before anything is written."""
     from launch.experiments.anakin_run import AnakinRun  # pylint: disable=import-outside-toplevel
-    from agents.anakin import ANAKIN_AGENTS  # pylint: disable=import-outside-toplevel
     from quarl.envs.gymnax_env import check_gymnax_task  # pylint: disable=import-outside-toplevel
 
     check_carbon_country()
@@ -138,7 +140,6 @@ def validate(args: argparse.Namespace) -> "AnakinRun":
 
 
 def _default_out(agent: str, task: str, precision: str) -> str:
-    import time  # pylint: disable=import-outside-toplevel
     return str(Path("runs", "anakin", f"{agent}-{task.replace('/', '-')}-{precision}-{time.strftime('%Y%m%d-%H%M%S')}"))
 
 
@@ -149,8 +150,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         fail(f"{PROG}: error: {e}")
     from launch.experiments.anakin_run import run_anakin  # pylint: disable=import-outside-toplevel
-    from launch.experiments.stopping import StopSignals, exit_code  # pylint: disable=import-outside-toplevel
-
     with StopSignals() as signals:
         summaries = run_anakin(run, progress=not args.no_progress, should_stop=signals.requested)
     for s in summaries:

@@ -27,6 +27,7 @@ from agents.anakin.common import Trainer, evaluate
 from analysis.schema import solved_at, sum_energy
 from launch.experiments.acting import EVAL_FIELDS, EvalRow, evaluation_row
 from launch.experiments.config import ExperimentConfig
+from launch.experiments.progress import StepProgress
 from launch.experiments.summary import Summary, build_summary, final_policy_record
 from launch.program.devices import device_report
 from quarl.envs.gymnax_env import GymnaxEnv
@@ -114,8 +115,6 @@ def run_anakin(run: AnakinRun, *, progress: bool = True, energy: bool = True,
     """Trains every seed of `run` in one vmapped jitted program; writes and returns one summary per seed. Stops after
     the chunk under way when `should_stop()` (status "interrupted": rows, policies and summaries still written), or
     once every seed solved `target_return` (`target_streak` evaluations in a row)."""
-    from launch.experiments.progress import StepProgress  # pylint: disable=import-outside-toplevel
-
     trainer, plan, agent_config = make_plan(run)
     stopping = should_stop or (lambda: False)
     num_envs = int(agent_config.get("num_envs") or run.envs_per_actor)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import jax
 import numpy as np
 
+from agents.base import ReplayBuilder
 from launch.experiments.stages import StageTimes
 from quarl.envs.spec import EnvSpec
 from quarl.ops.logs import CSVLogger
@@ -25,7 +26,7 @@ from quarl.replay.items import Rollout, TableInfo, Transition, stack_items
 from quarl.replay.table import Table
 
 if TYPE_CHECKING:
-    from agents.base import Actor, BuilderBase, Learner, OnPolicyActor, OnPolicyLearner, ReplayBuilder
+    from agents.base import Actor, BuilderBase, Learner, OnPolicyActor, OnPolicyLearner
     from agents.learner_base import Metrics
 
 LEARNER_LOG_EVERY = 1_000  # learner steps between learner.csv rows (replay agents; on-policy: every update)
@@ -156,8 +157,6 @@ def make_feed(builder: "BuilderBase", env_spec: EnvSpec, learner: "Learner", *, 
               sync_learner: bool = False) -> ReplayFeed | RolloutFeed:
     """The feed of `builder`'s agent: rollouts for an on-policy agent (no table, so no seed; the learner's time
     is all it clocks), a replay table for the others."""
-    from agents.base import ReplayBuilder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
-
     if not isinstance(builder, ReplayBuilder):  # on-policy: its learner is an OnPolicyLearner
         return RolloutFeed(learner, clock=clock, log=log, steps=steps, start=start)  # type: ignore[arg-type]
     return ReplayFeed(builder, env_spec, learner, seed=seed, times=times, clock=clock, log=log, steps=steps,

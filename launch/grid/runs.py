@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Mapping
 from agents.dqn.config import MOUNTAINCAR_OVERRIDES
 from analysis.runs import PANELS, is_finished, read_summary
 from launch.experiments.config import ExperimentConfig
+from launch.experiments.run_experiment import run_experiment
 from quarl.ops.io import write_json_atomic
 
 if TYPE_CHECKING:
@@ -152,8 +153,6 @@ class PlannedRun:
 
 def run_single(run: PlannedRun, run_dir: Path, backend: str) -> Summary:
     """One run in this process (`launch.experiments.run_experiment.run_experiment`, every agent)."""
-    from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
-
     return run_experiment(run.config(run_dir, backend), progress=False)
 
 

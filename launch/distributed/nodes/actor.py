@@ -7,6 +7,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
+from agents.base import replay_builder
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
 from launch.distributed.nodes.weights_client import PolicyClient
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
@@ -110,8 +111,6 @@ class ActorNode(NodeBase):
         self._pin = bool(pin)  # claim a core of this machine for the acting thread (quarl.ops.affinity)
         self.core: int | None = None
         self._stop = threading.Event()
-        from agents.base import replay_builder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
-
         self._builder = replay_builder(spec.builder())  # on-policy agents act in rollout_actor.RolloutActorNode
         self._env_spec = spec.env_spec()
         self.times = StageTimes()

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any, Sequence, TypedDict, cast
 
+from agents.base import ReplayBuilder
 from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport, first_actor, log_restart, update_actor
 from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
 from launch.distributed.nodes.weights_client import PolicyClient
@@ -55,8 +56,6 @@ class RolloutActorNode(NodeBase):
                  counter: NodeHandle, weights: NodeHandle, logdir: str, max_actor_steps: int,
                  envs_per_actor: int = 1, kernel_form: str | None = None, outbox_size: int = 2, sync: bool = True):
         self._spec = spec
-        from agents.base import ReplayBuilder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
-
         self._builder = spec.builder()
         if isinstance(self._builder, ReplayBuilder):
             raise ValueError(f"--agent {spec.agent} learns from replay: its actors are "
