@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Sequence
 
 import pandas as pd
 
+from analysis import report
 from analysis.runs import PANELS, is_finished, read_summary
 from analysis.upgrade_summaries import is_old_single_process
 from launch.cli import OneLineArgumentParser, UsageError, check_backend, check_precision, fail
@@ -47,7 +48,7 @@ from launch.grid.runs import actorq_command  # noqa: F401 - part of this CLI's A
 from quarl.ops.io import jsonable, read_json_object, write_json_atomic
 from quarl.ops.machine import load_average, machine_info
 
-if TYPE_CHECKING:  # loaded when used: a bad flag fails before them
+if TYPE_CHECKING:
     from analysis.report import ReportFiles
 
 PROG = "launch.reproduce"
@@ -339,8 +340,6 @@ def report_is_current(inv: Invocation) -> bool:
 
 def draw(inv: Invocation) -> ReportFiles:
     """The report over every run of the grid (only the requested panels/precisions/seeds when narrowed)."""
-    from analysis import report  # pylint: disable=import-outside-toplevel
-
     meta = read_json_object(inv.root / "grid.json") or {}
     notes = [f"Budget `{meta.get('budget', inv.budget)}`, runner `{meta.get('runner', inv.runner)}`, "
              f"backend `{meta.get('backend', inv.backend)}`. Redraw with "
