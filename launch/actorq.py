@@ -46,7 +46,9 @@ from launch.cli import (
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
 from launch.overrides import SECTIONS, parse_settings, settings_help
-from launch.experiments.config import ALE_MIN_EVAL_EVERY, ROLLOUT_MODES, SERVICE_SHARE, ExperimentConfig
+from launch.experiments.config import (
+    ALE_MIN_EVAL_EVERY, ROLLOUT_MODES, SERVICE_SHARE, DistributedConfig, ExperimentConfig,
+)
 from launch.experiments.summary_table import print_summary
 from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
 from quarl.quant.precision import Precision
@@ -210,21 +212,24 @@ def validate(args: argparse.Namespace, parser: argparse.ArgumentParser | None = 
         config = _config_from_flags(args, parser)
     if config.learner_device == "gpu" and args.runner != "ray":
         raise UsageError("--learner-device gpu needs --runner ray (the local runner keeps every node on the CPU)")
-    if (config.distributed.actor_resources or config.distributed.learner_resources) and args.runner != "ray":
-        raise UsageError("--actor-resource and --learner-resource need --runner ray")
+    _check_placement(config.distributed, args.runner)
     builder = check_agent_task(config)
     from agents.base import ReplayBuilder  # pylint: disable=import-outside-toplevel  (loaded with the builder)
 
     if not isinstance(builder, ReplayBuilder):
         _check_on_policy(config)
-    agent_config = builder.config
-    resume = None if config.distributed.resume is None else _check_resume(config.distributed.resume, config.agent,
-                                                                           config.task,
-                                                              agent_config)
-    logdir = _choose_logdir(None if config.logdir == _UNSET else config.logdir, config.distributed.resume, config.agent,
-                            config.task, config.precision)
+    asked = config.distributed.resume
+    resume = None if asked is None else _check_resume(asked, config.agent, config.task, builder.config)
+    logdir = _choose_logdir(None if config.logdir == _UNSET else config.logdir, asked, config.agent, config.task,
+                            config.precision)
     config = config.replace(resume=resume, logdir=str(logdir))
     return Invocation(config, args.runner, args.ray_address, not args.no_progress)
+
+
+def _check_placement(distributed: DistributedConfig, runner: str) -> None:
+    """Ray custom resources place nodes on cluster machines: only the Ray runner has them."""
+    if (distributed.actor_resources or distributed.learner_resources) and runner != "ray":
+        raise UsageError("--actor-resource and --learner-resource need --runner ray")
 
 
 def _check_on_policy(config: ExperimentConfig) -> None:

@@ -113,12 +113,12 @@ def build_actorq_program(config: ExperimentConfig, node_classes: NodeClasses | N
              "envs_per_actor": config.envs_per_actor, "pin": dist.pin_actors},
             kind="worker", num_cpus=1, max_concurrency=3, max_restarts=3, env_vars=SINGLE_THREAD_ENV,
             resources=dict(dist.actor_resources)))
-    _add_evaluator(program, config, spec, nc, weights, counter, learner)
+    _add_evaluator(program, config, spec, nc, weights, counter, learner, near_learner)
     return program
 
 
 def _add_evaluator(program: Program, config: ExperimentConfig, spec: AgentSpec, nc: NodeClasses, weights: Handle,
-                   counter: Handle, learner: Handle) -> None:
+                   counter: Handle, learner: Handle, near_learner: dict[str, float]) -> None:
     program.add(Node(
         "evaluator", nc.Evaluator,
         {"spec": spec, "seed": derive_seed(config.seed, EVAL_STREAM), "precision": config.precision,
@@ -126,7 +126,7 @@ def _add_evaluator(program: Program, config: ExperimentConfig, spec: AgentSpec, 
          "learner": learner, "logdir": os.path.abspath(config.logdir), "eval_every": config.eval_every,
          "episodes": config.eval_episodes},
         kind="worker", num_cpus=1, max_concurrency=3, env_vars=SINGLE_THREAD_ENV,
-        resources=dict(config.distributed.learner_resources)))
+        resources=dict(near_learner)))
 
 
 def _on_policy_program(config: ExperimentConfig, spec: AgentSpec, nc: NodeClasses) -> Program:
@@ -154,7 +154,7 @@ def _on_policy_program(config: ExperimentConfig, spec: AgentSpec, nc: NodeClasse
          "publish_min_interval_s": dist.publish_min_interval_s},
         kind="worker", num_cpus=1, accelerator=ACCELERATOR_BY_DEVICE[config.learner_device], max_concurrency=4,
         env_vars=learner_env(config.learner_device), resources=near_learner))
-    _add_evaluator(program, config, spec, nc, weights, counter, learner)
+    _add_evaluator(program, config, spec, nc, weights, counter, learner, near_learner)
     return program
 
 

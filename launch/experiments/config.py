@@ -260,15 +260,9 @@ class ExperimentConfig:
     # ------------------------------------------------------------------------------------------ JSON
 
     def to_dict(self) -> dict[str, JSONValue]:
-        """Plain JSON types (tuples become lists, the precision its name); `from_dict` restores the identical
-        config."""
-        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
-        d["precision"] = self.precision.name
-        for name in ("overrides", "task_preset"):
-            d[name] = {k: _lists(v) for k, v in getattr(self, name).items()}
-        d["distributed"] = self.distributed.to_dict()
-        d["agent_config"] = agent_config_dict(self.agent_config)
-        return d
+        """Plain JSON types, field by field (`_json`: the precision its name, the distributed and agent configs
+        their fields, tuples lists); `from_dict` restores the identical config."""
+        return {f.name: _json(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, JSONValue]) -> "ExperimentConfig":
@@ -308,7 +302,18 @@ def _agent_config(agent: str, overrides: Mapping[str, object]) -> "AgentConfig":
 
 def agent_config_dict(agent_config: "AgentConfig") -> dict[str, JSONValue]:
     """An agent config's fields as JSON types (tuples as lists)."""
-    return {f.name: _lists(getattr(agent_config, f.name)) for f in dataclasses.fields(agent_config) if f.init}
+    return _json(agent_config)  # type: ignore[return-value]  (a dataclass: a dict)
+
+
+def _json(value: object) -> JSONValue:
+    """A config field's value as JSON types: a precision its name, a sub-config (dataclass) its fields, tuples lists."""
+    if isinstance(value, Precision):
+        return value.name
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value) if f.init}
+    if isinstance(value, Mapping):
+        return {k: _json(v) for k, v in value.items()}
+    return _lists(value)
 
 
 def _pinned(config: ExperimentConfig, recorded: object) -> dict[str, object]:

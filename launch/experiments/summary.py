@@ -20,7 +20,7 @@ from quarl.ops.io import JSONValue
 if TYPE_CHECKING:
     from launch.experiments.config import ExperimentConfig
 
-__all__ = ["Summary", "build_summary", "final_policy_record", "make_summary"]
+__all__ = ["FinalPolicy", "Summary", "build_summary", "final_policy_record", "make_summary"]
 # What a node or the single-process loop reports of itself, keyed into a summary.json section by `keyed`.
 Record = Mapping[str, object]
 EvalRecord = EvalRow | Mapping[str, float]  # an evaluator.csv row (`read_evals` reads it back as floats)
@@ -30,10 +30,12 @@ def build_summary(config: "ExperimentConfig", *, runner: str, status: str, error
                   run_wall_clock_s: float, counts: Mapping[str, float], evals: Sequence[EvalRecord],
                   final_eval_return: float | None, actors: Sequence[Record], learner: Record, runtime: RuntimeSection,
                   payload: Record, replay: Record, energy: EnergySection,
-                  agent_config: Mapping[str, JSONValue] | None = None, **runner_facts: object) -> Summary:
+                  agent_config: Mapping[str, JSONValue] | None = None, num_actors: int = 1,
+                  **runner_facts: object) -> Summary:
     """summary.json of either runner (the single-process one is one actor and one learner in one process).
 
     `config` is the run's `launch.experiments.config.ExperimentConfig` (written whole under "experiment");
+    `num_actors` the actors the run had (the distributed runner's configured count);
     `counts` holds actor_steps, learner_steps and episodes; `evals` the evaluator rows (return, actor_steps, wall_clock_s, learner_steps);
     `runner_facts` are among RUNNER_FACTS (None when not given)."""
     unknown = sorted(set(runner_facts) - set(RUNNER_FACTS))
@@ -53,21 +55,22 @@ def build_summary(config: "ExperimentConfig", *, runner: str, status: str, error
         final_eval_return = returns[-1]
     actor_steps, learner_steps = int(counts.get("actor_steps", 0)), int(counts.get("learner_steps", 0))
     learner_steps_per_s = learner_section["steps_per_s"]
+    precision = str(config.precision)  # its name
     summary: dict[str, object] = {
         "status": status,
         "error": error,
         "runner": runner,
         "agent": config.agent,
         "task": config.task,
-        "precision": config.precision.name,
+        "precision": precision,
         "backend": sorted({str(a["backend"]) for a in actor_sections if a["backend"]}) or [config.backend],
         # The actors' integer kernel forms (per-actor self-check details under actors[i].kernel).
         "kernel_form": sorted({str(form) for a in actor_sections if (form := (a["kernel"] or {}).get("form"))}),
         "kernel_fallback": any(bool((a["kernel"] or {}).get("fallback")) for a in actor_sections),
         # What the actors executed, in words ("int8 weights, fp32 compute (dequantized)"), the executor `auto`
         # would name (onnx-dequantized ...) and the CPU class: with the seed, what fixes the run's numerics.
-        **run_execution({"precision": config.precision.name, "actors": actor_sections}),
-        "num_actors": 1 if runner == "single" else config.distributed.num_actors,  # ExperimentConfig.distributed
+        **run_execution({"precision": precision, "actors": actor_sections}),
+        "num_actors": int(num_actors),
         "envs_per_actor": _envs_per_actor(actor_sections, getattr(config, "envs_per_actor", 1)),
         "seed": config.seed,
         "experiment": config.to_dict(),
@@ -142,9 +145,9 @@ def _int_or_none(value: float | None) -> int | None:
 
 def make_summary(config: "ExperimentConfig", status: str, error: str | None, results: Mapping[str, object],
                  stats: Mapping[str, object], wall_clock_s: float,
-                 agent_config: Mapping[str, JSONValue] | None = None) -> Summary:
+                 agent_config: Mapping[str, JSONValue] | None = None, *, num_actors: int) -> Summary:
     """The distributed runner's summary.json, from its nodes' results (`run()`'s records by node name) and the
-    services' final stats ({"counts", "weights", "replay"})."""
+    services' final stats ({"counts", "weights", "replay"}); `num_actors`: the actors its program had."""
     counts = {k: float(v) for k, v in _record(stats.get("counts")).items() if isinstance(v, (int, float))}
     learner = _record(results.get("learner"))
     final_policy = learner.pop("final_policy", None)  # a summary.json section of its own, as one process writes it
@@ -159,7 +162,7 @@ def make_summary(config: "ExperimentConfig", status: str, error: str | None, res
         r["total_steps"] = int(counts.get(f"{name}_steps", 0))
         actors.append(r)
     payload_bytes, fp32_bytes = int(_number(q.get("payload_bytes"))), int(_number(q.get("fp32_payload_bytes")))
-    payload = {"precision": config.precision.name, "bytes": payload_bytes, "fp32_bytes": fp32_bytes,
+    payload = {"precision": str(config.precision), "bytes": payload_bytes, "fp32_bytes": fp32_bytes,
                "compression": round(fp32_bytes / payload_bytes, 3) if payload_bytes else None,
                **{k: v for k, v in q.items() if k not in ("payload_bytes", "fp32_payload_bytes")}}
     runtime = runtime_section([_record(a.get("times")) for a in actors], _number(publish.get("quantize_encode_s")),
@@ -174,7 +177,7 @@ def make_summary(config: "ExperimentConfig", status: str, error: str | None, res
         evals=read_evals(Path(config.logdir) / "evaluator.csv"),
         final_eval_return=float(final) if isinstance(final, (int, float)) else None, actors=actors,
         learner=learner, runtime=runtime, payload=payload, replay=_record(stats.get("replay")), energy=energy,
-        agent_config=agent_config, final_policy=final_policy, actor_update_period=period)
+        agent_config=agent_config, final_policy=final_policy, actor_update_period=period, num_actors=num_actors)
 
 
 def _record(value: object) -> dict[str, object]:

@@ -117,7 +117,7 @@ def test_the_end_table_shows_one_labelled_clock_and_the_first_and_the_stable_eva
                    "train_clock_s": 5.0 * i, "return": ret})
     log.close()
     summary = make_summary(config, "completed", None, {}, {"counts": {"actor_steps": 500, "wall_clock_s": 26.0}},
-                           wall_clock_s=33.0)
+                           wall_clock_s=33.0, num_actors=2)
     assert (summary["wall_clock_s"], summary["run_wall_clock_s"], summary["train_clock_s"]) == (33.0, 26.0, 26.0)
     assert summary["first_at_target"] == {"target_return": 950.0, "return": 960.0, "actor_steps": 200,
                                           "learner_steps": 80, "wall_clock_s": 10.0}

@@ -151,3 +151,27 @@ def test_tiny_config_builder_is_its_agent_config(tmp_path: Path) -> None:
     assert config.overrides["n_step"] == 2 and config.agent_config.batch_size == 16  # overrides over the preset
     assert config.builder().config is config.agent_config
     assert config.replace(seed=4).agent_config == config.agent_config
+
+
+RUN_STEP_MODULES = ("launch/experiments/run_experiment.py", "launch/experiments/run_parts.py",
+                    "launch/experiments/run_end.py", "launch/experiments/summary.py",
+                    "launch/distributed/supervisor.py", "launch/distributed/program.py")
+
+
+def test_the_runners_steps_reach_one_level_into_the_config() -> None:
+    """run_experiment's and run_program's steps take the parts of the config they need: no function there reaches
+    two levels into an ExperimentConfig parameter (`config.distributed.num_actors`); it is passed the part."""
+    import ast
+
+    climbs = []
+    for path in RUN_STEP_MODULES:
+        for fn in ast.walk(ast.parse((REPO / path).read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            names = {a.arg for a in fn.args.args + fn.args.kwonlyargs
+                     if a.annotation is not None and "ExperimentConfig" in ast.unparse(a.annotation)}
+            for node in ast.walk(fn):
+                if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute)
+                        and isinstance(node.value.value, ast.Name) and node.value.value.id in names):
+                    climbs.append(f"{path}:{node.lineno} {fn.name}: {ast.unparse(node)}")
+    assert climbs == []

@@ -587,7 +587,8 @@ def test_a_failed_run_whose_nodes_reported_nothing_still_gets_the_whole_layout(t
 
     config = tiny_config(tmp_path)
     results = {"actor_0": None, "actor_1": None, "learner": None, "evaluator": None}
-    summary = make_summary(config, "failed", "cluster node lost", results, {"counts": None, "replay": None}, 3.0)
+    summary = make_summary(config, "failed", "cluster node lost", results, {"counts": None, "replay": None}, 3.0,
+                           num_actors=2)
     assert list(summary) == list(SUMMARY_KEYS) and summary["runner"] == "actorq"
     assert [list(a)[:len(ACTOR_KEYS)] for a in summary["actors"]] == [list(ACTOR_KEYS)] * 2
     assert all(a["times"] is None for a in summary["actors"]) and list(summary["learner"]) == list(LEARNER_KEYS)
