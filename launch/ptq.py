@@ -1,6 +1,6 @@
 r"""Post-training quantization (PTQ) sweep of a trained policy: how much return is lost at each precision.
 
-    python -m launch.ptq --checkpoint RUN_DIR [--bits 2,3,4,5,6,7,8,16] [--include fp16,bf16] [--episodes 10]
+    python -m launch.ptq --checkpoint RUN_DIR [--bits 2,3,4,5,6,7,8,16] [--include fp16,bf16] [--episodes 10] [--head-bits 16]
         [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress] [--force]
 
 The fp32 policy a run saved (`quarl.runtimes.policy_io.save_policy`; any agent this build knows, read by
@@ -27,7 +27,7 @@ import dataclasses
 import math
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Mapping, Sequence, TypedDict
 
 import numpy as np
 
@@ -42,6 +42,7 @@ from launch.ptq_policy import (  # re-exported: tests and notebooks reach them a
     calibration_observations,
     load_trained_policy,
     make_row_policy,
+    output_layer,
     sweep_grid,
 )
 from launch.experiments.progress import ItemProgress
@@ -50,7 +51,7 @@ from quarl.envs.factory import make_environment
 from quarl.ops.io import write_json_atomic
 from quarl.ops.machine import machine_info
 from quarl.quant.metrics import layer_errors, sqnr_db
-from quarl.quant.precision import FLOAT_PRECISIONS, MAX_BITS, MIN_BITS, parse_bit_list, parse_precision
+from quarl.quant.precision import FLOAT_PRECISIONS, MAX_BITS, MAX_KERNEL_BITS, MIN_BITS, parse_bit_list, parse_precision
 from quarl.quant.quantization import dequantize_params, is_quantized_leaf, path_str, quantize_params, tree_items
 from quarl.runtimes.policy_io import LoadedPolicy, policy_paths
 
@@ -58,9 +59,34 @@ PROG = "launch.ptq"
 DEFAULT_BITS = "2,3,4,5,6,7,8,16"
 INCLUDABLE = tuple(p for p in FLOAT_PRECISIONS if p != "fp32")  # what --include may name; fp32 is the baseline
 OUTPUT_FILES = ("ptq.csv", "ptq_episodes.csv", "ptq.md", "ptq_returns.png", "weights.csv", "weights.png")
-CSV_FIELDS = ("precision", "bits", "granularity", "backend", "execution", "episodes", "mean_return", "std_return",
-              "min_return", "max_return", "error_mean", "error_std", "weight_sqnr_db", "weight_max_rel_err",
-              "weight_min_layer_sqnr_db")
+
+
+class PTQRow(TypedDict):
+    """One row of ptq.csv: a precision and granularity, what ran it, its returns over the episodes, the paired
+    reward error against fp32 (E) and its weights' SQNR and worst relative error (`weight_metrics`)."""
+
+    precision: str
+    bits: int | None
+    granularity: str
+    backend: str
+    execution: str
+    episodes: int
+    mean_return: float
+    std_return: float
+    min_return: float
+    max_return: float
+    error_mean: float
+    error_std: float
+    weight_sqnr_db: float
+    weight_max_rel_err: float
+    weight_min_layer_sqnr_db: float
+
+
+CSV_FIELDS = tuple(PTQRow.__annotations__)
+# One row of ptq_episodes.csv (functional form: "return" is a keyword).
+EpisodeRow = TypedDict("EpisodeRow", {"precision": str, "granularity": str, "episode": int, "seed": int,
+                                      "return": float, "length": int})
+EPISODE_FIELDS = tuple(EpisodeRow.__annotations__)
 
 
 # ------------------------------------------------------------------------------------------------ arguments
@@ -78,6 +104,7 @@ class PTQArgs:
     backend: str
     out: Path
     progress: bool
+    head_bits: int | None = None  # --head-bits: the output layer kept at this width in every narrower int row
 
     @property
     def seeds(self) -> list[int]:
@@ -98,6 +125,9 @@ def build_parser() -> OneLineArgumentParser:
     parser.add_argument("--backend", default="jax", help="policy runtime for int<=8 and float rows: jax, onnx, auto")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--force", action="store_true", help="replace the sweep already in --out")
+    parser.add_argument("--head-bits", default=None, metavar="B",
+                        help="keep the output layer (DQN's Q head) at B bits (9..16, run dequantized in fp32) in "
+                             "every narrower int row, the other layers at the row's width")
     parser.add_argument("--report-only", action="store_true",
                         help="redraw --out's ptq_returns.png from its ptq.csv, evaluating nothing")
     return parser
@@ -149,15 +179,24 @@ def validate(args: argparse.Namespace) -> PTQArgs:
     if held and not args.force:
         raise UsageError(f"--out {str(out)!r} already holds a PTQ sweep ({', '.join(held)}); pass --force to "
                          "replace it or --out for a new folder")
-    return PTQArgs(policy, bits, include, int(episodes), int(seed), backend, out, not args.no_progress)
+    head_bits = None
+    if args.head_bits is not None:
+        head_bits = parse_bits(args.head_bits, "--head-bits")
+        if len(head_bits) != 1 or not MAX_KERNEL_BITS < head_bits[0] <= MAX_BITS:
+            raise UsageError(f"--head-bits takes one width in {MAX_KERNEL_BITS + 1}..{MAX_BITS} (wider than the "
+                             f"integer kernels), got {args.head_bits!r}")
+        head_bits = head_bits[0]
+    return PTQArgs(policy, bits, include, int(episodes), int(seed), backend, out, not args.no_progress, head_bits)
 
 
 # ------------------------------------------------------------------------------------------------ the sweep
 
 
-def weight_metrics(params: dict, point: GridPoint) -> dict[str, float]:
-    """SQNR over all weight matrices together, and the worst layer's SQNR and max relative error."""
-    qparams = quantize_params(params, point.precision, point.per_channel)
+def weight_metrics(params: dict, point: GridPoint, head: str | None = None) -> dict[str, float]:
+    """SQNR over all weight matrices together, and the worst layer's SQNR and max relative error (`head`: the
+    output layer's name, kept at `point.head_bits` where the point has them)."""
+    layer_bits = {head: point.head_bits} if head and point.head_bits else None
+    qparams = quantize_params(params, point.precision, point.per_channel, layer_bits)
     per_layer = layer_errors(params, qparams)
     rounded = dict(tree_items(dequantize_params(qparams)))
     weights = [(path, leaf) for path, leaf in tree_items(params) if is_quantized_leaf(path, leaf)]
@@ -178,15 +217,20 @@ def paired_error(fp32_returns: np.ndarray, returns: np.ndarray) -> tuple[float, 
     return float(np.mean(per_episode)), float(np.std(per_episode))
 
 
-def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+def run_sweep(run: PTQArgs) -> tuple[list[PTQRow], list[EpisodeRow]]:
     """Evaluates every grid point; returns (ptq.csv rows, ptq_episodes.csv rows)."""
     env = make_environment(run.policy.task, 0)
     action_spec = env.action_spec()
     env.close()
     seeds = run.seeds
-    rows, episode_rows = [], []
+    rows: list[PTQRow] = []
+    episode_rows: list[EpisodeRow] = []
     fp32_returns: np.ndarray | None = None
     points = sweep_grid(run.bits, run.include)
+    if run.head_bits:  # every int row narrower than the head keeps the output layer at --head-bits
+        points = [dataclasses.replace(p, head_bits=run.head_bits) if p.granularity != NO_GRANULARITY
+                  and p.bits < run.head_bits else p for p in points]
+    head = output_layer(run.policy.spec)
     observations = calibration_observations(run.policy)
     with ItemProgress(len(points), run.progress, prog="launch.ptq", unit="precision") as bar:
         for point in points:
@@ -201,7 +245,7 @@ def run_sweep(run: PTQArgs) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]
                          "mean_return": stats.mean, "std_return": stats.std,
                          "min_return": float(stats.returns.min()), "max_return": float(stats.returns.max()),
                          "error_mean": error_mean, "error_std": error_std,
-                         **weight_metrics(run.policy.params, point)})
+                         **weight_metrics(run.policy.params, point, head)})
             episode_rows += [{"precision": point.precision, "granularity": point.granularity, "episode": i,
                               "seed": s, "return": float(r), "length": int(n)}
                              for i, (s, r, n) in enumerate(zip(seeds, stats.returns, stats.lengths))]
@@ -216,7 +260,7 @@ def _fmt(value: object) -> object:
     return repr(float(value)) if isinstance(value, (float, np.floating)) else value
 
 
-def write_csv(path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str]) -> None:
+def write_csv(path: Path, rows: Sequence[Mapping[str, object]], fields: Sequence[str]) -> None:
     with open(path, "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(fields))
         writer.writeheader()
@@ -224,7 +268,7 @@ def write_csv(path: Path, rows: Sequence[dict[str, Any]], fields: Sequence[str])
             writer.writerow({k: _fmt(row[k]) for k in fields})
 
 
-def weight_stats(params: dict) -> list[dict[str, Any]]:
+def weight_stats(params: dict) -> list[dict[str, str | float]]:
     """Per weight matrix: range and spread. abs-max/std is what per-tensor scaling pays for: the step is
     set by the largest weight, so a long tail leaves few codes for the bulk of the distribution."""
     out = []
@@ -244,7 +288,7 @@ def _pct(value: float) -> str:
     return "n/a" if math.isnan(value) else f"{100 * value:.1f}%"
 
 
-def write_markdown(path: Path, run: PTQArgs, rows: Sequence[dict[str, Any]]) -> str:
+def write_markdown(path: Path, run: PTQArgs, rows: Sequence[PTQRow]) -> str:
     """The paper's reward-error table (E per precision, one line per granularity) plus the full detail."""
     policy = run.policy
     fp32 = rows[0]
@@ -256,7 +300,9 @@ def write_markdown(path: Path, run: PTQArgs, rows: Sequence[dict[str, Any]]) -> 
     lines = [f"# Post-training quantization: {policy.agent} on {policy.task}", "",
              f"Policy after {policy.steps} learner steps; {run.episodes} episodes per precision (env seeds "
              f"{run.seed}..{run.seed + run.episodes - 1}, the same for every precision); backend {run.backend}.",
-             "E = (R_fp32 - R_q) / |R_fp32| on mean returns (positive = return lost).", "",
+             "E = (R_fp32 - R_q) / |R_fp32| on mean returns (positive = return lost)." + (
+                 f" Every int row keeps the output layer at int{run.head_bits} (--head-bits), run dequantized in "
+                 "fp32; its other layers at the row's width." if run.head_bits else ""), "",
              "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for granularity, _ in GRANULARITIES:
         by_name = {r["precision"]: r for r in ints if r["granularity"] == granularity}
@@ -281,12 +327,11 @@ def write_markdown(path: Path, run: PTQArgs, rows: Sequence[dict[str, Any]]) -> 
     return text
 
 
-def write_outputs(run: PTQArgs, rows: list[dict[str, Any]], episode_rows: list[dict[str, Any]]) -> str:
+def write_outputs(run: PTQArgs, rows: list[PTQRow], episode_rows: list[EpisodeRow]) -> str:
     out = run.out
     out.mkdir(parents=True, exist_ok=True)
     write_csv(out / "ptq.csv", rows, CSV_FIELDS)
-    write_csv(out / "ptq_episodes.csv", episode_rows,
-              ("precision", "granularity", "episode", "seed", "return", "length"))
+    write_csv(out / "ptq_episodes.csv", episode_rows, EPISODE_FIELDS)
     stats = weight_stats(run.policy.params)
     write_csv(out / "weights.csv", stats, ("layer", "shape", "min", "max", "mean", "std", "absmax_over_std"))
     machine = machine_info().to_json()

@@ -1,7 +1,7 @@
 """The paper's PTQ study across algorithms: train each algorithm on each of its tasks over several seeds, sweep the
 final fp32 policy of every run with launch.ptq's rows, and put reward against precision in one table.
 
-    python -m bench.learning.ptq_study run [--algos dqn,d4pg,ppo,a2c] [--tasks CartPole-v1,...] [--seeds 0,1,2]
+    python -m bench.learning.ptq_study run [--algos dqn,d4pg,ppo,a2c] [--tasks CartPole-v1,...] [--seeds 0-9 as 0,..,9]
         [--episodes N] [--bits 8,6,4,3,2] [--include fp16,bf16] [--steps ALGO/TASK=N,...] [--backend jax]
         [--qat-bits 8,4,2|none] [--runs runs/bench/ptq_study] [--out results/bench] [--quick] [--retrain-stale]
         [--allow-busy]
@@ -9,12 +9,17 @@ final fp32 policy of every run with launch.ptq's rows, and put reward against pr
     python -m bench.learning.ptq_study merge DIR... [--out DIR] [--replace]  # add other folders' cells (another
                                                                 # session or machine; --replace: theirs win)
 
-Each (algorithm, task, seed) cell is one `launch.train` run (fp32 actors, the task's preset plus the row's
-overrides, a subprocess of this checkout) that stops once the row's evaluations reach its reference return
-(`StudyRow.reference`, with its source: gymnasium's solved thresholds, the MinAtar authors' DQN, the QuaRL paper's
-D4PG; 2 evaluations of 10 episodes in a row, D4PG cartpole:balance one of 5) or at its budget, followed by a greedy
+Each (algorithm, task, seed) cell is one training run of its row's trainer (`StudyRow.trainer`): where the task has
+a gymnax port (classic control, MinAtar) `launch.anakin`, which trains the row's 10 seeds together in one vmapped
+call per arm (bench.learning.ptq_study_anakin); elsewhere (DM Control) a `launch.train` run per seed, 3 seeds. Either
+runs fp32 actors, the task's preset plus the row's overrides, as a subprocess of this checkout, and stops once the
+row's evaluations reach its reference return (`StudyRow.reference`, with its source: gymnasium's solved thresholds,
+the MinAtar authors' DQN, the QuaRL paper's D4PG; 2 evaluations of 10 episodes in a row, D4PG cartpole:balance one
+of 5; a vmapped call once every seed has) or at its budget, followed by a greedy
 evaluation of its final fp32 policy at every precision, the row's sweep episodes (50, D4PG 10; `--episodes`) per
-precision on the same environment seeds (so each precision's change from fp32 is paired within a seed). Integer rows
+precision on the same environment seeds (so each precision's change from fp32 is paired within a seed), on the
+project's own environments whichever trainer made the policy. Rows beside PTQ (`StudyRow.extra_rows`): int8-head16,
+int8 with the output layer (DQN's Q head) kept at 16 bits and run dequantized. Integer rows
 quantize the weights per channel, as actors do, and run the integer kernel (W<b>A8); fp16/bf16 run natively
 (`launch.ptq_policy.make_row_policy`). Policy size is the payload an actor pulls at that precision
 (`quarl.quant.payload`: codes bit-packed, scales, biases and LayerNorm in fp32, header). A seed whose fp32 policy
@@ -40,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import shutil
 import sys
 from pathlib import Path
@@ -50,15 +54,17 @@ import agents
 from analysis.runs import is_finished, read_summary
 from bench.harness.machine import add_allow_busy, bench_machine, check_load, finish, run_cli
 from bench.harness.results_io import write_json, write_text
-from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_LEGACY, StudyRow, row_overrides
+from bench.learning.ptq_study_anakin import needs_training, run_flags, seed_dir, train_arm
+from bench.learning.ptq_study_grid import GRID, QUICK_TASKS, STOP_LEGACY, StudyRow
 from bench.learning.ptq_study_report import CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE, markdown, plot
-from bench.learning.ptq_study_rows import QAT_PREFIX, group, merge_folders, read_rows, write_rows
+from bench.learning.ptq_study_rows import QAT_PREFIX, group, merge_folders, read_rows, replace_train_rows, write_rows
+from bench.learning.ptq_study_sweep import EVAL_SEED_BASE, sweep_cell
 from launch.cli import OneLineArgumentParser, UsageError
 from quarl.ops.io import read_json_list
-from quarl.quant.precision import MAX_KERNEL_BITS, is_int_name
+from quarl.quant.precision import MAX_KERNEL_BITS
 
 REPO = Path(__file__).resolve().parents[2]
-EVAL_SEED_BASE = 500_000  # PTQ evaluation seeds: apart from training (seed) and its evaluator (seed + 10,000)
+__all__ = ["EVAL_SEED_BASE", "sweep_cell"]  # the sweep lives in ptq_study_sweep; its users import it from here
 RUN_TIMEOUT_S = 4 * 3600.0
 
 
@@ -113,7 +119,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     run = sub.add_parser("run", help="run the missing cells, then report")
     run.add_argument("--algos", default=None, help="comma-separated (default: every algorithm in this build)")
     run.add_argument("--tasks", default=None, help="comma-separated (default: every task of the algorithms)")
-    run.add_argument("--seeds", default=None, help="training seeds (default 0,1,2; 0,1 with --quick)")
+    run.add_argument("--seeds", default=None,
+                     help="training seeds (default: each row's, 0-9 for launch.anakin rows and 0,1,2 for "
+                          "launch.train rows; 0,1 with --quick)")
     run.add_argument("--episodes", type=int, default=None,
                      help="evaluation episodes per seed and precision (default: each row's, 50 or 10 for D4PG; "
                           "3 with --quick); cells swept at another count are evaluated again where their policy is")
@@ -144,10 +152,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         from launch.cli import check_backend  # pylint: disable=import-outside-toplevel
         args.rows, args.notes = select_rows(args.algos, args.tasks, args.steps, args.quick)
         try:
-            args.seeds = [int(s) for s in _csv_list(args.seeds or ("0,1" if args.quick else "0,1,2"))]
+            text = args.seeds or ("0,1" if args.quick else None)
+            args.seeds = None if text is None else [int(s) for s in _csv_list(text)]
         except ValueError:
             raise UsageError(f"--seeds takes comma-separated ints, got {args.seeds!r}") from None
-        if not args.seeds or min(args.seeds) < 0:
+        if args.seeds is not None and (not args.seeds or min(args.seeds) < 0):
             raise UsageError("--seeds needs at least one non-negative int")
         args.episodes = args.episodes if args.episodes is not None else (3 if args.quick else None)
         if args.episodes is not None and args.episodes <= 0:
@@ -172,8 +181,11 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 # ------------------------------------------------------------------------------------------------ one cell
 
 
-def run_dir(runs: Path, algo: str, task: str, seed: int, qat_bits: int | None = None) -> Path:
-    """The cell's fp32 training run, or with `qat_bits` its QAT run beside it."""
+def run_dir(runs: Path, algo: str, task: str, seed: int, qat_bits: int | None = None, trainer: str = "train") -> Path:
+    """The cell's fp32 training run, or with `qat_bits` its QAT run beside it (`launch.anakin`'s: one seed of its
+    arm's vmapped call, bench.learning.ptq_study_anakin)."""
+    if trainer == "anakin":
+        return seed_dir(runs, algo, task, seed, qat_bits)
     name = f"s{seed}" + (f"-qat{qat_bits}" if qat_bits else "")
     return runs / algo / task.replace("/", "_").replace(":", "_") / name
 
@@ -181,13 +193,7 @@ def run_dir(runs: Path, algo: str, task: str, seed: int, qat_bits: int | None = 
 def train_command(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits: int | None = None) -> list[str]:
     """`launch.train` for one cell (a subprocess of this checkout: `-m` imports from its cwd): fp32 actors, or
     int-B actors trained with `--qat-bits B`; either stops once the row's evaluations reach its reference."""
-    sets = []
-    for key, value in row_overrides(row, quick).items():
-        text = ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
-        sets += ["--set", f"{key}={text}"]
-    precision = ["--precision", f"int{qat_bits}", "--qat-bits", str(qat_bits)] if qat_bits else ["--precision", "fp32"]
-    stops = row.reference is not None and not quick and row.target_streak > 0
-    target = ["--target-return", str(row.reference), "--target-streak", str(row.target_streak)] if stops else []
+    precision, target, sets = run_flags(row, quick, qat_bits)
     return [sys.executable, "-m", "launch.train", "--agent", row.algo, "--task", row.task, *precision,
             "--steps", str(row.steps), "--seed", str(seed), "--eval-every", str(row.eval_every),
             "--eval-episodes", str(row.eval_episodes), *target, "--logdir", str(logdir), "--no-progress", *sets]
@@ -205,54 +211,6 @@ def train_cell(row: StudyRow, seed: int, logdir: Path, quick: bool, qat_bits: in
         raise RuntimeError(f"{row.algo} {row.task} seed {seed}: training failed (exit {code}); see {log}")
 
 
-def policy_bytes(policy: Any, precision: str, observations: Any) -> int:
-    """Bytes of the payload an actor pulls for this policy at `precision` (per-channel int scales)."""
-    from quarl.quant.calibration import quantize_for_actors  # pylint: disable=import-outside-toplevel
-    from quarl.quant.payload import encode_payload  # pylint: disable=import-outside-toplevel
-
-    qparams = quantize_for_actors(policy.spec, policy.params, precision, observations, True)
-    return len(encode_payload(qparams, version=policy.steps, spec_hash=policy.spec.digest()))
-
-
-def sweep_cell(logdir: Path, seed: int, precisions: Sequence[str], episodes: int, backend: str,
-               cpu: str, reference: float | None = None, label: str = "") -> list[dict[str, Any]]:
-    """Every precision in `precisions` of the cell's final policy (fp32 weights): `episodes` greedy episodes each,
-    on env seeds EVAL_SEED_BASE + 1000 * seed + i (the same for every precision). Rows are named
-    `label + precision` ("qat-int4" for a QAT run's policy)."""
-    from launch.ptq_policy import (GridPoint, calibration_observations,  # pylint: disable=import-outside-toplevel
-                                   load_trained_policy, make_row_policy)
-    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
-    from quarl.acting.evaluation import evaluate_seeds  # pylint: disable=import-outside-toplevel
-
-    policy = load_trained_policy(logdir)
-    summary = json.loads((logdir / "summary.json").read_text(encoding="utf-8"))
-    env = make_environment(policy.task, 0)
-    action_spec = env.action_spec()
-    env.close()
-    observations = calibration_observations(policy)
-    seeds = [EVAL_SEED_BASE + 1000 * seed + i for i in range(episodes)]
-    out = []
-    for precision in precisions:
-        point = GridPoint(precision, "per-channel" if is_int_name(precision) else "n/a")
-        greedy, execution = make_row_policy(point, policy, action_spec, backend, observations)
-        stats = evaluate_seeds(policy.task, greedy, seeds)
-        out.append({"algo": policy.agent, "task": policy.task, "seed": seed, "train_steps": summary["actor_steps"],
-                    "precision": label + precision, "bits": point.bits, "granularity": point.granularity,
-                    "execution": execution, "backend": greedy.backend, "episodes": episodes,
-                    "mean_return": stats.mean, "std_return": stats.std,
-                    "policy_bytes": policy_bytes(policy, precision, observations),
-                    "train_final_eval": summary.get("final_eval_return"), "reference": reference, "cpu": cpu,
-                    "train_eval_episodes": summary.get("eval_episodes"),
-                    "train_target_streak": train_streak(summary)})
-    return out
-
-
-def train_streak(summary: dict[str, Any]) -> int:
-    """The stopping rule a run's summary records: its target streak, 0 for a run without a target (its budget)."""
-    experiment = summary.get("experiment", {})
-    return 0 if experiment.get("target_return") is None else int(experiment.get("target_streak", 1))
-
-
 # ------------------------------------------------------------------------------------------------ resumable grid
 
 
@@ -265,7 +223,7 @@ def run_grid(args: argparse.Namespace) -> None:
     rows = read_rows(csv_path)
     machine = bench_machine(args.allow_busy)
     precisions = ["fp32", *args.include, *(f"int{b}" for b in sorted(args.bits, reverse=True))]
-    cells = [(row, seed) for row in args.rows for seed in args.seeds]
+    cells = [(row, seed) for row in args.rows for seed in (args.seeds or row.seeds)]
     stale: list[dict[str, Any]] = []
     if args.retrain_stale:
         kept = drop_stale(rows, cells, args.runs, args.qat_bits)
@@ -282,25 +240,31 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
                precisions: Sequence[str], machine: dict[str, Any], csv_path: Path,
                stale: Sequence[dict[str, Any]] = ()) -> None:
     """Trains and sweeps each cell not in `rows`; every write keeps the `stale` rows of runs not yet retrained, so a
-    session stopped part-way loses none of them."""
+    session stopped part-way loses none of them. A launch.anakin row's seeds that need a run train first, one
+    vmapped call per arm; once every seed of an arm is swept, its launch.train rows leave the CSV (replaced)."""
     for i, (row, seed) in enumerate(cells, 1):
+        if row.trainer == "anakin" and (i == 1 or cells[i - 2][0] is not row):
+            _train_anakin_arms(args, row, [s for r, s in cells if r is row], rows, precisions)
         tag = f"[{i}/{len(cells)}] {row.algo} {row.task} seed {seed}"
         widths = qat_widths(row, args.qat_bits)
         episodes = args.episodes or row.sweep_episodes
+        wanted_rows = [*precisions[:1], *row.extra_rows, *precisions[1:]]  # the extra rows early: they answer a miss
         for bits in (None, *widths):  # swept at another episode count, policy at hand: evaluated again
-            key, logdir = (row.algo, row.task, seed, bits), run_dir(args.runs, row.algo, row.task, seed, bits)
+            key = (row.algo, row.task, seed, bits, row.trainer)
+            logdir = run_dir(args.runs, row.algo, row.task, seed, bits, row.trainer)
             counts = sorted({r["episodes"] for r in rows if group(r) == key})
             if counts and counts != [episodes] and has_policy(logdir):
                 print(f"{tag}{f' QAT int{bits}' if bits else ''}: swept at {'/'.join(map(str, counts))} episodes; "
                       f"evaluating again at {episodes}", flush=True)
                 rows[:] = [r for r in rows if group(r) != key]
-        have = {r["precision"] for r in rows if (r["algo"], r["task"], r["seed"]) == (row.algo, row.task, seed)}
+        have = {r["precision"] for r in rows
+                if (r["algo"], r["task"], r["seed"], r["trainer"]) == (row.algo, row.task, seed, row.trainer)}
         qat = [b for b in widths if f"{QAT_PREFIX}int{b}" not in have]
         qat_have = {p for p in have if p.startswith(QAT_PREFIX)}
-        for bits, wanted in ((None, [p for p in precisions if p not in have]), *((b, [f"int{b}"]) for b in qat)):
+        for bits, wanted in ((None, [p for p in wanted_rows if p not in have]), *((b, [f"int{b}"]) for b in qat)):
             if not wanted:
                 continue
-            logdir = run_dir(args.runs, row.algo, row.task, seed, bits)
+            logdir = run_dir(args.runs, row.algo, row.task, seed, bits, row.trainer)
             what = f"{tag}{f' QAT int{bits}' if bits else ''}"
             if bits is None and have - qat_have and not has_policy(logdir):
                 print(f"{what}: {', '.join(wanted)} missing, but its policy is not under {args.runs}; skipped",
@@ -309,15 +273,34 @@ def _run_cells(args: argparse.Namespace, cells: Sequence[tuple[StudyRow, int]], 
             # Absent, or stopped part-way (a stopped or failed run writes summary.json too; its policy is not the
             # cell's): train it.
             if not is_finished(read_summary(logdir)):
+                if row.trainer == "anakin":  # its arm's call trained it, or failed saying so
+                    raise RuntimeError(f"{what}: no finished launch.anakin run in {logdir}")
                 print(f"{what}: training up to {row.steps:,} env steps ...", flush=True)
                 train_cell(row, seed, logdir, args.quick, bits)
             print(f"{what}: evaluating {', '.join(wanted)} ...", flush=True)
             rows += sweep_cell(logdir, seed, wanted, episodes, args.backend, machine["cpu_model"], row.reference,
-                               label=QAT_PREFIX if bits else "")
+                               label=QAT_PREFIX if bits else "", trainer=row.trainer)
+            if row.trainer == "anakin":
+                rows[:] = replace_train_rows(rows, row.algo, row.task)
             retrained = {group(r) for r in rows}
             write_rows(csv_path, rows + [r for r in stale if group(r) not in retrained])
-        if not qat and not [p for p in precisions if p not in have]:
+        if not qat and not [p for p in wanted_rows if p not in have]:
             print(f"{tag}: in {csv_path} already", flush=True)
+
+
+def _train_anakin_arms(args: argparse.Namespace, row: StudyRow, seeds: Sequence[int], rows: Sequence[dict[str, Any]],
+                       precisions: Sequence[str]) -> None:
+    """One launch.anakin call per arm of `row` (fp32, each QAT width) for the `seeds` whose rows are missing and
+    whose run is not finished: the seeds train together, vmapped."""
+    for bits in (None, *qat_widths(row, args.qat_bits)):
+        names = [*precisions, *row.extra_rows] if bits is None else [f"{QAT_PREFIX}int{bits}"]
+        todo = [s for s in seeds if needs_training(args.runs, row, s, bits) and any(
+            not any((r["algo"], r["task"], r["seed"], r["trainer"], r["precision"]) ==
+                    (row.algo, row.task, s, "anakin", n) for r in rows) for n in names)]
+        if todo:
+            print(f"{row.algo} {row.task}{f' QAT int{bits}' if bits else ''}: launch.anakin training seeds "
+                  f"{','.join(map(str, todo))} up to {row.steps:,} env steps ...", flush=True)
+            train_arm(row, todo, args.runs, args.quick, REPO, bits)
 
 
 def qat_widths(row: StudyRow, asked: Sequence[int] | None) -> list[int]:
@@ -337,21 +320,21 @@ def drop_stale(rows: list[dict[str, Any]], cells: Sequence[tuple[StudyRow, int]]
     it was recorded under a stopping rule other than its grid row's, or when it did not converge (its fp32 policy
     below the reference) within a budget the row has since raised. The CSV keeps a run's old rows until its new
     ones are written (`_run_cells`)."""
-    stale: dict[tuple[str, str, int, int | None], str] = {}
+    stale: dict[tuple[str, str, int, int | None, str], str] = {}
     for row, seed in cells:
         retrained = {None, *qat_widths(row, asked_qat)}
         for r in rows:
             key = group(r)
-            if key[:3] != (row.algo, row.task, seed) or key[3] not in retrained:
+            if key[:3] != (row.algo, row.task, seed) or key[3] not in retrained or key[4] != row.trainer:
                 continue
             if (r["train_eval_episodes"], r["train_target_streak"]) != (row.eval_episodes, row.target_streak):
                 stale[key] = "recorded under another stopping rule"
             elif r["precision"] == "fp32" and row.reference is not None and r["mean_return"] < row.reference \
                     and r["train_steps"] < row.steps:
-                stale[(*key[:3], None)] = f"did not converge in {r['train_steps']:,} env steps; its budget is now " \
-                                          f"{row.steps:,}"
-    for (algo, task, seed, bits), why in sorted(stale.items(), key=str):
-        run = run_dir(runs, algo, task, seed, bits)
+                stale[(*key[:3], None, key[4])] = (f"did not converge in {r['train_steps']:,} env steps; its budget "
+                                                   f"is now {row.steps:,}")
+    for (algo, task, seed, bits, trainer), why in sorted(stale.items(), key=str):
+        run = run_dir(runs, algo, task, seed, bits, trainer)
         print(f"{algo} {task} seed {seed}{f' QAT int{bits}' if bits else ''}: {why}; training it again", flush=True)
         if run.exists():
             aside = run.with_name(run.name + ".stale")

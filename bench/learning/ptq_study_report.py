@@ -18,12 +18,20 @@ from quarl.quant.precision import parse_precision
 CSV_FILE, MD_FILE, PNG_FILE, SESSIONS_FILE = "ptq_study.csv", "ptq_study.md", "ptq_study.png", "ptq_study_sessions.json"
 QAT_PREFIX = "qat-"  # a QAT run's row: "qat-int4" is the policy trained with --qat-bits 4, evaluated at int4
 WITHIN = 0.05  # "int8 within a few percent of fp32": |relative change| <= 5%
+HEAD_SUFFIX = "-head"  # a row with a wider output layer: "int8-head16" (launch.ptq_policy.HEAD_SUFFIX)
 
 
 def precision_order(name: str) -> tuple[int, int, str]:
     """fp32, bf16, fp16, then integers from widest to narrowest, each QAT row ("qat-int4") after its PTQ width:
     the plot's x axis and the table's row order."""
-    return (*parse_precision(name.removeprefix(QAT_PREFIX)).sort_key, name)
+    return (*parse_precision(name.removeprefix(QAT_PREFIX).partition(HEAD_SUFFIX)[0]).sort_key, name)
+
+
+def shown_rows(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rows the tables use: per (algorithm, task) the launch.anakin cells' rows where there are any (10 seeds,
+    the study's trainer for tasks with a gymnax port), else the launch.train ones; the others stay in the CSV."""
+    jitted = {(r["algo"], r["task"]) for r in rows if r.get("trainer") == "anakin"}
+    return [r for r in rows if ((r["algo"], r["task"]) in jitted) == (r.get("trainer") == "anakin")]
 
 
 def converged(rows: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -54,6 +62,9 @@ def summarize(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         (reward_mean, reward_std), (change_mean, change_std) = _spread(rewards), _spread(changes)
         ses = [_change_se(r, fp32_rows[k]) for r in rs if (k := (algo, task, r["seed"])) in fp32_rows and fp32[k]]
         out.append({"algo": algo, "task": task, "precision": precision, "seeds": len(rs),
+                    "trainer": rs[0].get("trainer") or "train",
+                    # standard error of the mean change over seeds (NaN for one seed): seeds and episodes both
+                    "change_se_seeds": change_std / math.sqrt(len(changes)) if len(changes) > 1 else math.nan,
                     "seed_list": sorted(r["seed"] for r in rs), "episodes": min(r["episodes"] for r in rs),
                     "train_steps": sorted({r["train_steps"] for r in rs}),
                     "reward_mean": reward_mean, "reward_std": reward_std,
@@ -103,7 +114,8 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
     """The study's page, on the seeds whose fp32 policy reached its reference (`converged`): int8 against fp32
     per (algorithm, task), QAT beside PTQ, every precision; then the seeds that did not converge, and the settings
     of the `grid` rows (bench.learning.ptq_study_grid.GRID) the cells ran."""
-    all_rows, (rows, missed) = rows, converged(rows)
+    all_rows = shown_rows(rows)
+    rows, missed = converged(all_rows)
     summary = summarize(rows)
     cpus = sorted({r["cpu"] for r in all_rows})
     loads = "; ".join(f"{s.get('cpu', '?')}: {describe_load(s)}" for s in sessions) or "none recorded"
@@ -122,33 +134,38 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
              "seed (negative = reward lost), mean ± sample std over seeds; its evaluation s.e. is the standard "
              "error of that mean from the episodes (both precisions' episode spreads, as if independent: an "
              "upper bound), and a cell outside 5% by less than 2 s.e. is *not resolved*: its episodes cannot tell "
-             "it from the bound. Integer rows: weights per channel, the "
+             "it from the bound. The int8 claim holds for a cell when |change| + 2 s.e. < 5%, the s.e. being the "
+             "standard error of the mean change over its seeds (sample std / sqrt(seeds): seed-to-seed and "
+             "episode noise together), or the evaluation's where that is larger; it fails when |change| - 2 s.e. "
+             "> 5%, and is not resolved in between. "
+             "Cells trained by `launch.anakin` (the jitted trainer, 10 seeds vmapped, fp32 actors, on gymnax ports "
+             "of the tasks) are evaluated like the others, on the project's own environments; where a cell has "
+             "them, its 3-seed `launch.train` rows stay in the CSV (column trainer) and leave the tables. "
+             "int8-head16: int8 but the output layer (DQN's Q head) at 16 bits, run dequantized. "
+             "Integer rows: weights per channel, the "
              "integer kernel with 8-bit activations (W<b>A8); fp16/bf16 computed in that format. Policy bytes: the "
              "payload an actor pulls (codes bit-packed; scales, biases and LayerNorm fp32; header). Returns do not "
              "depend on machine load; no timing is reported.", "",
              "## int8 vs fp32 (the paper's claim: int8 costs almost no reward)", "",
-             f"| algorithm | task | seeds | env steps | fp32 reward | int8 change | evaluation s.e. | "
-             f"within {100 * WITHIN:.0f}%? |",
-             "|---|---|---:|---:|---:|---:|---:|---|"]
+             f"| algorithm | task | trainer | seeds | env steps | fp32 reward | int8 change | s.e. over seeds | "
+             f"evaluation s.e. | int8 holds: abs(change) + 2 s.e. < {100 * WITHIN:.0f}%? |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     by_key = {(s["algo"], s["task"], s["precision"]): s for s in summary}
     any_outside = False  # a cell or a seed of it outside the bound: the margins page says why
     for algo, task in dict.fromkeys((s["algo"], s["task"]) for s in summary):
         base, q = by_key.get((algo, task, "fp32")), by_key.get((algo, task, "int8"))
         if base is None or q is None:
             continue
-        ok = not math.isnan(q["change_mean"]) and abs(q["change_mean"]) <= WITHIN
-        # Outside the bound by less than 2 standard errors of the evaluation: the episodes cannot tell it from 5%.
-        unresolved = not ok and abs(q["change_mean"]) - 2 * q["change_se"] <= WITHIN
-        verdict = "yes" if ok else f"not resolved (2 s.e. {100 * 2 * q['change_se']:.1f}%)" if unresolved else "no"
+        verdict, ok = int8_verdict(q)
         outside = [seed for seed, c in sorted(q["changes_by_seed"].items()) if abs(c) > WITHIN]
         any_outside = any_outside or not ok or bool(outside)
         if outside:
             verdict += (" on the mean" if ok else "") + "; " + "; ".join(
                 _seed_note(seed, q["changes_by_seed"][seed], [by_key.get((algo, task, f)) for f in ("bf16", "fp16")])
                 for seed in outside)
-        lines.append(f"| {algo} | {task} | {q['seeds']} | {_steps(q)} | {base['reward_mean']:.1f} ± "
+        lines.append(f"| {algo} | {task} | {q['trainer']} | {q['seeds']} | {_steps(q)} | {base['reward_mean']:.1f} ± "
                      f"{base['reward_std']:.1f} | {_change(q['change_mean'], q['change_std'])} | "
-                     f"{100 * q['change_se']:.1f}% | {verdict} |")
+                     f"{_se(q['change_se_seeds'])} | {100 * q['change_se']:.1f}% | {verdict} |")
     if any_outside:
         lines += ["", "Why a discrete policy misses: `python -m bench.learning.ptq_margins` measures each cell's "
                   "greedy-action margins against int8's output error on the states it visits "
@@ -200,6 +217,25 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
                          f"{sets}" + (f" ({row.note})" if row.note else "") + ref + f"; stopped by {stops}")
     lines += ["", f"Per seed and precision: `{CSV_FILE}`; plot: `{PNG_FILE}`.", ""]
     return "\n".join(lines)
+
+
+def int8_verdict(q: dict[str, Any]) -> tuple[str, bool]:
+    """(verdict, holds) for a cell's int8 line: holds when |change| + 2 s.e. < 5%, fails when |change| - 2 s.e. > 5%,
+    else not resolved. The s.e. is the one over seeds, or the evaluation's where that is larger (a few seeds that
+    happen to agree do not make noisy episodes exact); a single seed has no s.e. over seeds, so no verdict."""
+    change, se = abs(q["change_mean"]), max(q["change_se_seeds"], q["change_se"])
+    if math.isnan(change) or math.isnan(se):
+        return "n/a (one seed: no s.e. over seeds)", False
+    if change + 2 * se < WITHIN:
+        return "yes", True
+    if change - 2 * se > WITHIN:
+        return "no", False
+    spans = f"abs(change) {100 * change:.1f}% ± 2 s.e. {100 * 2 * se:.1f}% spans {100 * WITHIN:.0f}%"
+    return f"not resolved ({spans})", False
+
+
+def _se(se: float) -> str:
+    return "n/a" if math.isnan(se) else f"{100 * se:.1f}%"
 
 
 def _int8_beside(fp32: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
@@ -258,6 +294,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
     import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
     from quarl.envs.factory import return_range  # pylint: disable=import-outside-toplevel
 
+    rows = shown_rows(rows)
     rows = converged(rows)[0] or rows  # the converged seeds; all of them before any converged
     summary = summarize(rows)
     panels = list(dict.fromkeys((s["algo"], s["task"]) for s in summary))
@@ -271,7 +308,7 @@ def plot(rows: Sequence[dict[str, Any]], path: Path) -> Any:
         for k, seed in enumerate(seeds):
             per = {r["precision"]: r["mean_return"] for r in rows
                    if (r["algo"], r["task"], r["seed"]) == (algo, task, seed)}
-            dx = 0.12 * (k - (len(seeds) - 1) / 2)  # side by side, so equal returns do not hide each other
+            dx = 0.5 * (k / (len(seeds) - 1) - 0.5) if len(seeds) > 1 else 0.0  # side by side: equal returns show
             ax.plot([i + dx for i, n in enumerate(names) if n in per], [per[n] for n in names if n in per], "o",
                     ms=3.5, color="grey", alpha=0.7, label="one seed")
         ptq = [i for i, n in enumerate(names) if not n.startswith("qat-")]  # one line: the same policy requantized

@@ -51,3 +51,21 @@ def test_bad_wider_heads_are_refused():
         quantize_params(params, "int8", layer_bits={output_layer(spec): 4})
     with pytest.raises(ValueError, match="no module"):
         quantize_params(params, "int8", layer_bits={"nope": 16})
+
+
+def test_launch_ptq_head_bits_keeps_the_output_layer_wider_in_every_int_row(tmp_path):
+    from launch import ptq
+    from quarl.runtimes.policy_io import save_policy
+    from tests.quarl.test_evaluation import cartpole_q_network
+
+    spec, params = cartpole_q_network()
+    save_policy(tmp_path / "run", spec, params, task="CartPole-v1", agent="dqn", steps=10)
+    flags = ["--checkpoint", str(tmp_path / "run"), "--bits", "8", "--include", "", "--episodes", "2", "--no-progress"]
+    assert ptq.main([*flags, "--head-bits", "16", "--out", str(tmp_path / "h")]) == 0
+    text = (tmp_path / "h" / "ptq.csv").read_text()  # fp32, then int8 per-tensor and per-channel with the head
+    assert text.count("int-kernel, head int16 in fp32") == 2 and len(text.splitlines()) == 4
+    assert "Every int row keeps the output layer at int16" in (tmp_path / "h" / "ptq.md").read_text()
+    for bad in ("8", "17", "12,16"):  # not wider than the kernels, no such width, two widths: one line, exit 2
+        with pytest.raises(SystemExit) as exc:
+            ptq.main([*flags, "--head-bits", bad, "--out", str(tmp_path / bad)])
+        assert exc.value.code == 2
