@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import logging
 import os
 import sys
 from pathlib import Path
@@ -49,6 +50,7 @@ from launch.overrides import SECTIONS, parse_settings, settings_help
 from launch.experiments.config import (
     ALE_MIN_EVAL_EVERY, ROLLOUT_MODES, SERVICE_SHARE, DistributedConfig, ExperimentConfig,
 )
+from launch.experiments.budget import budget_warnings
 from launch.experiments.summary_table import print_summary
 from launch.program.devices import LEARNER_DEVICES, pin_driver_to_cpu
 from quarl.quant.precision import Precision
@@ -350,8 +352,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     # Imported only once the flags are valid: the supervisor brings the node classes, hence JAX (1.6 s of
     # imports on a 2-core machine against 0.08 s for this CLI), and a bad flag must fail at once.
     from launch.distributed.supervisor import make_runner, run_program  # pylint: disable=import-outside-toplevel
-    from launch.experiments.budget import budget_warnings  # pylint: disable=import-outside-toplevel
-
     warn("launch.actorq", budget_warnings(inv.config, "--max-actor-steps", distributed=True))
     runner = make_runner(inv.runner, inv.ray_address)
     summary, code = run_program(inv.config, runner, progress=inv.progress)
@@ -369,8 +369,6 @@ def _exit_now(code: int) -> NoReturn:
     local runner loads in this very process (tensorstore's, through orbax's checkpointer; XLA's; onnxruntime's)
     and finalising hundreds of modules: seconds on a loaded machine, and a hang when a native pool waits on
     a thread that finalisation has already frozen."""
-    import logging  # pylint: disable=import-outside-toplevel
-
     if "ray" in sys.modules:
         try:
             sys.modules["ray"].shutdown()  # a joined (not owned) cluster: disconnect cleanly

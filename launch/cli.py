@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import tempfile
@@ -16,7 +17,13 @@ from typing import TYPE_CHECKING, Callable, Mapping, NoReturn, Sequence
 
 import agents
 from agents.loops import LOOP_FORMS
-from launch.experiments.config import ALE_EVAL_EPISODES, DISTRIBUTED_FIELDS, EVALUATION_HELP, ExperimentConfig
+from launch.experiments.config import (
+    ALE_EVAL_EPISODES, DISTRIBUTED_FIELDS, EVALUATION_HELP, ExperimentConfig, actor_precision,
+)
+from quarl.envs.factory import canonical_task, list_tasks, make_environment, unknown_task_message
+from quarl.envs.spec import environment_spec
+from quarl.nets.qat import check_qat_bits
+from quarl.ops.carbon import default_country
 from quarl.ops.checks import ConfigError, check_int
 from quarl.quant.precision import Precision
 
@@ -161,7 +168,6 @@ def check_agent(name: str) -> str:
 
 def check_actor_precision(name: str) -> Precision:
     """--precision, parsed once: an actor precision (`ACTOR_PRECISIONS`: fp32, bf16, fp16, int2..int8, int16)."""
-    from launch.experiments.config import actor_precision  # pylint: disable=import-outside-toplevel
     try:
         return actor_precision(name)
     except ValueError as e:
@@ -197,8 +203,6 @@ def _flag_int(flag: str, value: object, *, minimum: int) -> int:
 
 def parse_resources(flag: str, values: Sequence[str]) -> dict[str, float]:
     """Ray custom resources from `NAME` or `NAME=AMOUNT` strings (amount 1 by default, finite and > 0)."""
-    import math  # pylint: disable=import-outside-toplevel
-
     out: dict[str, float] = {}
     for value in values:
         name, sep, amount = value.partition("=")
@@ -264,8 +268,6 @@ def _can_create_in(directory: Path) -> bool:
 
 def check_agent_task(config: ExperimentConfig) -> "BuilderBase":
     """Builds the task's env once to check it exists and suits the agent; returns the config's ready builder."""
-    from quarl.envs.spec import environment_spec
-    from quarl.envs.factory import make_environment  # pylint: disable=import-outside-toplevel
     task = check_task(config.task)
     builder = config.builder()
     env = make_environment(task, 0)
@@ -281,8 +283,6 @@ def check_agent_task(config: ExperimentConfig) -> "BuilderBase":
 def check_task(task: str) -> str:
     """`task` as the environment factory names it (gymnasium's `ALE/Pong-v5` is `ALE/Pong`), or a one-line
     UsageError naming the closest valid ids."""
-    from quarl.envs.factory import (  # pylint: disable=import-outside-toplevel
-        canonical_task, list_tasks, unknown_task_message)
     name = canonical_task(task)
     if name not in list_tasks():
         raise UsageError(unknown_task_message(task) + "; --list-tasks prints them all")
@@ -298,7 +298,6 @@ class ListTasksAction(argparse.Action):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
                  option_string: str | None = None) -> NoReturn:
-        from quarl.envs.factory import list_tasks  # pylint: disable=import-outside-toplevel
         for task in list_tasks():
             print(task)
         parser.exit(0)
@@ -306,7 +305,6 @@ class ListTasksAction(argparse.Action):
 
 def check_carbon_country() -> str:
     """The energy trackers' grid country ($QUARL_CARBON_COUNTRY), checked before anything starts."""
-    from quarl.ops.carbon import default_country  # pylint: disable=import-outside-toplevel
     try:
         return default_country()
     except ValueError as e:
@@ -317,7 +315,6 @@ def qat_overrides(qat_bits: int | None, precision: Precision) -> dict[str, objec
     """`--qat-bits B` as a config override; QAT trains for int-B actors, so an intK --precision must match."""
     if qat_bits is None:
         return {}
-    from quarl.nets.qat import check_qat_bits  # pylint: disable=import-outside-toplevel
     try:
         bits = check_qat_bits(qat_bits, "--qat-bits")
     except ValueError as e:

@@ -29,7 +29,10 @@ from launch.cli import (
 )
 from launch.config_file import config_with_overrides, default_logdir, reject_with_config
 from launch.overrides import parse_settings, settings_help
+from launch.experiments.budget import budget_warnings
 from launch.experiments.config import ExperimentConfig
+from launch.experiments.stopping import StopSignals, exit_code
+from launch.experiments.summary_table import print_summary
 from launch.program.devices import LEARNER_DEVICES
 
 PROG = "launch.train"
@@ -99,10 +102,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as e:
         fail(f"{PROG}: error: {e}")
     from launch.experiments.run_experiment import run_experiment  # pylint: disable=import-outside-toplevel
-    from launch.experiments.summary_table import print_summary  # pylint: disable=import-outside-toplevel
-    from launch.experiments.stopping import StopSignals, exit_code  # pylint: disable=import-outside-toplevel
-    from launch.experiments.budget import budget_warnings  # pylint: disable=import-outside-toplevel
-
     warn(PROG, budget_warnings(config, "--steps", distributed=False))
     with StopSignals() as signals:  # SIGINT/SIGTERM: stop, then write the logs, the policy and summary.json
         summary = run_experiment(config, progress=not args.no_progress, should_stop=signals.requested)

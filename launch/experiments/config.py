@@ -10,10 +10,14 @@ library (backends, kernel forms, agent config keys) import it lazily.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 from typing import TYPE_CHECKING, Mapping
 
+import agents
 from agents.loops import check_loop_form
+from launch.program.devices import LEARNER_DEVICES
+from quarl.envs.factory import task_family
 from quarl.ops.checks import ConfigError, check_bool, check_int, check_number, is_finite
 from quarl.ops.io import JSONValue
 from quarl.quant.precision import Precision, parse_precision, precision_names
@@ -110,7 +114,6 @@ EVALUATION_HELP = f"a tenth of the run; ALE games at most once every {ALE_MIN_EV
 def default_evaluation(task: str, max_actor_steps: int) -> tuple[int, int]:
     """(actor steps between evaluations, episodes per evaluation) when the run does not set them: 10 episodes
     every tenth of the run, but ALE games' long episodes fewer and less often (`EVALUATION_HELP`)."""
-    from quarl.envs.factory import task_family  # pylint: disable=import-outside-toplevel  (no JAX)
     every = max(1, int(max_actor_steps) // 10)
     if isinstance(task, str) and task_family(task) == "ale":
         return max(every, ALE_MIN_EVAL_EVERY), ALE_EVAL_EPISODES
@@ -188,8 +191,6 @@ class ExperimentConfig:
 
     def _check(self) -> None:
         """Every value check, in one place (CLIs map `ConfigError.field` to their flag)."""
-        import agents  # pylint: disable=import-outside-toplevel  (cheap: configs only, no JAX)
-
         if self.agent not in agents.AGENT_NAMES:
             raise ConfigError("agent", f"{self.agent!r} is an unknown agent; valid agents: {', '.join(agents.AGENT_NAMES)}")
         for name, value in (("task", self.task), ("logdir", self.logdir)):
@@ -219,7 +220,6 @@ class ExperimentConfig:
         if self.target_return is not None and not is_finite(self.target_return):
             raise ConfigError("target_return", f"must be a finite number, got {self.target_return!r}")
         check_bool("eval_fp32", self.eval_fp32)
-        from launch.program.devices import LEARNER_DEVICES  # pylint: disable=import-outside-toplevel
         if self.learner_device not in LEARNER_DEVICES:
             raise ConfigError("learner_device", f"must be one of {', '.join(LEARNER_DEVICES)}, "
                                                 f"got {self.learner_device!r}")
@@ -235,8 +235,6 @@ class ExperimentConfig:
 
     def builder(self) -> "BuilderBase":
         """The agent builder this experiment trains, on `agent_config`."""
-        import agents  # pylint: disable=import-outside-toplevel
-
         return agents.builder_class(self.agent)(self.agent_config)
 
     @classmethod
@@ -292,8 +290,6 @@ _INTS = ("max_actor_steps", "seed", "eval_every", "eval_episodes", "envs_per_act
 
 
 def _agent_config(agent: str, overrides: Mapping[str, object]) -> "AgentConfig":
-    import agents  # pylint: disable=import-outside-toplevel  (cheap: configs only, no JAX)
-
     try:
         return agents.make_config(agent, **overrides)
     except (TypeError, ValueError) as e:
@@ -342,7 +338,6 @@ def executor_factory(kernel_form: str | None) -> "ExecutorFactory | None":
     """None, or `quarl.runtimes.make_executor` with its ONNX kernel form pinned (see ExperimentConfig.kernel_form)."""
     if kernel_form is None:
         return None
-    import functools  # pylint: disable=import-outside-toplevel
     from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
 
     return functools.partial(make_executor, kernel_form=kernel_form)

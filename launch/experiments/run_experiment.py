@@ -29,6 +29,7 @@ from launch.experiments.acting import (
 )
 from launch.experiments.config import ExperimentConfig
 from launch.experiments.feeds import ReplayFeed, RolloutFeed, make_feed
+from launch.experiments.progress import StepProgress
 from launch.experiments.run_end import RunRecord, finish_run, save_best_policy
 from launch.experiments.run_parts import Actors, Agent, build_agent, make_actors
 from launch.experiments.stages import StageTimes
@@ -39,7 +40,6 @@ from quarl.ops.logs import CSVLogger
 
 if TYPE_CHECKING:
     from agents.base import BuilderBase
-    from launch.experiments.progress import StepProgress
 
 
 class RunOptions(TypedDict, total=False):
@@ -56,7 +56,6 @@ class RunOptions(TypedDict, total=False):
 @contextlib.contextmanager
 def _progress(total: int, enabled: bool) -> Iterator["StepProgress"]:
     """A bar on a terminal, plain lines every few seconds in a log (`launch.experiments.progress.StepProgress`)."""
-    from launch.experiments.progress import StepProgress  # pylint: disable=import-outside-toplevel
     bar = StepProgress(total, enabled)
     try:
         yield bar
