@@ -1,4 +1,4 @@
-"""What every agent shares: the interfaces the runners rely on (Protocols, not `Any`) and the builder scaffolding,
+"""What every agent shares: the interfaces the runners rely on (typed Protocols) and the builder scaffolding,
 split by concern as Acme splits its builders (`acme/agents/jax/builders.py`: learner, policy and actor parts
 beside the replay part), so an agent's builder only says what differs.
 
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import abc
 import math
-from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Protocol, Sequence, TypedDict, cast, runtime_checkable
+from typing import TYPE_CHECKING, Callable, ClassVar, Mapping, Protocol, Sequence, runtime_checkable
 
 import numpy as np
 
@@ -31,6 +31,7 @@ from quarl.replay.adders import NStepTransitionAdder
 from quarl.replay.items import Rollout, SamplerSettings, StackedSample, TableConfig, Transition
 from quarl.replay.table import Table
 from quarl.runtimes.base import PolicyExecutor
+from quarl.runtimes.kernel_check import KernelRecord, kernel_summary
 
 if TYPE_CHECKING:  # for type checkers only: the learner's JAX types (actors never load JAX), and the configs
     from chex import ArrayTree
@@ -39,29 +40,6 @@ if TYPE_CHECKING:  # for type checkers only: the learner's JAX types (actors nev
     from agents.learner_base import Batch, Block, Metrics
 
 Signature = dict[str, tuple[tuple[int, ...], np.dtype]]
-
-
-class KernelFormCheck(TypedDict, total=False):
-    """One integer kernel form's self-check as a run records it (`quarl.runtimes.base.FormCheck` without its
-    tolerance; `max_rel_err` and `error` only where known)."""
-
-    form: str
-    ok: bool
-    max_rel_err: float
-    error: str
-
-
-class KernelRecord(TypedDict, total=False):
-    """What ran an actor's policy, as summary.json records it (`quarl.runtimes.kernel_summary`): the integer kernel
-    form (None for a float precision), this CPU's class and flags, and, where a form was self-checked, the one
-    requested, whether it was refused (`fallback`) and every check tried, the last one the form in use."""
-
-    form: str | None
-    cpu_class: str
-    cpu_flags: list[str]
-    requested: str | None
-    fallback: bool
-    checks: list[KernelFormCheck]
 
 
 @runtime_checkable
@@ -173,9 +151,7 @@ class ExecutorActor(abc.ABC):
     @property
     def kernel(self) -> KernelRecord:
         """The executor's integer kernel form and self-check outcome (`quarl.runtimes.kernel_summary`)."""
-        from quarl.runtimes import kernel_summary  # pylint: disable=import-outside-toplevel
-
-        return cast(KernelRecord, kernel_summary(self._executor))
+        return kernel_summary(self._executor)
 
     @property
     def exploration(self) -> float:

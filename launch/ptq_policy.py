@@ -1,7 +1,7 @@
 """Which trained policy a PTQ sweep reads, and how each row of the sweep acts: shared by `launch.ptq` and
 `bench.learning.ptq_study`.
 
-Any agent's policy loads the same way. Every runner saves the final fp32 policy with `quarl.runtimes.policy_io.save_policy`
+All agents' policies load the same way. Every runner saves the final fp32 policy with `quarl.runtimes.policy_io.save_policy`
 (a spec plus its weights, and a sidecar naming the agent and task), and a greedy policy needs nothing from the
 agent's code: a discrete task acts on the argmax of the outputs (DQN's Q-values, PPO/A2C's logits), a continuous
 task on the outputs themselves (D4PG's tanh-bounded action, PPO/A2C's Gaussian mean, which the environment clips
@@ -133,7 +133,8 @@ def sweep_grid(bits: Sequence[int], include: Sequence[str],
 def make_row_policy(point: GridPoint, policy: LoadedPolicy, action_spec: specs.Array, backend: str,
                     observations: np.ndarray | None = None) -> tuple[GreedyPolicy, str]:
     """The greedy policy for one row and how it executes: 'int-kernel' (with the head's width for a wider head),
-    'native' or 'simulated'. Conv policies' int rows calibrate their activation ranges on `observations` (`calibration_observations`)."""
+    'native' or 'simulated'. Conv policies' int rows calibrate their activation ranges on `observations`
+    (`calibration_observations`)."""
     prec = parse_precision(point.precision)
     if prec.simulated:
         rounded = fake_quantize_params(policy.params, prec, point.per_channel)

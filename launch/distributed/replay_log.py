@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Mapping
 
 from quarl.ops.logs import CSVLogger
 
@@ -23,7 +23,7 @@ class ReplayLog:
         self._last = -math.inf
         self._log: CSVLogger | None = None
 
-    def write(self, counts: Mapping[str, Any], info: Mapping[str, Any], force: bool = False) -> None:
+    def write(self, counts: Mapping[str, float], info: Mapping[str, object], force: bool = False) -> None:
         now = time.monotonic()
         if not force and now - self._last < self._every_s:
             return

@@ -3,14 +3,14 @@ per-node seeds of a run."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, TypedDict
 
 import numpy as np
 
 import agents
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import EnvSpec, environment_spec
-from quarl.ops.io import JSONValue
+from quarl.replay.items import TableConfig
 
 if TYPE_CHECKING:  # agents.base imports JAX; the CLIs check their flags with this module before JAX loads
     from agents.base import BuilderBase, ReplayBuilder
@@ -41,9 +41,16 @@ def derive_seed(seed: int, *path: int) -> int:
     return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1, np.uint32)[0] & 0x7FFFFFFF)
 
 
-def table_spec(builder: "ReplayBuilder", env_spec: EnvSpec) -> dict[str, JSONValue]:
+class TableSpec(TypedDict):
+    """A replay table as plain data: its rate limiter settings and its columns ({name: [shape, dtype name]})."""
+
+    config: TableConfig
+    signature: dict[str, tuple[list[int], str]]
+
+
+def table_spec(builder: "ReplayBuilder", env_spec: EnvSpec) -> TableSpec:
     """The replay table as plain data (rate limiter settings + column signature), so the replay server
     builds a `quarl.replay.table.Table` without importing the agent (and JAX) in its process."""
     signature = builder.transition_signature(env_spec)
-    return {"config": dict(builder.table_config()),
-            "signature": {k: [list(shape), str(dtype)] for k, (shape, dtype) in signature.items()}}
+    return {"config": builder.table_config(),
+            "signature": {k: (list(shape), str(dtype)) for k, (shape, dtype) in signature.items()}}

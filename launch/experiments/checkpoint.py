@@ -32,11 +32,12 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping, TypedDict, cast
 
 import numpy as np
 
 from quarl.ops.io import JSONValue, atomic_output, jsonable, write_text_atomic
+from quarl.replay.items import TableState
 
 if TYPE_CHECKING:  # JAX-free at import: launch.actorq checks --resume with this module before JAX loads
     from chex import ArrayTree
@@ -57,6 +58,13 @@ LEARNER_FILES = "learner_files"
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used: missing, incomplete, corrupted or from another configuration."""
+
+
+class ReplaySnapshot(TypedDict):
+    """What a replay snapshot's writer reports for the manifest: the npz file's SHA-256 and its item count."""
+
+    sha256: str
+    items: int
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -103,35 +111,31 @@ def _read_json(path: Path, what: str) -> dict:
 # ------------------------------------------------------------------------------------------------------
 
 
-def save_replay(path: str | os.PathLike, state: Mapping[str, Any]) -> dict[str, JSONValue]:
+def save_replay(path: str | os.PathLike, state: TableState) -> ReplaySnapshot:
     """Writes a `Table.state_dict()` to `path` (npz); returns {"sha256", "items"} for the manifest."""
     path = Path(path)
-    arrays: dict[str, np.ndarray] = {}
-    for key, value in state.items():
-        if key == "data":
-            for column, arr in value.items():
-                arrays[_DATA_PREFIX + column] = np.asarray(arr)
-        else:
-            arrays[key] = np.asarray(value)
+    arrays: dict[str, np.ndarray] = {_DATA_PREFIX + column: np.asarray(arr) for column, arr in state["data"].items()}
+    arrays.update({key: np.asarray(value) for key, value in state.items() if key != "data"})
     with atomic_output(path) as f:
         np.savez(f, **arrays)
     return {"sha256": _sha256_file(path), "items": int(np.asarray(state["keys"]).shape[0])}
 
 
-def load_replay(path: str | os.PathLike, sha256: str | None = None) -> dict[str, Any]:
+def load_replay(path: str | os.PathLike, sha256: str | None = None) -> TableState:
     """Reads a replay snapshot (checking its SHA-256 when given) back into `Table.load_state_dict` form."""
     path = Path(path)
     if sha256 is not None and _sha256_file(path) != sha256:
         raise CheckpointError(f"replay snapshot {str(path)!r} does not match its checksum")
-    state: dict[str, Any] = {"data": {}}
+    data: dict[str, np.ndarray] = {}
+    state: dict[str, object] = {"data": data}
     with np.load(path, allow_pickle=False) as npz:
         for key in npz.files:
             if key.startswith(_DATA_PREFIX):
-                state["data"][key[len(_DATA_PREFIX):]] = npz[key]
+                data[key[len(_DATA_PREFIX):]] = npz[key]
             else:
                 arr = npz[key]
                 state[key] = arr.item() if arr.ndim == 0 else arr
-    return state
+    return cast(TableState, state)  # as stored: `Table.load_state_dict` checks every field
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -174,7 +178,7 @@ def checkpoint_root(logdir: str | os.PathLike) -> Path:
 
 
 def write_checkpoint(logdir: str | os.PathLike, *, step: int, learner_state: ArrayTree,
-                     save_replay_to: Callable[[str], Mapping[str, JSONValue]],
+                     save_replay_to: Callable[[str], ReplaySnapshot],
                      manifest: Mapping[str, JSONValue]) -> Path:
     """Writes checkpoint `step` (learner, then replay via `save_replay_to(path)`, then the manifest), lists
     it in latest.json and prunes older ones. Returns the checkpoint directory."""

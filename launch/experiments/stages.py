@@ -19,7 +19,9 @@ per env step (`per_step`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
+
+from analysis.schema import RuntimeSection
 
 # The actor-side stages, in the paper's order, then the learner's side of a weight update.
 ACTOR_STAGES = ("env_step_s", "policy_s", "insert_s", "pull_s", "deserialize_s", "load_s")
@@ -43,38 +45,44 @@ class StageTimes:
     updates: int = 0  # pulls that brought a new version
     payload_bytes: int = 0  # summed over the updates
 
-    def summary(self) -> dict[str, float]:
+    def summary(self) -> dict[str, float | None]:
         """The totals plus ms per update of each update stage and µs per env step (one actor's entry)."""
-        out: dict[str, Any] = dataclasses.asdict(self)
+        out: dict[str, float | None] = dataclasses.asdict(self)
         out.update(_per_update(out, self.updates, self.updates))
         out.update(_per_step(out, self.env_steps))
         return out
 
 
-def _per_update(summed: Mapping[str, Any], updates: int, versions: int) -> dict[str, float | None]:
+def _number(value: object) -> float:
+    """A recorded stage total (an actor's record may lack one, or hold None): 0 where there is none."""
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
+def _per_update(summed: Mapping[str, float | None], updates: int, versions: int) -> dict[str, float | None]:
     """ms per weight update of each update stage (quantize_encode per published version); None without any."""
     out: dict[str, float | None] = {}
     for stage in UPDATE_STAGES:
         n = versions if stage == "quantize_encode_s" else updates
-        out[f"{stage[:-2]}_ms_per_update"] = 1e3 * float(summed.get(stage) or 0.0) / n if n else None
-    actor_side = [out[f"{s[:-2]}_ms_per_update"] for s in UPDATE_STAGES[1:]]
+        out[f"{stage[:-2]}_ms_per_update"] = 1e3 * _number(summed.get(stage)) / n if n else None
+    actor_side = [_number(out[f"{s[:-2]}_ms_per_update"]) for s in UPDATE_STAGES[1:]]
     out["update_ms"] = sum(actor_side) if updates else None  # pull + deserialize + load: what an actor waits
     return out
 
 
-def _per_step(summed: Mapping[str, Any], env_steps: int) -> dict[str, float | None]:
+def _per_step(summed: Mapping[str, float | None], env_steps: int) -> dict[str, float | None]:
     """µs per env step of the per-step stages; None before any step."""
-    return {f"{stage[:-2]}_us_per_step": 1e6 * float(summed.get(stage) or 0.0) / env_steps if env_steps else None
+    return {f"{stage[:-2]}_us_per_step": 1e6 * _number(summed.get(stage)) / env_steps if env_steps else None
             for stage in ("env_step_s", "policy_s", "insert_s")}
 
 
-def runtime_section(actor_times: Sequence[Mapping[str, Any]], quantize_encode_s: float,
-                    versions: int) -> dict[str, Any]:
+def runtime_section(actor_times: Sequence[Mapping[str, object]], quantize_encode_s: float,
+                    versions: int) -> RuntimeSection:
     """summary.json's `runtime`: the actors' stage totals summed (plus the learner's quantize + encode over
-    `versions` published versions), the counts, ms per update and µs per env step. Same keys in both runners."""
-    summed = {k: float(sum(float(t.get(k) or 0.0) for t in actor_times)) for k in ACTOR_STAGES}
+    `versions` published versions), the counts, ms per update and µs per env step. Same keys in both runners.
+    `actor_times`: each actor's `StageTimes.summary()`, as its record carried it."""
+    summed: dict[str, float] = {k: float(sum(_number(t.get(k)) for t in actor_times)) for k in ACTOR_STAGES}
     summed["quantize_encode_s"] = float(quantize_encode_s)
-    counts = {k: int(sum(int(t.get(k) or 0) for t in actor_times)) for k in ("env_steps", "pulls", "updates")}
+    counts = {k: int(sum(_number(t.get(k)) for t in actor_times)) for k in ("env_steps", "pulls", "updates")}
     per_update = {k.replace("_ms_per_update", "_ms"): v
                   for k, v in _per_update(summed, counts["updates"], int(versions)).items()}
     per_step = {k.replace("_us_per_step", "_us"): v for k, v in _per_step(summed, counts["env_steps"]).items()}

@@ -20,7 +20,7 @@ from quarl.ops.io import JSONValue
 if TYPE_CHECKING:
     from launch.experiments.config import ExperimentConfig
 
-__all__ = ["Summary", "build_summary", "final_policy_record", "make_summary"]
+__all__ = ["FinalPolicy", "Summary", "build_summary", "final_policy_record", "make_summary"]
 # What a node or the single-process loop reports of itself, keyed into a summary.json section by `keyed`.
 Record = Mapping[str, object]
 EvalRecord = EvalRow | Mapping[str, float]  # an evaluator.csv row (`read_evals` reads it back as floats)

@@ -19,13 +19,14 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from launch.program.devices import CPU_ONLY_ENV
 from launch.program.graph import SINGLE_THREAD_ENV
 from launch.program.ray_runner import init_ray
 
 if TYPE_CHECKING:
+    from analysis.schema import Summary
     from launch.grid.runs import PlannedRun
 
 _SLICE_S = 0.2  # longest uninterruptible wait in the driver (Ctrl-C)
@@ -63,8 +64,8 @@ def unpack(data: bytes, run_dir: Path) -> None:
             shutil.rmtree(tmp)
 
 
-def run_on_cluster(runs: Sequence[Any], root: Path, backend: str, address: str, cpus_per_run: float,
-                   on_done: Callable[[Any, dict | None, str | None, float], None]) -> None:
+def run_on_cluster(runs: Sequence[PlannedRun], root: Path, backend: str, address: str, cpus_per_run: float,
+                   on_done: Callable[[PlannedRun, Summary | None, str | None, float], None]) -> None:
     """Runs `runs` as Ray tasks on the cluster at `address`; calls `on_done(run, summary, error, seconds)` for
     each as it finishes (summary None and a one-line error when it failed). Ctrl-C cancels what is left."""
     import ray  # pylint: disable=import-outside-toplevel
@@ -75,7 +76,7 @@ def run_on_cluster(runs: Sequence[Any], root: Path, backend: str, address: str, 
     # Grid runs ask Ray for no GPU, so none may start one (launch.program.devices): on a GPU machine each would take 75%
     # of its memory. One core per run: no library may spread over more either.
     env = dict(SINGLE_THREAD_ENV) if cpus_per_run <= 1 else dict(CPU_ONLY_ENV)
-    options: dict[str, Any] = {"num_cpus": cpus_per_run, "max_retries": 0, "runtime_env": {"env_vars": env}}
+    options: dict[str, object] = {"num_cpus": cpus_per_run, "max_retries": 0, "runtime_env": {"env_vars": env}}
     task = ray.remote(_run_packed).options(**options)
     started = time.monotonic()
     pending = {task.remote(run, backend): run for run in runs}

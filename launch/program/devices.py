@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Any, Mapping
+from typing import Mapping, TypedDict
 
 LEARNER_DEVICES = ("auto", "cpu", "gpu")
 # Every process except the learner: JAX on its CPU backend, and no CUDA device visible to any library.
@@ -83,7 +83,19 @@ def use_learner_device(device: str) -> None:
         raise RuntimeError(f"--learner-device gpu: JAX sees no GPU here (its backend is {jax.default_backend()!r})")
 
 
-def device_report() -> dict[str, Any]:
+class DeviceReport(TypedDict):
+    """Where a process's JAX runs (summary.json's `learner_device`)."""
+
+    platform: str | None
+    device_kind: str | None
+    device_count: int
+    jax_backend: str
+    jax: str
+    pid: int
+    env: dict[str, str | None]  # REPORTED_ENV, None where unset
+
+
+def device_report() -> DeviceReport:
     """Where JAX runs in this process, as the process sees it: platform, device kind and count, and the
     environment variables that decide it (REPORTED_ENV; None where unset)."""
     import jax  # pylint: disable=import-outside-toplevel
@@ -95,7 +107,7 @@ def device_report() -> dict[str, Any]:
             "pid": os.getpid(), "env": {k: os.environ.get(k) for k in REPORTED_ENV}}
 
 
-def learner_device_error(wanted: str, report: Mapping[str, Any]) -> str | None:
+def learner_device_error(wanted: str, report: Mapping[str, object]) -> str | None:
     """Why the learner's `report` does not honour `--learner-device wanted` (None when it does)."""
     platform = report.get("platform")
     if wanted == "gpu" and platform != "gpu":
@@ -105,6 +117,6 @@ def learner_device_error(wanted: str, report: Mapping[str, Any]) -> str | None:
     return None
 
 
-__all__ = ["ACCELERATOR_BY_DEVICE", "CPU_ONLY_ENV", "LEARNER_DEVICES", "NO_PREALLOCATE_ENV", "REPORTED_ENV",
-           "check_learner_device", "cpu_only", "device_report", "learner_device_error",
+__all__ = ["ACCELERATOR_BY_DEVICE", "CPU_ONLY_ENV", "DeviceReport", "LEARNER_DEVICES", "NO_PREALLOCATE_ENV",
+           "REPORTED_ENV", "check_learner_device", "cpu_only", "device_report", "learner_device_error",
            "learner_env", "pin_driver_to_cpu", "use_learner_device"]

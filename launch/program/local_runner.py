@@ -16,7 +16,7 @@ import os
 import queue
 import threading
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from launch.program.graph import CallFuture, CallResult, NodeHandle, Program, resolve_handles
 
@@ -51,7 +51,7 @@ class DaemonPool:
         self._threads: list[threading.Thread] = []
         self._shutdown = False
 
-    def submit(self, fn: Callable[..., Any], *args: object, **kwargs: object) -> concurrent.futures.Future:
+    def submit(self, fn: Callable[..., object], *args: object, **kwargs: object) -> concurrent.futures.Future:
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._lock:
             if self._shutdown:

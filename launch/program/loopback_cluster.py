@@ -36,7 +36,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import psutil
 
@@ -121,10 +121,10 @@ class RayNodeProcess:
     resources: Mapping[str, float]
     pids: set[int] = dataclasses.field(default_factory=set)
 
-    def processes(self) -> list[Any]:
+    def processes(self) -> list[psutil.Process]:
         """The node's live processes: those whose command line names its temp dir, and their descendants
         (Ray's worker processes rename themselves to `ray::...`, but stay children of the raylet)."""
-        found: dict[int, Any] = {}
+        found: dict[int, psutil.Process] = {}
         marker = str(self.temp_dir)
         for p in psutil.process_iter(["pid", "cmdline"]):
             try:
@@ -258,7 +258,7 @@ class LoopbackCluster:
                 out += [(name, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
         return out
 
-    def processes(self) -> list[Any]:
+    def processes(self) -> list[psutil.Process]:
         return [p for node in self.nodes.values() for p in node.processes()]
 
     def stop(self) -> None:
@@ -269,7 +269,7 @@ class LoopbackCluster:
             shutil.rmtree(self.root, ignore_errors=True)
 
 
-def wait_for_nodes(count: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+def wait_for_nodes(count: int, timeout_s: float = 60.0) -> list[dict[str, object]]:
     """The alive nodes of the cluster this process is connected to, once there are `count` of them."""
     import ray  # pylint: disable=import-outside-toplevel
 

@@ -25,7 +25,7 @@ import sys
 import time
 import types
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from launch.program.graph import CallFuture, CallResult, NodeHandle, NodeLost, Program, resolve_handles
 from launch.program.loopback_cluster import is_loopback
@@ -232,7 +232,7 @@ class RayLaunch:
         ray = _ray()
         self.program = program
         self._owns_cluster = owns_cluster
-        self._actors: dict[str, Any] = {}
+        self._actors: dict[str, ray.actor.ActorHandle] = {}
         # A fresh namespace per launch: node names never clash with another run on a shared cluster.
         self.namespace = f"{program.name}-{secrets.token_hex(4)}"
         self.handles: dict[str, RayNodeHandle] = {}
@@ -242,7 +242,7 @@ class RayLaunch:
         _check_custom_resources(program)
         try:
             for node in program.nodes:
-                options: dict[str, Any] = {
+                options: dict[str, object] = {
                     "num_cpus": node.num_cpus,
                     "max_concurrency": node.max_concurrency,
                     "max_restarts": node.max_restarts,

@@ -14,7 +14,9 @@ import functools
 import os
 import platform
 import time
-from typing import Any, Iterable, Mapping
+from typing import Iterable, Mapping
+
+from quarl.ops.io import JSONObject, JSONValue
 
 # The libraries whose versions decide the numbers a report shows.
 REPORT_PACKAGES = ("jax", "jaxlib", "numpy", "onnxruntime", "onnx", "aqtp", "dm-control", "mujoco", "gymnasium",
@@ -121,7 +123,7 @@ class MachineRecord:
     versions: dict[str, str]  # {distribution: version} of the `REPORT_PACKAGES` installed
     date: str  # local time, ISO 8601 to the second
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JSONObject:
         """The record as JSON: one key per field (`MACHINE_KEYS`), lists for tuples."""
         out = dataclasses.asdict(self)
         out["cpu_flags"] = list(self.cpu_flags)
@@ -157,13 +159,13 @@ _OLD_KEYS = {"cpu": "cpu_model", "logical_cpus": "cores", "physical_cpus": "phys
              "load_average_start": "load_start", "load_average_end": "load_end"}
 
 
-def machine_fields(stored: Mapping[str, Any] | None) -> dict[str, Any]:
+def machine_fields(stored: Mapping[str, JSONValue] | None) -> JSONObject:
     """A stored machine record under the current keys, whatever format wrote it: old keys renamed (`_OLD_KEYS`),
     flags given as one string split into a list, package versions stored at the top level moved under
     "versions" (with a bench record's "packages"). Keys a writer added on top (a benchmark's `load_end`,
     `allow_busy`, `jax_backend`) are kept; facts an old record lacks stay absent. The compatibility reader for every report that reads a machine."""
-    out: dict[str, Any] = {}
-    versions: dict[str, Any] = {}
+    out: JSONObject = {}
+    versions: JSONObject = {}
     for key, value in (stored or {}).items():
         if key in REPORT_PACKAGES:
             versions[key] = value
@@ -171,8 +173,10 @@ def machine_fields(stored: Mapping[str, Any] | None) -> dict[str, Any]:
             versions.update(value)
         else:
             out.setdefault(_OLD_KEYS.get(key, key), value)
-    if isinstance(out.get("cpu_flags"), str):
-        out["cpu_flags"] = out["cpu_flags"].split()
+    flags = out.get("cpu_flags")
+    if isinstance(flags, str):
+        out["cpu_flags"] = list(flags.split())
     if versions:
-        out["versions"] = {**versions, **(out.get("versions") or {})}
+        stored_versions = out.get("versions")
+        out["versions"] = {**versions, **(stored_versions if isinstance(stored_versions, dict) else {})}
     return out

@@ -27,11 +27,11 @@ import threading
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Hashable, Iterator, Mapping, TypeVar
+from typing import Callable, Hashable, Iterator, Mapping, TypedDict, TypeVar, cast
 
 import numpy as np
 
-from quarl.ops.io import write_text_atomic
+from quarl.ops.io import JSONObject, write_text_atomic
 from quarl.policy.spec import Linear, PolicySpec
 from quarl.quant.precision import parse_precision
 from quarl.quant.quantization import QuantizedParams
@@ -55,8 +55,23 @@ _ROUNDS = 6
 # against older graphs would otherwise keep choosing for code that no longer runs.
 GRAPHS_VERSION = 3
 
+# A backend's executor factory (`make_executor`'s per-backend makers): (spec, qparams, batch_size=, threads=).
+BackendFactory = Callable[..., PolicyExecutor]
+
+
+class Decision(TypedDict, total=False):
+    """One decision: the backend chosen, each candidate's µs per call, when and by which process it was measured,
+    and where this process has it from ("measured", "file"; not stored in the file)."""
+
+    backend: str
+    us_per_call: dict[str, float]
+    measured_at: str
+    measured_by_pid: int
+    source: str
+
+
 _lock = threading.Lock()
-_decisions: dict[str, dict[str, Any]] = {}
+_decisions: dict[str, Decision] = {}
 
 
 def cache_path() -> Path:
@@ -117,10 +132,10 @@ def parse_decision_key(key: str) -> dict[str, str]:
     return fields
 
 
-def auto_decisions() -> dict[str, dict[str, Any]]:
+def auto_decisions() -> dict[str, Decision]:
     """The decisions made or loaded in this process: key -> {backend, us_per_call, source}."""
     with _lock:
-        return {k: dict(v) for k, v in _decisions.items()}
+        return {k: Decision(**v) for k, v in _decisions.items()}
 
 
 def clear_auto_decisions() -> None:
@@ -129,7 +144,8 @@ def clear_auto_decisions() -> None:
         _decisions.clear()
 
 
-def _read_file() -> dict[str, Any]:
+def _read_file() -> JSONObject:
+    """The cache file's decisions by key, as JSON (unchecked: `_stored_decision` checks the one it uses)."""
     path = cache_path()
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
@@ -145,13 +161,13 @@ def _read_file() -> dict[str, Any]:
     return data["decisions"]
 
 
-def _write_file(key: str, entry: dict[str, Any]) -> None:
+def _write_file(key: str, entry: Decision) -> None:
     """Merge one decision into the cache file atomically (write a temp file, then rename)."""
     path = cache_path()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         decisions = _read_file()
-        decisions[key] = entry
+        decisions[key] = cast(JSONObject, entry)
         write_text_atomic(path, json.dumps({"version": _FORMAT_VERSION, "decisions": decisions}, indent=1,
                                            sort_keys=True))
     except OSError as e:  # a read-only home must not stop an actor from acting
@@ -194,7 +210,7 @@ def _machine_lock() -> Iterator[bool]:
 _Key = TypeVar("_Key", bound=Hashable)
 
 
-def interleaved_samples(executors: Mapping[_Key, Callable[[np.ndarray], Any]], obs: np.ndarray, rounds: int,
+def interleaved_samples(executors: Mapping[_Key, Callable[[np.ndarray], object]], obs: np.ndarray, rounds: int,
                         block: int | Mapping[_Key, int]) -> dict[_Key, list[float]]:
     """Seconds per call of each executor, timed in turns: `rounds` rounds of a block of `block` (or
     `block[key]`) calls per executor, so load drift from other processes hits all alike. Each block's first
@@ -234,7 +250,7 @@ def _time_interleaved(executors: dict[str, PolicyExecutor], obs: np.ndarray) -> 
     return {name: float(np.percentile(s, 25) * 1e6) for name, s in samples.items()}
 
 
-def _measured_all(entry: dict[str, Any], factories: dict[str, Callable[..., Any]]) -> bool:
+def _measured_all(entry: Mapping[str, object], factories: Mapping[str, BackendFactory]) -> bool:
     """A decision is reused only if it timed exactly today's candidates: one cached before a candidate
     existed (e.g. the dequantized fp32 path for int weights) would otherwise pin a slower backend forever."""
     timed = entry.get("us_per_call")
@@ -248,7 +264,7 @@ def jax_platform() -> str:
     return jax.default_backend()
 
 
-def cpu_candidates(factories: dict[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+def cpu_candidates(factories: dict[str, BackendFactory]) -> dict[str, BackendFactory]:
     """`factories` without the jax backend when JAX's default device here is not the CPU.
 
     Actors act on the CPU: an actor's JAX on a GPU (its environment hides the GPU, `launch.program.devices`; this is
@@ -259,7 +275,7 @@ def cpu_candidates(factories: dict[str, Callable[..., Any]]) -> dict[str, Callab
     return factories
 
 
-def make_auto_executor(spec: PolicySpec, qparams: QuantizedParams, factories: dict[str, Callable[..., Any]], *,
+def make_auto_executor(spec: PolicySpec, qparams: QuantizedParams, factories: dict[str, BackendFactory], *,
                        batch_size: int, threads: int, kernel_form: str | None = None) -> PolicyExecutor:
     """Return a concrete executor of the fastest CPU backend for this key, measuring on first use."""
     factories = cpu_candidates(factories)
@@ -279,19 +295,19 @@ def make_auto_executor(spec: PolicySpec, qparams: QuantizedParams, factories: di
     return factories[entry["backend"]](spec, qparams, batch_size=batch_size, threads=threads)
 
 
-def _stored_decision(key: str, factories: dict[str, Callable[..., Any]]) -> dict[str, Any] | None:
+def _stored_decision(key: str, factories: dict[str, BackendFactory]) -> Decision | None:
     """The cache file's decision for `key` (also kept in-process), if it timed today's candidates."""
     stored = _read_file().get(key)
     if not (isinstance(stored, dict) and _measured_all(stored, factories)):
         return None
-    entry = {**stored, "source": "file"}
+    entry = cast(Decision, {**stored, "source": "file"})
     with _lock:
         _decisions[key] = entry
     return entry
 
 
 def _measure_and_store(key: str, spec: PolicySpec, qparams: QuantizedParams,
-                       factories: dict[str, Callable[..., Any]], *, batch_size: int, threads: int) -> PolicyExecutor:
+                       factories: dict[str, BackendFactory], *, batch_size: int, threads: int) -> PolicyExecutor:
     """Builds and times every candidate, records the decision (in-process and in the file), returns the winner."""
     candidates = {name: make(spec, qparams, batch_size=batch_size, threads=threads)
                   for name, make in factories.items()}
@@ -300,10 +316,10 @@ def _measure_and_store(key: str, spec: PolicySpec, qparams: QuantizedParams,
            else rng.standard_normal((batch_size, spec.input_dim)).astype(np.float32))
     timings = _time_interleaved(candidates, obs)
     best = min(timings, key=timings.get)
-    entry = {"backend": best, "us_per_call": {k: round(v, 2) for k, v in timings.items()},
-             "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "measured_by_pid": os.getpid(),
-             "source": "measured"}
+    entry: Decision = {"backend": best, "us_per_call": {k: round(v, 2) for k, v in timings.items()},
+                       "measured_at": time.strftime("%Y-%m-%dT%H:%M:%S"), "measured_by_pid": os.getpid(),
+                       "source": "measured"}
     with _lock:
         _decisions[key] = entry
-    _write_file(key, {k: v for k, v in entry.items() if k != "source"})
+    _write_file(key, cast(Decision, {k: v for k, v in entry.items() if k != "source"}))
     return candidates[best]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable, TypedDict
 
 import numpy as np
 
@@ -21,6 +21,29 @@ from quarl.runtimes.kernel_forms import (
 
 if TYPE_CHECKING:
     import onnx
+
+class KernelFormCheck(TypedDict, total=False):
+    """One integer kernel form's self-check as a run records it (`quarl.runtimes.base.FormCheck` without its
+    tolerance; `max_rel_err` and `error` only where known)."""
+
+    form: str
+    ok: bool
+    max_rel_err: float
+    error: str
+
+
+class KernelRecord(TypedDict, total=False):
+    """What ran an actor's policy, as summary.json records it (`quarl.runtimes.kernel_summary`): the integer kernel
+    form (None for a float precision), this CPU's class and flags, and, where a form was self-checked, the one
+    requested, whether it was refused (`fallback`) and every check tried, the last one the form in use."""
+
+    form: str | None
+    cpu_class: str
+    cpu_flags: list[str]
+    requested: str | None
+    fallback: bool
+    checks: list[KernelFormCheck]
+
 
 log = logging.getLogger(__name__)
 _checks_lock = threading.Lock()
@@ -193,12 +216,12 @@ def select_form(bits: int, shapes: list[tuple[int, int]], requested: str | None 
     return info
 
 
-def kernel_summary(executor: object) -> dict[str, Any]:
+def kernel_summary(executor: object) -> KernelRecord:
     """What a run records about an executor's integer kernel (summary.json): the form in use, whether the
     self-check refused the preferred/requested one, and this CPU's class and flags. Float precisions: form None."""
     check = getattr(executor, "kernel_check", None) or {}
-    out: dict[str, Any] = {"form": getattr(executor, "kernel_form", None), "cpu_class": cpu_class(),
-                           "cpu_flags": cpu_info()["flags"]}
+    out: KernelRecord = {"form": getattr(executor, "kernel_form", None), "cpu_class": cpu_class(),
+                         "cpu_flags": cpu_info()["flags"]}
     if check:
         out.update(requested=check.get("requested"), fallback=bool(check.get("fallback")),
                    checks=[{k: c.get(k) for k in ("form", "ok", "max_rel_err", "error") if c.get(k) is not None}

@@ -16,14 +16,16 @@ from __future__ import annotations
 
 import dataclasses
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import numpy.typing as npt
 
 from quarl.runtimes.base import DenseWeights
-from quarl.runtimes.cpu import VNNI_FLAGS, cpu_info
+from quarl.runtimes.cpu import VNNI_FLAGS, CPUInfo, cpu_info
 
+if TYPE_CHECKING:  # onnx is imported where a graph is built (a runtime that never builds one never loads it)
+    from onnx import NodeProto, OperatorSetIdProto
 
 FALLBACK_FORM = "fp32"
 
@@ -32,7 +34,7 @@ class Graph:
     """The small ONNX graph-building surface a form's `emit` sees: `op` adds a node, `const` an initializer."""
 
     def __init__(self) -> None:
-        self.nodes: list[Any] = []
+        self.nodes: list[NodeProto] = []
         self.inits: dict[str, np.ndarray] = {}
         # [in, out] of each int layer by name, set before its `emit`: forms whose ops take the sizes as
         # attributes (MatMulNBits' K and N) read them here.
@@ -62,7 +64,7 @@ class Graph:
         return name
 
 
-def opset_imports(nodes: list[Any], opset: int) -> list[Any]:
+def opset_imports(nodes: list[NodeProto], opset: int) -> list[OperatorSetIdProto]:
     """The default-domain opset plus version 1 of every other domain the nodes use (com.microsoft ops)."""
     from onnx import helper
 
@@ -85,7 +87,7 @@ class KernelForm:
     max_bits: int
     initializers: Callable[[str, DenseWeights], dict[str, np.ndarray]]
     emit: Callable[[Graph, str, str], str]
-    rank: Callable[[dict[str, Any], int], float | None]
+    rank: Callable[[CPUInfo, int], float | None]
     reference: Callable[[np.ndarray, DenseWeights], np.ndarray]
     integer: bool = True  # False: runs in float (the executor reports itself as simulated)
     # True: `emit` honours `Graph.floors` (a layer whose input is known to be >= floor gets it lifted to
@@ -249,7 +251,7 @@ def _int_initializers(name: str, dense: DenseWeights, codes: np.ndarray) -> dict
             lifted_bias_name(name, -1.0): (dense.b.astype(np.float64) - colsum_scaled).astype(np.float32)}
 
 
-def _vnni(cpu: dict[str, Any]) -> bool:
+def _vnni(cpu: CPUInfo) -> bool:
     return bool(set(cpu["flags"]) & set(VNNI_FLAGS))
 
 
@@ -318,7 +320,7 @@ def get_form(name: str) -> KernelForm:
     return form
 
 
-def candidates(bits: int, cpu: dict[str, Any] | None = None) -> list[str]:
+def candidates(bits: int, cpu: CPUInfo | None = None) -> list[str]:
     """Forms to try for int`bits` weights on `cpu`, best first; always ends with the fp32 fallback."""
     cpu = cpu_info() if cpu is None else cpu
     ranked = []

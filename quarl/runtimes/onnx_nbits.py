@@ -29,12 +29,11 @@ bit as with VNNI; every batch of two or more gives a row the same bits.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 
 from quarl.quant.bitpack import signed_offset
 from quarl.runtimes.base import DenseWeights
+from quarl.runtimes.cpu import CPUInfo
 from quarl.runtimes.kernel_forms import Graph, KernelForm, register_form
 
 FORM_NAME = "nbits4"
@@ -111,7 +110,7 @@ def _emit(graph: Graph, x: str, name: str) -> str:
     return y
 
 
-def _rank(cpu: dict[str, Any], bits: int) -> float | None:
+def _rank(cpu: CPUInfo, bits: int) -> float | None:
     return None  # measured by `auto` (as the onnx-nbits backend), never assumed faster
 
 

@@ -29,14 +29,14 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from quarl.policy.im2col import image_patches
 from quarl.policy.spec import Activation, Conv2D, Flatten, Linear, PolicySpec
 from quarl.runtimes.base import DenseWeights, FormCheck, FormChoice, LoweredParams
-from quarl.runtimes.cpu import VNNI_FLAGS, cpu_class, cpu_info
+from quarl.runtimes.cpu import VNNI_FLAGS, CPUInfo, cpu_class, cpu_info
 from quarl.runtimes.kernel_check import CHECK_TOLERANCE, relative_error, run_check
 from quarl.runtimes.kernel_forms import FALLBACK_FORM, Graph
 
@@ -91,13 +91,13 @@ class StaticForm:
     doc: str
     weight_dtype: type[np.integer]  # np.int8 or np.uint8
     weight_zero_point: int
-    rank: Callable[[dict[str, Any]], int | None]
+    rank: Callable[[CPUInfo], int | None]
 
     def codes(self, w: np.ndarray) -> np.ndarray:
         return (np.asarray(w, np.int16) + self.weight_zero_point).astype(self.weight_dtype)
 
 
-def _vnni(cpu: dict[str, Any]) -> bool:
+def _vnni(cpu: CPUInfo) -> bool:
     return bool(set(cpu["flags"]) & set(VNNI_FLAGS))
 
 
@@ -358,7 +358,7 @@ def check_static_form(name: str, bits: int, seed: int = 0) -> FormCheck:
     return result.copy()
 
 
-def static_candidates(cpu: dict[str, Any] | None = None) -> list[str]:
+def static_candidates(cpu: CPUInfo | None = None) -> list[str]:
     """Static forms to try on `cpu`, best first, then the fp32 fallback."""
     cpu = cpu_info() if cpu is None else cpu
     ranked = sorted((form.rank(cpu), name) for name, form in STATIC_FORMS.items() if form.rank(cpu) is not None)

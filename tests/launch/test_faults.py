@@ -111,7 +111,7 @@ class SinkReplay(NodeBase):
         self.items = 0
 
     def insert(self, batch, priorities=None, timeout=None, force=False) -> int:  # pylint: disable=unused-argument
-        n = len(next(iter(batch.values())))
+        n = len(batch.reward)  # a batch of the actor's Transitions
         self.items += n
         return n
 

@@ -5,16 +5,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from agents.base import replay_builder
-from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
+from launch.distributed.nodes.base import (
+    POLL_S, NodeBase, NodeRecord, counter_totals, csv_logger, energy_tracker, log_event,
+)
 from launch.distributed.nodes.weights_client import PolicyClient
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
-from launch.program.graph import NodeHandle
+from launch.program.graph import NodeHandle, result_as
 from quarl.acting.loop import Sink
 from quarl.envs.vector import VectorEnv, make_vector_environment
 from quarl.ops.affinity import claim_core
@@ -53,7 +55,7 @@ def first_actor(builder: BuilderBase, env_spec: EnvSpec, client: PolicyClient, s
     return None if payload is None else built[-1]
 
 
-def log_restart(logdir: str, name: str, attempt: int, version: int, start: Mapping[str, Any]) -> None:
+def log_restart(logdir: str, name: str, attempt: int, version: int, start: Mapping[str, float]) -> None:
     """The events.log line of an acting node started again after its process died (`attempt` > 1; `start` is
     the counter's answer to the start, with the node's own steps so far)."""
     if attempt > 1:
@@ -82,8 +84,8 @@ class CountReport:
     def send(self) -> None:
         if not (self.steps or self.episodes):
             return
-        totals = self._counter.call("increment", actor_steps=self.steps, episodes=self.episodes,
-                                    **{f"{self._name}_steps": self.steps})
+        totals = counter_totals(self._counter, "increment", actor_steps=self.steps, episodes=self.episodes,
+                                **{f"{self._name}_steps": self.steps})
         self.steps = self.episodes = 0
         self.total = int(totals["actor_steps"])
 
@@ -123,9 +125,9 @@ class ActorNode(NodeBase):
         """The actor's K environments (a separate method so tests can wrap it, e.g. to make an actor slow)."""
         return make_vector_environment(self._spec.task, seed, self._num_envs)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> NodeRecord:
         name = f"actor_{self._id}"
-        start = self._counter.call("increment", **{f"{name}_starts": 1})
+        start = counter_totals(self._counter, "increment", **{f"{name}_starts": 1})
         attempt = int(start[f"{name}_starts"])  # > 1 after a crash: fresh env seed, resume latest weights
         t_origin = time.monotonic() - start["wall_clock_s"]
         if self._pin and self.core is None:  # before the runtime and environments start their threads
@@ -207,7 +209,8 @@ class ActorNode(NodeBase):
         try:
             while done < n:
                 part = batch if done == 0 else Transition(*(v[done:] for v in batch))
-                k = int(self._replay.call("insert", part, None, POLL_S, self._stop.is_set()))
+                k = result_as(int, self._replay.call("insert", part, None, POLL_S, self._stop.is_set()),
+                              "replay.insert")
                 done += k
                 self.inserted += k
         finally:

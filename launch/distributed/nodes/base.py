@@ -6,16 +6,24 @@ import logging
 import os
 import threading
 import time
-from launch.program.devices import device_report
-from launch.program.graph import CallFuture, CallResult
+from typing import TYPE_CHECKING, Callable, TypeAlias, cast
+
+from launch.program.devices import DeviceReport, device_report
+from launch.program.graph import CallFuture, CallResult, NodeHandle, result_as
 from quarl.ops.carbon import EnergyTracker, start_tracking, stop_tracking
 from quarl.ops.io import JSONValue
 from quarl.ops.logs import Logger
+
+if TYPE_CHECKING:
+    from launch.experiments.checkpoint import ReplaySnapshot
 
 POLL_S = 0.25  # how long a blocked wait lasts before a node re-checks its stop flag
 ACTOR_ENV_STREAM, EVAL_ENV_STREAM = 10, 11
 EVENTS_FILE = "events.log"
 _log = logging.getLogger("launch.distributed.nodes")
+# What a worker node's `run()` returns: its record of the run, which the supervisor keys into summary.json's
+# sections (`launch.experiments.summary.make_summary`, which checks what it reads).
+NodeRecord: TypeAlias = dict[str, object]
 
 
 def log_event(logdir: str | os.PathLike | None, node: str, message: str, level: int = logging.INFO) -> None:
@@ -48,7 +56,7 @@ class NodeBase:
     def ping(self) -> bool:
         return True
 
-    def device_report(self) -> dict[str, JSONValue]:
+    def device_report(self) -> DeviceReport:
         """Where JAX runs in this node's process, read there (`launch.program.devices.device_report`)."""
         return device_report()
 
@@ -60,6 +68,19 @@ class NodeBase:
         """Stops this node's energy tracker and returns its report (None when nothing was measured)."""
         tracker, self._energy_tracker = getattr(self, "_energy_tracker", None), None
         return stop_tracking(tracker)
+
+
+def counter_totals(counter: NodeHandle, method: str = "get", **deltas: int) -> dict[str, float]:
+    """The run-wide counts (`launch.distributed.nodes.services.Counter`): `get` them, or `increment` them by
+    `deltas` and get the new totals."""
+    return result_as(dict, counter.call(method, **deltas), f"counter.{method}")
+
+
+def replay_saver(replay: NodeHandle) -> Callable[[str], ReplaySnapshot]:
+    """Writes the replay server's table to a path, in the server's process (a checkpoint's replay part)."""
+    def save(path: str) -> ReplaySnapshot:
+        return cast("ReplaySnapshot", result_as(dict, replay.call("save", path), "replay.save"))
+    return save
 
 
 def wait_or_stop(future: CallFuture, stop: threading.Event, poll_s: float = POLL_S) -> tuple[bool, CallResult]:

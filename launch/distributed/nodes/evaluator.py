@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import collections
 import threading
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import dm_env
 
-from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
+from launch.distributed.nodes.base import POLL_S, NodeBase, NodeRecord, counter_totals, csv_logger, energy_tracker
 from launch.distributed.nodes.weights_client import PolicyClient
-from launch.experiments.acting import EVAL_FIELDS, crossed, evaluation_returns, evaluation_row
+from launch.experiments.acting import EVAL_FIELDS, EvalRow, crossed, evaluation_returns, evaluation_row
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
@@ -51,7 +51,7 @@ class Evaluator(NodeBase):
         self._final = threading.Event()
         self._builder = spec.builder()
         self._env_spec = spec.env_spec()
-        self._results: list[dict[str, Any]] = []
+        self._results: list[EvalRow] = []
         self._evaluated: collections.OrderedDict[int, Payload] = collections.OrderedDict()
         self._final_version: int | None = None
 
@@ -63,10 +63,10 @@ class Evaluator(NodeBase):
             self._final.set()
         self._stop.set()
 
-    def results(self) -> list[dict[str, Any]]:
+    def results(self) -> list[EvalRow]:
         return list(self._results)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> NodeRecord:
         tracker = energy_tracker(self._logdir, "evaluator")
         log = csv_logger(self._logdir, "evaluator", self.LOG_FIELDS, "actor_steps")
         times = StageTimes()
@@ -76,16 +76,16 @@ class Evaluator(NodeBase):
         env = make_environment(self._spec.task, derive_seed(self._seed, EVAL_ENV_STREAM))
         actor: Actor | None = None
         try:
-            last = int(self._counter.call("get")["actor_steps"])  # a resumed run continues its cadence
+            last = int(counter_totals(self._counter)["actor_steps"])  # a resumed run continues its cadence
             while not self._stop.is_set():
-                totals = self._counter.call("get")
+                totals = counter_totals(self._counter)
                 if not crossed(last, int(totals["actor_steps"]), self._eval_every):
                     self._stop.wait(POLL_S)
                     continue
                 actor = self._evaluate(client, actor, env, totals, log, final=False)
                 last = int(totals["actor_steps"])
             if self._final.is_set():
-                actor = self._evaluate(client, actor, env, self._counter.call("get"), log, final=True)
+                actor = self._evaluate(client, actor, env, counter_totals(self._counter), log, final=True)
         finally:
             log.close()
             env.close()

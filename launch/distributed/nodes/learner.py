@@ -7,7 +7,7 @@ import contextlib
 import logging
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import jax
 import numpy as np
@@ -18,7 +18,9 @@ from agents.learner_base import Metrics, to_numpy
 from agents.loops import loop_form_record, use_loop_form
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.acting import crossed  # the one cadence rule: log, publish and checkpoint as steps advance by K
-from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker, log_event
+from launch.distributed.nodes.base import (
+    POLL_S, NodeBase, counter_totals, csv_logger, energy_tracker, log_event, replay_saver,
+)
 from launch.distributed.nodes.kept_versions import KeptVersions
 from launch.distributed.nodes.learner_feed import (  # noqa: F401  (K's defaults, re-exported for the program)
     STEPS_PER_CALL_BY_PLATFORM, STEPS_PER_CALL_OTHER, BlockFeed, PriorityUpdates, default_steps_per_call,
@@ -26,7 +28,7 @@ from launch.distributed.nodes.learner_feed import (  # noqa: F401  (K's defaults
 from launch.distributed.nodes.publisher import PublishTimes, Publisher
 from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments.agent_spec import AgentSpec
-from launch.experiments.summary import final_policy_record
+from launch.experiments.summary import FinalPolicy, final_policy_record
 from launch.program.graph import NodeHandle
 from quarl.ops.carbon import stop_tracking
 from quarl.ops.logs import Logger
@@ -72,7 +74,7 @@ class LearnerNode(NodeBase):
     def __init__(self, spec: AgentSpec, seed: int, replay: NodeHandle, counter: NodeHandle,
                  weights: NodeHandle, logdir: str, precision: Precision = INT8, publish_period: int = 10,
                  prefetch: int = 2, checkpoint_every: int = 0, resume: str | None = None,
-                 run_config: Mapping[str, Any] | None = None, log_every_s: float = 1.0,
+                 run_config: Mapping[str, object] | None = None, log_every_s: float = 1.0,
                  steps_per_call: int | None = None, publish_min_interval_s: float = 0.0, publish: bool = True):
         self._spec = spec
         self._builder = spec.builder()
@@ -105,7 +107,7 @@ class LearnerNode(NodeBase):
         self._version = -1
         self._kept = KeptVersions()  # versions evaluations pinned: a solved run ends on its solving one
         self._final_version: int | None = None
-        self.final_policy: dict[str, Any] | None = None  # which version the final policy is, and why
+        self.final_policy: FinalPolicy | None = None  # which version the final policy is, and why
         self._publisher: Publisher[Offered] = Publisher(self._publish_version, publish_min_interval_s, name="publisher")
         self.resumed_from: int | None = None
         if resume:
@@ -150,7 +152,7 @@ class LearnerNode(NodeBase):
 
     # -------------------------------------------------------------- main loop
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> dict[str, object]:
         # orbax takes seconds to import: do it now, off the training thread, not in the final checkpoint
         # (which after Ctrl-C has a few seconds at most).
         threading.Thread(target=_import_orbax, name="import-orbax", daemon=True).start()
@@ -167,7 +169,7 @@ class LearnerNode(NodeBase):
             log.close()
             stop_tracking(tracker)
             raise
-        t_origin = time.monotonic() - self._counter.call("get")["wall_clock_s"]
+        t_origin = time.monotonic() - counter_totals(self._counter)["wall_clock_s"]
         start_steps = reported = self.steps()
         wait_s = step_s = 0.0
         t_first: float | None = None  # first learner step (after replay reached its minimum size)
@@ -250,7 +252,7 @@ class LearnerNode(NodeBase):
                                            f"{str(error).splitlines()[0] if str(error) else ''}", logging.WARNING)
 
     def _result(self, start_steps: int, t_first: float | None, step_s: float, wait_s: float,
-                policy_file: str | None, energy: object) -> dict[str, Any]:
+                policy_file: str | None, energy: object) -> dict[str, object]:
         """What `run` returns (summary.json's learner section): steps, rates and where the time went."""
         trained = self.steps() - start_steps
         training_s = time.monotonic() - t_first if t_first is not None else 0.0
@@ -387,14 +389,10 @@ class LearnerNode(NodeBase):
         with self._lock:
             state = self._learner.get_state()
             step = int(self._learner.steps)
-        counts = self._counter.call("get")
-        manifest = {
-            "run_config": self._run_config,
-            "agent_config": ckpt.agent_config_dict(self._builder.config),
-            "weights_version": self._version,
-            "counts": {k: v for k, v in counts.items() if not k.endswith("_starts")},
-            "saved_at": time.time(),
-        }
+        counts = counter_totals(self._counter)
+        manifest = {"run_config": self._run_config, "agent_config": ckpt.agent_config_dict(self._builder.config),
+                    "weights_version": self._version,
+                    "counts": {k: v for k, v in counts.items() if not k.endswith("_starts")}, "saved_at": time.time()}
         path = ckpt.write_checkpoint(self._logdir, step=step, learner_state=state,
-                                     save_replay_to=lambda p: self._replay.call("save", p), manifest=manifest)
+                                     save_replay_to=replay_saver(self._replay), manifest=manifest)
         return str(path)

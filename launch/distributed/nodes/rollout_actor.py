@@ -17,11 +17,11 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Sequence, TypedDict, cast
+from typing import TYPE_CHECKING, Sequence, TypedDict, cast
 
 from agents.base import ReplayBuilder
 from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport, first_actor, log_restart, update_actor
-from launch.distributed.nodes.base import POLL_S, NodeBase, csv_logger, energy_tracker
+from launch.distributed.nodes.base import POLL_S, NodeBase, NodeRecord, counter_totals, csv_logger, energy_tracker
 from launch.distributed.nodes.weights_client import PolicyClient
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
@@ -97,16 +97,16 @@ class RolloutActorNode(NodeBase):
         except queue.Empty:
             return None
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> NodeRecord:
         self._finished.clear()
         try:
             return self._run()
         finally:
             self._finished.set()
 
-    def _run(self) -> dict[str, Any]:
+    def _run(self) -> NodeRecord:
         name = f"actor_{self._id}"
-        start = self._counter.call("increment", **{f"{name}_starts": 1})
+        start = counter_totals(self._counter, "increment", **{f"{name}_starts": 1})
         attempt = int(start[f"{name}_starts"])
         t_origin = time.monotonic() - start["wall_clock_s"]
         tracker = energy_tracker(self._logdir, name)
@@ -117,7 +117,7 @@ class RolloutActorNode(NodeBase):
                               precision=self._precision, logdir=self._logdir, node=name)
         env = make_vector_environment(self._spec.task, derive_seed(self._seed, ACTOR_ENV_STREAM, attempt),
                                       self._num_envs)
-        result: dict[str, Any] = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0}
+        result: NodeRecord = {"actor_id": self._id, "attempt": attempt, "actor_steps": 0}
         first_version = None
         try:
             actor = cast("OnPolicyActor | None", first_actor(

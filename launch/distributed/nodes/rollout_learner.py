@@ -29,17 +29,18 @@ import logging
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence, cast
 
 import numpy as np
 
-from launch.distributed.nodes.base import POLL_S, csv_logger, energy_tracker, log_event
+from launch.distributed.nodes.base import POLL_S, NodeRecord, counter_totals, csv_logger, energy_tracker, log_event
 from launch.distributed.nodes.learner import INT8, LearnerNode
 from launch.distributed.nodes.rollout_actor import HandedRollout
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ROLLOUT_MODES
-from launch.program.graph import CallFuture, NodeHandle, NodeLost
+from launch.program.graph import CallFuture, NodeHandle, NodeLost, result_as
 from quarl.ops.carbon import stop_tracking
+from quarl.ops.io import JSONValue
 from quarl.ops.logs import Logger
 from quarl.quant.precision import Precision
 from quarl.replay.items import Rollout, concat_rollouts
@@ -169,7 +170,7 @@ class RolloutInbox:
                 self._slots.release()
                 continue
             self.finished.discard(i)
-            self._queue.put(item)
+            self._queue.put(cast(HandedRollout, result_as(dict, item, f"{name}.take")))
 
 
 class RolloutLearnerNode(LearnerNode):
@@ -179,7 +180,7 @@ class RolloutLearnerNode(LearnerNode):
     def __init__(self, spec: AgentSpec, seed: int, actors: Sequence[NodeHandle], counter: NodeHandle,
                  weights: NodeHandle, logdir: str, precision: Precision = INT8, mode: str = "sync",
                  max_staleness: int = 4, max_actor_steps: int = 0, envs_per_actor: int = 1,
-                 run_config: Mapping[str, Any] | None = None, log_every_s: float = 1.0,
+                 run_config: Mapping[str, JSONValue] | None = None, log_every_s: float = 1.0,
                  publish_min_interval_s: float = 0.0):
         if mode not in ROLLOUT_MODES:
             raise ValueError(f"mode must be one of {', '.join(ROLLOUT_MODES)}, got {mode!r}")
@@ -205,11 +206,11 @@ class RolloutLearnerNode(LearnerNode):
             envs *= max(1, len(self._actors))
         return self._builder.make_learner(env_spec, seed, max_actor_steps=self._max_actor_steps, num_envs=envs)
 
-    def run(self) -> dict[str, Any]:
+    def run(self) -> NodeRecord:
         tracker = energy_tracker(self._logdir, "learner")
         log = csv_logger(self._logdir, "learner", None, "learner_steps")
         inbox = RolloutInbox(self._actors, len(self._actors) if self._mode == "sync" else 1, self._logdir).start()
-        t_origin = time.monotonic() - self._counter.call("get")["wall_clock_s"]
+        t_origin = time.monotonic() - counter_totals(self._counter)["wall_clock_s"]
         start_steps = self.steps()
         t_first: float | None = None
         started_at: float | None = None
@@ -243,7 +244,9 @@ class RolloutLearnerNode(LearnerNode):
             log.close()
             energy = stop_tracking(tracker)
         result = self._result(start_steps, t_first, self.stats["update_s"], self.stats["wait_s"], policy_file, energy)
-        result["on_policy"] = {**self.on_policy_summary(result["training_s"], inbox), "started_at_s": started_at}
+        training_s = result["training_s"]
+        assert isinstance(training_s, float)  # `_result`'s
+        result["on_policy"] = {**self.on_policy_summary(training_s, inbox), "started_at_s": started_at}
         return result
 
     def _compile(self) -> None:
@@ -259,7 +262,7 @@ class RolloutLearnerNode(LearnerNode):
         self._learner.compile(Rollout(observation=obs, action=np.zeros((steps, envs, *shape), dtype), reward=flat,
                                       discount=flat, last=flat, next_observation=obs, behaviour_logp=flat))
 
-    def on_policy_summary(self, training_s: float, inbox: RolloutInbox) -> dict[str, Any]:
+    def on_policy_summary(self, training_s: float, inbox: RolloutInbox) -> dict[str, object]:
         """What summary.json records under learner.on_policy: the mode, the correction, the rollouts trained on
         and dropped, their lag, the learner's share of time spent waiting for rollouts, and the mismatch
         between the learner's and the behaviour policy over the run (means of the per-update figures). `run`

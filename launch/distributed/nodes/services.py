@@ -4,7 +4,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 import numpy as np
 
@@ -15,6 +15,10 @@ from quarl.quant.precision import Precision, parse_precision
 from quarl.replay import table_from_config
 from quarl.replay.items import Sample, StackedSample, TableInfo, Transition
 from quarl.replay.limiter import RateLimiterTimeout
+
+if TYPE_CHECKING:
+    from launch.experiments.agent_spec import TableSpec
+    from launch.experiments.checkpoint import ReplaySnapshot
 
 
 # ------------------------------------------------------------------------------------------------------
@@ -68,7 +72,7 @@ class ReplayServer(NodeBase):
     `insert` waits while actors are too far ahead, `sample` while the learner is). Calls block until done or
     until `close()`, which makes every waiting and later call raise `quarl.replay.table.TableClosed`."""
 
-    def __init__(self, table: Mapping[str, Any], seed: int | None = None, resume: str | None = None,
+    def __init__(self, table: TableSpec, seed: int | None = None, resume: str | None = None,
                  logdir: str | None = None):
         signature = {k: (tuple(shape), np.dtype(dtype)) for k, (shape, dtype) in table["signature"].items()}
         self._table = table_from_config(signature, table["config"], seed=seed)
@@ -106,7 +110,7 @@ class ReplayServer(NodeBase):
     def info(self) -> TableInfo:
         return self._table.info()
 
-    def save(self, path: str) -> dict[str, Any]:
+    def save(self, path: str) -> ReplaySnapshot:
         """Snapshot of the table as npz at `path` (see launch.experiments.checkpoint); returns its checksum and size."""
         return ckpt.save_replay(path, self._table.state_dict())
 
@@ -170,7 +174,7 @@ class WeightServer(NodeBase):
             self._stats["served"] += 1
             return self._latest[1]
 
-    def stats(self) -> dict[str, Any]:
+    def stats(self) -> dict[str, str | int]:
         with self._lock:
             return {
                 "precision": self._precision,

@@ -9,8 +9,9 @@ import time
 from typing import Callable
 
 from launch.distributed.nodes.base import log_event
+from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments.stages import StageTimes
-from launch.program.graph import NodeHandle
+from launch.program.graph import NodeHandle, result_as
 from quarl.policy.spec import PolicySpec
 from quarl.quant.payload import Payload, decode_payload
 from quarl.quant.precision import Precision, parse_precision
@@ -62,7 +63,7 @@ class PolicyClient:
             self.waited_s += waited - t0
         else:
             blob, waited = self._weights.call("get_payload", self.version), t0
-        data = None if blob is None else blob.get()
+        data = None if blob is None else result_as(Blob, blob, "weights.get_payload").get()
         t1 = time.perf_counter()
         self._times.pull_s += t1 - waited
         self._times.pulls += 1
