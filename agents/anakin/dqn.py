@@ -56,7 +56,8 @@ class DQNTrainer:
         self.env, self.config, self.num_envs = env, config, int(envs_per_actor)
         spec = env.spec
         self.policy_spec = make_q_spec(spec.obs_dim, spec.num_actions, config.hidden_sizes, spec.observation_shape,
-                                       config.observation_bounds)
+                                       config.observation_bounds, activation=config.activation,
+                                       image_torso=config.image_torso)
         self.actor = InJitActor(self.policy_spec, precision)
         self._init_train, self._update = make_update(self.policy_spec, config)
         period = int(actor_update_period or config.actor_update_period)

@@ -29,7 +29,8 @@ class Builder(ReplayBuilder):
         """The Q-network actors run: obs -> one Q-value per action (an MLP, or a conv torso for image tasks)."""
         self._check_env(env_spec)
         return make_q_spec(env_spec.obs_dim, env_spec.num_actions, self.config.hidden_sizes,
-                           env_spec.observation_shape, self.config.observation_bounds)
+                           env_spec.observation_shape, self.config.observation_bounds,
+                           activation=self.config.activation, image_torso=self.config.image_torso)
 
     def make_learner(self, env_spec: EnvSpec, seed: int, *, max_actor_steps: int | None = None,
                      num_envs: int = 1) -> DQNLearner:

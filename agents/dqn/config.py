@@ -11,7 +11,12 @@ from agents.rate_limits import error_buffer
 from quarl.envs.factory import task_family
 from quarl.nets.qat import check_qat_bits
 from quarl.ops.checks import ConfigError, check_bool, check_int, check_number, check_sizes, is_int
-from quarl.policy.spec import parse_bounds
+from quarl.policy.spec import ACTIVATIONS, parse_bounds
+
+# What an image observation (MinAtar's 10x10xC cells, ALE's 84x84x4 frames) goes through: "conv" the published conv
+# torso for its size (`agents.dqn.networks`; the hidden sizes unused), "mlp" the frame flattened into the MLP of the
+# hidden sizes (the networks rejax runs on MinAtar, so that a peer benchmark compares like with like). PPO too.
+IMAGE_TORSOS = ("conv", "mlp")
 
 
 # MountainCar-v0's reward is sparse (-1 per step until the goal): with the defaults one seed in three never
@@ -88,8 +93,11 @@ def task_overrides(task: str, config_name: str = "DQNConfig") -> dict:
 class DQNConfig:
     """Every field is validated in `__post_init__`; a bad value raises a ValueError naming the field."""
 
-    # Network.
+    # Network: an MLP of `hidden_sizes` with `activation` between its layers (vector observations, and images with
+    # `image_torso` "mlp"), or a conv torso for images (`image_torso` "conv", `IMAGE_TORSOS`).
     hidden_sizes: tuple[int, ...] = (256, 256)
+    activation: str = "relu"
+    image_torso: str = "conv"
     # ((lows), (highs)) of vector observations, mapped onto [-1, 1] before the first layer by the learner and every
     # actor (`quarl.policy.spec.PolicySpec.input_bounds`); None feeds them as they come.
     observation_bounds: tuple[tuple[float, ...], tuple[float, ...]] | None = None
@@ -140,6 +148,10 @@ class DQNConfig:
     def __post_init__(self) -> None:
         # lists arrive from JSON/CLI; the hashable tuple is stored
         object.__setattr__(self, "hidden_sizes", check_sizes("hidden_sizes", self.hidden_sizes))
+        if self.activation not in ACTIVATIONS:
+            raise ConfigError("activation", f"must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.image_torso not in IMAGE_TORSOS:
+            raise ConfigError("image_torso", f"must be one of {', '.join(IMAGE_TORSOS)}, got {self.image_torso!r}")
         if self.observation_bounds is not None:
             object.__setattr__(self, "observation_bounds", _checked_bounds(self.observation_bounds))
         _positive_float(self, "learning_rate")

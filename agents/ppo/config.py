@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from agents.dqn.config import IMAGE_TORSOS
 from quarl.envs.factory import task_family
 from quarl.nets.qat import check_qat_bits
 
@@ -55,10 +56,12 @@ class PPOConfig:
     """Every field is validated in `__post_init__`; a bad value raises a one-line ValueError naming the field."""
 
     # Networks: separate policy (what actors run, quantized) and value (learner only, fp32) MLPs. Image tasks use
-    # DQN's conv torsos (agents.dqn.networks) for both, whatever these sizes say.
+    # DQN's conv torsos (agents.dqn.networks) for both, whatever these sizes say; `image_torso` "mlp" flattens the
+    # image into these MLPs instead (rejax's MinAtar networks, for bench.peers.anakin_rejax).
     policy_hidden_sizes: tuple[int, ...] = (64, 64)
     value_hidden_sizes: tuple[int, ...] = (64, 64)
     activation: str = "tanh"
+    image_torso: str = "conv"
     # Rollouts: `num_envs` environments stepped in lock-step for `num_steps` steps per update
     # (`--envs-per-actor K` > 1 replaces `num_envs`).
     num_envs: int = 8
@@ -99,6 +102,8 @@ class PPOConfig:
                 raise ValueError(f"{name} must be a non-empty tuple of positive ints, got {sizes!r}")
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}")
+        if self.image_torso not in IMAGE_TORSOS:
+            raise ValueError(f"image_torso must be one of {', '.join(IMAGE_TORSOS)}, got {self.image_torso!r}")
         for name in ("num_envs", "num_steps", "update_epochs", "num_minibatches"):
             v = getattr(self, name)
             if not _is_int(v) or v <= 0:

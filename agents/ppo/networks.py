@@ -6,7 +6,7 @@ argmax in evaluation) and the Gaussian mean for continuous ones (plus noise of t
 std while training; the mean, clipped to [-1, 1], in evaluation). Keeping the std outside the spec keeps the
 spec a plain feed-forward network the runtimes already know; the std travels to actors beside the weights.
 Image tasks reuse DQN's conv torsos (`agents.dqn.networks.make_q_spec`) for the policy, and the same torso with
-one output for the value.
+one output for the value; with `image_torso="mlp"` both are the MLPs on the flattened image (`flat_image_spec`).
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from agents.dqn.networks import NATURE_MIN_SIZE, make_q_spec
+from agents.dqn.networks import NATURE_MIN_SIZE, flat_image_spec, make_q_spec
 from agents.ppo.config import PPOConfig
 from quarl.nets.haiku import haiku_forward
 from quarl.policy.spec import Activation, Linear, PolicySpec, minatar_q_network, nature_q_network
@@ -43,6 +43,11 @@ def _is_image(obs_shape: Sequence[int] | None) -> bool:
     return obs_shape is not None and len(obs_shape) == 3
 
 
+def _mlp_on(spec: PolicySpec, obs_shape: Sequence[int] | None) -> PolicySpec:
+    """`spec` (an MLP) on the task's observations: as it is for vectors, flattened first for images."""
+    return flat_image_spec(spec, obs_shape) if _is_image(obs_shape) else spec
+
+
 def policy_spec(config: PPOConfig, obs_dim: int, num_outputs: int, obs_shape: Sequence[int] | None = None,
                 discrete: bool = True) -> PolicySpec:
     """Logits (discrete, >= 2 actions) or the Gaussian mean (continuous) for the task."""
@@ -50,22 +55,23 @@ def policy_spec(config: PPOConfig, obs_dim: int, num_outputs: int, obs_shape: Se
         raise ValueError(f"a discrete task needs >= 2 actions, got {num_outputs}")
     if not discrete and num_outputs < 1:
         raise ValueError(f"a continuous task needs >= 1 action dimension, got {num_outputs}")
-    if _is_image(obs_shape):
+    if _is_image(obs_shape) and config.image_torso == "conv":
         if not discrete:
             raise ValueError("PPO's image torsos are for discrete actions (MinAtar, ALE)")
         return make_q_spec(obs_dim, num_outputs, config.policy_hidden_sizes, obs_shape)
-    if obs_shape is not None and len(obs_shape) != 1:
+    if obs_shape is not None and len(obs_shape) not in (1, 3):
         raise ValueError(f"PPO takes vector or [H, W, C] image observations, got shape {tuple(obs_shape)}")
-    return mlp_spec(obs_dim, config.policy_hidden_sizes, num_outputs, config.activation, POLICY_HEAD_SCALE)
+    return _mlp_on(mlp_spec(obs_dim, config.policy_hidden_sizes, num_outputs, config.activation, POLICY_HEAD_SCALE),
+                   obs_shape)
 
 
 def value_spec(config: PPOConfig, obs_dim: int, obs_shape: Sequence[int] | None = None) -> PolicySpec:
     """The state-value network: the policy's torso kind with one output."""
-    if _is_image(obs_shape):
+    if _is_image(obs_shape) and config.image_torso == "conv":
         if min(obs_shape[:2]) >= NATURE_MIN_SIZE:
             return nature_q_network(obs_shape, 1)
         return minatar_q_network(obs_shape, 1)
-    return mlp_spec(obs_dim, config.value_hidden_sizes, 1, config.activation, VALUE_HEAD_SCALE)
+    return _mlp_on(mlp_spec(obs_dim, config.value_hidden_sizes, 1, config.activation, VALUE_HEAD_SCALE), obs_shape)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -299,11 +299,12 @@ def _checked_bounds(bounds: Iterable[Iterable[float]],
 
 
 def mlp_q_network(obs_dim: int, hidden: Sequence[int], num_actions: int,
-                  input_bounds: Sequence[Sequence[float]] | None = None) -> PolicySpec:
-    """DQN's Q-network: ReLU MLP, linear head (a Q-value per action); `input_bounds` as in `PolicySpec`."""
+                  input_bounds: Sequence[Sequence[float]] | None = None, activation: str = "relu") -> PolicySpec:
+    """DQN's Q-network: an MLP (ReLU unless `activation` says otherwise), linear head (a Q-value per action);
+    `input_bounds` as in `PolicySpec`."""
     layers: list[Layer] = []
     for i, h in enumerate(hidden):
-        layers += [Linear(f"linear_{i}", h), Activation("relu")]
+        layers += [Linear(f"linear_{i}", h), Activation(activation)]
     layers.append(Linear(f"linear_{len(hidden)}", num_actions))
     return PolicySpec(obs_dim, tuple(layers), input_bounds=input_bounds)
 
