@@ -123,7 +123,8 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
              f"`python -m bench.learning.ptq_study run ...` sessions: {loads}. Evaluated on: {', '.join(cpus)}. "
              f"Written "
              f"{time.strftime('%Y-%m-%d')}.", "",
-             "Each cell is one training run (`launch.train`, fp32 actors) that stops once its evaluations reach the "
+             "Each cell is one training run (`launch.anakin` or `launch.train`: the trainer column; fp32 actors) "
+             "that stops once its evaluations reach the "
              "cell's reference return (else at its budget; the rule per cell is under Sizes and settings);"
              " its final fp32 policy is evaluated greedily "
              "at every precision on the same environment seeds. Only seeds whose fp32 policy evaluates at or above "
@@ -170,6 +171,21 @@ def markdown(rows: Sequence[dict[str, Any]], sessions: Sequence[dict[str, Any]],
         lines += ["", "Why a discrete policy misses: `python -m bench.learning.ptq_margins` measures each cell's "
                   "greedy-action margins against int8's output error on the states it visits "
                   "([ptq_margins.md](ptq_margins.md))."]
+    heads = [s for s in summary if HEAD_SUFFIX in s["precision"] and not s["precision"].startswith(QAT_PREFIX)]
+    if heads:
+        lines += ["", "## The Q head at 16 bits (every other layer int8)", "",
+                  "The same fp32 policies as the int8 row, the output layer kept at 16 bits and run dequantized; "
+                  "int8 on the same seeds; the verdict as above.", "",
+                  "| algorithm | task | seeds | int8 change | int8-head16 change | s.e. over seeds | verdict |",
+                  "|---|---|---:|---:|---:|---:|---|"]
+        for h in heads:
+            q = by_key.get((h["algo"], h["task"], h["precision"].partition(HEAD_SUFFIX)[0]))
+            paired = [q["changes_by_seed"][k] for k in sorted(h["changes_by_seed"]) if k in q["changes_by_seed"]] \
+                if q else []
+            int8 = _change(*_spread(paired)) if paired else "—"  # on the head row's seeds
+            lines.append(f"| {h['algo']} | {h['task']} | {h['seeds']} | {int8} | "
+                         f"{_change(h['change_mean'], h['change_std'])} | {_se(h['change_se_seeds'])} | "
+                         f"{int8_verdict(h)[0]} |")
     qat = [s for s in summary if s["precision"].startswith(QAT_PREFIX)]
     if qat:
         lines += ["", "## QAT beside PTQ (change from the seed's fp32 reward, mean ± std over seeds)", "",

@@ -382,6 +382,8 @@ def test_jitted_cells_replace_the_3_seed_rows_and_the_int8_claim_needs_2_se(tmp_
                  "reference": -100.0, "cpu": "c", "trainer": trainer}
                 for seed in seeds for p, b, ret in (("fp32", 32, -80.0), ("int8", 8, int8))]
     old, new = cell("train", range(3), -80.0), cell("anakin", range(10), -83.0)
+    heads = [{**r, "precision": "int8-head16", "mean_return": r["mean_return"] + 2.2} for r in new
+             if r["precision"] == "int8"]  # the Q head at 16 bits: -1% instead of -3.75%
     assert replace_train_rows(old + new[:4], "dqn", "Acrobot-v1") == old + new[:4]  # seeds 0-1 only: kept
     kept = replace_train_rows(old + new, "dqn", "Acrobot-v1")
     assert kept == new
@@ -391,3 +393,7 @@ def test_jitted_cells_replace_the_3_seed_rows_and_the_int8_claim_needs_2_se(tmp_
     assert "| dqn | Acrobot-v1 | anakin | 10 |" in text and "| dqn | Acrobot-v1 | train |" not in text
     line = next(t for t in text.splitlines() if t.startswith("| dqn | Acrobot-v1 | anakin | 10 |"))
     assert line.endswith("| yes |")  # -3.75% on every seed, s.e. ~0: |change| + 2 s.e. < 5%
+    ptq_study.write_rows(tmp_path / "ptq_study.csv", new + heads)
+    text = ptq_study.report(tmp_path)
+    head = text.split("## The Q head at 16 bits")[1].split("##")[0]
+    assert "| dqn | Acrobot-v1 | 10 | -3." in head and "| -1.0% ± 0.0% |" in head and head.rstrip().endswith("| yes |")
