@@ -30,6 +30,7 @@ from quarl.replay import table_from_config
 from quarl.replay.adders import NStepTransitionAdder
 from quarl.replay.items import Rollout, SamplerSettings, StackedSample, TableConfig, Transition
 from quarl.replay.table import Table
+from quarl.runtimes import make_executor
 from quarl.runtimes.base import PolicyExecutor
 from quarl.runtimes.kernel_check import KernelRecord, kernel_summary
 
@@ -134,7 +135,6 @@ class ExecutorActor(abc.ABC):
         `self._obs_dim`. batch_size: how many observations one call carries (K environments per actor); `auto`
         measures the runtimes at that batch."""
         if executor_factory is None:
-            from quarl.runtimes import make_executor  # pylint: disable=import-outside-toplevel
             executor_factory = make_executor
         self._executor = executor_factory(spec, qparams, backend=backend, batch_size=int(batch_size))
         self._spec = spec

@@ -59,7 +59,7 @@ def cell_margins(logdir: Path, seed: int, precision: str, max_states: int = 500)
         observations, timestep = [], env.reset()
         while not timestep.last() and len(observations) < max_states:
             observations.append(np.asarray(timestep.observation, np.float32).ravel())
-            timestep = env.step(fp32(timestep.observation))
+            timestep = env.step(fp32(np.asarray(timestep.observation)[None])[0])  # the policy acts on batches
     finally:
         env.close()
     obs = np.stack(observations)
