@@ -160,7 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     rate = facts["env_steps_per_s_all_seeds"]
     print(f"{len(summaries)} seeds, {summaries[0]['executed']}: first chunk (compile included) "
           f"{facts['first_chunk_s']:.1f} s" + ("" if rate is None else f", then {rate:,.0f} env steps/s over all seeds "
-                                              "(training clock, evaluations excluded)"))
+                                              "(the later chunks' own time, evaluations excluded)"))
     statuses = {s["status"] for s in summaries}
     for s in summaries:
         if s["error"]:

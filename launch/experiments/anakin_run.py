@@ -135,7 +135,9 @@ def run_anakin(run: AnakinRun, *, progress: bool = True, energy: bool = True,
     finite = jax.jit(jax.vmap(lambda s: jnp.all(jnp.stack([jnp.all(jnp.isfinite(x))
                                                             for x in jax.tree.leaves(trainer.policy_params(s))]))))
     run_eval = jax.jit(jax.vmap(greedy_eval))
-    clock: dict[str, Any] = {"evaluation_s": 0.0, "first_chunk_s": None}
+    # first_chunk_s: the first chunk with every compile (its program's, the checks' after it); later_chunks_s: the
+    # chunks after it, each from its call to its checks' results, what the run's env steps/s is taken over.
+    clock: dict[str, Any] = {"evaluation_s": 0.0, "first_chunk_s": None, "later_chunks_s": 0.0}
     steps, status, error = 0, "completed", None
     start = time.perf_counter()
     state = jax.block_until_ready(jax.jit(jax.vmap(trainer.init))(keys))
@@ -149,12 +151,15 @@ def run_anakin(run: AnakinRun, *, progress: bool = True, energy: bool = True,
             t = time.perf_counter()
             state, metrics = run_chunk(state)
             metrics = jax.device_get(metrics)
-            if clock["first_chunk_s"] is None:
-                clock["first_chunk_s"] = time.perf_counter() - t  # compile included
-            steps += plan.period_steps * plan.chunk_periods
             learner_steps = np.asarray(jax.device_get(count_updates(state)))
+            sound = np.asarray(finite(state))
+            if clock["first_chunk_s"] is None:
+                clock["first_chunk_s"] = time.perf_counter() - t  # compiles included
+            else:
+                clock["later_chunks_s"] += time.perf_counter() - t
+            steps += plan.period_steps * plan.chunk_periods
             logs.learner_rows(metrics, steps, learner_steps, time.perf_counter() - start)
-            bad = [seed for seed, ok in zip(run.seeds, np.asarray(finite(state))) if not ok]
+            bad = [seed for seed, ok in zip(run.seeds, sound) if not ok]
             if bad:  # a diverged learner: its policy is no policy, and the run says so
                 status, error = "failed", f"non-finite policy weights after {steps} env steps (seeds {bad})"
                 break
@@ -238,13 +243,13 @@ def _energy_share(result: dict | None, seeds: int) -> dict | None:
     return share
 
 
-def _rate(run: AnakinRun, plan: Plan, steps: int, train_s: float, clock: dict) -> float | None:
-    """Env steps per second over all seeds after the first chunk (which includes the compile); None with one chunk."""
+def _rate(run: AnakinRun, plan: Plan, steps: int, clock: dict) -> float | None:
+    """Env steps per second over all seeds in the chunks after the first (which holds the compiles), over those
+    chunks' own time: evaluations, CSV rows and the run's start and end left out. None with one chunk."""
     chunk_steps = plan.period_steps * plan.chunk_periods
-    if steps <= chunk_steps or clock["first_chunk_s"] is None:
+    if steps <= chunk_steps or clock["first_chunk_s"] is None or clock["later_chunks_s"] <= 0:
         return None
-    return round(len(run.seeds) * (steps - chunk_steps) / max(train_s - clock["first_chunk_s"] - clock["init_s"], 1e-9),
-                 1)
+    return round(len(run.seeds) * (steps - chunk_steps) / clock["later_chunks_s"], 1)
 
 
 def _finish(run: AnakinRun, config: ExperimentConfig, trainer: Trainer, plan: Plan, seed: int, params: dict,
@@ -274,8 +279,9 @@ def _finish(run: AnakinRun, config: ExperimentConfig, trainer: Trainer, plan: Pl
     learner = {"learner_steps": learner_steps, "steps_this_run": learner_steps, "training_s": train_s,
                "steps_per_s": learner_steps / max(train_s, 1e-9), "weights_version": learner_steps,
                "policy_file": policy_name, "publish": publish, "loop_form": None,
-               "anakin": {"seeds": list(run.seeds), "env_steps_per_s_all_seeds": _rate(run, plan, steps, train_s, clock),
-                          "first_chunk_s": clock["first_chunk_s"], "init_s": clock["init_s"], "chunks": len(evals),
+               "anakin": {"seeds": list(run.seeds), "env_steps_per_s_all_seeds": _rate(run, plan, steps, clock),
+                          "first_chunk_s": clock["first_chunk_s"], "init_s": clock["init_s"],
+                          "later_chunks_s": clock["later_chunks_s"], "chunks": len(evals),
                           "actor_update_period_env_steps": plan.period_steps,
                           "note": "actors, environments and learner in one jitted program (agents.anakin); the "
                                   "actors' weights are quantized inside it, never encoded as a payload"}}
