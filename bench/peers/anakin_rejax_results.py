@@ -78,7 +78,7 @@ def _clock(row: dict[str, Any]) -> str:
 
 def results_table(result: dict[str, Any]) -> list[str]:
     rows = result["rows"]
-    lines = ["| case | seeds | system | env steps/s (all seeds) | ours / rejax | compile seconds | "
+    lines = ["| case | seeds | system | env steps/s (all seeds) | ours / rejax | seconds outside the rate | "
              "final return per seed: mean [min, max] | process s |", "|---|---:|---|---:|---:|---|---:|---:|"]
     for row in rows:
         r = ratio(rows, row)

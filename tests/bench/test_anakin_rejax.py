@@ -48,7 +48,8 @@ def test_rejax_line_becomes_its_figures():
 
 def _run_py_presets() -> dict:
     tree = ast.parse(RUN_PY.read_text(encoding="utf-8"))
-    node = next(n.value for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PRESETS")
+    node = next(n.value for n in tree.body
+                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "PRESETS")
     return {ast.literal_eval(k): {kw.arg: ast.literal_eval(kw.value) for kw in v.keywords}
             for k, v in zip(node.keys, node.values)}
 
@@ -167,8 +168,8 @@ def test_quick_run_with_a_stub_rejax_writes_every_case(tmp_path, monkeypatch):
     page = (out / "anakin_rejax.md").read_text()
     assert "| ppo-cartpole | 2 | ours int8 | 30,000 | 1.50x |" in page
     assert "| ppo-breakout-conv | 1 | ours int8 | 30,000 | 1.50x (rejax's MLP) |" in page
-    assert "| PPO Breakout >= 12k env steps/s, int8, 1 seed | ppo-breakout-conv | 1 | ours int8 | 30,000 | 12,000 | yes |" \
-        in page
+    assert ("| PPO Breakout >= 12k env steps/s, int8, 1 seed | ppo-breakout-conv | 1 | ours int8 | 30,000 | 12,000 | "
+            "yes |") in page
     assert "ConvQNetwork" in page and "load average" in page and "--quick smoke run" in page
 
 
