@@ -36,7 +36,7 @@ def shrink(argv: list[str]) -> list[str]:
     default), evaluations to one episode, no live view."""
     out = list(argv)
     for flag, value in (("--max-actor-steps", SMALL_STEPS), ("--steps", SMALL_STEPS), ("--episodes", "1"),
-                        ("--eval-episodes", "1")):
+                        ("--seeds", "0-1"), ("--eval-episodes", "1")):
         if flag in out:
             out[out.index(flag) + 1] = value
     module = out[2]
@@ -69,7 +69,8 @@ def git_status(clone: Path) -> str:
 
 def test_readme_lists_the_commands_this_test_runs() -> None:
     modules = [c[2] for c in readme_commands()]
-    assert modules[:5] == ["launch.actorq", "launch.actorq", "launch.train", "launch.ptq", "launch.reproduce"]
+    assert modules[:6] == ["launch.actorq", "launch.actorq", "launch.train", "launch.anakin", "launch.ptq",
+                           "launch.reproduce"]
     assert shrink(["python", "-m", "launch.train", "--steps", "20000"]) == [
         "python", "-m", "launch.train", "--steps", SMALL_STEPS, "--eval-episodes", "1"]
 
