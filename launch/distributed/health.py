@@ -9,7 +9,7 @@ from typing import Mapping, Sequence
 
 from launch.distributed.nodes.base import log_event
 from launch.distributed.program import node_role
-from launch.program.graph import CallFuture, Launch, NodeLost
+from launch.program.graph import CallFuture, Launch, NodeControl, NodeLost, connect, submit
 
 HOST_LOSS_WAIT_S = 20.0  # every actor failed: how long to look for a lost cluster machine that explains it
 
@@ -81,7 +81,7 @@ def lost_nodes(launch: Launch, futures: Mapping[str, CallFuture], timeout_s: flo
     pings: dict[str, CallFuture] = {}
     for name in launch.program.names(kind="service"):
         try:
-            pings[name] = launch.handles[name].submit("ping")
+            pings[name] = submit(connect(launch.handles[name], NodeControl)).ping()
         except NodeLost as e:
             lost[name] = lost_message(e)
     deadline = time.monotonic() + timeout_s

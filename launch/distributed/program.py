@@ -21,7 +21,8 @@ acting loop with the rollout sink, handing out fixed-length rollouts with the be
 version they were collected with), the `RolloutLearnerNode` that takes their rollouts (synchronous PPO, or
 asynchronous with a staleness bound: `launch.distributed.nodes.rollout_learner`) and the evaluator.
 
-Nodes talk only through `NodeHandle.call/submit` (see `launch.program.graph`) with plain values: NumPy arrays,
+Nodes talk only through clients typed by each callee's Protocol (`launch.distributed.clients`, made by
+`launch.program.graph.connect` over `NodeHandle.call/submit`) with plain values: NumPy arrays,
 dicts, and `launch.distributed.nodes.shared_blob.Blob` for weight payloads (msgpack with a checksum, `quarl.quant.payload`): no fp32
 tree crosses a process boundary for acting. What went wrong, and what was done about it (an actor restarted,
 a payload rejected, the final policy saved, a node lost) is appended to `<logdir>/events.log`, one line per

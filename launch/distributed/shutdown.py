@@ -3,10 +3,11 @@ reports, within a bounded time unless the run ended well."""
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from launch.distributed.health import first_line
-from launch.program.graph import CallFuture, Launch
+from launch.distributed.clients import CounterClient, ReplayClient, ServiceClient, WeightServerClient
+from launch.program.graph import CallFuture, Launch, WorkerControl, connect, submit
 
 STOP_GRACE_S = 6.0  # after Ctrl-C: how long nodes get to flush and checkpoint before they are killed
 LOST_GRACE_S = 3.0  # after a node died: no checkpoint is possible without it; flush logs and stop
@@ -40,36 +41,41 @@ def stop_nodes(launch: Launch, futures: Mapping[str, CallFuture], actors: Sequen
         except Exception as e:  # pylint: disable=broad-except
             results[name] = {"failed": f"{type(e).__name__}: {first_line(e)}"}
 
-    def tell(name: str, method: str, *args: object) -> None:
+    def tell_stop(name: str, *args: object) -> None:
+        """Asks worker `name` to stop (`stop(*args)`: the learner's and the evaluator's take arguments)."""
         if name in skip:
             return
         try:
-            h[name].submit(method, *args)
+            submit(connect(h[name], WorkerControl)).stop(*args)
         except Exception:  # pylint: disable=broad-except
             pass
 
     for name in actors:
-        tell(name, "stop")
+        tell_stop(name)
     for name in actors:
         collect(name, 10.0)
-    tell("learner", "stop", *([] if final_version is None else [final_version]))
+    tell_stop("learner", *([] if final_version is None else [final_version]))
     collect("learner", 120.0 if graceful else 4.0)
     kept = (results.get("learner") or {}).get("final_policy") or {}
     if final_version is not None and kept.get("weights_version") == final_version:
-        tell("evaluator", "stop", graceful, final_version)
+        tell_stop("evaluator", graceful, final_version)
     else:
-        tell("evaluator", "stop", graceful)
+        tell_stop("evaluator", graceful)
     collect("evaluator", 600.0 if graceful else 1.0)
     if not futures:  # stopped before anything ran (e.g. Ctrl-C during start-up): nothing to collect
         return results, {}
     # Services in parallel: energy reports, final counters, table and weight-server statistics.
-    wanted = [(name, "energy") for name in ("counter", "replay", "weights")]
-    wanted += [("counter", "get"), ("replay", "info"), ("weights", "stats")]
+    wanted: list[tuple[str, str, Callable[[], CallFuture]]] = [
+        (name, "energy", lambda name=name: submit(connect(h[name], ServiceClient)).energy())
+        for name in ("counter", "replay", "weights")]
+    wanted += [("counter", "get", lambda: submit(connect(h["counter"], CounterClient)).get()),
+               ("replay", "info", lambda: submit(connect(h["replay"], ReplayClient)).info()),
+               ("weights", "stats", lambda: submit(connect(h["weights"], WeightServerClient)).stats())]
     calls: dict[tuple[str, str], CallFuture] = {}
-    for name, method in wanted:
+    for name, method, start in wanted:
         if name not in skip and name in h:
             try:
-                calls[(name, method)] = h[name].submit(method)
+                calls[(name, method)] = start()
             except Exception:  # pylint: disable=broad-except
                 pass
     stats: dict[str, Any] = {}
@@ -86,7 +92,7 @@ def stop_nodes(launch: Launch, futures: Mapping[str, CallFuture], actors: Sequen
             stats[name] = value or {}
     if "replay" not in skip and "replay" in h:
         try:  # releases calls still blocked on the rate limiter (e.g. a prefetch that lost its learner)
-            h["replay"].submit("close").result(timeout=remaining(2.0))
+            submit(connect(h["replay"], ReplayClient)).close().result(timeout=remaining(2.0))
         except Exception:  # pylint: disable=broad-except
             pass
     return results, stats

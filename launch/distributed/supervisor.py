@@ -24,7 +24,8 @@ from launch.experiments.progress import ProgressView, Snapshot
 from launch.experiments.stopping import StopSignals, exit_code
 from launch.experiments.summary import make_summary
 from launch.program.devices import learner_device_error, pin_driver_to_cpu
-from launch.program.graph import CallFuture, Launch, NodeLost, Program, Runner
+from launch.distributed.clients import CounterClient, EvaluatorClient, LearnerClient, ReplayClient
+from launch.program.graph import CallFuture, Launch, NodeLost, Program, Runner, connect
 from launch.program.local_runner import LocalRunner
 from launch.program.ray_runner import RayRunner
 from quarl.ops.io import jsonable, write_json_atomic
@@ -128,7 +129,7 @@ class Supervision:
             raise Interrupted(signals.received[-1])
         launch.wait_ready()
         self.placement = dict(launch.placement())
-        self.learner_device = launch.handles["learner"].call("device_report")
+        self.learner_device = connect(launch.handles["learner"], LearnerClient).device_report()
         device_error = learner_device_error(learner_device, self.learner_device)
         if device_error:
             raise RuntimeError(device_error)
@@ -217,11 +218,11 @@ def _agent_config(config: ExperimentConfig) -> dict[str, Any] | None:
 def _poll(launch: Launch, max_actor_steps: int, replay_log: ReplayLog | None = None) -> tuple[Snapshot, list[dict]]:
     """The progress snapshot and every evaluation so far (the evaluator's rows)."""
     h = launch.handles
-    counts = h["counter"].call("get")
-    info = h["replay"].call("info") if "replay" in h else None  # on-policy programs have no replay
+    counts = connect(h["counter"], CounterClient).get()
+    info = connect(h["replay"], ReplayClient).info() if "replay" in h else None  # on-policy programs have no replay
     if replay_log is not None and info is not None:
         replay_log.write(counts, info)
-    evals = h["evaluator"].call("results")
+    evals = connect(h["evaluator"], EvaluatorClient).results()
     last = evals[-1] if evals else None
     return Snapshot(actor_steps=int(counts["actor_steps"]), max_actor_steps=max_actor_steps,
                     learner_steps=int(counts["learner_steps"]), episodes=int(counts["episodes"]),

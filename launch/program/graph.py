@@ -7,7 +7,9 @@ processes, threads or Ray, so the same description runs on Ray (`launch.program.
 local or on a cluster) and in one process (`launch.program.local_runner`, threads; for tests and debugging).
 Nodes reference each other through `Handle("name")` placeholders in their constructor arguments; a runner
 replaces every placeholder by a `NodeHandle` before it builds the node, so node code is written once against
-two calls: `handle.call(method, ...)` (blocking) and `handle.submit(method, ...)` (a future).
+two calls: `handle.call(method, ...)` (blocking) and `handle.submit(method, ...)` (a future). Node code does not
+name methods as strings: `connect(handle, SomeClient)` gives a proxy typed by the callee's Protocol
+(`client.method(...)` blocks, `submit(client).method(...)` returns a future), over those same two calls.
 
 `launch.distributed.program.build_actorq_program(config)` builds the ActorQ graph from these pieces.
 """
@@ -15,7 +17,8 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Iterator, Mapping, Protocol, TypeAlias, TypeVar, runtime_checkable
+import functools
+from typing import Callable, Iterator, Mapping, Protocol, TypeAlias, TypeVar, cast, runtime_checkable
 
 from launch.program.devices import CPU_ONLY_ENV
 
@@ -40,6 +43,7 @@ ACCELERATOR_MODES = ("none", "auto", "required")
 # here: the calling node checks it is what the method it called returns (`result_as`) before it reads it.
 CallResult: TypeAlias = object
 T = TypeVar("T")
+P = TypeVar("P")
 
 
 def result_as(kind: type[T], value: CallResult, what: str) -> T:
@@ -100,6 +104,75 @@ class NodeHandle(abc.ABC):
     def call(self, method: str, *args: object, **kwargs: object) -> CallResult:
         """`method(*args, **kwargs)` on the node, waiting for the result."""
         return self.submit(method, *args, **kwargs).result()
+
+
+class NodeControl(Protocol):
+    """What runners and supervisors call on every node (`launch.distributed.nodes.base.NodeBase` answers it)."""
+
+    def pid(self) -> int: ...
+
+    def ping(self) -> bool: ...
+
+
+class WorkerControl(NodeControl, Protocol):
+    """A worker node's main loop (`Node` kind "worker"): `run()` until `stop()` (nodes may add arguments)."""
+
+    def run(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+def protocol_methods(protocol: type) -> frozenset[str]:
+    """The public methods a client Protocol declares (its own and its bases', not `object`'s or `Protocol`'s)."""
+    names: set[str] = set()
+    for klass in protocol.__mro__:
+        if klass in (object, Protocol) or klass.__module__ == "typing":
+            continue
+        names.update(n for n, v in vars(klass).items() if callable(v) and not n.startswith("_"))
+    return frozenset(names)
+
+
+class _Proxy:
+    """Attribute calls on one node, for the names its Protocol declares only: a misspelt method is an
+    AttributeError at the caller, not a failed call on the node."""
+
+    def __init__(self, handle: NodeHandle, protocol: type):
+        self._handle, self._protocol = handle, protocol
+        self._methods = protocol_methods(protocol)
+
+    def _check(self, method: str) -> str:
+        if method.startswith("_") or method not in self._methods:
+            raise AttributeError(f"{self._protocol.__name__} declares no method {method!r}")
+        return method
+
+    def __reduce__(self) -> tuple:  # rebuilt on the far side of a process boundary from its handle
+        return (type(self), (self._handle, self._protocol))
+
+
+class _Calls(_Proxy):
+    """`calls.name(*args)` is `handle.call("name", *args)`: waits for the result."""
+
+    def __getattr__(self, method: str) -> Callable[..., CallResult]:
+        return functools.partial(self._handle.call, self._check(method))
+
+
+class _Futures(_Proxy):
+    """`futures.name(*args)` is `handle.submit("name", *args)`: returns a `CallFuture` at once."""
+
+    def __getattr__(self, method: str) -> Callable[..., CallFuture]:
+        return functools.partial(self._handle.submit, self._check(method))
+
+
+def connect(handle: NodeHandle, protocol: type[P]) -> P:
+    """`handle` as its node's client Protocol: `client.method(*args)` calls the node and waits for the result."""
+    return cast(P, _Calls(handle, protocol))
+
+
+def submit(client: object) -> _Futures:
+    """The same node's methods returning a `CallFuture` at once: `submit(client).method(*args)`."""
+    if not isinstance(client, _Calls):
+        raise TypeError(f"submit() takes a client made by connect(), got a {type(client).__name__}")
+    return _Futures(client._handle, client._protocol)  # pylint: disable=protected-access
 
 
 # ------------------------------------------------------------------------------------------------------

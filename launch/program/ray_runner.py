@@ -27,7 +27,9 @@ import types
 import warnings
 from typing import TYPE_CHECKING
 
-from launch.program.graph import CallFuture, CallResult, NodeHandle, NodeLost, Program, resolve_handles
+from launch.program.graph import (
+    CallFuture, CallResult, NodeControl, NodeHandle, NodeLost, Program, WorkerControl, connect, resolve_handles, submit,
+)
 from launch.program.loopback_cluster import is_loopback
 
 if TYPE_CHECKING:  # Ray loads on first use, not at import (a CLI fails fast on a bad flag)
@@ -307,10 +309,10 @@ class RayLaunch:
         return False
 
     def run(self, name: str) -> RayFuture:
-        return self.handles[name].submit("run")
+        return submit(connect(self.handles[name], WorkerControl)).run()
 
     def pid(self, name: str) -> int:
-        return int(self.handles[name].call("pid"))
+        return int(connect(self.handles[name], NodeControl).pid())
 
     def shutdown(self) -> None:
         """Kill every node, then stop the private Ray (or just leave a shared cluster).

@@ -16,7 +16,8 @@ from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
-from launch.program.graph import NodeHandle, result_as
+from launch.distributed.clients import CounterClient, ReplayClient
+from launch.program.graph import NodeHandle, connect, result_as
 from quarl.acting.loop import Sink
 from quarl.envs.vector import VectorEnv, make_vector_environment
 from quarl.ops.affinity import claim_core
@@ -76,7 +77,7 @@ class CountReport:
     """This actor's steps and episodes not yet added to the run's counter; `send()` adds them (after every
     batched insert and at the end) and reads back the run's total actor steps, which ends the acting loop."""
 
-    def __init__(self, counter: NodeHandle, name: str, total: int):
+    def __init__(self, counter: CounterClient, name: str, total: int):
         self._counter, self._name = counter, name
         self.total = int(total)
         self.steps = self.episodes = 0
@@ -84,7 +85,7 @@ class CountReport:
     def send(self) -> None:
         if not (self.steps or self.episodes):
             return
-        totals = counter_totals(self._counter, "increment", actor_steps=self.steps, episodes=self.episodes,
+        totals = counter_totals(self._counter, actor_steps=self.steps, episodes=self.episodes,
                                 **{f"{self._name}_steps": self.steps})
         self.steps = self.episodes = 0
         self.total = int(totals["actor_steps"])
@@ -105,7 +106,8 @@ class ActorNode(NodeBase):
         self._seed = int(seed)
         self._precision, self._backend = parse_precision(precision), backend
         self._kernel_form = kernel_form  # ONNX integer kernel form pinned by the config (None: the CPU's choice)
-        self._replay, self._counter, self._weights = replay, counter, weights
+        self._replay, self._counter = connect(replay, ReplayClient), connect(counter, CounterClient)
+        self._weights = weights  # the PolicyClient's
         self._logdir = logdir
         self._max_steps = int(max_actor_steps)
         self._insert_batch = int(insert_batch)
@@ -127,7 +129,7 @@ class ActorNode(NodeBase):
 
     def run(self) -> NodeRecord:
         name = f"actor_{self._id}"
-        start = counter_totals(self._counter, "increment", **{f"{name}_starts": 1})
+        start = counter_totals(self._counter, **{f"{name}_starts": 1})
         attempt = int(start[f"{name}_starts"])  # > 1 after a crash: fresh env seed, resume latest weights
         t_origin = time.monotonic() - start["wall_clock_s"]
         if self._pin and self.core is None:  # before the runtime and environments start their threads
@@ -209,7 +211,7 @@ class ActorNode(NodeBase):
         try:
             while done < n:
                 part = batch if done == 0 else Transition(*(v[done:] for v in batch))
-                k = result_as(int, self._replay.call("insert", part, None, POLL_S, self._stop.is_set()),
+                k = result_as(int, self._replay.insert(part, None, POLL_S, self._stop.is_set()),
                               "replay.insert")
                 done += k
                 self.inserted += k

@@ -9,12 +9,13 @@ import time
 from typing import TYPE_CHECKING, Callable, TypeAlias, cast
 
 from launch.program.devices import DeviceReport, device_report
-from launch.program.graph import CallFuture, CallResult, NodeHandle, result_as
+from launch.program.graph import CallFuture, CallResult, result_as
 from quarl.ops.carbon import EnergyTracker, start_tracking, stop_tracking
 from quarl.ops.io import JSONValue
 from quarl.ops.logs import Logger
 
 if TYPE_CHECKING:
+    from launch.distributed.clients import CounterClient, ReplayClient
     from launch.experiments.checkpoint import ReplaySnapshot
 
 POLL_S = 0.25  # how long a blocked wait lasts before a node re-checks its stop flag
@@ -70,16 +71,16 @@ class NodeBase:
         return stop_tracking(tracker)
 
 
-def counter_totals(counter: NodeHandle, method: str = "get", **deltas: int) -> dict[str, float]:
-    """The run-wide counts (`launch.distributed.nodes.services.Counter`): `get` them, or `increment` them by
-    `deltas` and get the new totals."""
-    return result_as(dict, counter.call(method, **deltas), f"counter.{method}")
+def counter_totals(counter: CounterClient, **deltas: int) -> dict[str, float]:
+    """The run-wide counts (`launch.distributed.nodes.services.Counter`): with `deltas`, after adding them."""
+    totals = counter.increment(**deltas) if deltas else counter.get()
+    return result_as(dict, totals, "counter.increment" if deltas else "counter.get")
 
 
-def replay_saver(replay: NodeHandle) -> Callable[[str], ReplaySnapshot]:
+def replay_saver(replay: ReplayClient) -> Callable[[str], ReplaySnapshot]:
     """Writes the replay server's table to a path, in the server's process (a checkpoint's replay part)."""
     def save(path: str) -> ReplaySnapshot:
-        return cast("ReplaySnapshot", result_as(dict, replay.call("save", path), "replay.save"))
+        return cast("ReplaySnapshot", result_as(dict, replay.save(path), "replay.save"))
     return save
 
 

@@ -13,7 +13,8 @@ from launch.experiments.acting import EVAL_FIELDS, EvalRow, crossed, evaluation_
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.config import executor_factory
 from launch.experiments.stages import StageTimes
-from launch.program.graph import NodeHandle
+from launch.distributed.clients import CounterClient, LearnerClient
+from launch.program.graph import NodeHandle, connect
 from quarl.acting.evaluation import EpisodeInterrupted
 from quarl.envs.factory import make_environment
 from quarl.ops.carbon import stop_tracking
@@ -43,7 +44,8 @@ class Evaluator(NodeBase):
         self._seed = int(seed)
         self._precision, self._backend = parse_precision(precision), backend
         self._kernel_form = kernel_form  # ONNX integer kernel form pinned by the config (None: the CPU's choice)
-        self._weights, self._counter, self._learner = weights, counter, learner
+        self._weights, self._counter = weights, connect(counter, CounterClient)  # weights: the PolicyClient's
+        self._learner = None if learner is None else connect(learner, LearnerClient)
         self._logdir = logdir
         self._eval_every = int(eval_every)
         self._episodes = int(episodes)
@@ -137,6 +139,6 @@ class Evaluator(NodeBase):
             self._evaluated.popitem(last=False)
         if self._learner is not None:
             try:
-                self._learner.call("pin", payload.version)
+                self._learner.pin(payload.version)
             except Exception:  # pylint: disable=broad-except
                 pass  # a lost learner ends the run by itself

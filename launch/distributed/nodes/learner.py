@@ -29,7 +29,8 @@ from launch.distributed.nodes.publisher import PublishTimes, Publisher
 from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.summary import FinalPolicy, final_policy_record
-from launch.program.graph import NodeHandle
+from launch.distributed.clients import CounterClient, ReplayClient, WeightServerClient
+from launch.program.graph import NodeHandle, connect, submit
 from quarl.ops.carbon import stop_tracking
 from quarl.ops.logs import Logger
 from quarl.quant.calibration import learner_observations, needs_calibration, with_activation_ranges
@@ -82,7 +83,8 @@ class LearnerNode(NodeBase):
         self._policy_spec = self._builder.policy_spec(env_spec)
         use_loop_form(str((run_config or {}).get("learner_loop", "auto")))  # read when the update is traced
         self._learner: Learner = self._make_learner(env_spec, seed)
-        self._replay, self._counter, self._weights = replay, counter, weights
+        self._replay = replay  # a handle (None: on-policy): the feed and the priority updates connect to it
+        self._counter, self._weights = connect(counter, CounterClient), connect(weights, WeightServerClient)
         self._precision = parse_precision(precision)
         self._spec_hash = self._policy_spec.digest()
         self._fp32_nbytes = 0
@@ -211,7 +213,7 @@ class LearnerNode(NodeBase):
                     self._offer()
                     publish_owed = False
                 if now - last_report >= POLL_S and (counter_future is None or counter_future.done()):
-                    counter_future = self._counter.submit("increment", learner_steps=steps - reported)
+                    counter_future = submit(self._counter).increment(learner_steps=steps - reported)
                     reported, last_report = steps, now
                 if now - last_log[0] >= self._log_every_s:
                     self._log_row(log, metrics, steps, now - t_origin, last_log, now, wait_s)
@@ -226,7 +228,7 @@ class LearnerNode(NodeBase):
             priorities.flush(timeout=10)
             if counter_future is not None:
                 counter_future.result(timeout=10)
-            self._counter.call("increment", learner_steps=self.steps() - reported)
+            self._counter.increment(learner_steps=self.steps() - reported)
             policy_file = self.save_final_policy()  # first: the cheapest and most useful thing to have after Ctrl-C
             self.checkpoint()  # the training state at its newest step (what --resume continues from)
         except BaseException as e:
@@ -366,7 +368,7 @@ class LearnerNode(NodeBase):
         t2 = time.perf_counter()
         if not self._fp32_nbytes:
             self._fp32_nbytes = fp32_payload_nbytes(params, version=version, spec_hash=self._spec_hash)
-        self._weights.call("publish", version, blob, self._fp32_nbytes)
+        self._weights.publish(version, blob, self._fp32_nbytes)
         self.publish_times.add(quantize_encode_s=t1 - t0, put_s=t2 - t1, nbytes=blob.nbytes,
                                ready_wait_s=t0 - t_offered)
         self._version = max(self._version, version)
@@ -393,6 +395,6 @@ class LearnerNode(NodeBase):
         manifest = {"run_config": self._run_config, "agent_config": ckpt.agent_config_dict(self._builder.config),
                     "weights_version": self._version,
                     "counts": {k: v for k, v in counts.items() if not k.endswith("_starts")}, "saved_at": time.time()}
-        path = ckpt.write_checkpoint(self._logdir, step=step, learner_state=state,
-                                     save_replay_to=replay_saver(self._replay), manifest=manifest)
-        return str(path)
+        save_replay = replay_saver(connect(self._replay, ReplayClient))
+        return str(ckpt.write_checkpoint(self._logdir, step=step, learner_state=state, save_replay_to=save_replay,
+                                         manifest=manifest))

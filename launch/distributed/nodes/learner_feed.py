@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Callable
 import numpy as np
 
 from launch.distributed.nodes.base import POLL_S, wait_or_stop
-from launch.program.graph import CallFuture, NodeHandle
+from launch.distributed.clients import ReplayClient
+from launch.program.graph import CallFuture, NodeHandle, connect, submit
 from quarl.replay.items import StackedSample
 from quarl.replay.table import TableClosed
 
@@ -47,7 +48,7 @@ class BlockFeed:
 
     def __init__(self, replay: NodeHandle, prepare: Callable[[StackedSample], Block], batch_size: int,
                  steps_per_call: int, threads: int = 2, depth: int | None = None):
-        self._replay = replay
+        self._replay = submit(connect(replay, ReplayClient))
         self._prepare = prepare
         self._batch_size = int(batch_size)
         self._k = int(steps_per_call)
@@ -88,7 +89,7 @@ class BlockFeed:
 
     def _sample(self) -> tuple[bool, StackedSample | None]:
         # One StackedSample ([K, B, ...]): `prepare` neither stacks it nor re-scans what the table checked at insert.
-        return wait_or_stop(self._replay.submit("sample_stacked", self._batch_size, self._k), self._stop)
+        return wait_or_stop(self._replay.sample_stacked(self._batch_size, self._k), self._stop)
 
     def _loop(self) -> None:
         try:
@@ -120,7 +121,7 @@ class PriorityUpdates:
     """
 
     def __init__(self, replay: NodeHandle):
-        self._replay = replay
+        self._replay = submit(connect(replay, ReplayClient))
         self._queued: list[tuple[np.ndarray, np.ndarray]] = []
         self._in_flight: CallFuture | None = None
 
@@ -136,7 +137,7 @@ class PriorityUpdates:
             keys = np.concatenate([k for k, _ in self._queued])
             prios = np.concatenate([p for _, p in self._queued])
             self._queued = []
-            self._in_flight = self._replay.submit("update_priorities", keys, prios)
+            self._in_flight = self._replay.update_priorities(keys, prios)
 
     def flush(self, timeout: float) -> None:
         """Waits until every added update has been applied (at a stop: none is dropped)."""

@@ -17,16 +17,17 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Sequence, TypedDict, cast
+from typing import TYPE_CHECKING, Protocol, Sequence, TypedDict, cast
 
 from agents.base import ReplayBuilder
+from launch.distributed.clients import CounterClient, ServiceClient
 from launch.distributed.nodes.actor import ACTOR_ENV_STREAM, CountReport, first_actor, log_restart, update_actor
 from launch.distributed.nodes.base import POLL_S, NodeBase, NodeRecord, counter_totals, csv_logger, energy_tracker
 from launch.distributed.nodes.weights_client import PolicyClient
 from launch.experiments.acting import EPISODE_FIELDS, ActingLoop
 from launch.experiments.agent_spec import AgentSpec, derive_seed
 from launch.experiments.stages import StageTimes
-from launch.program.graph import NodeHandle
+from launch.program.graph import NodeHandle, WorkerControl, connect
 from quarl.envs.vector import make_vector_environment
 from quarl.ops.carbon import stop_tracking
 from quarl.quant.precision import Precision, parse_precision
@@ -44,6 +45,17 @@ class HandedRollout(TypedDict):
     weights_version: int
     actor_id: int
     actor_steps: int
+
+
+
+class RolloutActorClient(ServiceClient, WorkerControl, Protocol):
+    """What a rollout learner calls on a `RolloutActorNode` (`launch.program.graph.connect`)."""
+
+    def finished(self) -> bool: ...
+
+    def ready(self, timeout: float = POLL_S) -> bool: ...
+
+    def take(self, timeout: float = POLL_S) -> HandedRollout | None: ...
 
 
 class RolloutActorNode(NodeBase):
@@ -65,7 +77,7 @@ class RolloutActorNode(NodeBase):
             raise ValueError(f"outbox_size must be >= 1, got {outbox_size!r}")
         self._id, self._num_actors, self._seed = int(actor_id), int(num_actors), int(seed)
         self._precision, self._backend, self._kernel_form = parse_precision(precision), backend, kernel_form
-        self._counter, self._weights, self._logdir = counter, weights, logdir
+        self._counter, self._weights, self._logdir = connect(counter, CounterClient), weights, logdir
         self._max_steps, self._num_envs = int(max_actor_steps), self._builder.num_envs(int(envs_per_actor))
         self._sync = bool(sync)
         self._outbox: queue.Queue[HandedRollout] = queue.Queue(maxsize=int(outbox_size))
@@ -106,7 +118,7 @@ class RolloutActorNode(NodeBase):
 
     def _run(self) -> NodeRecord:
         name = f"actor_{self._id}"
-        start = counter_totals(self._counter, "increment", **{f"{name}_starts": 1})
+        start = counter_totals(self._counter, **{f"{name}_starts": 1})
         attempt = int(start[f"{name}_starts"])
         t_origin = time.monotonic() - start["wall_clock_s"]
         tracker = energy_tracker(self._logdir, name)

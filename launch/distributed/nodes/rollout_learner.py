@@ -35,10 +35,10 @@ import numpy as np
 
 from launch.distributed.nodes.base import POLL_S, NodeRecord, counter_totals, csv_logger, energy_tracker, log_event
 from launch.distributed.nodes.learner import INT8, LearnerNode
-from launch.distributed.nodes.rollout_actor import HandedRollout
+from launch.distributed.nodes.rollout_actor import HandedRollout, RolloutActorClient
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ROLLOUT_MODES
-from launch.program.graph import CallFuture, NodeHandle, NodeLost, result_as
+from launch.program.graph import CallFuture, NodeHandle, NodeLost, connect, result_as, submit
 from quarl.ops.carbon import stop_tracking
 from quarl.ops.io import JSONValue
 from quarl.ops.logs import Logger
@@ -99,7 +99,7 @@ class RolloutInbox:
     and is asked again."""
 
     def __init__(self, actors: Sequence[NodeHandle], capacity: int = 1, logdir: str | None = None):
-        self._actors = list(actors)
+        self._actors = [connect(a, RolloutActorClient) for a in actors]
         self._queue: queue.Queue[HandedRollout] = queue.Queue()
         self._slots = FairSlots(max(1, int(capacity)))
         self._stop = threading.Event()
@@ -147,13 +147,13 @@ class RolloutInbox:
         while not self._stop.is_set():
             holding = False
             try:
-                if not actor.call("ready", POLL_S):  # wait for the actor holding no slot
-                    (self.finished.add if actor.call("finished") else self.finished.discard)(i)
+                if not actor.ready(POLL_S):  # wait for the actor holding no slot
+                    (self.finished.add if actor.finished() else self.finished.discard)(i)
                     continue
                 if not self._slots.acquire(POLL_S):
                     continue
                 holding = True
-                item = actor.call("take", 0.0)
+                item = actor.take(0.0)
             except NodeLost as e:
                 if holding:
                     self._slots.release()
@@ -351,7 +351,7 @@ class RolloutLearnerNode(LearnerNode):
             self.publish_now()  # the actors wait for it
         elif self._publisher.due():
             self._offer()
-        self._counts.append(self._counter.submit("increment", learner_steps=steps - before))
+        self._counts.append(submit(self._counter).increment(learner_steps=steps - before))
         while self._counts and self._counts[0].done():
             self._counts.popleft().result()
         log.write({"learner_steps": steps, "wall_clock_s": round(time.monotonic() - t_origin, 3),

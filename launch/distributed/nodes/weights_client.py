@@ -11,7 +11,8 @@ from typing import Callable
 from launch.distributed.nodes.base import log_event
 from launch.distributed.nodes.shared_blob import Blob
 from launch.experiments.stages import StageTimes
-from launch.program.graph import NodeHandle, result_as
+from launch.distributed.clients import WeightServerClient
+from launch.program.graph import NodeHandle, connect, result_as
 from quarl.policy.spec import PolicySpec
 from quarl.quant.payload import Payload, decode_payload
 from quarl.quant.precision import Precision, parse_precision
@@ -36,7 +37,7 @@ class PolicyClient:
 
     def __init__(self, weights: NodeHandle, times: StageTimes, *, spec: PolicySpec | None = None,
                  precision: Precision | None = None, logdir: str | None = None, node: str = "actor"):
-        self._weights = weights
+        self._weights = connect(weights, WeightServerClient)
         self._times = times
         self._spec_hash = None if spec is None else spec.digest()
         self._precision = None if precision is None else parse_precision(precision).name
@@ -58,11 +59,11 @@ class PolicyClient:
         (a reference, no bytes) is time spent waiting for the learner (`waited_s`), reading the bytes is the pull."""
         t0 = time.perf_counter()
         if wait_s > 0:
-            blob = self._weights.call("get_payload", self.version, wait_s)
+            blob = self._weights.get_payload(self.version, wait_s)
             waited = time.perf_counter()
             self.waited_s += waited - t0
         else:
-            blob, waited = self._weights.call("get_payload", self.version), t0
+            blob, waited = self._weights.get_payload(self.version), t0
         data = None if blob is None else result_as(Blob, blob, "weights.get_payload").get()
         t1 = time.perf_counter()
         self._times.pull_s += t1 - waited
