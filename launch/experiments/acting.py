@@ -1,6 +1,8 @@
-"""The one acting loop and the one evaluation record of both runners and every agent (Acme's `EnvironmentLoop`
-idea, `acme/environment_loop.py`: one loop object owns stepping, the update cadence and the episode bookkeeping,
-and the caller only says where the steps go and how weights are pulled).
+"""The actor's loop (the upper of the two acting layers) and the one evaluation record of both runners and every
+agent (Acme's `EnvironmentLoop` idea, `acme/environment_loop.py`: one loop object owns the update cadence, the stage
+timing and the episode rows, and the caller only says where the steps go and how weights are pulled). It steps
+the environments through the environment stepper below it (`quarl.acting.loop.VectorEnvLoop`: K environments,
+one policy call, a sink), which knows none of these.
 
 The single-process runner (`launch.experiments.run_experiment`, replay and on-policy agents alike), every actor
 node (`launch.distributed.nodes.actor`, `launch.distributed.nodes.rollout_actor`) and the evaluator node
@@ -60,8 +62,8 @@ def crossed(before: int, after: int, period: int) -> bool:
 
 
 class ActingLoop(Generic[ItemT]):
-    """One actor's loop over K environments: one batched policy call per step (`actor.act`), stage times,
-    episode rows and the weight-pull cadence. `sink` is the agent's (`BuilderBase.make_sink`); the caller
+    """One actor's loop over K environments, on a `VectorEnvLoop` (one batched policy call per step, `actor.act`):
+    stage times, episode rows and the weight-pull cadence. `sink` is the agent's (`BuilderBase.make_sink`); the caller
     supplies `insert(items)` (transitions into an in-memory table or a replay server, rollouts into a learner
     or an outbox; it times its own work) and `pull()` (a payload made in this process or fetched)."""
 

@@ -1,11 +1,11 @@
-"""Single-process ActorQ run (Acme's `run_experiment`) of every agent: one acting loop, one learner, and the
+"""Single-process ActorQ run (Acme's `run_experiment`) of every agent: one actor's loop, one learner, and the
 agent's learning side (`launch.experiments.feeds`: an in-memory replay table, or rollouts straight into an
 on-policy learner).
 
 It runs the same pieces, in the same order, as the distributed runner, just in one thread, in steps that each do
 one thing: the agent and its environments, the weight channel and the actors (`launch.experiments.run_parts`:
 the actor only ever sees weights that went through quantization and the wire format), the feed
-(`launch.experiments.feeds`), the acting loop (`act`) with its evaluations (`Evaluations`), and the end
+(`launch.experiments.feeds`), the actor's loop (`act`) with its evaluations (`Evaluations`), and the end
 (`launch.experiments.run_end`: the policies and summary.json). The actor acts through
 `launch.experiments.acting.ActingLoop` with its builder's sink, as a distributed actor does. With replay, acting
 and learning are interleaved under the table's samples-per-insert rate limiter: after every env step the learner

@@ -1,2 +1,2 @@
-"""Acting: the loop that steps K environments through one batched policy call into n-step adders (`loop`), and
+"""Acting: the environment stepper, K environments through one batched policy call into a sink (`loop`), and
 agent-agnostic greedy evaluation of a (quantized) policy (`evaluation`)."""

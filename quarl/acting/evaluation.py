@@ -7,7 +7,7 @@ continuous task takes the network's output as the action. Paired comparisons acr
 `evaluate_seeds`, which plays episode i in a fresh environment seeded `seeds[i]`, so every precision faces
 the same initial states whatever the previous episodes did.
 
-Every episode here is stepped by the one acting loop (`quarl.acting.loop.VectorEnvLoop`, one environment, an
+Every episode here is stepped by the environment stepper (`quarl.acting.loop.VectorEnvLoop`, one environment, an
 episode at a time), and a policy is what that loop calls: `policy(observations[K]) -> actions[K]` (or
 `(actions, extras)`: an agent's `actor.act`), one observation being a batch of one.
 """
@@ -110,7 +110,7 @@ class EpisodeInterrupted(Exception):
 
 def run_episode(env: dm_env.Environment, policy: Policy, *,
                 should_stop: Callable[[], bool] | None = None) -> tuple[float, int]:
-    """Play one full episode of `env` through the acting loop (a batch of one; the episode is not restarted at
+    """Play one full episode of `env` through the environment stepper (a batch of one; the episode is not restarted at
     its end, so consecutive episodes of one environment start from its own `reset()`); returns (undiscounted
     return, steps). The evaluators' episode (PTQ sweeps, the single-process runner, the distributed evaluator).
 
@@ -163,7 +163,7 @@ def evaluate_policy(env: dm_env.Environment, spec: PolicySpec, qparams: Quantize
 
 def rollout_observations(env: dm_env.Environment, policy: Policy, steps: int = MAX_CALIBRATION_OBS) -> np.ndarray:
     """The first `steps` observations [steps, *obs_shape] (the environment's dtype) that `policy` meets acting in
-    `env` through the acting loop, episodes restarted as they end (each episode's LAST observation included):
+    `env` through the environment stepper, episodes restarted as they end (each episode's LAST observation included):
     calibration data for a trained policy without a replay (`quarl.quant.calibration.activation_ranges`, in
     post-training quantization sweeps of a saved policy)."""
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:

@@ -1,9 +1,9 @@
-"""The one acting loop: K environments, one batched policy call per step, and a sink that turns the steps into
-what a learner takes (Acme's `EnvironmentLoop` with its adder: the loop owns stepping and episode bookkeeping,
-the sink says where the steps go).
-
-Every runner drives every agent's actor through it (`launch.experiments.acting.ActingLoop` wraps it for the
-single-process runner and the distributed actor nodes); the agents differ only in their sink
+"""The environment stepper (the lower of the two acting layers): K environments, one batched policy call per step,
+and a sink that turns the steps into what a learner takes (Acme's `EnvironmentLoop` with its adder: the stepper owns
+stepping and episode bookkeeping, the sink says where the steps go). It knows no weights, cadence, timing or logs:
+those are the actor's loop above it (`launch.experiments.acting.ActingLoop`), which every runner's actors and the
+evaluator run over this stepper; greedy evaluation (`quarl.acting.evaluation`) drives it directly. The agents
+differ only in their sink
 (`agents.base.BuilderBase.make_sink`):
 - `AdderSink`, the replay agents' (DQN, D4PG): one `NStepTransitionAdder` per environment, so n-step windows
   never mix two environments' steps and an episode boundary in one environment closes only that environment's

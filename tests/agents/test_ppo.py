@@ -269,7 +269,7 @@ def test_cli_errors_are_one_line_and_exit_2(argv, message, tmp_path):
 
 @pytest.mark.parametrize("spec_fn", [_discrete_spec, _continuous_spec])
 def test_ppo_pieces_satisfy_the_runner_protocols_and_act_through_the_rollout_sink(spec_fn):
-    """What the one acting loop and the runners read: `act` gives the sampled actions with their log-probs (the
+    """What the actor's loop and the runners read: `act` gives the sampled actions with their log-probs (the
     same draws as `sample`), the sink makes [T, K] rollouts, weights come after every rollout, runs take whole
     rollouts, and the learner is sized to the run's updates."""
     from agents.base import Actor, BuilderBase, OnPolicyActor, OnPolicyLearner

@@ -534,7 +534,7 @@ def test_both_runners_write_one_summary_layout_with_the_same_stages_units_and_ve
     assert on_disk == json.loads(json.dumps([distributed, single]))  # what the runners return is what they wrote
     assert list(single) == list(distributed) == list(SUMMARY_KEYS)
     assert _layout_differences(*on_disk) == []
-    # evaluator.csv and the per-episode actor log: one header each, written by the one acting loop in both runners.
+    # evaluator.csv and the per-episode actor log: one header each, written by the actor's loop in both runners.
     evaluator = [_csv_rows(tmp_path / name / "evaluator.csv") for name in ("ray", "single")]
     episodes = [_csv_rows(tmp_path / "ray" / "actor_0.csv"), _csv_rows(tmp_path / "single" / "actor.csv")]
     for rows in (*evaluator, *episodes):

@@ -1,4 +1,4 @@
-"""An on-policy actor in the distributed program: `RolloutActorNode` runs the one acting loop with PPO's rollout sink
+"""An on-policy actor in the distributed program: `RolloutActorNode` runs the actor's loop with PPO's rollout sink
 in launch.program's local runner and hands out fixed-length rollouts, each with the behaviour log-probs of the
 quantized policy it acted with and that policy's weights version; the test plays the learner."""
 from __future__ import annotations

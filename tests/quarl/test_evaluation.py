@@ -1,4 +1,4 @@
-"""Greedy policy evaluation: actions through the runtimes, real episodes through the one acting loop, paired
+"""Greedy policy evaluation: actions through the runtimes, real episodes through the environment stepper, paired
 seeds, and the observations a saved policy is calibrated on."""
 from __future__ import annotations
 

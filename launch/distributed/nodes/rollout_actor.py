@@ -1,5 +1,5 @@
-"""The on-policy acting node (PPO, A2C): the one acting loop (`launch.experiments.acting.ActingLoop`) with the
-agent's rollout sink, handing out fixed-length rollouts instead of inserting transitions into replay.
+"""The on-policy acting node (PPO, A2C): the actor's loop every actor runs (`launch.experiments.acting.ActingLoop`)
+with the agent's rollout sink, handing out fixed-length rollouts instead of inserting transitions into replay.
 
 Each rollout is a `quarl.replay.items.Rollout` of [T steps x K environments] (with the behaviour log-probs of the
 quantized policy that chose the actions) and carries the weights version it was
