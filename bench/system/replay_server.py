@@ -194,7 +194,7 @@ class RayBackend:
         from launch.distributed.nodes.services import ReplayServer
 
         self.signature = {k: (tuple(s), d) for k, (s, d) in table["signature"].items()}
-        concurrency = max(8, 2 * inserters + 2 + 4)  # as launch.distributed.program sizes the replay node
+        concurrency = max(8, 2 * inserters + 2 + 4)  # as launch.distributed.actorq_graph sizes the replay node
         self.server = ray.remote(ReplayServer).options(num_cpus=0, max_concurrency=concurrency).remote(table, seed=0)
         _prefill(lambda *a: ray.get(self.server.insert.remote(*a)), self.signature, prefill)
         remote_inserter = ray.remote(Inserter).options(num_cpus=0, max_concurrency=2)

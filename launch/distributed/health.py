@@ -7,8 +7,8 @@ import signal
 import time
 from typing import Mapping, Sequence
 
+from launch.distributed.actorq_graph import node_role
 from launch.distributed.nodes.base import log_event
-from launch.distributed.program import node_role
 from launch.program.graph import CallFuture, Launch, NodeControl, NodeLost, connect, submit
 
 HOST_LOSS_WAIT_S = 20.0  # every actor failed: how long to look for a lost cluster machine that explains it

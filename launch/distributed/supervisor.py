@@ -12,11 +12,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 from analysis.schema import solved_at
+from launch.distributed.actorq_graph import NodeClasses, actor_names, build_actorq_program
 from launch.distributed.health import (
     HOST_LOSS_WAIT_S, Interrupted, check_hosts, check_workers, first_line, lost_message, lost_nodes,
 )
 from launch.distributed.nodes.base import log_event
-from launch.distributed.program import NodeClasses, actor_names, build_actorq_program
 from launch.distributed.replay_log import ReplayLog
 from launch.distributed.shutdown import LOST_GRACE_S, STOP_GRACE_S, stop_nodes
 from launch.experiments.config import DistributedConfig, ExperimentConfig

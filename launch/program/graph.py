@@ -1,6 +1,6 @@
 """Program descriptions: which nodes a run has and how they reference each other, and what a runner of them
 offers (`Runner`, `Launch`). Nothing here knows the ActorQ graph (its nodes and their roles:
-`launch.distributed.program`).
+`launch.distributed.actorq_graph`).
 
 A `Program` is plain data (node classes, constructor arguments, resource requests). It says nothing about
 processes, threads or Ray, so the same description runs on Ray (`launch.program.ray_runner`, one process per node,
@@ -11,7 +11,7 @@ two calls: `handle.call(method, ...)` (blocking) and `handle.submit(method, ...)
 name methods as strings: `connect(handle, SomeClient)` gives a proxy typed by the callee's Protocol
 (`client.method(...)` blocks, `submit(client).method(...)` returns a future), over those same two calls.
 
-`launch.distributed.program.build_actorq_program(config)` builds the ActorQ graph from these pieces.
+`launch.distributed.actorq_graph.build_actorq_program(config)` builds the ActorQ graph from these pieces.
 """
 from __future__ import annotations
 

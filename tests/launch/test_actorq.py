@@ -15,11 +15,10 @@ import time
 import uuid
 from pathlib import Path
 
-import numpy as np
 import pytest
 
+from launch.distributed.actorq_graph import NodeClasses
 from launch.distributed.nodes.learner import LearnerNode
-from launch.distributed.program import NodeClasses
 from launch.distributed.supervisor import run_program
 from launch.program.ray_runner import RayRunner
 from quarl.runtimes.policy_io import load_policy

@@ -157,7 +157,7 @@ def test_reproduce_grid_runs_as_tasks_on_the_cluster(cluster: LoopbackCluster, t
 # places them, reporting where its JAX runs: prints {"reports": {node: report}, "placement": {node: ray node}}.
 _PROBE_PROGRAM = """
 import json, sys
-from launch.distributed.program import build_actorq_program
+from launch.distributed.actorq_graph import build_actorq_program
 from launch.program.ray_runner import RayRunner
 from tests.launch.test_devices import PROBES
 from tests.launch.tiny import tiny_config

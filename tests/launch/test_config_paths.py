@@ -155,7 +155,7 @@ def test_tiny_config_builder_is_its_agent_config(tmp_path: Path) -> None:
 
 RUN_STEP_MODULES = ("launch/experiments/run_experiment.py", "launch/experiments/run_parts.py",
                     "launch/experiments/run_end.py", "launch/experiments/summary.py",
-                    "launch/distributed/supervisor.py", "launch/distributed/program.py")
+                    "launch/distributed/supervisor.py", "launch/distributed/actorq_graph.py")
 
 
 def test_the_runners_steps_reach_one_level_into_the_config() -> None:

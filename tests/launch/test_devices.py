@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from launch.distributed.actorq_graph import build_actorq_program
 from launch.distributed.nodes.base import NodeBase
-from launch.distributed.program import build_actorq_program
 from launch.program import devices
 from launch.program.graph import Program
 from quarl.ops.checks import ConfigError

@@ -26,13 +26,13 @@ import numpy as np
 import pytest
 
 from agents import make_config, task_defaults
+from launch.distributed.actorq_graph import NodeClasses
 from launch.distributed.nodes.actor import ActorNode
 from launch.distributed.nodes.base import NodeBase
 from launch.distributed.nodes.learner import LearnerNode
 from launch.distributed.nodes.services import Counter
 from launch.distributed.nodes.shared_blob import Blob
 from launch.distributed.nodes.weights_client import PolicyClient
-from launch.distributed.program import NodeClasses
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ExperimentConfig

@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from launch import actorq
+from launch.distributed.actorq_graph import add_rollout_actors, build_actorq_program
 from launch.distributed.nodes.rollout_actor import RolloutActorNode
 from launch.distributed.nodes.rollout_learner import RolloutLearnerNode, merge_rollouts
 from launch.distributed.nodes.services import Counter, WeightServer
 from launch.distributed.nodes.shared_blob import Blob
-from launch.distributed.program import add_rollout_actors, build_actorq_program
 from launch.distributed.supervisor import make_runner, run_program
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ExperimentConfig

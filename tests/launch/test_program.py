@@ -14,11 +14,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from launch.distributed.actorq_graph import build_actorq_program
 from launch.distributed.nodes.learner import LearnerNode
 from launch.distributed.nodes.services import Counter, ReplayServer, WeightServer
 from launch.distributed.nodes.shared_blob import Blob
 from launch.distributed.nodes.weights_client import PolicyClient
-from launch.distributed.program import build_actorq_program
 from launch.distributed.supervisor import run_program
 from launch.experiments import checkpoint as ckpt
 from launch.experiments.agent_spec import AgentSpec, derive_seed

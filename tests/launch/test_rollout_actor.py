@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from launch.distributed.actorq_graph import add_rollout_actors
 from launch.distributed.nodes.rollout_actor import RolloutActorNode
 from launch.distributed.nodes.services import Counter, WeightServer
 from launch.distributed.nodes.shared_blob import Blob
-from launch.distributed.program import add_rollout_actors
 from launch.experiments.agent_spec import AgentSpec
 from launch.experiments.config import ExperimentConfig
 from launch.program.graph import Node, Program
