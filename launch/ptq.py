@@ -3,7 +3,7 @@ r"""Post-training quantization (PTQ) sweep of a trained policy: how much return 
     python -m launch.ptq --checkpoint RUN_DIR [--bits 2,3,4,5,6,7,8,16] [--include fp16,bf16] [--episodes 10] [--head-bits 16]
         [--out RUN_DIR/ptq] [--seed 0] [--backend jax|onnx|auto] [--no-progress] [--force]
 
-The fp32 policy a run saved (`quarl.runtimes.policy_io.save_policy`; any agent this build knows, read by
+The fp32 policy a run saved (`quarl.quant.policy_io.save_policy`; any agent this build knows, read by
 `launch.ptq_policy.load_trained_policy`) is evaluated greedily at fp32, at each --include float
 precision and at each integer bit width, per-tensor and per-channel, for --episodes episodes each. Episode i
 uses environment seed `seed + i` at every precision, so the comparison with fp32 is paired. The error is the
@@ -51,9 +51,9 @@ from quarl.envs.factory import make_environment
 from quarl.ops.io import write_json_atomic
 from quarl.ops.machine import machine_info
 from quarl.quant.metrics import layer_errors, sqnr_db
+from quarl.quant.policy_io import LoadedPolicy, policy_paths
 from quarl.quant.precision import FLOAT_PRECISIONS, MAX_BITS, MAX_KERNEL_BITS, MIN_BITS, parse_bit_list, parse_precision
 from quarl.quant.quantization import dequantize_params, is_quantized_leaf, path_str, quantize_params, tree_items
-from quarl.runtimes.policy_io import LoadedPolicy, policy_paths
 
 PROG = "launch.ptq"
 DEFAULT_BITS = "2,3,4,5,6,7,8,16"

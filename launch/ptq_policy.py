@@ -1,7 +1,7 @@
 """Which trained policy a PTQ sweep reads, and how each row of the sweep acts: shared by `launch.ptq` and
 `bench.learning.ptq_study`.
 
-All agents' policies load the same way. Every runner saves the final fp32 policy with `quarl.runtimes.policy_io.save_policy`
+All agents' policies load the same way. Every runner saves the final fp32 policy with `quarl.quant.policy_io.save_policy`
 (a spec plus its weights, and a sidecar naming the agent and task), and a greedy policy needs nothing from the
 agent's code: a discrete task acts on the argmax of the outputs (DQN's Q-values, PPO/A2C's logits), a continuous
 task on the outputs themselves (D4PG's tanh-bounded action, PPO/A2C's Gaussian mean, which the environment clips
@@ -24,10 +24,10 @@ import agents
 from quarl.acting.evaluation import GreedyPolicy, check_compatible, make_greedy_policy, rollout_observations
 from quarl.envs.factory import make_environment
 from quarl.quant.calibration import quantize_for_actors
+from quarl.quant.policy_io import LoadedPolicy, load_policy, policy_paths
 from quarl.quant.precision import int_precision, parse_precision
 from quarl.quant.quantization import fake_quantize_params, quantize_params
 from quarl.policy.spec import Linear, PolicySpec
-from quarl.runtimes.policy_io import LoadedPolicy, load_policy, policy_paths
 
 NO_GRANULARITY = "n/a"  # float casts have no scale, so per-tensor vs per-channel does not apply
 GRANULARITIES = (("per-tensor", False), ("per-channel", True))

@@ -1,7 +1,7 @@
 """Security properties of what the project reads back and what it exposes (issue #6).
 
 - No read-back path unpickles: payload decoding, checkpoint restore (orbax learner state, npz replay
-  snapshot, manifests), replay server resume, run summaries/CSVs, and `quarl.runtimes.policy_io.load_policy` are run
+  snapshot, manifests), replay server resume, run summaries/CSVs, and `quarl.quant.policy_io.load_policy` are run
   with every unpickling entry point replaced by one that fails the test.
 - A private local Ray listens on the loopback interface only (slow: starts Ray in a subprocess).
 - A run's log directory holds no environment variable values or credentials (slow: runs the CLI).
@@ -84,7 +84,7 @@ def test_no_read_back_path_unpickles(tmp_path, monkeypatch):
     from analysis.runs import read_evaluator, read_summary
     from quarl.quant.payload import decode_payload, encode_payload
     from quarl.quant.quantization import quantize_params
-    from quarl.runtimes.policy_io import load_policy, save_policy
+    from quarl.quant.policy_io import load_policy, save_policy
 
     # Everything is written first, with pickle intact.
     agent = AgentSpec("dqn", "CartPole-v1", TINY_DQN)

@@ -35,9 +35,9 @@ from quarl.ops.carbon import start_tracking, stop_tracking
 from quarl.ops.io import jsonable, write_json_atomic
 from quarl.ops.logs import CSVLogger
 from quarl.quant.payload import fp32_payload_nbytes
+from quarl.quant.policy_io import save_policy
 from quarl.quant.precision import Precision
 from quarl.runtimes.kernel_check import kernel_summary
-from quarl.runtimes.policy_io import save_policy
 
 EVAL_SEED_OFFSET = 10_000  # evaluation episodes draw from their own keys, as launch.train's evaluator env
 IN_JIT_KERNEL = "aqt_s8s8"  # the JAX runtime's integer kernel (quarl.runtimes.jax_backend)

@@ -19,7 +19,7 @@ from launch.experiments.summary import Summary, build_summary, final_policy_reco
 from launch.program.devices import device_report
 from quarl.ops.io import JSONValue, jsonable, write_json_atomic
 from quarl.quant.payload import fp32_payload_nbytes
-from quarl.runtimes.policy_io import save_policy
+from quarl.quant.policy_io import save_policy
 
 if TYPE_CHECKING:
     from agents.base import Learner

@@ -88,7 +88,7 @@ def run_experiment(config: ExperimentConfig, *, progress: bool = True, energy: b
     once per step on the batch of K observations (`quarl.acting.loop`); every count (steps, evaluation and
     update periods) is in env steps, so one loop iteration advances them by K.
     Writes evaluator.csv, learner.csv, actor.csv, summary.json and the final fp32 policy
-    (policy_fp32.qrlp + .json, see `quarl.runtimes.policy_io`) under `config.logdir`.
+    (policy_fp32.qrlp + .json, see `quarl.quant.policy_io`) under `config.logdir`.
     """
     launched = time.perf_counter()  # summary.json's wall_clock_s counts building the run too; its run clock does not
     agent = build_agent(config, on_builder)

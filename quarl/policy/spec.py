@@ -184,6 +184,17 @@ class PolicySpec:
             shape = new
         return out
 
+    def param_shapes(self) -> dict[str, dict[str, tuple[int, ...]]]:
+        """The fp32 (haiku) parameter tree this spec runs, as shapes: a Linear's or Conv2D's `w` and `b`, a
+        LayerNorm's `scale` and `offset` (what a saved policy's tree is checked against before it is written)."""
+        out: dict[str, dict[str, tuple[int, ...]]] = {}
+        for layer, shape_in, shape_out in self.layer_shapes():
+            if isinstance(layer, (Linear, Conv2D)):
+                out[layer.name] = {"w": weight_shape(layer, shape_in), "b": (shape_out[-1],)}
+            elif isinstance(layer, LayerNorm):
+                out[layer.name] = {"scale": (shape_in[-1],), "offset": (shape_in[-1],)}
+        return out
+
     @property
     def output_dim(self) -> int:
         shapes = self.layer_shapes()
@@ -250,6 +261,13 @@ class PolicySpec:
                        pixels=d.get("pixels", False))
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed policy spec: {e}") from None
+
+
+def weight_shape(layer: Linear | Conv2D, shape_in: tuple[int, ...]) -> tuple[int, ...]:
+    """The `w` shape a Linear ([in, out]) or Conv2D ([k, k, C_in, out]) layer takes on input `shape_in`."""
+    if isinstance(layer, Conv2D):
+        return (layer.kernel, layer.kernel, shape_in[-1], layer.out)
+    return (shape_in[0], layer.out)
 
 
 def layer_norm_mlp_policy(

@@ -26,7 +26,6 @@ from quarl.ops.io import JSONValue, write_bytes_atomic
 from quarl.policy.spec import ParamTree, PolicySpec
 from quarl.quant.payload import decode_payload, encode_payload
 from quarl.quant.quantization import dequantize_params, quantize_params
-from quarl.runtimes.base import lower_params
 
 POLICY_FILE = "policy_fp32.qrlp"
 META_FILE = "policy_fp32.json"
@@ -64,6 +63,20 @@ def _check_name(what: str, value: object) -> str:
     return value
 
 
+def _check_tree(spec: PolicySpec, tree: Mapping[str, object]) -> None:
+    """Every module and leaf the spec runs is in `tree` with the shape the spec needs (a ValueError naming the leaf
+    otherwise), so no policy file is written that no runtime could load."""
+    for module, leaves in spec.param_shapes().items():
+        held = tree.get(module)
+        if not isinstance(held, Mapping):
+            raise ValueError(f"params have no module {module!r} (have {sorted(tree)})")
+        for key, shape in leaves.items():
+            if key not in held:
+                raise ValueError(f"params {module!r} lack {key!r} (have {sorted(held)})")
+            if np.shape(held[key]) != shape:
+                raise ValueError(f"{module}/{key} has shape {np.shape(held[key])}, the spec needs {shape}")
+
+
 def save_policy(path: str | os.PathLike, spec: PolicySpec, params: ParamTree, *, task: str, agent: str,
                 steps: int = 0, extra: Mapping[str, JSONValue] | None = None) -> Path:
     """Write a trained fp32 policy for offline evaluation; returns the payload file's path.
@@ -94,7 +107,7 @@ def save_policy(path: str | os.PathLike, spec: PolicySpec, params: ParamTree, *,
         raise ValueError(f"extra must be plain JSON (no NaN/inf, arrays or objects): {e}") from None
 
     qparams = quantize_params(params, "fp32")  # validates leaves (float, finite) and copies them
-    lower_params(spec, qparams, native_floats=())  # validates the tree against the spec
+    _check_tree(spec, qparams.tree)
     data = encode_payload(qparams, version=int(steps), spec=spec)
     payload_path, meta_path = policy_paths(path)
     meta = {"format": META_FORMAT, "task": task, "agent": agent, "steps": int(steps), "precision": "fp32",

@@ -16,7 +16,9 @@ from typing import Mapping, NotRequired, TypedDict
 import numpy as np
 import numpy.typing as npt
 
-from quarl.policy.spec import Activation, Conv2D, Flatten, Layer, LayerNorm, Linear, PolicySpec, TanhToSpec
+from quarl.policy.spec import (
+    Activation, Conv2D, Flatten, Layer, LayerNorm, Linear, PolicySpec, TanhToSpec, weight_shape,
+)
 from quarl.quant.precision import MAX_KERNEL_BITS, Precision, parse_precision
 from quarl.quant.quantization import QTensor, QuantizedParams, dequantize
 
@@ -92,13 +94,6 @@ def layer_widths(spec: PolicySpec) -> list[tuple[Layer, int, int]]:
                              "LayerNorm, Activation and TanhToSpec")
         out.append((layer, int(np.prod(shape_in)), int(np.prod(shape_out))))
     return out
-
-
-def weight_shape(layer: Linear | Conv2D, shape_in: tuple[int, ...]) -> tuple[int, ...]:
-    """The `w` shape a Linear ([in, out]) or Conv2D ([k, k, C_in, out]) layer takes on input `shape_in`."""
-    if isinstance(layer, Conv2D):
-        return (layer.kernel, layer.kernel, shape_in[-1], layer.out)
-    return (shape_in[0], layer.out)
 
 
 def _float_leaf(leaf: object, shape: tuple[int, ...], what: str) -> np.ndarray:

@@ -199,7 +199,7 @@ def test_qat_on_a_conv_policy_computes_what_the_deployed_int_actor_runs(bits):
 
 
 def test_policy_spec_round_trips_and_runs_in_the_runtimes(tmp_path):
-    from quarl.runtimes.policy_io import load_policy, save_policy
+    from quarl.quant.policy_io import load_policy, save_policy
     from quarl.runtimes import make_executor
     env_spec = _continuous_spec()
     builder, learner, _ = _parts(PPOConfig(**SMALL), env_spec)

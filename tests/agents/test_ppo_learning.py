@@ -67,7 +67,7 @@ def test_ppo_solves_cartpole_with_int8_actors(tmp_path):
     assert summary["actor_steps"] == summary["learner_steps"] * 8 * 32
     # The saved best policy, read back and run greedily by an int8 ONNX evaluator (what launch.ptq does with it).
     from quarl.acting.evaluation import evaluate_policy
-    from quarl.runtimes.policy_io import load_policy
+    from quarl.quant.policy_io import load_policy
     policy = load_policy(tmp_path / "policy_best_int8.qrlp")
     assert policy.agent == "ppo" and policy.spec == Builder(PPOConfig()).policy_spec(_env_spec("CartPole-v1"))
     stats = evaluate_policy(make_environment("CartPole-v1", 77), policy.spec, quantize_params(policy.params, "int8"),
@@ -99,7 +99,7 @@ def test_qat_policy_deploys_exactly_and_learns_cartpole(tmp_path):
                    overrides={"qat_bits": 4})
     assert summary["best_eval_return"] >= 300.0, _returns(tmp_path)
     assert_integer_kernel_ran(summary)  # int4 actors through XLA's integer dot, not simulated in fp32
-    from quarl.runtimes.policy_io import load_policy
+    from quarl.quant.policy_io import load_policy
     from quarl.runtimes import make_executor
     policy = load_policy(tmp_path / "policy_fp32.qrlp")
     builder = Builder(PPOConfig(qat_bits=4))

@@ -11,7 +11,7 @@ import agents
 from bench.learning import ptq_margins
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
-from quarl.runtimes.policy_io import save_policy
+from quarl.quant.policy_io import save_policy
 from tests.quarl.helpers import random_params
 from tests.quarl.test_evaluation import cartpole_q_network
 

@@ -13,7 +13,7 @@ import agents
 from bench.learning import ptq_study, ptq_study_report
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
-from quarl.runtimes.policy_io import save_policy
+from quarl.quant.policy_io import save_policy
 from tests.quarl.helpers import random_params
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

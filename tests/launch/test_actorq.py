@@ -21,7 +21,7 @@ from launch.distributed.actorq_graph import NodeClasses
 from launch.distributed.nodes.learner import LearnerNode
 from launch.distributed.supervisor import run_program
 from launch.program.ray_runner import RayRunner
-from quarl.runtimes.policy_io import load_policy
+from quarl.quant.policy_io import load_policy
 from tests.agents.executed import assert_integer_kernel_ran
 from tests.launch.tiny import TINY_D4PG, BlockHook, assert_cartpole_evaluations, kill_actor_at, tiny_config
 

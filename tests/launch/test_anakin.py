@@ -27,8 +27,8 @@ from quarl.acting.evaluation import evaluate_seeds, make_greedy_policy
 from quarl.envs.factory import make_environment
 from quarl.envs.gymnax_env import GymnaxEnv
 from quarl.quant.calibration import quantize_for_actors
+from quarl.quant.policy_io import load_policy
 from quarl.quant.precision import parse_precision
-from quarl.runtimes.policy_io import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY_SEED = 50_000  # the deployed episodes' environment seeds: apart from training and evaluation

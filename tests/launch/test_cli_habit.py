@@ -184,7 +184,7 @@ def test_train_in_a_log_prints_plain_progress_lines_the_table_and_the_run_folder
     assert f"actors ran {summary['executed']}" in " ".join(proc.stdout.split())
     assert proc.stdout.strip().splitlines()[-1] == f"run folder: {logdir.absolute()}"
     # The best policy by evaluation is kept beside the last one, readable by launch.ptq.
-    from quarl.runtimes.policy_io import load_policy
+    from quarl.quant.policy_io import load_policy
     best = load_policy(logdir / summary["best_policy_file"])
     assert summary["best_policy_file"] == "policy_best_int8.qrlp" and (logdir / "policy_fp32.qrlp").is_file()
     assert best.meta["extra"]["eval_return"] == summary["best_eval_return"]

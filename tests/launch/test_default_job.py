@@ -13,7 +13,7 @@ import pytest
 
 from analysis.schema import solved_at
 from launch import actorq
-from quarl.runtimes.policy_io import load_policy
+from quarl.quant.policy_io import load_policy
 
 
 @pytest.fixture(scope="module")

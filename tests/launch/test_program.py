@@ -27,8 +27,8 @@ from launch.program.graph import SINGLE_THREAD_ENV, Handle, Node, Program
 from launch.program.local_runner import DaemonPool, LocalLaunch, LocalNodeHandle, LocalRunner
 from quarl.policy.spec import layer_norm_mlp_policy
 from quarl.quant.payload import decode_payload, encode_payload, fp32_payload_nbytes
+from quarl.quant.policy_io import load_policy
 from quarl.quant.quantization import quantize_params
-from quarl.runtimes.policy_io import load_policy
 from tests.agents.executed import assert_integer_kernel_ran
 from tests.launch.tiny import TINY_DQN, assert_cartpole_evaluations, tiny_config, wait_until
 

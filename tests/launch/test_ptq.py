@@ -12,8 +12,8 @@ import pytest
 from launch import ptq
 from quarl.envs.factory import make_environment
 from quarl.policy.reference import reference_apply
+from quarl.quant.policy_io import load_policy, save_policy
 from quarl.quant.quantization import fake_quantize_params
-from quarl.runtimes.policy_io import load_policy, save_policy
 from tests.quarl.test_evaluation import cartpole_q_network
 
 REPO = Path(__file__).resolve().parents[2]

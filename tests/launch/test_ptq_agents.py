@@ -14,7 +14,7 @@ from launch.cli import DEFAULT_TASKS
 from launch.ptq_policy import load_trained_policy
 from quarl.envs.factory import make_environment
 from quarl.envs.spec import environment_spec
-from quarl.runtimes.policy_io import save_policy
+from quarl.quant.policy_io import save_policy
 from tests.quarl.helpers import random_params
 from tests.quarl.test_evaluation import cartpole_q_network
 

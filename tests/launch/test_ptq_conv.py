@@ -10,7 +10,7 @@ from launch import ptq
 from quarl.acting.evaluation import rollout_observations
 from quarl.envs.factory import make_environment
 from quarl.policy.spec import minatar_q_network
-from quarl.runtimes.policy_io import load_policy, save_policy
+from quarl.quant.policy_io import load_policy, save_policy
 from tests.quarl.helpers import random_params
 
 

@@ -55,7 +55,7 @@ def test_bad_wider_heads_are_refused():
 
 def test_launch_ptq_head_bits_keeps_the_output_layer_wider_in_every_int_row(tmp_path):
     from launch import ptq
-    from quarl.runtimes.policy_io import save_policy
+    from quarl.quant.policy_io import save_policy
     from tests.quarl.test_evaluation import cartpole_q_network
 
     spec, params = cartpole_q_network()

@@ -16,7 +16,7 @@ from typing import Callable
 import pytest
 
 from launch.experiments.stopping import StopSignals, exit_code
-from quarl.runtimes.policy_io import load_policy
+from quarl.quant.policy_io import load_policy
 
 REPO = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 240  # a subprocess's imports and compiles on a loaded 2-core machine

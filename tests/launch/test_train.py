@@ -80,7 +80,7 @@ def test_train_cli_end_to_end_writes_logs_and_summary(tmp_path):
     assert {r["exploration"] for r in episodes} and float(episodes[-1]["exploration"]) < 1.0  # epsilon decayed
 
     # The final fp32 policy is saved for offline analysis and reads back as the learner's last weights.
-    from quarl.runtimes.policy_io import load_policy
+    from quarl.quant.policy_io import load_policy
     assert summary["policy_file"] == "policy_fp32.qrlp"
     policy = load_policy(logdir)
     assert policy.task == "CartPole-v1" and policy.agent == "dqn" and policy.steps == summary["learner_steps"]

@@ -10,7 +10,7 @@ import pytest
 from agents.dqn.networks import init_params
 from quarl.policy.spec import mlp_q_network
 from quarl.quant.payload import MAGIC
-from quarl.runtimes.policy_io import META_FILE, POLICY_FILE, load_policy, save_policy
+from quarl.quant.policy_io import META_FILE, POLICY_FILE, load_policy, save_policy
 
 
 @pytest.fixture()
@@ -97,6 +97,8 @@ def test_save_rejects_bad_policies_and_arguments(tmp_path, policy):
         _save(tmp_path, spec, nan)
     with pytest.raises(ValueError, match="shape"):
         _save(tmp_path, mlp_q_network(4, (8, 16), 2), params)
+    with pytest.raises(ValueError, match="no module 'linear_0'"):  # the tree is checked against spec.param_shapes()
+        _save(tmp_path, spec, {k: v for k, v in params.items() if k != "linear_0"})
     with pytest.raises(ValueError, match="task"):
         save_policy(tmp_path, spec, params, task="", agent="dqn")
     with pytest.raises(ValueError, match="steps"):

@@ -33,12 +33,12 @@ from launch.distributed.clients import CounterClient, ReplayClient, WeightServer
 from launch.program.graph import NodeHandle, connect, submit
 from quarl.ops.carbon import stop_tracking
 from quarl.ops.logs import Logger
+from quarl.quant import policy_io
 from quarl.quant.calibration import learner_observations, needs_calibration, with_activation_ranges
 from quarl.quant.device import quantize_params_on_device
 from quarl.quant.payload import encode_payload, fp32_payload_nbytes
 from quarl.quant.precision import Precision, parse_precision
 from quarl.quant.quantization import quantize_params
-from quarl.runtimes import policy_io
 
 if TYPE_CHECKING:
     from quarl.envs.spec import EnvSpec
@@ -299,7 +299,7 @@ class LearnerNode(NodeBase):
     def save_policy(self, version_params: tuple[int, ArrayTree] | None = None) -> str:
         """The current fp32 policy (or `version_params`: a kept version and its snapshot) as
         `<logdir>/policy_fp32.qrlp` (+ sidecar), what `launch.ptq --checkpoint LOGDIR` reads (see
-        quarl.runtimes.policy_io). Returns the file's path."""
+        quarl.quant.policy_io). Returns the file's path."""
         if version_params is None:
             with self._lock:  # a snapshot (a reference or an asynchronous device copy); the host copy after
                 snapshot = self._learner.policy_snapshot()
