@@ -31,10 +31,12 @@ def test_study_trains_sweeps_and_resumes(tmp_path, capsys):
     flags = [*TINY, "--out", str(out), "--runs", str(runs)]
     assert ptq_study.main([*flags, "--seeds", "0"]) == 0
     first = _rows(out / "ptq_study.csv")
-    assert [(r["seed"], r["precision"]) for r in first] == [("0", "fp32"), ("0", "fp16"), ("0", "int8"), ("0", "int2")]
+    assert [(r["seed"], r["precision"]) for r in first] == [("0", "fp32"), ("0", "fp16"), ("0", "int8"),
+                                                            ("0", "int8-head16"), ("0", "int2")]
     assert all(r["algo"] == "dqn" and r["task"] == "CartPole-v1" and r["train_steps"] == "600" for r in first)
-    assert int(first[0]["policy_bytes"]) > int(first[2]["policy_bytes"]) > int(first[3]["policy_bytes"])
-    assert {r["execution"] for r in first} == {"native", "int-kernel"}
+    assert int(first[0]["policy_bytes"]) > int(first[3]["policy_bytes"]) > int(first[2]["policy_bytes"]) > int(
+        first[4]["policy_bytes"])  # fp32 > int8 with a 16-bit head > int8 > int2
+    assert {r["execution"] for r in first} == {"native", "int-kernel", "int-kernel, head int16 in fp32"}
     # CartPole-v1 has a gymnax port: launch.anakin trains the cell, one vmapped call per arm and session.
     assert {r["trainer"] for r in first} == {"anakin"}
     summary = runs / "anakin" / "dqn" / "CartPole-v1" / "fp32" / "seed0" / "summary.json"
@@ -47,7 +49,7 @@ def test_study_trains_sweeps_and_resumes(tmp_path, capsys):
     assert "dqn CartPole-v1 seed 0: in" in printed and "launch.anakin training seeds 1 up to 600 env steps" in printed
     assert summary.stat().st_mtime_ns == stamp
     second = _rows(out / "ptq_study.csv")
-    assert second[:4] == first and len(second) == 8
+    assert second[:5] == first and len(second) == 10
 
     # Seed 0 asked at another episode count: evaluated again from its policy, not retrained.
     more = [f if f != "2" else "3" for f in flags]
@@ -55,7 +57,7 @@ def test_study_trains_sweeps_and_resumes(tmp_path, capsys):
     assert "seed 0: swept at 2 episodes; evaluating again at 3" in capsys.readouterr().out
     assert summary.stat().st_mtime_ns == stamp
     second = _rows(out / "ptq_study.csv")
-    assert [r["episodes"] for r in second] == ["3"] * 4 + ["2"] * 4
+    assert [r["episodes"] for r in second] == ["3"] * 5 + ["2"] * 5
 
     # A third session on another machine (no run folders): the recorded cells are kept (also at another episode
     # count: nothing to evaluate them again with), nothing is run.
@@ -248,7 +250,7 @@ def test_qat_runs_train_beside_the_fp32_run_and_are_evaluated_at_their_width(tmp
     out, runs = tmp_path / "out", tmp_path / "runs"
     assert ptq_study.main([*TINY, "--seeds", "0", "--qat-bits", "4", "--out", str(out), "--runs", str(runs)]) == 0
     rows = _rows(out / "ptq_study.csv")
-    assert [r["precision"] for r in rows] == ["fp32", "fp16", "int8", "qat-int4", "int2"]
+    assert [r["precision"] for r in rows] == ["fp32", "fp16", "int8", "int8-head16", "qat-int4", "int2"]
     qat_run = json.loads((runs / "anakin" / "dqn" / "CartPole-v1" / "qat4" / "seed0" / "summary.json").read_text())
     assert qat_run["precision"] == "int4" and qat_run["experiment"]["overrides"]["qat_bits"] == 4
     row = ptq_study.GRID[0]
