@@ -19,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.test_structure import PACKAGES, _modules
+
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("quarl", "agents", "analysis", "launch", "bench")
 DOC = ROOT / "docs" / "ARCHITECTURE.md"
 MAX_LINES = 250
 _PATH = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
@@ -76,32 +77,28 @@ def _class_attrs(cls: ast.ClassDef) -> set[str]:
 @lru_cache(maxsize=1)
 def index() -> Index:
     idx = Index()
-    for package in PACKAGES:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
-            if parts[-1] == "__init__":
-                parts = parts[:-1]
-            tree = ast.parse(path.read_text(encoding="utf-8"))
-            mod = idx.modules.setdefault(".".join(parts), Module())
-            for stmt in tree.body:
-                if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-                    mod.names.add(stmt.name)
-                elif isinstance(stmt, ast.Assign):
-                    mod.names.update(n for t in stmt.targets for n in _target_names(t))
-                elif isinstance(stmt, ast.AnnAssign):
-                    mod.names.update(_target_names(stmt.target))
-                elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
-                    mod.names.update((a.asname or a.name).split(".")[0] for a in stmt.names)
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ClassDef):
-                    idx.classes.setdefault(node.name, set()).update(_class_attrs(node))
-                    idx.bases.setdefault(node.name, set()).update(
-                        b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
-                        if isinstance(b, (ast.Name, ast.Attribute)))
-                elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-                    a = node.args
-                    params = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p}
-                    idx.functions.setdefault(node.name, []).append(params)
+    for name, path in _modules(ROOT).items():
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        mod = idx.modules.setdefault(name, Module())
+        for stmt in tree.body:
+            if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                mod.names.add(stmt.name)
+            elif isinstance(stmt, ast.Assign):
+                mod.names.update(n for t in stmt.targets for n in _target_names(t))
+            elif isinstance(stmt, ast.AnnAssign):
+                mod.names.update(_target_names(stmt.target))
+            elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+                mod.names.update((a.asname or a.name).split(".")[0] for a in stmt.names)
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ClassDef):
+                idx.classes.setdefault(node.name, set()).update(_class_attrs(node))
+                idx.bases.setdefault(node.name, set()).update(
+                    b.id if isinstance(b, ast.Name) else b.attr for b in node.bases
+                    if isinstance(b, (ast.Name, ast.Attribute)))
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = {p.arg for p in [*a.posonlyargs, *a.args, *a.kwonlyargs, a.vararg, a.kwarg] if p}
+                idx.functions.setdefault(node.name, []).append(params)
     idx.all_attrs = {a for attrs in idx.classes.values() for a in attrs}
     return idx
 

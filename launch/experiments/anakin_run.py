@@ -286,8 +286,7 @@ def _finish(run: AnakinRun, config: ExperimentConfig, trainer: Trainer, plan: Pl
                           "note": "actors, environments and learner in one jitted program (agents.anakin); the "
                                   "actors' weights are quantized inside it, never encoded as a payload"}}
     payload = {"precision": run.precision.name, "bytes": None, "fp32_bytes": fp32_bytes, "compression": None,
-               **publish, "published": versions}
-    del payload["payload_bytes"]
+               "versions": versions, "quantize_encode_s": None, "put_s": None, "published": versions}
     summary = build_summary(
         config, runner="anakin", status=status, error=error, wall_clock_s=wall, run_wall_clock_s=wall,
         counts={"actor_steps": steps, "learner_steps": learner_steps, "episodes": episodes}, evals=list(evals),
